@@ -1,0 +1,49 @@
+# dtrain — the two commands a new user needs, plus a few for developers.
+#   make demo   install what is missing, build, train the default CNN on Fashion-MNIST
+#   make test   install what is missing, build, run the whole test suite
+#   make bench  dtrain vs PyTorch 1.13, back to back, with ratios
+JOBS ?= $(shell nproc)
+BUILD ?= build/release
+
+.PHONY: all build demo test test-san test-tsan test-fuzz test-main bench clean deps deps-test deps-bench
+
+all: build
+
+deps:
+	@tools/setup-deps.sh build
+deps-test:
+	@tools/setup-deps.sh test
+deps-bench:
+	@tools/setup-deps.sh bench
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+demo: build
+	$(BUILD)/dtrain train --out runs/demo
+
+# Sanitizer builds run first; the main build's ctest runs last so its summary
+# line ends the output.
+test: deps-test test-san test-tsan test-main
+
+test-san:
+	@cmake -S . -B build/san -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
+	  -DDT_NATIVE=ON -DDT_SANITIZE=address,undefined -DDT_FUZZ=ON >/dev/null
+	@cmake --build build/san -j$(JOBS)
+	cd build/san && ASAN_OPTIONS=detect_leaks=1 ctest -L "unit|fuzz" -j$(JOBS) --output-on-failure
+
+test-tsan:
+	@cmake -S . -B build/tsan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
+	  -DDT_SANITIZE=thread >/dev/null
+	@cmake --build build/tsan -j$(JOBS)
+	cd build/tsan && TSAN_OPTIONS=halt_on_error=1 ctest -L threads -j$(JOBS) --output-on-failure
+
+test-main: build
+	cd $(BUILD) && ctest -j$(JOBS) --output-on-failure
+
+bench: deps-bench build
+	bench/run.sh
+
+clean:
+	rm -rf build

@@ -1,0 +1,12 @@
+/*
+ * cli.h — the command-line layer: argument parsing, config files (INI via
+ * libinih) with --set overrides, and one file per subcommand.
+ */
+#ifndef DT_CLI_H
+#define DT_CLI_H
+
+/* Runs the dtrain command line; returns the process exit status
+ * (0 success, 1 runtime failure, 2 bad input / usage). */
+int dt_cli_main(int argc, char **argv);
+
+#endif
