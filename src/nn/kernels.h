@@ -1,0 +1,96 @@
+/*
+ * kernels.h — layer kernels: pure forward/backward functions over raw float
+ * arrays (llm.c style). No allocation inside; shapes are arguments; NCHW
+ * layout; weights in PyTorch layout so golden files compare directly.
+ *
+ * Conventions:
+ *  - Gradient arguments start with `d`. Backward kernels OVERWRITE parameter
+ *    gradients (dweight, dbias) and dinp; they never accumulate. Callers that
+ *    accumulate (micro-batches) add the results themselves.
+ *  - dinp may be NULL when the input gradient is not needed (first layer);
+ *    the kernel then skips that work.
+ *  - `ws` is caller-provided scratch of the size the matching *_ws_floats()
+ *    returns.
+ */
+#ifndef DT_NN_KERNELS_H
+#define DT_NN_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* linear: inp (B,C), weight (OC,C), bias (OC) or NULL -> out (B,OC) */
+void dt_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                       int B, int C, int OC);
+void dt_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int B, int C, int OC);
+
+/* conv2d geometry. OH = (H + 2*pad - KH)/stride + 1, same for OW. */
+typedef struct dt_conv2d_geom {
+  int B, C, H, W;      /* input  (B,C,H,W) */
+  int OC, KH, KW;      /* weight (OC,C,KH,KW), bias (OC) */
+  int stride, pad;
+  int OH, OW;          /* output (B,OC,OH,OW); fill with dt_conv2d_geom_init */
+} dt_conv2d_geom;
+/* Fills OH/OW; returns 0, or -1 if the geometry is impossible (kernel larger
+ * than padded input, non-positive sizes). */
+int dt_conv2d_geom_init(dt_conv2d_geom *g);
+size_t dt_conv2d_ws_floats(const dt_conv2d_geom *g);
+void dt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias,
+                       const dt_conv2d_geom *g, float *ws);
+void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const dt_conv2d_geom *g, float *ws);
+
+/* pooling over (B,C,H,W) with kernel k, stride s, no padding; floor mode.
+ * maxpool saves the argmax (index within the input plane) per output. */
+void dt_maxpool2d_forward(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
+                          int W, int k, int s);
+void dt_maxpool2d_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
+                           int H, int W, int k, int s);
+void dt_avgpool2d_forward(float *out, const float *inp, int B, int C, int H, int W, int k, int s);
+void dt_avgpool2d_backward(float *dinp, const float *dout, int B, int C, int H, int W, int k,
+                           int s);
+
+/* element-wise activations over N floats; out may alias inp for forward. */
+void dt_relu_forward(float *out, const float *inp, size_t N);
+/* dinp = dout * (out > 0); uses the forward OUTPUT so inp need not be kept. */
+void dt_relu_backward(float *dinp, const float *dout, const float *out, size_t N);
+/* exact GELU: x * Phi(x) (PyTorch's default, approximate='none'). */
+void dt_gelu_forward(float *out, const float *inp, size_t N);
+void dt_gelu_backward(float *dinp, const float *dout, const float *inp, size_t N);
+
+/* dropout with keep-scaling 1/(1-p). The mask is a pure function of
+ * (seed, step, global sample index, layer id, element): sample i of the batch
+ * has global index sample0 + i. mask holds 0 or 1/(1-p) per element. */
+void dt_dropout_forward(float *out, float *mask, const float *inp, int B, size_t D, float p,
+                        uint64_t seed, uint64_t step, int64_t sample0, int layer_id);
+void dt_dropout_backward(float *dinp, const float *dout, const float *mask, size_t N);
+
+/* layernorm over the trailing D elements of each of B rows, affine weight and
+ * bias of size D (PyTorch LayerNorm(normalized_shape)). Saves mean and rstd
+ * (B each) for backward. */
+void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                          const float *weight, const float *bias, int B, int D, float eps);
+void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, const float *mean,
+                           const float *rstd, int B, int D);
+
+/* batchnorm over (B,C,S) with S = H*W (S = 1 for BatchNorm1d). Training:
+ * batch statistics (biased variance to normalise), running stats updated
+ * with momentum (unbiased variance), PyTorch semantics. Eval (train=0):
+ * running stats. Saves mean and rstd (C each) for backward. */
+void dt_batchnorm_forward(float *out, float *mean, float *rstd, float *running_mean,
+                          float *running_var, const float *inp, const float *weight,
+                          const float *bias, int B, int C, int S, float eps, float momentum,
+                          int train);
+void dt_batchnorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, const float *mean,
+                           const float *rstd, int B, int C, int S);
+
+/* softmax cross-entropy, mean over the batch. logits (B,V), targets (B).
+ * Returns the mean loss; writes dlogits = (softmax - onehot)/B if dlogits is
+ * not NULL; counts argmax == target into *ncorrect if not NULL. A target
+ * outside [0,V) is not checked here (the data layer validates labels). */
+float dt_softmax_xent(float *dlogits, int *ncorrect, const float *logits, const int32_t *targets,
+                      int B, int V);
+
+#endif /* DT_NN_KERNELS_H */
