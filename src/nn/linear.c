@@ -1,0 +1,36 @@
+/*
+ * linear.c — fully connected layer: out = inp * weight^T + bias, weight in
+ * PyTorch layout (OC, C). Forward and backward are GEMMs through
+ * dt_sgemm; this file only arranges them. It does not allocate.
+ */
+#include "nn/kernels.h"
+#include "tensor/tensor.h"
+
+#include <string.h>
+
+void dt_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                       int B, int C, int OC) {
+  float beta = 0.0f;
+  if (bias) {
+    for (int b = 0; b < B; b++) memcpy(out + (size_t)b * OC, bias, sizeof(float) * OC);
+    beta = 1.0f;
+  }
+  /* out(B,OC) = inp(B,C) * weight(OC,C)^T */
+  dt_sgemm(0, 1, B, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+void dt_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int B, int C, int OC) {
+  /* dinp(B,C) = dout(B,OC) * weight(OC,C) */
+  if (dinp) dt_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+  /* dweight(OC,C) = dout^T(OC,B) * inp(B,C) */
+  if (dweight) dt_sgemm(1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 0.0f, dweight, C);
+  if (dbias) {
+    memset(dbias, 0, sizeof(float) * OC);
+    for (int b = 0; b < B; b++) {
+      const float *restrict d = dout + (size_t)b * OC;
+      float *restrict db = dbias;
+      for (int o = 0; o < OC; o++) db[o] += d[o];
+    }
+  }
+}

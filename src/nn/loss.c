@@ -1,0 +1,36 @@
+/*
+ * loss.c — softmax cross-entropy averaged over the batch, fused with its
+ * gradient and an accuracy count. Log-sum-exp is taken around the row
+ * maximum so large logits do not overflow. Labels are not validated here.
+ */
+#include "nn/kernels.h"
+
+#include <math.h>
+
+float dt_softmax_xent(float *dlogits, int *ncorrect, const float *logits, const int32_t *targets,
+                      int B, int V) {
+  double loss = 0.0;
+  int correct = 0;
+  float invB = 1.0f / (float)B;
+  for (int b = 0; b < B; b++) {
+    const float *x = logits + (size_t)b * V;
+    float mx = x[0];
+    int am = 0;
+    for (int v = 1; v < V; v++)
+      if (x[v] > mx) { mx = x[v]; am = v; }
+    float sum = 0.0f;
+    for (int v = 0; v < V; v++) sum += expf(x[v] - mx);
+    int t = targets[b];
+    float lse = mx + logf(sum);
+    loss += (double)(lse - x[t]);
+    if (am == t) correct++;
+    if (dlogits) {
+      float *d = dlogits + (size_t)b * V;
+      float inv = 1.0f / sum;
+      for (int v = 0; v < V; v++) d[v] = expf(x[v] - mx) * inv * invB;
+      d[t] -= invB;
+    }
+  }
+  if (ncorrect) *ncorrect = correct;
+  return (float)(loss / B);
+}

@@ -1,0 +1,52 @@
+/*
+ * tensor.h — the dense f32 compute layer under nn: row-major GEMM through
+ * CBLAS (OpenBLAS), im2col/col2im for convolutions, and a few small
+ * element-wise helpers. Everything works on raw float arrays whose shapes are
+ * arguments; nothing here allocates, so kernels can run on caller-owned
+ * buffers (one flat parameter/gradient buffer per model).
+ *
+ * Threads: OpenBLAS decides its own thread count from OPENBLAS_NUM_THREADS;
+ * dtrain runs one compute thread per worker, so callers that want that
+ * guarantee call dt_tensor_set_threads(1) once at start-up.
+ *
+ * Speed note: Debian's OpenBLAS 0.3.21 (DYNAMIC_ARCH) does not recognise
+ * recent AMD cores with AVX-512 and falls back to its Haswell (AVX2) kernels,
+ * about half the speed. OPENBLAS_CORETYPE=SkylakeX in the environment BEFORE
+ * the library loads selects the AVX-512 kernels (see dt_tensor_blas_core()).
+ */
+#ifndef DT_TENSOR_H
+#define DT_TENSOR_H
+
+#include <stddef.h>
+
+/* Sets the number of OpenBLAS threads for this process (n >= 1). */
+void dt_tensor_set_threads(int n);
+/* The OpenBLAS kernel family in use ("Haswell", "SkylakeX", ...). */
+const char *dt_tensor_blas_core(void);
+/* 1 if the CPU has AVX-512 (F, BW, DQ, VL) but OpenBLAS did not pick an
+ * AVX-512 kernel family, i.e. setting OPENBLAS_CORETYPE=SkylakeX before start
+ * would speed GEMM up. */
+int dt_tensor_blas_underpowered(void);
+
+/* C = alpha * op(A) * op(B) + beta * C, row-major. op(A) is M x K, op(B) is
+ * K x N, C is M x N; ta/tb nonzero mean "transpose". lda/ldb/ldc are the row
+ * strides of A, B, C as stored. */
+void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc);
+
+/* im2col for one image img (C,H,W): writes the (C*KH*KW) x (OH*OW) patch
+ * matrix into col, whose rows are ldcol floats apart (ldcol >= OH*OW), so
+ * several images can sit side by side in one matrix. Padding reads as 0. */
+void dt_im2col(float *col, size_t ldcol, const float *img, int C, int H, int W, int KH, int KW,
+               int stride, int pad, int OH, int OW);
+/* col2im: the adjoint of dt_im2col. OVERWRITES img (C,H,W) with the sum of
+ * the patch entries that map to each pixel. */
+void dt_col2im(float *img, const float *col, size_t ldcol, int C, int H, int W, int KH, int KW,
+               int stride, int pad, int OH, int OW);
+
+/* Small helpers. */
+void dt_vec_zero(float *x, size_t n);
+void dt_vec_add(float *restrict y, const float *restrict x, size_t n);   /* y += x */
+float dt_vec_sum(const float *x, size_t n);
+
+#endif /* DT_TENSOR_H */
