@@ -1,0 +1,380 @@
+/*
+ * model.c — a model is the parsed spec (spec.c) plus memory: one flat
+ * parameter buffer, one flat gradient buffer, one flat state buffer
+ * (batchnorm running statistics), and activations, saved statistics and
+ * scratch sized for max_batch, all allocated once in dt_model_create. Forward
+ * and backward only dispatch to the kernels of kernels.h over that memory;
+ * a training step allocates nothing.
+ *
+ * Memory plan: a layer whose backward needs its input keeps the previous
+ * layer's output alive, so each layer owns its output, except that flatten
+ * is a pointer alias (no copy) and relu runs in place on its input (its
+ * backward only needs its output, and no layer's backward needs its own
+ * output, so overwriting the input is safe) unless that input is the
+ * caller's x. Activation gradients ping-pong between two buffers of the
+ * largest activation size. Backward stops at the first layer with
+ * parameters and asks it for no input gradient.
+ *
+ * It does not do losses other than softmax cross-entropy, micro-batch
+ * gradient accumulation (callers add up gradients themselves) or threads.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "nn/nn.h"
+#include "nn/spec.h"
+
+typedef struct layer {
+  dt__layer_spec s;
+  size_t in_el, out_el;   /* per-sample elements */
+  int owns_out;           /* out is this layer's own buffer */
+  int inplace;            /* relu over its input buffer */
+  float *out;             /* (max_batch, out_el); for flatten, the input */
+  const float *in;        /* input of the last forward */
+  float *w, *b;           /* spans of params: weight, then bias */
+  float *dw, *db;         /* same spans of grads */
+  float *run_mean, *run_var; /* batchnorm: spans of bufs (C each) */
+  float *mean, *rstd;     /* saved statistics: layernorm (B), batchnorm (C) */
+  float *mask;            /* dropout: (max_batch, out_el) */
+  int32_t *argmax;        /* maxpool: (max_batch, out_el) */
+  dt_conv2d_geom g;       /* conv: geometry at max_batch; B is set per call */
+} layer;
+
+struct dt_model {
+  int n;
+  layer *L;
+  int max_batch;
+  int in_c, in_h, in_w;
+  size_t in_dim, out_dim;
+  int first_param;        /* first layer with parameters (n if none) */
+  size_t nparams, nbufs;
+  float *params, *grads, *bufs;
+  float *acts;            /* one arena for outputs, masks and statistics */
+  int32_t *iacts;         /* one arena for maxpool argmax */
+  float *dbuf[2];         /* activation-gradient ping-pong, max_batch * max_elems */
+  float *ws;              /* conv scratch, the largest over conv layers */
+  dt_layer_info *infos;
+  /* last forward */
+  int B;
+  int train;
+  const float *logits;
+};
+
+/* Rounds a float count up to a 64-byte multiple so every sub-buffer stays
+ * aligned for vector loads. */
+static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+void dt_model_destroy(dt_model *m) {
+  if (!m) return;
+  dt_free(m->params);
+  dt_free(m->grads);
+  dt_free(m->bufs);
+  dt_free(m->acts);
+  dt_free(m->iacts);
+  dt_free(m->dbuf[0]);
+  dt_free(m->dbuf[1]);
+  dt_free(m->ws);
+  free(m->infos);
+  free(m->L);
+  free(m);
+}
+
+int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int max_batch) {
+  *out = NULL;
+  if (max_batch < 1 || max_batch > (1 << 24))
+    return dt__seterr(DT_EINVAL, "model: max_batch %d must be in [1, %d]", max_batch, 1 << 24);
+  dt__spec sp;
+  DT_CHECK(dt__spec_parse(&sp, spec, c, h, w));
+  int rc = DT_OK;
+  dt_model *m = calloc(1, sizeof *m);
+  if (!m) {
+    dt__spec_free(&sp);
+    return dt__seterr(DT_ENOMEM, "model: out of memory");
+  }
+  m->n = sp.n;
+  m->max_batch = max_batch;
+  m->in_c = c, m->in_h = h, m->in_w = w;
+  m->in_dim = (size_t)c * h * w;
+  m->nparams = sp.nparams;
+  m->nbufs = sp.nbufs;
+  m->first_param = sp.n;
+  m->L = calloc((size_t)sp.n, sizeof *m->L);
+  m->infos = calloc((size_t)sp.n, sizeof *m->infos);
+  if (!m->L || !m->infos) goto nomem;
+  size_t MB = (size_t)max_batch;
+  /* Guard the products below: activations of the whole batch in bytes. */
+  if ((double)MB * (double)sp.max_elems * 4.0 * 4.0 > (double)SIZE_MAX / 4) {
+    rc = dt__seterr(DT_EINVAL, "model: max_batch %d x %zu activations is too large", max_batch,
+                    sp.max_elems);
+    goto fail;
+  }
+
+  /* Pass 1: decide aliasing and count arena sizes. */
+  size_t nacts = 0, niacts = 0, nws = 0;
+  int input_owned = 0; /* is the current activation a model-owned buffer? */
+  for (int i = 0; i < sp.n; i++) {
+    layer *l = &m->L[i];
+    l->s = sp.L[i];
+    const dt_layer_info *in = &l->s.info;
+    l->in_el = (size_t)in->in_c * in->in_h * in->in_w;
+    l->out_el = (size_t)in->out_c * in->out_h * in->out_w;
+    if (in->nparams && m->first_param == sp.n) m->first_param = i;
+    l->owns_out = 1;
+    if (in->kind == DT_L_FLATTEN) l->owns_out = 0;
+    if (in->kind == DT_L_RELU && input_owned) l->owns_out = 0, l->inplace = 1;
+    if (l->owns_out) nacts += al16(MB * l->out_el), input_owned = 1;
+    switch (in->kind) {
+    case DT_L_DROPOUT: nacts += al16(MB * l->out_el); break;
+    case DT_L_MAXPOOL2D: niacts += al16(MB * l->out_el); break;
+    case DT_L_LAYERNORM: nacts += 2 * al16(MB); break;
+    case DT_L_BATCHNORM: nacts += 2 * al16((size_t)l->s.bn_c); break;
+    case DT_L_CONV2D: {
+      dt_conv2d_geom *g = &l->g;
+      g->B = max_batch, g->C = in->in_c, g->H = in->in_h, g->W = in->in_w;
+      g->OC = l->s.oc, g->KH = g->KW = l->s.k, g->stride = l->s.stride, g->pad = l->s.pad;
+      g->OH = in->out_h, g->OW = in->out_w;
+      size_t ws = dt_conv2d_ws_floats(g);
+      if (ws > nws) nws = ws;
+      break;
+    }
+    default: break;
+    }
+  }
+  m->out_dim = m->L[sp.n - 1].out_el;
+
+  /* Pass 2: allocate once and lay the pointers into the arenas. */
+  m->params = dt_calloc((m->nparams ? m->nparams : 1) * sizeof(float));
+  m->grads = dt_calloc((m->nparams ? m->nparams : 1) * sizeof(float));
+  m->bufs = dt_calloc((m->nbufs ? m->nbufs : 1) * sizeof(float));
+  m->acts = dt_alloc((nacts ? nacts : 1) * sizeof(float));
+  m->iacts = dt_alloc((niacts ? niacts : 1) * sizeof(int32_t));
+  m->dbuf[0] = dt_alloc(al16(MB * sp.max_elems) * sizeof(float));
+  m->dbuf[1] = dt_alloc(al16(MB * sp.max_elems) * sizeof(float));
+  m->ws = dt_alloc((nws ? nws : 1) * sizeof(float));
+  if (!m->params || !m->grads || !m->bufs || !m->acts || !m->iacts || !m->dbuf[0] ||
+      !m->dbuf[1] || !m->ws)
+    goto nomem;
+  float *a = m->acts;
+  int32_t *ia = m->iacts;
+  for (int i = 0; i < sp.n; i++) {
+    layer *l = &m->L[i];
+    const dt_layer_info *in = &l->s.info;
+    if (l->owns_out) l->out = a, a += al16(MB * l->out_el);
+    if (in->nparams) {
+      l->w = m->params + in->param_off;
+      l->dw = m->grads + in->param_off;
+      size_t nb = in->kind == DT_L_LINEAR || in->kind == DT_L_CONV2D ? (size_t)l->s.oc
+                                                                     : in->nparams / 2;
+      l->b = l->w + (in->nparams - nb);
+      l->db = l->dw + (in->nparams - nb);
+    }
+    switch (in->kind) {
+    case DT_L_DROPOUT: l->mask = a, a += al16(MB * l->out_el); break;
+    case DT_L_MAXPOOL2D: l->argmax = ia, ia += al16(MB * l->out_el); break;
+    case DT_L_LAYERNORM:
+      l->mean = a, a += al16(MB);
+      l->rstd = a, a += al16(MB);
+      break;
+    case DT_L_BATCHNORM:
+      l->mean = a, a += al16((size_t)l->s.bn_c);
+      l->rstd = a, a += al16((size_t)l->s.bn_c);
+      l->run_mean = m->bufs + in->buf_off;
+      l->run_var = l->run_mean + l->s.bn_c;
+      break;
+    default: break;
+    }
+    m->infos[i] = *in;
+  }
+  dt__spec_free(&sp);
+  dt_model_init(m, 0);
+  *out = m;
+  return DT_OK;
+nomem:
+  rc = dt__seterr(DT_ENOMEM, "model: out of memory allocating %zu parameters for batch %d",
+                  sp.nparams, max_batch);
+fail:
+  dt__spec_free(&sp);
+  dt_model_destroy(m);
+  return rc;
+}
+
+void dt_model_init(dt_model *m, uint64_t seed) {
+  for (int i = 0; i < m->n; i++) {
+    layer *l = &m->L[i];
+    const dt_layer_info *in = &l->s.info;
+    switch (in->kind) {
+    case DT_L_LINEAR:
+    case DT_L_CONV2D: {
+      /* kaiming_uniform_(a=sqrt(5)) reduces to U(-1/sqrt(fan_in), ...), the
+       * same bound PyTorch uses for the bias. */
+      size_t fan_in = in->kind == DT_L_LINEAR ? l->in_el : (size_t)in->in_c * l->s.k * l->s.k;
+      float bound = (float)(1.0 / sqrt((double)fan_in));
+      size_t nb = (size_t)l->s.oc;
+      dt_rng_uniform(l->w, in->nparams - nb, -bound, bound, seed, DT_RNG_INIT, 2 * (uint64_t)i);
+      dt_rng_uniform(l->b, nb, -bound, bound, seed, DT_RNG_INIT, 2 * (uint64_t)i + 1);
+      break;
+    }
+    case DT_L_LAYERNORM:
+    case DT_L_BATCHNORM: {
+      size_t half = in->nparams / 2;
+      for (size_t j = 0; j < half; j++) l->w[j] = 1.0f, l->b[j] = 0.0f;
+      if (in->kind == DT_L_BATCHNORM)
+        for (int j = 0; j < l->s.bn_c; j++) l->run_mean[j] = 0.0f, l->run_var[j] = 1.0f;
+      break;
+    }
+    default: break;
+    }
+  }
+}
+
+size_t dt_model_nparams(const dt_model *m) { return m->nparams; }
+float *dt_model_params(dt_model *m) { return m->params; }
+float *dt_model_grads(dt_model *m) { return m->grads; }
+size_t dt_model_nbufs(const dt_model *m) { return m->nbufs; }
+float *dt_model_bufs(dt_model *m) { return m->bufs; }
+int dt_model_nlayers(const dt_model *m) { return m->n; }
+const dt_layer_info *dt_model_layer(const dt_model *m, int i) {
+  return i >= 0 && i < m->n ? &m->infos[i] : NULL;
+}
+int dt_model_out_dim(const dt_model *m) { return (int)m->out_dim; }
+int dt_model_in_dim(const dt_model *m) { return (int)m->in_dim; }
+
+double dt_model_flops_per_sample(const dt_model *m, int train) {
+  double f = 0.0;
+  for (int i = 0; i < m->n; i++) {
+    const dt_layer_info *in = &m->L[i].s.info;
+    f += in->fwd_flops;
+    if (!train || i < m->first_param) continue;
+    /* Backward of a GEMM layer is two GEMMs of the forward's size (weight
+     * and input gradients), one for the first layer; element-wise layers
+     * cost about their forward again. */
+    int gemm = in->kind == DT_L_LINEAR || in->kind == DT_L_CONV2D;
+    f += in->fwd_flops * (gemm ? (i == m->first_param ? 1.0 : 2.0) : 1.0);
+  }
+  return f;
+}
+
+const float *dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx) {
+  if (B < 1 || B > m->max_batch || !x) {
+    dt__seterr(DT_EINVAL, "model forward: batch %d outside [1, %d]", B, m->max_batch);
+    return NULL;
+  }
+  int train = ctx ? ctx->train : 0;
+  const float *cur = x;
+  for (int i = 0; i < m->n; i++) {
+    layer *l = &m->L[i];
+    const dt__layer_spec *s = &l->s;
+    const dt_layer_info *in = &s->info;
+    size_t N = (size_t)B * l->out_el;
+    l->in = cur;
+    switch (in->kind) {
+    case DT_L_LINEAR:
+      dt_linear_forward(l->out, cur, l->w, l->b, B, (int)l->in_el, s->oc);
+      break;
+    case DT_L_CONV2D:
+      l->g.B = B;
+      dt_conv2d_forward(l->out, cur, l->w, l->b, &l->g, m->ws);
+      break;
+    case DT_L_MAXPOOL2D:
+      dt_maxpool2d_forward(l->out, l->argmax, cur, B, in->in_c, in->in_h, in->in_w, s->k,
+                           s->stride);
+      break;
+    case DT_L_AVGPOOL2D:
+      dt_avgpool2d_forward(l->out, cur, B, in->in_c, in->in_h, in->in_w, s->k, s->stride);
+      break;
+    case DT_L_RELU:
+      /* In place: the input is a model buffer no later backward needs. */
+      if (l->inplace) l->out = (float *)cur;
+      dt_relu_forward(l->out, cur, N);
+      break;
+    case DT_L_GELU: dt_gelu_forward(l->out, cur, N); break;
+    case DT_L_DROPOUT:
+      if (train && s->p > 0.0f)
+        dt_dropout_forward(l->out, l->mask, cur, B, l->out_el, s->p, ctx->seed, ctx->step,
+                           ctx->sample0, i);
+      else
+        memcpy(l->out, cur, N * sizeof(float));
+      break;
+    case DT_L_FLATTEN:
+      /* Same memory, new shape. The cast is safe: a layer only writes its
+       * input in place when the model owns it (relu checks owns_out chains). */
+      l->out = (float *)cur;
+      break;
+    case DT_L_LAYERNORM:
+      dt_layernorm_forward(l->out, l->mean, l->rstd, cur, l->w, l->b, B, (int)l->in_el, s->eps);
+      break;
+    case DT_L_BATCHNORM:
+      dt_batchnorm_forward(l->out, l->mean, l->rstd, l->run_mean, l->run_var, cur, l->w, l->b, B,
+                           s->bn_c, s->bn_s, s->eps, s->momentum, train);
+      break;
+    }
+    cur = l->out;
+  }
+  m->B = B;
+  m->train = train;
+  m->logits = cur;
+  return cur;
+}
+
+float dt_model_loss(dt_model *m, const int32_t *labels, int B, int *ncorrect) {
+  if (!m->logits || B != m->B) {
+    dt__seterr(DT_EINVAL, "model loss: batch %d does not match the last forward (%d)", B, m->B);
+    return NAN;
+  }
+  return dt_softmax_xent(NULL, ncorrect, m->logits, labels, B, (int)m->out_dim);
+}
+
+float dt_model_backward(dt_model *m, const int32_t *labels, int B, int *ncorrect,
+                        dt_grad_ready_fn on_ready, void *ud) {
+  if (!m->logits || B != m->B) {
+    dt__seterr(DT_EINVAL, "model backward: batch %d does not match the last forward (%d)", B,
+               m->B);
+    return NAN;
+  }
+  float *d = m->dbuf[0];
+  float loss = dt_softmax_xent(d, ncorrect, m->logits, labels, B, (int)m->out_dim);
+  for (int i = m->n - 1; i >= m->first_param; i--) {
+    layer *l = &m->L[i];
+    const dt__layer_spec *s = &l->s;
+    const dt_layer_info *in = &s->info;
+    float *dinp = i == m->first_param ? NULL : (d == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0]);
+    size_t N = (size_t)B * l->out_el;
+    switch (in->kind) {
+    case DT_L_LINEAR:
+      dt_linear_backward(dinp, l->dw, l->db, d, l->in, l->w, B, (int)l->in_el, s->oc);
+      break;
+    case DT_L_CONV2D:
+      l->g.B = B;
+      dt_conv2d_backward(dinp, l->dw, l->db, d, l->in, l->w, &l->g, m->ws);
+      break;
+    case DT_L_MAXPOOL2D:
+      dt_maxpool2d_backward(dinp, d, l->argmax, B, in->in_c, in->in_h, in->in_w, s->k, s->stride);
+      break;
+    case DT_L_AVGPOOL2D:
+      dt_avgpool2d_backward(dinp, d, B, in->in_c, in->in_h, in->in_w, s->k, s->stride);
+      break;
+    case DT_L_RELU: dt_relu_backward(dinp, d, l->out, N); break;
+    case DT_L_GELU: dt_gelu_backward(dinp, d, l->in, N); break;
+    case DT_L_DROPOUT:
+      if (m->train && s->p > 0.0f)
+        dt_dropout_backward(dinp, d, l->mask, N);
+      else
+        memcpy(dinp, d, N * sizeof(float));
+      break;
+    case DT_L_FLATTEN: dinp = d; break;
+    case DT_L_LAYERNORM:
+      dt_layernorm_backward(dinp, l->dw, l->db, d, l->in, l->w, l->mean, l->rstd, B,
+                            (int)l->in_el);
+      break;
+    case DT_L_BATCHNORM:
+      dt_batchnorm_backward(dinp, l->dw, l->db, d, l->in, l->w, l->mean, l->rstd, B, s->bn_c,
+                            s->bn_s);
+      break;
+    }
+    if (in->nparams && on_ready) on_ready(ud, in->param_off, in->nparams);
+    d = dinp;
+  }
+  return loss;
+}

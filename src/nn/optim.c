@@ -1,0 +1,135 @@
+/*
+ * optim.c — optimizers over flat buffers with torch.optim semantics (1.13,
+ * single-tensor path), so a step here matches a PyTorch step to rounding:
+ *
+ *   SGD:   g = grad + wd * p;  buf = g on the first step, else
+ *          buf = momentum * buf + (1 - dampening) * g;
+ *          g = nesterov ? g + momentum * buf : buf;  p -= lr * g
+ *   AdamW: p *= 1 - lr * wd;  m += (1 - b1) * (g - m);  v = b2 * v + (1 - b2) g^2;
+ *          p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+ *
+ * State is one flat float array (SGD: the momentum buffer, absent without
+ * momentum; AdamW: m then v) plus a step count, so checkpoints and ZeRO
+ * shards treat it like the parameters. It does not do per-parameter-group
+ * settings, amsgrad or maximize.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/core.h"
+#include "nn/nn.h"
+
+struct dt_optim {
+  dt_optim_cfg cfg;
+  size_t n;
+  size_t nstate;
+  float *state;
+  int64_t step;
+};
+
+int dt_optim_create(dt_optim **out, const dt_optim_cfg *cfg, size_t n) {
+  *out = NULL;
+  if (cfg->kind != DT_OPT_SGD && cfg->kind != DT_OPT_ADAMW)
+    return dt__seterr(DT_EINVAL, "optimizer: unknown kind %d", cfg->kind);
+  if (!(cfg->momentum >= 0.0f) || !(cfg->weight_decay >= 0.0f) || !(cfg->dampening >= 0.0f))
+    return dt__seterr(DT_EINVAL, "optimizer: momentum, dampening and weight_decay must be >= 0");
+  if (cfg->kind == DT_OPT_SGD && cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
+    return dt__seterr(DT_EINVAL, "optimizer: nesterov needs momentum > 0 and dampening 0");
+  if (cfg->kind == DT_OPT_ADAMW &&
+      (!(cfg->beta1 >= 0.0f && cfg->beta1 < 1.0f) || !(cfg->beta2 >= 0.0f && cfg->beta2 < 1.0f) ||
+       !(cfg->eps >= 0.0f)))
+    return dt__seterr(DT_EINVAL, "optimizer: AdamW betas must be in [0, 1) and eps >= 0");
+  dt_optim *o = calloc(1, sizeof *o);
+  if (!o) return dt__seterr(DT_ENOMEM, "optimizer: out of memory");
+  o->cfg = *cfg;
+  o->n = n;
+  if (cfg->kind == DT_OPT_ADAMW) o->nstate = 2 * n;
+  else if (cfg->momentum != 0.0f) o->nstate = n;
+  if (o->nstate) {
+    o->state = dt_calloc(o->nstate * sizeof(float));
+    if (!o->state) {
+      size_t ns = o->nstate;
+      free(o);
+      return dt__seterr(DT_ENOMEM, "optimizer: out of memory for %zu state floats", ns);
+    }
+  }
+  *out = o;
+  return DT_OK;
+}
+
+void dt_optim_destroy(dt_optim *o) {
+  if (!o) return;
+  dt_free(o->state);
+  free(o);
+}
+
+size_t dt_optim_state_floats(const dt_optim *o) { return o->nstate; }
+float *dt_optim_state(dt_optim *o) { return o->state; }
+int64_t *dt_optim_step_count(dt_optim *o) { return &o->step; }
+
+static void sgd_plain(float *restrict p, const float *restrict g, size_t n, float lr, float wd) {
+  for (size_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
+}
+
+static void sgd_momentum(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
+                         float lr, float wd, float mom, float damp, int nesterov, int first) {
+  float keep = 1.0f - damp;
+  if (first) {
+    for (size_t i = 0; i < n; i++) {
+      float d = g[i] + wd * p[i];
+      buf[i] = d;
+      p[i] -= lr * (nesterov ? d + mom * d : d);
+    }
+  } else if (nesterov) {
+    for (size_t i = 0; i < n; i++) {
+      float d = g[i] + wd * p[i];
+      float b = mom * buf[i] + keep * d;
+      buf[i] = b;
+      p[i] -= lr * (d + mom * b);
+    }
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      float d = g[i] + wd * p[i];
+      float b = mom * buf[i] + keep * d;
+      buf[i] = b;
+      p[i] -= lr * b;
+    }
+  }
+}
+
+static void adamw(float *restrict p, const float *restrict g, float *restrict m,
+                  float *restrict v, size_t n, float decay, float b1, float b2, float step_size,
+                  float inv_bc2_sqrt, float eps) {
+  float w1 = 1.0f - b1, w2 = 1.0f - b2;
+  for (size_t i = 0; i < n; i++) {
+    float gi = g[i];
+    float pi = p[i] * decay;
+    float mi = m[i] + w1 * (gi - m[i]);
+    float vi = b2 * v[i] + w2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi - step_size * (mi / (sqrtf(vi) * inv_bc2_sqrt + eps));
+  }
+}
+
+void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
+  const dt_optim_cfg *c = &o->cfg;
+  o->step++;
+  if (c->kind == DT_OPT_SGD) {
+    if (c->momentum == 0.0f)
+      sgd_plain(params, grads, o->n, lr, c->weight_decay);
+    else
+      sgd_momentum(params, grads, o->state, o->n, lr, c->weight_decay, c->momentum, c->dampening,
+                   c->nesterov, o->step == 1);
+    return;
+  }
+  /* PyTorch computes these scalars in Python doubles. */
+  double t = (double)o->step;
+  double bc1 = 1.0 - pow((double)c->beta1, t);
+  double bc2 = 1.0 - pow((double)c->beta2, t);
+  float step_size = (float)((double)lr / bc1);
+  float inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+  float decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
+  adamw(params, grads, o->state, o->state + o->n, o->n, decay, c->beta1, c->beta2, step_size,
+        inv_bc2_sqrt, c->eps);
+}
