@@ -1,0 +1,65 @@
+/*
+ * file.c — the data layer's shared plumbing: reading a whole file into
+ * memory with a size cap, and the size limit every reader enforces. It does
+ * not parse anything.
+ */
+#include "data/data_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+size_t dt__data_max_bytes(void) {
+  int64_t v = dt_param_int("DTRAIN_DATA_MAX_BYTES", (int64_t)1 << 30);
+  if (v <= 0) v = (int64_t)1 << 30;
+  return (size_t)v;
+}
+
+int dt__read_file(const char *path, size_t max, uint8_t **buf, size_t *len) {
+  *buf = NULL;
+  *len = 0;
+  if (!path) return dt__seterr(DT_EINVAL, "data: no file name given");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return dt__seterr(DT_EIO, "%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return dt__seterr(DT_EIO, "%s: cannot stat: %s", path, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return dt__seterr(DT_EIO, "%s: not a regular file", path);
+  }
+  if ((uint64_t)st.st_size > (uint64_t)max) {
+    close(fd);
+    return dt__seterr(DT_ERANGE, "%s: file is %lld bytes, larger than the limit %zu (DTRAIN_DATA_MAX_BYTES)",
+                      path, (long long)st.st_size, max);
+  }
+  size_t cap = (size_t)st.st_size;
+  uint8_t *p = malloc(cap ? cap : 1);
+  if (!p) {
+    close(fd);
+    return dt__seterr(DT_ENOMEM, "%s: cannot allocate %zu bytes", path, cap);
+  }
+  size_t got = 0;
+  while (got < cap) {
+    ssize_t r = read(fd, p + got, cap - got);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      free(p);
+      close(fd);
+      return dt__seterr(DT_EIO, "%s: read failed: %s", path, strerror(e));
+    }
+    if (r == 0) break; /* shrank while reading: parse what we have */
+    got += (size_t)r;
+  }
+  close(fd);
+  *buf = p;
+  *len = got;
+  return DT_OK;
+}
