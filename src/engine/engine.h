@@ -1,0 +1,142 @@
+/*
+ * engine.h — the single-process training loop: from a typed run
+ * configuration it loads the data set (normalised with train-set statistics),
+ * builds the model, optimizer and learning-rate schedule, runs epochs of
+ * steps with a prefetching loader, evaluates on the test set, appends one
+ * JSON record per epoch to DIR/events.jsonl and writes DIR/summary.json
+ * atomically at the end.
+ *
+ * It does not parse configs or arguments (that is the cli layer), does not
+ * print (progress goes to caller hooks) and does not distribute work yet:
+ * workers must be 1.
+ */
+#ifndef DT_ENGINE_H
+#define DT_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nn/nn.h"
+
+#define DT_CFG_PATH_MAX 1024
+#define DT_CFG_SPEC_MAX 2048
+
+enum dt_data_format { DT_FMT_IDX, DT_FMT_CSV, DT_FMT_NPY };
+
+/* The default data: Debian's dataset-fashion-mnist package. */
+#define DT_FASHION_DIR "/usr/share/datasets/fashion-mnist"
+/* The built-in default model (examples/fashion_cnn.ini). */
+#define DT_DEFAULT_LAYERS                                                              \
+  "conv(32,3,pad=1) relu maxpool(2) conv(64,3,pad=1) relu maxpool(2) flatten "           \
+  "linear(128) relu linear(10)"
+
+/* Everything a run needs, with the defaults of docs/config.md filled in by
+ * dt_run_cfg_defaults(). Plain data: copy it freely. */
+typedef struct dt_run_cfg {
+  /* [model] */
+  char layers[DT_CFG_SPEC_MAX];
+  /* [data] */
+  int format;                          /* enum dt_data_format */
+  char train_images[DT_CFG_PATH_MAX];  /* idx/npy: features; csv: the CSV file */
+  char train_labels[DT_CFG_PATH_MAX];  /* idx/npy only */
+  char test_images[DT_CFG_PATH_MAX];
+  char test_labels[DT_CFG_PATH_MAX];
+  int normalize;                       /* (x - mean) / std with train-set stats */
+  int shuffle;                         /* reshuffle every epoch from (seed, epoch) */
+  int64_t limit_train, limit_test;     /* use only the first N samples; 0 = all */
+  int label_col;                       /* csv: label column, -1 = last */
+  int shape[3];                        /* csv: (c,h,w) of a sample; 0,0,0 = (1,1,dim) */
+  /* [optim] (lr is the schedule's base rate) */
+  dt_optim_cfg optim;
+  /* [train] */
+  int epochs;
+  int batch;
+  uint64_t seed;
+  int eval_every;                      /* evaluate every N epochs (and after the last) */
+  /* [schedule] (base_lr and total_steps are filled in by the engine) */
+  dt_sched_cfg sched;
+  /* [dist] */
+  int workers;
+} dt_run_cfg;
+
+void dt_run_cfg_defaults(dt_run_cfg *cfg);
+
+/* Progress of the current epoch, handed to the step hook after every step. */
+typedef struct dt_progress {
+  int epoch, epochs;                  /* 1-based epoch */
+  int64_t step_in_epoch, steps_per_epoch;
+  int64_t step;                       /* global steps done */
+  double loss;                        /* mean train loss of this epoch so far */
+  double samples_per_second;          /* this epoch so far, pure training time */
+  double lr;
+} dt_progress;
+
+/* One epoch's record (also the line written to events.jsonl). */
+typedef struct dt_epoch_report {
+  int epoch;
+  int64_t step;
+  double train_loss, train_accuracy;
+  int evaluated;                      /* test_* are valid only if set */
+  double test_loss, test_accuracy;
+  double samples_per_second;          /* this epoch, pure training time */
+  double lr;                          /* at the last step of the epoch */
+  double time;                        /* seconds since the run started */
+} dt_epoch_report;
+
+typedef struct dt_engine_hooks {
+  void (*on_step)(void *ud, const dt_progress *p);      /* may be NULL */
+  void (*on_epoch)(void *ud, const dt_epoch_report *r); /* may be NULL */
+  void *ud;
+} dt_engine_hooks;
+
+/* What summary.json holds. */
+typedef struct dt_run_summary {
+  double test_accuracy, test_loss;
+  int epochs;
+  int64_t steps;
+  int64_t train_samples;              /* samples trained on, all epochs */
+  double train_seconds;               /* pure training time (no eval, no loading) */
+  double samples_per_second;
+  double gflops;                      /* achieved GFLOP/s of training steps */
+  int workers;
+  size_t params;
+  char params_sha256[65];
+  char config_sha256[65];
+} dt_run_summary;
+
+typedef struct dt_engine dt_engine;
+
+/* Validates cfg, loads and normalises the data and builds and initialises
+ * the model. Every failure here is bad input (missing or corrupt file,
+ * impossible model, unsupported setting): DT_E* with one dt_errmsg() line
+ * naming the file or layer. Nothing is written to disk. */
+int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg);
+void dt_engine_destroy(dt_engine *e); /* NULL is a no-op */
+
+/* Read-only views, valid for the engine's life. */
+const dt_model *dt_engine_model(const dt_engine *e);
+int64_t dt_engine_train_samples(const dt_engine *e);
+int64_t dt_engine_test_samples(const dt_engine *e);
+
+/* Trains. Creates out_dir (mkdir -p), writes out_dir/config.ini (config_text,
+ * if not NULL; its SHA-256 is the summary's config hash), appends one record
+ * per epoch to out_dir/events.jsonl and, only on success, writes
+ * out_dir/summary.json via a temporary file, fsync and rename. *sum (may be
+ * NULL) gets the summary. */
+int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
+                  const dt_engine_hooks *hooks, dt_run_summary *sum);
+
+/* Evaluates the current model on the test set: mean loss and accuracy. */
+int dt_engine_evaluate(dt_engine *e, double *loss, double *accuracy);
+
+/* SHA-256 of buf as 64 lowercase hex digits plus NUL. */
+void dt_sha256_hex(const void *buf, size_t len, char out[65]);
+
+/* mkdir -p; DT_EIO naming the path on failure. */
+int dt_mkdirs(const char *path);
+
+/* Writes data to path atomically: path.tmp, fsync, rename, fsync the
+ * directory. */
+int dt_write_file_atomic(const char *path, const void *data, size_t len);
+
+#endif /* DT_ENGINE_H */

@@ -1,0 +1,43 @@
+/*
+ * run_cfg.c — the defaults of a run (docs/config.md lists them): the
+ * 2-conv CNN on Fashion-MNIST with SGD momentum and a cosine schedule. Kept
+ * apart from the training loop so the config parser can use it alone.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/engine.h"
+
+void dt_run_cfg_defaults(dt_run_cfg *c) {
+  memset(c, 0, sizeof *c);
+  snprintf(c->layers, sizeof c->layers, "%s", DT_DEFAULT_LAYERS);
+  c->format = DT_FMT_IDX;
+  snprintf(c->train_images, sizeof c->train_images, "%s/train-images-idx3-ubyte.gz", DT_FASHION_DIR);
+  snprintf(c->train_labels, sizeof c->train_labels, "%s/train-labels-idx1-ubyte.gz", DT_FASHION_DIR);
+  snprintf(c->test_images, sizeof c->test_images, "%s/t10k-images-idx3-ubyte.gz", DT_FASHION_DIR);
+  snprintf(c->test_labels, sizeof c->test_labels, "%s/t10k-labels-idx1-ubyte.gz", DT_FASHION_DIR);
+  c->normalize = 1;
+  c->shuffle = 1;
+  c->limit_train = 0;
+  c->limit_test = 0;
+  c->label_col = 0;
+  dt_optim_cfg o = DT_OPTIM_CFG_INIT;
+  o.kind = DT_OPT_SGD;
+  o.lr = 0.05f;
+  o.momentum = 0.9f;
+  o.nesterov = 0;
+  o.weight_decay = 0.0f;
+  c->optim = o;
+  c->epochs = 15;
+  c->batch = 64;
+  c->seed = 42;
+  c->eval_every = 1;
+  dt_sched_cfg s = DT_SCHED_CFG_INIT;
+  s.kind = DT_SCHED_COSINE;
+  s.warmup_steps = 0;
+  s.step_size = 1000;
+  s.gamma = 0.1f;
+  s.min_lr = 0.0f;
+  c->sched = s;
+  c->workers = 1;
+}
