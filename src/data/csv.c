@@ -111,7 +111,7 @@ int dt__csv_parse_mem(dt_dataset *ds, const char *buf, size_t len, const char *n
   if (lc < 0 || lc >= ncol)
     return dt__seterr(DT_EINVAL, "%s: label column %d out of range (rows have %d fields)", name, label_col, ncol);
   int64_t dim = ncol - 1;
-  float *x = dt_alloc((size_t)n * (size_t)dim * sizeof(float));
+  float *x = dt__data_alloc((size_t)n * (size_t)dim * sizeof(float));
   int32_t *y = dt_alloc((size_t)n * sizeof(int32_t));
   if (!x || !y) {
     dt_free(x);

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,17 @@ size_t dt__data_max_bytes(void) {
   int64_t v = dt_param_int("DTRAIN_DATA_MAX_BYTES", (int64_t)1 << 30);
   if (v <= 0) v = (int64_t)1 << 30;
   return (size_t)v;
+}
+
+void *dt__data_alloc(size_t bytes) {
+  void *p = NULL;
+  if (bytes < ((size_t)4 << 20)) return dt_alloc(bytes);
+  size_t align = (size_t)2 << 20;
+  if (posix_memalign(&p, align, (bytes + align - 1) & ~(align - 1)) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+  madvise(p, (bytes + align - 1) & ~(align - 1), MADV_HUGEPAGE); /* advice only: failure is harmless */
+#endif
+  return p;
 }
 
 int dt__read_file(const char *path, size_t max, uint8_t **buf, size_t *len) {
@@ -40,7 +52,7 @@ int dt__read_file(const char *path, size_t max, uint8_t **buf, size_t *len) {
                       path, (long long)st.st_size, max);
   }
   size_t cap = (size_t)st.st_size;
-  uint8_t *p = malloc(cap ? cap : 1);
+  uint8_t *p = dt__data_alloc(cap ? cap : 1);
   if (!p) {
     close(fd);
     return dt__seterr(DT_ENOMEM, "%s: cannot allocate %zu bytes", path, cap);

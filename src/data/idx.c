@@ -155,7 +155,7 @@ int dt__idx_parse_mem(const void *buf, size_t len, const char *name, int want_nd
                       name, have < payload ? "truncated" : "trailing bytes", payload, hlen, have);
       goto fail;
     }
-    out = malloc(payload);
+    out = dt__data_alloc(payload);
     if (!out) {
       rc = dt__seterr(DT_ENOMEM, "%s: cannot allocate %zu bytes", name, payload);
       goto fail;
@@ -170,7 +170,7 @@ int dt__idx_parse_mem(const void *buf, size_t len, const char *name, int want_nd
     hint = hint > hlen ? hint - hlen : 0;
     size_t cap = hint > ((size_t)1 << 20) ? hint : ((size_t)1 << 20);
     if (cap > payload) cap = payload;
-    out = malloc(cap);
+    out = dt__data_alloc(cap);
     if (!out) {
       rc = dt__seterr(DT_ENOMEM, "%s: cannot allocate %zu bytes", name, cap);
       goto fail;
@@ -239,7 +239,7 @@ int dt__idx_load_mem(dt_dataset *ds, const void *img, size_t img_len, const char
     rc = dt__seterr(DT_ERANGE, "%s: too large", img_name);
     goto done;
   }
-  float *x = dt_alloc(nel * sizeof(float));
+  float *x = dt__data_alloc(nel * sizeof(float));
   int32_t *y = dt_alloc((size_t)n * sizeof(int32_t));
   if (!x || !y) {
     dt_free(x);

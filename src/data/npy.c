@@ -218,7 +218,7 @@ int dt__npy_load_mem(dt_dataset *ds, const void *xb, size_t x_len, const char *x
     return dt__seterr(DT_ERANGE, "%s: a dimension exceeds 2^31-1", x_name);
   int64_t dim = X.count / n;
   size_t nel = (size_t)X.count;
-  float *x = dt_alloc(nel * sizeof(float));
+  float *x = dt__data_alloc(nel * sizeof(float));
   int32_t *y = dt_alloc((size_t)n * sizeof(int32_t));
   int rc = DT_OK;
   if (!x || !y) {
