@@ -9,4 +9,10 @@
  * (0 success, 1 runtime failure, 2 bad input / usage). */
 int dt_cli_main(int argc, char **argv);
 
+/* Exit statuses. */
+enum { DT_EXIT_OK = 0, DT_EXIT_FAIL = 1, DT_EXIT_USAGE = 2 };
+
+/* Subcommands: argv[0] is the subcommand name. */
+int dt__cmd_train(int argc, char **argv);
+
 #endif

@@ -1,0 +1,390 @@
+/*
+ * train.c — the single-process training loop. dt_engine_create does
+ * everything that can fail on bad input (data files, model spec, settings)
+ * before anything is written; dt_engine_run then trains epoch by epoch
+ * (loader thread prefetching batches, forward, backward, optimizer step,
+ * schedule), evaluates on the test set, appends events.jsonl records and
+ * writes summary.json last, atomically.
+ *
+ * Timing: train_seconds counts only the step loop (waiting for a batch,
+ * forward, backward, update); evaluation, data loading from disk and writing
+ * files are excluded. It does not print; callers get hooks.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "data/data.h"
+#include "engine/engine.h"
+#include "tensor/tensor.h"
+
+struct dt_engine {
+  dt_run_cfg cfg;
+  dt_dataset train, test;
+  dt_model *model;
+  dt_optim *optim;
+  dt_loader *loader;
+  dt_sched_cfg sched;
+  int64_t steps_per_epoch;
+  float mean, std; /* normalisation applied (0, 1 if none) */
+};
+
+static const char *const fmt_name[] = {"idx", "csv", "npy"};
+
+static int check_file(const char *key, const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return dt__seterr(errno == ENOENT ? DT_ENOENT : DT_EIO, "data.%s '%s': %s", key, path,
+                      strerror(errno));
+  fclose(f);
+  return DT_OK;
+}
+
+static int load_split(dt_dataset *ds, const dt_run_cfg *c, const char *xkey, const char *x,
+                      const char *ykey, const char *y) {
+  DT_CHECK(check_file(xkey, x));
+  if (c->format != DT_FMT_CSV) DT_CHECK(check_file(ykey, y));
+  int rc;
+  switch (c->format) {
+  case DT_FMT_IDX: rc = dt_idx_load(ds, x, y); break;
+  case DT_FMT_NPY: rc = dt_npy_load(ds, x, y); break;
+  case DT_FMT_CSV: rc = dt_csv_load(ds, x, c->label_col); break;
+  default: return dt__seterr(DT_EINVAL, "data.format %d: unknown", c->format);
+  }
+  if (rc < 0) return rc;
+  if (c->shape[0]) {
+    int64_t d = (int64_t)c->shape[0] * c->shape[1] * c->shape[2];
+    if (d != ds->dim)
+      return dt__seterr(DT_EINVAL, "data.shape %d,%d,%d (%lld values) does not match '%s' (%lld "
+                        "features per sample)", c->shape[0], c->shape[1], c->shape[2],
+                        (long long)d, x, (long long)ds->dim);
+    ds->c = c->shape[0];
+    ds->h = c->shape[1];
+    ds->w = c->shape[2];
+  }
+  if (ds->n <= 0) return dt__seterr(DT_EINVAL, "data.%s '%s': no samples", xkey, x);
+  return DT_OK;
+}
+
+int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg) {
+  *out = NULL;
+  if (cfg->workers != 1)
+    return dt__seterr(DT_ENOTSUP, "dist.workers = %d: multiple workers are not yet supported",
+                      cfg->workers);
+  if (cfg->format < 0 || cfg->format > DT_FMT_NPY)
+    return dt__seterr(DT_EINVAL, "data.format %d: unknown", cfg->format);
+  dt_engine *e = calloc(1, sizeof *e);
+  if (!e) return dt__seterr(DT_ENOMEM, "engine: out of memory");
+  e->cfg = *cfg;
+  e->mean = 0.0f;
+  e->std = 1.0f;
+  int rc;
+  /* One compute thread per worker unless the user asks OpenBLAS for more. */
+  if (!getenv("OPENBLAS_NUM_THREADS")) dt_tensor_set_threads(1);
+
+  DT_CHECK_GOTO(load_split(&e->train, cfg, "train_images", cfg->train_images, "train_labels",
+                           cfg->train_labels), rc, fail);
+  DT_CHECK_GOTO(load_split(&e->test, cfg, "test_images", cfg->test_images, "test_labels",
+                           cfg->test_labels), rc, fail);
+  if (e->train.dim != e->test.dim || e->train.c != e->test.c || e->train.h != e->test.h) {
+    rc = dt__seterr(DT_EINVAL, "data: train samples are %dx%dx%d but test samples are %dx%dx%d "
+                    "('%s' vs '%s')", e->train.c, e->train.h, e->train.w, e->test.c, e->test.h,
+                    e->test.w, cfg->train_images, cfg->test_images);
+    goto fail;
+  }
+  if (cfg->limit_train > 0 && cfg->limit_train < e->train.n) e->train.n = cfg->limit_train;
+  if (cfg->limit_test > 0 && cfg->limit_test < e->test.n) e->test.n = cfg->limit_test;
+  if (cfg->normalize) {
+    dt_dataset_stats(&e->train, &e->mean, &e->std);
+    if (!(e->std > 1e-12f)) e->std = 1.0f; /* constant features: only centre */
+    dt_dataset_normalize(&e->train, e->mean, e->std);
+    dt_dataset_normalize(&e->test, e->mean, e->std);
+  }
+
+  rc = dt_model_create(&e->model, cfg->layers, e->train.c, e->train.h, e->train.w, cfg->batch);
+  if (rc < 0) {
+    dt__preerr(rc, "model.layers");
+    goto fail;
+  }
+  int classes = e->train.nclasses > e->test.nclasses ? e->train.nclasses : e->test.nclasses;
+  if (dt_model_out_dim(e->model) < classes) {
+    rc = dt__seterr(DT_EINVAL, "model.layers: the last layer has %d outputs but the data has %d "
+                    "classes", dt_model_out_dim(e->model), classes);
+    goto fail;
+  }
+  dt_model_init(e->model, cfg->seed);
+  DT_CHECK_GOTO(dt_optim_create(&e->optim, &cfg->optim, dt_model_nparams(e->model)), rc, fail);
+
+  dt_loader_cfg lc = DT_LOADER_CFG_INIT;
+  lc.batch = cfg->batch;
+  lc.drop_last = 0;
+  lc.prefetch = 2;
+  lc.seed = cfg->seed;
+  lc.shuffle = cfg->shuffle;
+  DT_CHECK_GOTO(dt_loader_create(&e->loader, &e->train, &lc), rc, fail);
+  e->steps_per_epoch = dt_loader_batches(e->loader);
+
+  e->sched = cfg->sched;
+  e->sched.base_lr = cfg->optim.lr;
+  e->sched.total_steps = e->steps_per_epoch * cfg->epochs;
+  *out = e;
+  return DT_OK;
+fail:
+  dt_engine_destroy(e);
+  return rc;
+}
+
+void dt_engine_destroy(dt_engine *e) {
+  if (!e) return;
+  dt_loader_destroy(e->loader);
+  dt_optim_destroy(e->optim);
+  dt_model_destroy(e->model);
+  dt_dataset_free(&e->train);
+  dt_dataset_free(&e->test);
+  free(e);
+}
+
+const dt_model *dt_engine_model(const dt_engine *e) { return e->model; }
+int64_t dt_engine_train_samples(const dt_engine *e) { return e->train.n; }
+int64_t dt_engine_test_samples(const dt_engine *e) { return e->test.n; }
+
+int dt_engine_evaluate(dt_engine *e, double *loss, double *accuracy) {
+  int B = e->cfg.batch;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  dt_step_ctx ctx = {0, e->cfg.seed, 0, 0};
+  for (int64_t i = 0; i < e->test.n; i += B) {
+    int n = (int)(e->test.n - i < B ? e->test.n - i : B);
+    ctx.sample0 = i;
+    dt_model_forward(e->model, e->test.x + i * e->test.dim, n, &ctx);
+    int nc = 0;
+    float l = dt_model_loss(e->model, e->test.y + i, n, &nc);
+    loss_sum += (double)l * n;
+    correct += nc;
+  }
+  *loss = loss_sum / (double)e->test.n;
+  *accuracy = (double)correct / (double)e->test.n;
+  return DT_OK;
+}
+
+/* ---- records -------------------------------------------------------------- */
+
+static int append_event(FILE *f, const char *path, const dt_epoch_report *r) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return dt__seterr(DT_ENOMEM, "events: out of memory");
+  cJSON_AddNumberToObject(o, "epoch", r->epoch);
+  cJSON_AddNumberToObject(o, "step", (double)r->step);
+  cJSON_AddNumberToObject(o, "train_loss", r->train_loss);
+  cJSON_AddNumberToObject(o, "train_accuracy", r->train_accuracy);
+  if (r->evaluated) {
+    cJSON_AddNumberToObject(o, "test_loss", r->test_loss);
+    cJSON_AddNumberToObject(o, "test_accuracy", r->test_accuracy);
+  } else {
+    cJSON_AddNullToObject(o, "test_loss");
+    cJSON_AddNullToObject(o, "test_accuracy");
+  }
+  cJSON_AddNumberToObject(o, "samples_per_second", r->samples_per_second);
+  cJSON_AddNumberToObject(o, "lr", r->lr);
+  cJSON_AddNumberToObject(o, "time", r->time);
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  if (!s) return dt__seterr(DT_ENOMEM, "events: out of memory");
+  int bad = fprintf(f, "%s\n", s) < 0 || fflush(f) != 0;
+  cJSON_free(s);
+  if (bad) return dt__seterr(DT_EIO, "'%s': write: %s", path, strerror(errno));
+  return DT_OK;
+}
+
+static int write_summary(const char *dir, const dt_engine *e, const dt_run_summary *s) {
+  char path[DT_CFG_PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/summary.json", dir);
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return dt__seterr(DT_ENOMEM, "summary: out of memory");
+  cJSON_AddNumberToObject(o, "test_accuracy", s->test_accuracy);
+  cJSON_AddNumberToObject(o, "test_loss", s->test_loss);
+  cJSON_AddNumberToObject(o, "epochs", s->epochs);
+  cJSON_AddNumberToObject(o, "steps", (double)s->steps);
+  cJSON_AddNumberToObject(o, "train_samples", (double)s->train_samples);
+  cJSON_AddNumberToObject(o, "train_seconds", s->train_seconds);
+  cJSON_AddNumberToObject(o, "samples_per_second", s->samples_per_second);
+  cJSON_AddNumberToObject(o, "gflops", s->gflops);
+  cJSON_AddNumberToObject(o, "flops_per_sample", dt_model_flops_per_sample(e->model, 1));
+  cJSON_AddNumberToObject(o, "workers", s->workers);
+  cJSON_AddNumberToObject(o, "params", (double)s->params);
+  cJSON_AddStringToObject(o, "params_sha256", s->params_sha256);
+  cJSON_AddStringToObject(o, "model", e->cfg.layers);
+  cJSON_AddStringToObject(o, "config_sha256", s->config_sha256);
+  cJSON_AddNumberToObject(o, "batch", e->cfg.batch);
+  char seed[32];
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)e->cfg.seed);
+  cJSON_AddStringToObject(o, "seed", seed);
+  cJSON_AddStringToObject(o, "data_format", fmt_name[e->cfg.format]);
+  cJSON_AddNumberToObject(o, "train_set", (double)e->train.n);
+  cJSON_AddNumberToObject(o, "test_set", (double)e->test.n);
+  cJSON_AddNumberToObject(o, "bytes_sent", 0);
+  cJSON_AddNumberToObject(o, "bytes_received", 0);
+  cJSON_AddStringToObject(o, "blas_core", dt_tensor_blas_core());
+  cJSON_AddStringToObject(o, "dtrain_version", dt_version());
+  char *txt = cJSON_Print(o);
+  cJSON_Delete(o);
+  if (!txt) return dt__seterr(DT_ENOMEM, "summary: out of memory");
+  size_t n = strlen(txt);
+  char *buf = malloc(n + 2);
+  if (!buf) {
+    cJSON_free(txt);
+    return dt__seterr(DT_ENOMEM, "summary: out of memory");
+  }
+  memcpy(buf, txt, n);
+  buf[n] = '\n';
+  cJSON_free(txt);
+  int rc = dt_write_file_atomic(path, buf, n + 1);
+  free(buf);
+  return rc;
+}
+
+/* SHA-256 of the parameters as little-endian float32. */
+static void params_hash(const dt_model *m, char out[65]) {
+  const float *p = dt_model_params((dt_model *)m);
+  size_t n = dt_model_nparams(m);
+  const uint32_t one = 1;
+  if (*(const unsigned char *)&one) {
+    dt_sha256_hex(p, n * sizeof(float), out);
+    return;
+  }
+  unsigned char *b = malloc(n > 0 ? n * 4 : 1);
+  if (!b) {
+    memset(out, '0', 64);
+    out[64] = '\0';
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &p[i], 4);
+    for (int j = 0; j < 4; j++) b[4 * i + j] = (unsigned char)(u >> (8 * j));
+  }
+  dt_sha256_hex(b, n * 4, out);
+  free(b);
+}
+
+/* ---- the loop ------------------------------------------------------------- */
+
+int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
+                  const dt_engine_hooks *hooks, dt_run_summary *sum) {
+  const dt_run_cfg *c = &e->cfg;
+  dt_engine_hooks none = {NULL, NULL, NULL};
+  if (!hooks) hooks = &none;
+  char path[DT_CFG_PATH_MAX + 32], events_path[DT_CFG_PATH_MAX + 32];
+  DT_CHECK(dt_mkdirs(out_dir));
+  dt_run_summary s;
+  memset(&s, 0, sizeof s);
+  const char *ctext = config_text ? config_text : "";
+  dt_sha256_hex(ctext, strlen(ctext), s.config_sha256);
+  if (config_text) {
+    snprintf(path, sizeof path, "%s/config.ini", out_dir);
+    DT_CHECK(dt_write_file_atomic(path, config_text, strlen(config_text)));
+  }
+  snprintf(events_path, sizeof events_path, "%s/events.jsonl", out_dir);
+  FILE *ev = fopen(events_path, "w");
+  if (!ev) return dt__seterr(DT_EIO, "'%s': %s", events_path, strerror(errno));
+
+  int rc = DT_OK;
+  double t_start = dt_now(), train_seconds = 0;
+  int64_t step = 0, samples_total = 0;
+  float *params = dt_model_params(e->model);
+  const float *grads = dt_model_grads(e->model);
+  dt_progress p = {0};
+  p.epochs = c->epochs;
+  p.steps_per_epoch = e->steps_per_epoch;
+  double test_loss = 0, test_acc = 0;
+  float lr = 0;
+  for (int epoch = 1; epoch <= c->epochs; epoch++) {
+    DT_CHECK_GOTO(dt_loader_start_epoch(e->loader, (uint64_t)(epoch - 1)), rc, done);
+    double t_epoch = 0, loss_sum = 0;
+    int64_t seen = 0, correct = 0, k = 0;
+    for (;;) {
+      double t0 = dt_now();
+      dt_batch b;
+      int more = dt_loader_next(e->loader, &b);
+      if (more < 0) {
+        rc = more;
+        goto done;
+      }
+      if (!more) {
+        t_epoch += dt_now() - t0;
+        break;
+      }
+      lr = dt_sched_lr(&e->sched, step);
+      dt_step_ctx ctx = {1, c->seed, (uint64_t)step, b.sample0};
+      dt_model_forward(e->model, b.x, b.n, &ctx);
+      int nc = 0;
+      float loss = dt_model_backward(e->model, b.y, b.n, &nc, NULL, NULL);
+      dt_optim_step(e->optim, params, grads, lr);
+      t_epoch += dt_now() - t0;
+      if (!isfinite(loss)) {
+        rc = dt__seterr(DT_ERANGE, "training diverged at epoch %d step %lld (loss %g); try a "
+                        "smaller optim.lr", epoch, (long long)step + 1, (double)loss);
+        goto done;
+      }
+      step++;
+      k++;
+      seen += b.n;
+      correct += nc;
+      loss_sum += (double)loss * b.n;
+      if (hooks->on_step) {
+        p.epoch = epoch;
+        p.step_in_epoch = k;
+        p.step = step;
+        p.loss = loss_sum / (double)seen;
+        p.samples_per_second = t_epoch > 0 ? (double)seen / t_epoch : 0;
+        p.lr = lr;
+        hooks->on_step(hooks->ud, &p);
+      }
+    }
+    train_seconds += t_epoch;
+    samples_total += seen;
+    dt_epoch_report r;
+    memset(&r, 0, sizeof r);
+    r.epoch = epoch;
+    r.step = step;
+    r.train_loss = seen ? loss_sum / (double)seen : 0;
+    r.train_accuracy = seen ? (double)correct / (double)seen : 0;
+    r.samples_per_second = t_epoch > 0 ? (double)seen / t_epoch : 0;
+    r.lr = lr;
+    if (epoch % c->eval_every == 0 || epoch == c->epochs) {
+      DT_CHECK_GOTO(dt_engine_evaluate(e, &test_loss, &test_acc), rc, done);
+      r.evaluated = 1;
+      r.test_loss = test_loss;
+      r.test_accuracy = test_acc;
+    }
+    r.time = dt_now() - t_start;
+    DT_CHECK_GOTO(append_event(ev, events_path, &r), rc, done);
+    if (hooks->on_epoch) hooks->on_epoch(hooks->ud, &r);
+  }
+
+  s.test_accuracy = test_acc;
+  s.test_loss = test_loss;
+  s.epochs = c->epochs;
+  s.steps = step;
+  s.train_samples = samples_total;
+  s.train_seconds = train_seconds;
+  s.samples_per_second = train_seconds > 0 ? (double)samples_total / train_seconds : 0;
+  s.gflops = train_seconds > 0 ? dt_model_flops_per_sample(e->model, 1) * (double)samples_total /
+                                     train_seconds / 1e9
+                               : 0;
+  s.workers = 1;
+  s.params = dt_model_nparams(e->model);
+  params_hash(e->model, s.params_sha256);
+  if (fsync(fileno(ev))) {
+    /* events are best effort on file systems without fsync */
+  }
+  DT_CHECK_GOTO(write_summary(out_dir, e, &s), rc, done);
+  if (sum) *sum = s;
+done:
+  fclose(ev);
+  return rc;
+}
