@@ -1,0 +1,1041 @@
+/*
+ * shm.c — the shared-memory transport: ranks on one host exchange messages
+ * through lock-free single-producer/single-consumer rings in a shared inbox
+ * segment per rank (layout in shm_int.h), sleep on one futex word after a
+ * short spin, and move large messages with one copy (process_vm_readv from
+ * the sender's buffer straight into the receiver's), falling back to the
+ * ring when the kernel forbids it. A dead peer is noticed through a pidfd
+ * polled while waiting (at most every DTRAIN_SHM_LIVE_MS, default 2 ms) and
+ * fails the context with DT_EPEERLOST naming the rank; an abort is written
+ * into the owner's header, where every peer sees it on its next progress.
+ *
+ * It does not authenticate beyond the job hash in the segment name and
+ * header (a segment is mode 0600, so only the same user can open it, and
+ * that user could ptrace us anyway), does not reduce (algorithms do that on
+ * what they receive) and does not cross hosts. Threading: one thread drives
+ * a context; abort() may come from any thread.
+ *
+ * Knobs: DTRAIN_SHM_RING_BYTES (per sender, default 1 MiB),
+ * DTRAIN_SHM_CMA_BYTES (smallest message sent single-copy, default 64 KiB;
+ * 0 disables), DTRAIN_SHM_SPIN (polls before yielding, default 2000).
+ */
+#define _GNU_SOURCE
+#include "comm/transport.h"
+#include "comm/transport/shm_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+#define SHM_PREFIX "dtshm-"
+
+struct unexp {
+  struct unexp *next;
+  uint64_t tag, len, cookie_or_addr;
+  int kind;             /* DT_SHM_EAGER or DT_SHM_CMA */
+  bool complete;        /* EAGER: every byte arrived */
+  uint8_t *data;        /* EAGER payload (len bytes) */
+  struct dt_tp_req *req; /* a receive that matched while still streaming */
+};
+
+struct ack {
+  uint64_t cookie;
+  int32_t rc;
+};
+
+struct dt_tp_ep {
+  struct dt_tp_ctx *ctx;
+  int peer;
+  pid_t pid;
+  int pidfd;
+  void *pbase;
+  size_t plen;
+  struct dt_shm_hdr *phdr;
+  struct dt_shm_ring *tx, *rx; /* tx: ring[me] in the peer's inbox; rx: ring[peer] in mine */
+  uint64_t mask;               /* ring_bytes - 1 (same for both: checked at connect) */
+  uint64_t rx_mask;
+  /* sending */
+  struct dt_tp_req *sq_head, *sq_tail; /* queued sends; the head may be mid-record */
+  uint64_t tx_head, tx_tail_seen;
+  uint64_t tx_left;                    /* bytes of the head's record payload (padded) left */
+  bool tx_in_rec;
+  bool tx_zero;                        /* head was cancelled mid-record: fill with zeros */
+  struct dt_tp_req *cma_wait;          /* CMA sends waiting for their ACK */
+  struct ack *acks;
+  int nacks, cap_acks;
+  /* receiving */
+  struct dt_tp_req *rq_head, *rq_tail; /* posted receives, in order */
+  struct unexp *ux_head, *ux_tail;     /* arrived before their receive */
+  bool rx_in_rec;
+  uint64_t rx_len, rx_off, rx_total;   /* current record: payload, consumed, padded */
+  struct dt_tp_req *rx_req;            /* destination of the current record, or */
+  struct unexp *rx_ux;                 /* ... buffered, or neither (discard) */
+  uint64_t rx_tag;
+  bool dead;
+  bool gone;                           /* exited after a clean close */
+};
+
+struct dt_tp_ctx {
+  int rank, size;
+  pid_t pid;
+  char host_id[DT_TP_ADDR_MAX];
+  char name[96];
+  void *base;
+  size_t map_len;
+  struct dt_shm_hdr *hdr;
+  uint64_t job_hash;
+  uint64_t ring_bytes;
+  struct dt_tp_ep **eps; /* [size], NULL where not connected through shm */
+  int neps;
+  size_t cma_min;
+  int spin;
+  int64_t live_ns, next_live;
+  volatile uint64_t probe; /* peers read this with process_vm_readv */
+  _Atomic int aborting;
+  _Atomic int abort_rc;
+  char abort_msg[DT_TP_ERR_MAX];
+  bool failed_all; /* pending requests already failed after the abort */
+};
+
+/* ---- small helpers ---------------------------------------------------- */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++) {
+    h ^= b[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+static int futex_wait(_Atomic uint32_t *w, uint32_t val, int64_t ns) {
+  struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+  return (int)syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *w) {
+  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Wakes the owner of hdr if it sleeps (or is about to). The seq_cst fence
+ * pairs with the one in wait_sleep(): either the sleeper sees our update or
+ * we see its `sleeping` flag. */
+static void ring_bell(struct dt_shm_hdr *h, bool force) {
+  atomic_thread_fence(memory_order_seq_cst);
+  if (force || atomic_load_explicit(&h->sleeping, memory_order_relaxed)) {
+    atomic_fetch_add(&h->bell, 1);
+    futex_wake(&h->bell);
+  }
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+static uint64_t round_rec(uint64_t n) { return (n + DT_SHM_REC - 1) & ~(uint64_t)(DT_SHM_REC - 1); }
+
+static void req_finish(struct dt_tp_req *r, int rc) {
+  r->next = NULL;
+  r->status = rc < 0 ? rc : 1;
+}
+
+static void set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(char *err, const char *fmt, ...) {
+  if (!err) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, DT_TP_ERR_MAX, fmt, ap);
+  va_end(ap);
+}
+
+/* Removes r from a singly linked list; true if it was there. */
+static bool list_remove(struct dt_tp_req **head, struct dt_tp_req **tail, struct dt_tp_req *r) {
+  struct dt_tp_req *prev = NULL;
+  for (struct dt_tp_req *q = *head; q; prev = q, q = q->next) {
+    if (q != r) continue;
+    if (prev) prev->next = q->next;
+    else *head = q->next;
+    if (tail && *tail == q) *tail = prev;
+    q->next = NULL;
+    return true;
+  }
+  return false;
+}
+
+static void list_append(struct dt_tp_req **head, struct dt_tp_req **tail, struct dt_tp_req *r) {
+  r->next = NULL;
+  if (*tail) (*tail)->next = r;
+  else *head = r;
+  *tail = r;
+}
+
+/* ---- stale segments --------------------------------------------------- */
+
+/* Unlinks inboxes whose creator is gone (killed before finalize). Names are
+ * dtshm-<jobhash>-<rank>-<pid>-<nonce>. */
+static void sweep_stale(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, SHM_PREFIX, strlen(SHM_PREFIX))) continue;
+    unsigned long long jh, nonce;
+    int rank, pid;
+    if (sscanf(e->d_name, SHM_PREFIX "%16llx-%d-%d-%16llx", &jh, &rank, &pid, &nonce) != 4)
+      continue;
+    if (pid > 0 && kill(pid, 0) < 0 && errno == ESRCH) {
+      char n[300];
+      snprintf(n, sizeof n, "/%s", e->d_name);
+      shm_unlink(n);
+    }
+  }
+  closedir(d);
+}
+
+/* ---- abort ------------------------------------------------------------ */
+
+static void shm_abort(struct dt_tp_ctx *ctx, int rc, const char *why) {
+  if (!ctx) return;
+  int zero = 0;
+  if (!atomic_compare_exchange_strong(&ctx->aborting, &zero, 1)) return;
+  if (rc >= 0) rc = DT_EABORTED;
+  snprintf(ctx->abort_msg, sizeof ctx->abort_msg, "%s", why ? why : "aborted");
+  atomic_store(&ctx->abort_rc, rc);
+  /* Tell every peer through our header, then wake them and ourselves. */
+  snprintf(ctx->hdr->abort_msg, sizeof ctx->hdr->abort_msg, "%.191s", ctx->abort_msg);
+  atomic_store(&ctx->hdr->abort_rc, rc);
+  for (int p = 0; p < ctx->size; p++)
+    if (ctx->eps && ctx->eps[p]) ring_bell(ctx->eps[p]->phdr, true);
+  ring_bell(ctx->hdr, true);
+}
+
+static const char *shm_abort_reason(struct dt_tp_ctx *ctx, int *rc) {
+  int r = ctx ? atomic_load(&ctx->abort_rc) : 0;
+  if (rc) *rc = r;
+  return r ? ctx->abort_msg : "";
+}
+
+/* Fails every pending request of one endpoint with rc. */
+static void ep_fail_all(struct dt_tp_ep *ep, int rc) {
+  struct dt_tp_req *r, *n;
+  for (r = ep->sq_head; r; r = n) { n = r->next; req_finish(r, rc); }
+  for (r = ep->rq_head; r; r = n) { n = r->next; req_finish(r, rc); }
+  for (r = ep->cma_wait; r; r = n) { n = r->next; req_finish(r, rc); }
+  for (struct unexp *u = ep->ux_head; u; u = u->next)
+    if (u->req) { req_finish(u->req, rc); u->req = NULL; }
+  if (ep->rx_req) { req_finish(ep->rx_req, rc); ep->rx_req = NULL; }
+  ep->sq_head = ep->sq_tail = ep->rq_head = ep->rq_tail = ep->cma_wait = NULL;
+  ep->tx_in_rec = false;
+}
+
+static void ep_lost(struct dt_tp_ep *ep, const char *what) {
+  struct dt_tp_ctx *ctx = ep->ctx;
+  char why[DT_TP_ERR_MAX];
+  snprintf(why, sizeof why, "shm: rank %d (pid %d) %s", ep->peer, (int)ep->pid, what);
+  ep->dead = true;
+  ep_fail_all(ep, DT_EPEERLOST);
+  shm_abort(ctx, DT_EPEERLOST, why);
+}
+
+/* After an abort, the driving thread fails what is still pending. */
+static int check_abort(struct dt_tp_ctx *ctx) {
+  int rc = atomic_load_explicit(&ctx->abort_rc, memory_order_acquire);
+  if (!rc) return 0;
+  if (!ctx->failed_all) {
+    ctx->failed_all = true;
+    for (int p = 0; p < ctx->size; p++)
+      if (ctx->eps[p]) ep_fail_all(ctx->eps[p], rc);
+  }
+  return rc;
+}
+
+/* ---- sending ---------------------------------------------------------- */
+
+static uint64_t tx_space(struct dt_tp_ep *ep) {
+  uint64_t cap = ep->mask + 1;
+  if (cap - (ep->tx_head - ep->tx_tail_seen) < cap / 2)
+    ep->tx_tail_seen = atomic_load_explicit(&ep->tx->tail, memory_order_acquire);
+  return cap - (ep->tx_head - ep->tx_tail_seen);
+}
+
+static void tx_put(struct dt_tp_ep *ep, const void *src, uint64_t n) {
+  uint64_t pos = ep->tx_head & ep->mask, first = ep->mask + 1 - pos;
+  if (first > n) first = n;
+  if (src) {
+    memcpy(ep->tx->data + pos, src, first);
+    if (n > first) memcpy(ep->tx->data, (const uint8_t *)src + first, n - first);
+  } else {
+    memset(ep->tx->data + pos, 0, first);
+    if (n > first) memset(ep->tx->data, 0, n - first);
+  }
+  ep->tx_head += n;
+}
+
+static void tx_publish(struct dt_tp_ep *ep) {
+  atomic_store_explicit(&ep->tx->head, ep->tx_head, memory_order_release);
+  ring_bell(ep->phdr, false);
+}
+
+/* Writes as much queued output as fits; returns true if anything moved. */
+static bool tx_progress(struct dt_tp_ep *ep) {
+  bool moved = false;
+  const uint64_t chunk = 64u << 10;
+  for (;;) {
+    if (!ep->tx_in_rec) {
+      /* Acknowledgements go first, at a record boundary. */
+      while (ep->nacks && tx_space(ep) >= DT_SHM_REC) {
+        struct ack a = ep->acks[--ep->nacks];
+        struct dt_shm_rec rec = {DT_SHM_ACK, (uint32_t)(-a.rc), 0, 0, a.cookie};
+        tx_put(ep, &rec, sizeof rec);
+        moved = true;
+      }
+      if (ep->nacks) break;
+      struct dt_tp_req *r = ep->sq_head;
+      if (!r || tx_space(ep) < DT_SHM_REC) break;
+      bool cma = r->len >= ep->ctx->cma_min && ep->ctx->cma_min > 0 &&
+                 atomic_load_explicit(&ep->phdr->cma_ok[ep->ctx->rank], memory_order_relaxed);
+      struct dt_shm_rec rec = {cma ? DT_SHM_CMA : DT_SHM_EAGER, 0, r->tag, r->len,
+                               cma ? (uint64_t)(uintptr_t)r->buf : 0};
+      tx_put(ep, &rec, sizeof rec);
+      moved = true;
+      r->done = 0;
+      if (cma) {
+        /* Off the queue, onto the list waiting for the receiver's ACK. */
+        ep->sq_head = r->next;
+        if (!ep->sq_head) ep->sq_tail = NULL;
+        r->priv[0] = (uint64_t)(uintptr_t)r; /* cookie */
+        r->next = ep->cma_wait;
+        ep->cma_wait = r;
+        continue;
+      }
+      /* EAGER: it stays at the head while its payload streams. */
+      ep->tx_in_rec = true;
+      ep->tx_left = round_rec(r->len);
+    }
+    struct dt_tp_req *r = ep->sq_head;
+    uint64_t sp = tx_space(ep);
+    if (!sp) break;
+    uint64_t n = ep->tx_left < sp ? ep->tx_left : sp;
+    if (n > chunk) n = chunk;
+    uint64_t data_left = r->len > r->done ? r->len - r->done : 0;
+    uint64_t ncopy = n < data_left ? n : data_left;
+    if (ncopy) tx_put(ep, ep->tx_zero ? NULL : (const uint8_t *)r->buf + r->done, ncopy);
+    r->done += ncopy;
+    ep->tx_head += n - ncopy; /* padding: never read */
+    ep->tx_left -= n;
+    moved = true;
+    if (ep->tx_left == 0) {
+      ep->tx_in_rec = false;
+      ep->sq_head = r->next;
+      if (!ep->sq_head) ep->sq_tail = NULL;
+      if (!ep->tx_zero) req_finish(r, 1);
+      ep->tx_zero = false;
+      r->done = r->len;
+    }
+    tx_publish(ep);
+  }
+  if (moved) tx_publish(ep);
+  return moved;
+}
+
+static int queue_ack(struct dt_tp_ep *ep, uint64_t cookie, int rc) {
+  if (ep->nacks == ep->cap_acks) {
+    int cap = ep->cap_acks ? 2 * ep->cap_acks : 16;
+    struct ack *a = realloc(ep->acks, cap * sizeof *a);
+    if (!a) return DT_ENOMEM;
+    ep->acks = a;
+    ep->cap_acks = cap;
+  }
+  ep->acks[ep->nacks++] = (struct ack){cookie, rc};
+  return DT_OK;
+}
+
+/* ---- receiving -------------------------------------------------------- */
+
+/* Copies a CMA message from the sender into r and queues the ACK. */
+static void cma_pull(struct dt_tp_ep *ep, struct dt_tp_req *r, uint64_t addr, uint64_t len,
+                     uint64_t cookie) {
+  int rc = DT_OK;
+  if (len != r->len) {
+    rc = DT_EPROTO;
+  } else {
+    uint64_t off = 0;
+    while (off < len) {
+      struct iovec l = {(uint8_t *)r->buf + off, len - off};
+      struct iovec rm = {(void *)(uintptr_t)(addr + off), len - off};
+      ssize_t n = process_vm_readv(ep->pid, &l, 1, &rm, 1, 0);
+      if (n <= 0) {
+        if (n < 0 && errno == EINTR) continue;
+        rc = (n < 0 && errno == ESRCH) ? DT_EPEERLOST : DT_EIO;
+        break;
+      }
+      off += (uint64_t)n;
+    }
+    r->done = off;
+  }
+  if (rc == DT_EPROTO)
+    DT_LOG_WARN("shm: rank %d sent %llu bytes with tag 0x%llx, receive expects %zu", ep->peer,
+                (unsigned long long)len, (unsigned long long)r->tag, r->len);
+  if (queue_ack(ep, cookie, rc) < 0) rc = DT_ENOMEM;
+  req_finish(r, rc);
+}
+
+static struct dt_tp_req *match_posted(struct dt_tp_ep *ep, uint64_t tag) {
+  struct dt_tp_req *prev = NULL;
+  for (struct dt_tp_req *q = ep->rq_head; q; prev = q, q = q->next) {
+    if (q->tag != tag) continue;
+    if (prev) prev->next = q->next;
+    else ep->rq_head = q->next;
+    if (ep->rq_tail == q) ep->rq_tail = prev;
+    q->next = NULL;
+    return q;
+  }
+  return NULL;
+}
+
+static struct unexp *ux_new(struct dt_tp_ep *ep, int kind, uint64_t tag, uint64_t len,
+                            uint64_t aux) {
+  struct unexp *u = calloc(1, sizeof *u);
+  if (!u) return NULL;
+  u->kind = kind;
+  u->tag = tag;
+  u->len = len;
+  u->cookie_or_addr = aux;
+  if (kind == DT_SHM_EAGER && len) {
+    u->data = malloc(len);
+    if (!u->data) { free(u); return NULL; }
+  }
+  u->complete = kind == DT_SHM_CMA || len == 0;
+  if (ep->ux_tail) ep->ux_tail->next = u;
+  else ep->ux_head = u;
+  ep->ux_tail = u;
+  return u;
+}
+
+static void ux_unlink(struct dt_tp_ep *ep, struct unexp *u) {
+  struct unexp *prev = NULL;
+  for (struct unexp *q = ep->ux_head; q; prev = q, q = q->next) {
+    if (q != u) continue;
+    if (prev) prev->next = q->next;
+    else ep->ux_head = q->next;
+    if (ep->ux_tail == q) ep->ux_tail = prev;
+    return;
+  }
+}
+
+/* Delivers a complete buffered EAGER message into r. */
+static void ux_deliver(struct dt_tp_ep *ep, struct unexp *u, struct dt_tp_req *r) {
+  if (u->len != r->len) {
+    DT_LOG_WARN("shm: rank %d sent %llu bytes with tag 0x%llx, receive expects %zu", ep->peer,
+                (unsigned long long)u->len, (unsigned long long)r->tag, r->len);
+    req_finish(r, DT_EPROTO);
+  } else {
+    if (u->len) memcpy(r->buf, u->data, u->len);
+    r->done = u->len;
+    req_finish(r, 1);
+  }
+  free(u->data);
+  free(u);
+}
+
+static void rx_get(struct dt_tp_ep *ep, uint64_t tail, void *dst, uint64_t n) {
+  uint64_t pos = tail & ep->rx_mask, first = ep->rx_mask + 1 - pos;
+  if (first > n) first = n;
+  if (dst) {
+    memcpy(dst, ep->rx->data + pos, first);
+    if (n > first) memcpy((uint8_t *)dst + first, ep->rx->data, n - first);
+  }
+}
+
+static bool rx_progress(struct dt_tp_ep *ep) {
+  struct dt_shm_ring *rg = ep->rx;
+  uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_relaxed);
+  uint64_t head = atomic_load_explicit(&rg->head, memory_order_acquire);
+  bool moved = false;
+  while (head != tail) {
+    if (!ep->rx_in_rec) {
+      if (head - tail < DT_SHM_REC) break;
+      struct dt_shm_rec rec;
+      rx_get(ep, tail, &rec, sizeof rec);
+      tail += DT_SHM_REC;
+      moved = true;
+      if (rec.kind == DT_SHM_ACK) {
+        struct dt_tp_req *prev = NULL;
+        for (struct dt_tp_req *q = ep->cma_wait; q; prev = q, q = q->next) {
+          if (q->priv[0] != rec.addr_or_cookie) continue;
+          if (prev) prev->next = q->next;
+          else ep->cma_wait = q->next;
+          q->done = q->len;
+          req_finish(q, rec.pad ? -(int)rec.pad : 1);
+          break;
+        }
+        continue;
+      }
+      if (rec.kind == DT_SHM_CMA) {
+        struct dt_tp_req *r = match_posted(ep, rec.tag);
+        if (r) {
+          cma_pull(ep, r, rec.addr_or_cookie, rec.len, rec.addr_or_cookie);
+        } else if (!ux_new(ep, DT_SHM_CMA, rec.tag, rec.len, rec.addr_or_cookie)) {
+          ep_lost(ep, "could not be served: out of memory buffering a message");
+          return true;
+        }
+        continue;
+      }
+      if (rec.kind != DT_SHM_EAGER || rec.len > DT_FRAME_MAX_LEN) {
+        char what[128];
+        snprintf(what, sizeof what, "sent a malformed record (kind %u, length %llu)", rec.kind,
+                 (unsigned long long)rec.len);
+        ep_lost(ep, what);
+        return true;
+      }
+      ep->rx_in_rec = true;
+      ep->rx_len = rec.len;
+      ep->rx_total = round_rec(rec.len);
+      ep->rx_off = 0;
+      ep->rx_tag = rec.tag;
+      ep->rx_ux = NULL;
+      ep->rx_req = match_posted(ep, rec.tag);
+      if (ep->rx_req && ep->rx_req->len != rec.len) {
+        DT_LOG_WARN("shm: rank %d sent %llu bytes with tag 0x%llx, receive expects %zu",
+                    ep->peer, (unsigned long long)rec.len, (unsigned long long)rec.tag,
+                    ep->rx_req->len);
+        req_finish(ep->rx_req, DT_EPROTO);
+        ep->rx_req = NULL; /* discard the payload */
+      } else if (!ep->rx_req) {
+        ep->rx_ux = ux_new(ep, DT_SHM_EAGER, rec.tag, rec.len, 0);
+        if (!ep->rx_ux) {
+          ep_lost(ep, "could not be served: out of memory buffering a message");
+          return true;
+        }
+      }
+    }
+    uint64_t n = head - tail, left = ep->rx_total - ep->rx_off;
+    if (n > left) n = left;
+    uint64_t data_left = ep->rx_len > ep->rx_off ? ep->rx_len - ep->rx_off : 0;
+    uint64_t ncopy = n < data_left ? n : data_left;
+    if (ncopy) {
+      uint8_t *dst = NULL;
+      if (ep->rx_req) dst = (uint8_t *)ep->rx_req->buf + ep->rx_off;
+      else if (ep->rx_ux) dst = ep->rx_ux->data + ep->rx_off;
+      rx_get(ep, tail, dst, ncopy);
+      if (ep->rx_req) ep->rx_req->done = ep->rx_off + ncopy;
+    }
+    tail += n;
+    ep->rx_off += n;
+    moved = true;
+    if (ep->rx_off == ep->rx_total) {
+      ep->rx_in_rec = false;
+      if (ep->rx_req) req_finish(ep->rx_req, 1);
+      if (ep->rx_ux) {
+        struct unexp *u = ep->rx_ux;
+        u->complete = true;
+        if (u->req) {
+          ux_unlink(ep, u);
+          ux_deliver(ep, u, u->req);
+        }
+      }
+      ep->rx_req = NULL;
+      ep->rx_ux = NULL;
+    }
+    /* Release space early so a sender blocked on a full ring goes on. */
+    atomic_store_explicit(&rg->tail, tail, memory_order_release);
+    head = atomic_load_explicit(&rg->head, memory_order_acquire);
+  }
+  if (moved) {
+    atomic_store_explicit(&rg->tail, tail, memory_order_release);
+    ring_bell(ep->phdr, false);
+  } else if (atomic_load_explicit(&rg->closed, memory_order_acquire) && !ep->dead &&
+             (ep->rq_head || ep->rx_in_rec || ep->sq_head || ep->cma_wait)) {
+    /* Re-read head: the close is ordered after the peer's last publish. */
+    if (atomic_load_explicit(&rg->head, memory_order_acquire) == tail) {
+      ep_lost(ep, "closed its endpoint with messages still pending");
+      return true;
+    }
+  }
+  return moved;
+}
+
+/* ---- progress, liveness ----------------------------------------------- */
+
+static bool progress_all(struct dt_tp_ctx *ctx) {
+  bool moved = false;
+  for (int p = 0; p < ctx->size; p++) {
+    struct dt_tp_ep *ep = ctx->eps[p];
+    if (!ep || ep->dead) continue;
+    int prc = atomic_load_explicit(&ep->phdr->abort_rc, memory_order_relaxed);
+    if (prc && !atomic_load_explicit(&ctx->abort_rc, memory_order_relaxed)) {
+      char why[DT_TP_ERR_MAX];
+      atomic_thread_fence(memory_order_acquire);
+      snprintf(why, sizeof why, "reported by rank %d: %.200s", p, ep->phdr->abort_msg);
+      shm_abort(ctx, prc, why);
+      return true;
+    }
+    if (rx_progress(ep)) moved = true;
+    if (!ep->dead && (ep->sq_head || ep->nacks) && tx_progress(ep)) moved = true;
+  }
+  return moved;
+}
+
+static bool pid_gone(pid_t pid) {
+  if (kill(pid, 0) < 0 && errno == ESRCH) return true;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  return p && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* Polls every peer's pidfd (one syscall); a peer that exited without a
+ * clean close, or with requests pending, is lost. */
+static void check_live(struct dt_tp_ctx *ctx) {
+  int64_t now = dt_now_ns();
+  if (now < ctx->next_live) return;
+  ctx->next_live = now + ctx->live_ns;
+  struct pollfd pf[64];
+  int idx[64], n = 0;
+  for (int p = 0; p < ctx->size; p++) {
+    struct dt_tp_ep *ep = ctx->eps[p];
+    if (!ep || ep->dead || ep->gone) continue;
+    if (ep->pidfd < 0 || n == 64) {
+      if (pid_gone(ep->pid)) goto exited_nofd;
+      continue;
+    exited_nofd:
+      rx_progress(ep); /* take whatever it published before dying */
+      if (atomic_load(&ep->rx->closed) && !ep->rq_head && !ep->rx_in_rec && !ep->sq_head &&
+          !ep->cma_wait)
+        ep->gone = true;
+      else
+        ep_lost(ep, "exited");
+      continue;
+    }
+    pf[n] = (struct pollfd){ep->pidfd, POLLIN, 0};
+    idx[n++] = p;
+  }
+  if (!n || poll(pf, n, 0) <= 0) return;
+  for (int i = 0; i < n; i++) {
+    if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    struct dt_tp_ep *ep = ctx->eps[idx[i]];
+    rx_progress(ep);
+    if (ep->dead) continue;
+    if (atomic_load(&ep->rx->closed) && !ep->rq_head && !ep->rx_in_rec && !ep->sq_head &&
+        !ep->cma_wait)
+      ep->gone = true;
+    else
+      ep_lost(ep, "exited");
+  }
+}
+
+/* Sleeps until a peer rings our bell or `ns` passes. */
+static void wait_sleep(struct dt_tp_ctx *ctx, int64_t ns) {
+  struct dt_shm_hdr *h = ctx->hdr;
+  uint32_t seq = atomic_load(&h->bell);
+  atomic_store(&h->sleeping, 1);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (!progress_all(ctx) && !atomic_load(&ctx->abort_rc)) futex_wait(&h->bell, seq, ns);
+  atomic_store(&h->sleeping, 0);
+}
+
+/* ---- ops -------------------------------------------------------------- */
+
+static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *addr) {
+  *out = NULL;
+  addr[0] = 0;
+  struct dt_tp_ctx *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return DT_ENOMEM;
+  ctx->rank = in->rank;
+  ctx->size = in->size;
+  ctx->pid = getpid();
+  snprintf(ctx->host_id, sizeof ctx->host_id, "%s", in->host_id ? in->host_id : "");
+  ctx->eps = calloc(in->size > 0 ? in->size : 1, sizeof *ctx->eps);
+  if (!ctx->eps) { free(ctx); return DT_ENOMEM; }
+  uint64_t h = 0xcbf29ce484222325ull;
+  if (in->token) h = fnv1a(h, in->token, in->token_len);
+  h = fnv1a(h, "\0", 1);
+  if (in->job) h = fnv1a(h, in->job, strlen(in->job));
+  ctx->job_hash = h;
+  int64_t rb = dt_param_int("DTRAIN_SHM_RING_BYTES", 1 << 20);
+  uint64_t ring = 4096;
+  while (ring < (uint64_t)rb && ring < (1ull << 30)) ring <<= 1;
+  ctx->ring_bytes = ring;
+  int64_t cma = dt_param_int("DTRAIN_SHM_CMA_BYTES", 64 << 10);
+  ctx->cma_min = cma <= 0 ? 0 : (size_t)cma;
+  ctx->spin = (int)dt_param_int("DTRAIN_SHM_SPIN", 2000);
+  ctx->live_ns = dt_param_int("DTRAIN_SHM_LIVE_MS", 2) * 1000000;
+  ctx->probe = ((uint64_t)ctx->pid << 32) ^ 0x5eed5eed12345678ull ^ (uint64_t)(uintptr_t)ctx;
+
+  sweep_stale();
+  uint64_t nonce;
+  if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) nonce = (uint64_t)dt_now_ns() ^ h;
+  snprintf(ctx->name, sizeof ctx->name, "/" SHM_PREFIX "%016llx-%d-%d-%016llx",
+           (unsigned long long)h, in->rank, (int)ctx->pid, (unsigned long long)nonce);
+  size_t hdr_bytes = (sizeof(struct dt_shm_hdr) + (size_t)in->size + 4095) & ~(size_t)4095;
+  size_t stride = (sizeof(struct dt_shm_ring) + ring + 4095) & ~(size_t)4095;
+  ctx->map_len = hdr_bytes + stride * (size_t)in->size;
+  int fd = shm_open(ctx->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    int rc = dt__seterr(DT_EIO, "shm: cannot create segment %s: %s", ctx->name, strerror(errno));
+    free(ctx->eps);
+    free(ctx);
+    return rc;
+  }
+  if (ftruncate(fd, (off_t)ctx->map_len) < 0) {
+    int rc = dt__seterr(DT_EIO, "shm: cannot size segment to %zu bytes: %s", ctx->map_len,
+                        strerror(errno));
+    close(fd);
+    shm_unlink(ctx->name);
+    free(ctx->eps);
+    free(ctx);
+    return rc;
+  }
+  ctx->base = mmap(NULL, ctx->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (ctx->base == MAP_FAILED) {
+    int rc = dt__seterr(DT_ENOMEM, "shm: cannot map %zu bytes: %s", ctx->map_len, strerror(errno));
+    shm_unlink(ctx->name);
+    free(ctx->eps);
+    free(ctx);
+    return rc;
+  }
+  struct dt_shm_hdr *hd = ctx->base;
+  hd->version = DT_SHM_VERSION;
+  hd->rank = in->rank;
+  hd->size = in->size;
+  hd->pid = (int32_t)ctx->pid;
+  hd->nonce = nonce;
+  hd->job_hash = h;
+  hd->ring_bytes = ring;
+  hd->ring_stride = stride;
+  hd->rings_off = hdr_bytes;
+  hd->probe_addr = (uint64_t)(uintptr_t)&ctx->probe;
+  hd->probe_value = ctx->probe;
+  atomic_store_explicit((_Atomic uint64_t *)&hd->magic, DT_SHM_MAGIC, memory_order_release);
+  ctx->hdr = hd;
+  snprintf(addr, DT_TP_ADDR_MAX, "shm:%s:%d", ctx->name, (int)ctx->pid);
+  *out = ctx;
+  return DT_OK;
+}
+
+static int parse_addr(const char *addr, char *name, size_t cap, int *pid) {
+  if (!addr || strncmp(addr, "shm:/", 5)) return DT_EINVAL;
+  const char *colon = strrchr(addr, ':');
+  if (colon <= addr + 4 || (size_t)(colon - (addr + 4)) >= cap) return DT_EINVAL;
+  memcpy(name, addr + 4, (size_t)(colon - (addr + 4)));
+  name[colon - (addr + 4)] = 0;
+  if (strchr(name + 1, '/')) return DT_EINVAL;
+  char *end;
+  long v = strtol(colon + 1, &end, 10);
+  if (*end || v <= 0 || v > INT_MAX) return DT_EINVAL;
+  *pid = (int)v;
+  return DT_OK;
+}
+
+static bool shm_can_connect(struct dt_tp_ctx *ctx, const struct dt_tp_peer *peer) {
+  char name[DT_TP_ADDR_MAX];
+  int pid;
+  if (!ctx || !peer || peer->rank < 0 || peer->rank >= ctx->size || peer->rank == ctx->rank)
+    return false;
+  if (!peer->host_id || strcmp(peer->host_id, ctx->host_id)) return false;
+  if (parse_addr(peer->addr, name, sizeof name, &pid) < 0) return false;
+  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+static int shm_connect(struct dt_tp_ctx *ctx, const struct dt_tp_peer *peer, int64_t deadline_ns,
+                       struct dt_tp_ep **out, char *err) {
+  *out = NULL;
+  char name[DT_TP_ADDR_MAX];
+  int pid;
+  if (parse_addr(peer->addr, name, sizeof name, &pid) < 0) {
+    set_err(err, "shm: rank %d published a malformed address '%.100s'", peer->rank, peer->addr);
+    return DT_EPROTO;
+  }
+  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    set_err(err, "shm: cannot open rank %d's segment %.100s: %s", peer->rank, name,
+            strerror(errno));
+    return DT_EIO;
+  }
+  struct stat st;
+  if (fstat(fd, &st) < 0 || (size_t)st.st_size < sizeof(struct dt_shm_hdr)) {
+    close(fd);
+    set_err(err, "shm: rank %d's segment %.100s is truncated", peer->rank, name);
+    return DT_EPROTO;
+  }
+  void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    set_err(err, "shm: cannot map rank %d's segment: %s", peer->rank, strerror(errno));
+    return DT_ENOMEM;
+  }
+  struct dt_shm_hdr *ph = base;
+  const char *bad = NULL;
+  if (atomic_load_explicit((_Atomic uint64_t *)&ph->magic, memory_order_acquire) != DT_SHM_MAGIC)
+    bad = "bad magic";
+  else if (ph->version != DT_SHM_VERSION) bad = "unknown version";
+  else if (ph->job_hash != ctx->job_hash) bad = "another job (token or job name differ)";
+  else if (ph->rank != peer->rank || ph->size != ctx->size || ph->pid != pid) bad = "wrong rank, size or pid";
+  else if (ph->ring_bytes != ctx->ring_bytes) bad = "different DTRAIN_SHM_RING_BYTES";
+  else if (ph->rings_off + ph->ring_stride * (uint64_t)ctx->size > (uint64_t)st.st_size)
+    bad = "segment smaller than its rings";
+  if (bad) {
+    munmap(base, (size_t)st.st_size);
+    set_err(err, "shm: rank %d's segment %.100s refused: %s", peer->rank, name, bad);
+    return ph->job_hash != ctx->job_hash ? DT_EAUTH : DT_EPROTO;
+  }
+  struct dt_tp_ep *ep = calloc(1, sizeof *ep);
+  if (!ep) { munmap(base, (size_t)st.st_size); return DT_ENOMEM; }
+  ep->ctx = ctx;
+  ep->peer = peer->rank;
+  ep->pid = pid;
+  ep->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+  ep->pbase = base;
+  ep->plen = (size_t)st.st_size;
+  ep->phdr = ph;
+  ep->tx = (struct dt_shm_ring *)((uint8_t *)base + ph->rings_off + ph->ring_stride * ctx->rank);
+  ep->rx = (struct dt_shm_ring *)((uint8_t *)ctx->base + ctx->hdr->rings_off +
+                                  ctx->hdr->ring_stride * peer->rank);
+  ep->mask = ph->ring_bytes - 1;
+  ep->rx_mask = ctx->ring_bytes - 1;
+  ep->tx_head = atomic_load(&ep->tx->head);
+  ep->tx_tail_seen = atomic_load(&ep->tx->tail);
+  if (ep->pidfd < 0 && pid_gone(pid)) {
+    set_err(err, "shm: rank %d (pid %d) is not running", peer->rank, pid);
+    munmap(base, ep->plen);
+    free(ep);
+    return DT_EPEERLOST;
+  }
+  /* Single copy needs ptrace-level access to the peer (same user, and Yama
+   * permitting): probe it once by reading the peer's probe word. */
+  if (ctx->cma_min) {
+    uint64_t v = 0;
+    struct iovec l = {&v, sizeof v}, r = {(void *)(uintptr_t)ph->probe_addr, sizeof v};
+    if (process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof v && v == ph->probe_value)
+      atomic_store(&ctx->hdr->cma_ok[peer->rank], 1);
+    else
+      DT_LOG_DEBUG("shm: process_vm_readv from rank %d not permitted (%s); copying through the ring",
+                   peer->rank, strerror(errno));
+  }
+  atomic_fetch_add(&ph->attached, 1);
+  ctx->eps[peer->rank] = ep;
+  ctx->neps++;
+  (void)deadline_ns;
+  *out = ep;
+  return DT_OK;
+}
+
+static int shm_isend(struct dt_tp_ep *ep, struct dt_tp_req *r) {
+  struct dt_tp_ctx *ctx = ep->ctx;
+  r->status = 0;
+  r->done = 0;
+  r->ep = ep;
+  int rc = check_abort(ctx);
+  if (rc) return rc;
+  if (ep->dead) return DT_EPEERLOST;
+  list_append(&ep->sq_head, &ep->sq_tail, r);
+  tx_progress(ep);
+  return DT_OK;
+}
+
+static int shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r) {
+  struct dt_tp_ctx *ctx = ep->ctx;
+  r->status = 0;
+  r->done = 0;
+  r->ep = ep;
+  int rc = check_abort(ctx);
+  if (rc) return rc;
+  if (ep->dead) return DT_EPEERLOST;
+  for (struct unexp *u = ep->ux_head; u; u = u->next) {
+    if (u->tag != r->tag || u->req) continue;
+    if (u->kind == DT_SHM_CMA) {
+      ux_unlink(ep, u);
+      cma_pull(ep, r, u->cookie_or_addr, u->len, u->cookie_or_addr);
+      free(u);
+      tx_progress(ep);
+    } else if (u->complete) {
+      ux_unlink(ep, u);
+      ux_deliver(ep, u, r);
+    } else {
+      u->req = r; /* still streaming: delivered when complete */
+    }
+    return DT_OK;
+  }
+  list_append(&ep->rq_head, &ep->rq_tail, r);
+  rx_progress(ep);
+  return DT_OK;
+}
+
+static int shm_test(struct dt_tp_ctx *ctx, struct dt_tp_req *r) {
+  if (r->status) return r->status < 0 ? r->status : 1;
+  progress_all(ctx);
+  check_live(ctx);
+  int rc = check_abort(ctx);
+  if (r->status) return r->status < 0 ? r->status : 1;
+  return rc ? rc : 0;
+}
+
+static void owing(struct dt_tp_req **reqs, int n, char *err, const char *what) {
+  for (int i = 0; i < n; i++) {
+    struct dt_tp_req *r = reqs[i];
+    if (r->status) continue;
+    set_err(err, "shm: %s waiting for rank %d (%s of %zu bytes, tag 0x%llx, %zu done)", what,
+            r->peer, r->kind == DT_TP_SEND ? "send" : "receive", r->len,
+            (unsigned long long)r->tag, r->done);
+    return;
+  }
+}
+
+static int shm_wait(struct dt_tp_ctx *ctx, struct dt_tp_req **reqs, int n, int64_t deadline_ns,
+                    char *err) {
+  int idle = 0, first = 0;
+  for (;;) {
+    while (first < n && reqs[first]->status > 0) first++;
+    for (int i = first; i < n; i++) {
+      if (reqs[i]->status < 0) {
+        int rc = reqs[i]->status;
+        int arc;
+        const char *why = shm_abort_reason(ctx, &arc);
+        if (arc) set_err(err, "%s", why);
+        else set_err(err, "shm: %s with rank %d failed (tag 0x%llx): %s",
+                     reqs[i]->kind == DT_TP_SEND ? "send" : "receive", reqs[i]->peer,
+                     (unsigned long long)reqs[i]->tag, dt_strerror(rc));
+        return rc;
+      }
+    }
+    if (first == n) return DT_OK;
+    int arc = check_abort(ctx);
+    if (arc) {
+      set_err(err, "%s", ctx->abort_msg);
+      return arc;
+    }
+    if (progress_all(ctx)) {
+      idle = 0;
+      continue;
+    }
+    idle++;
+    if (idle < ctx->spin) {
+      cpu_relax();
+      if ((idle & 255) == 0) check_live(ctx);
+      continue;
+    }
+    int64_t now = dt_now_ns();
+    check_live(ctx);
+    if (now >= deadline_ns) {
+      owing(reqs, n, err, "deadline expired");
+      return DT_ETIMEDOUT;
+    }
+    if (idle < ctx->spin + 64) {
+      sched_yield();
+      continue;
+    }
+    int64_t slice = ctx->live_ns > 0 ? ctx->live_ns * 5 : 10000000;
+    if (slice > deadline_ns - now) slice = deadline_ns - now;
+    wait_sleep(ctx, slice);
+    idle = ctx->spin; /* after a sleep, poll briefly before sleeping again */
+  }
+}
+
+static void shm_cancel(struct dt_tp_ctx *ctx, struct dt_tp_req *r) {
+  struct dt_tp_ep *ep = r->ep;
+  (void)ctx;
+  if (!ep || r->status) return;
+  if (ep->sq_head == r && ep->tx_in_rec) {
+    ep->tx_zero = true; /* keep the stream framed; the buffer is not read again */
+  } else if (list_remove(&ep->sq_head, &ep->sq_tail, r) || list_remove(&ep->rq_head, &ep->rq_tail, r) ||
+             list_remove(&ep->cma_wait, NULL, r)) {
+    /* forgotten; a late ACK for it finds nothing */
+  } else {
+    if (ep->rx_req == r) ep->rx_req = NULL; /* the rest of its payload is discarded */
+    for (struct unexp *u = ep->ux_head; u; u = u->next)
+      if (u->req == r) u->req = NULL;
+  }
+  r->next = NULL;
+  r->status = DT_EABORTED;
+}
+
+static void ep_free(struct dt_tp_ep *ep) {
+  struct unexp *u, *n;
+  for (u = ep->ux_head; u; u = n) {
+    n = u->next;
+    free(u->data);
+    free(u);
+  }
+  free(ep->acks);
+  if (ep->pidfd >= 0) close(ep->pidfd);
+  munmap(ep->pbase, ep->plen);
+  free(ep);
+}
+
+static void shm_close(struct dt_tp_ep *ep) {
+  if (!ep) return;
+  struct dt_tp_ctx *ctx = ep->ctx;
+  /* Flush what is queued (bounded: the peer may be gone), then mark the
+   * ring closed so the peer can tell a clean exit from a crash. */
+  int64_t until = dt_now_ns() + 100000000;
+  while (!ep->dead && (ep->sq_head || ep->nacks) && dt_now_ns() < until) {
+    rx_progress(ep);
+    if (!tx_progress(ep)) sched_yield();
+  }
+  atomic_store_explicit(&ep->tx->closed, 1, memory_order_release);
+  ring_bell(ep->phdr, true);
+  if (ctx->eps[ep->peer] == ep) {
+    ctx->eps[ep->peer] = NULL;
+    ctx->neps--;
+  }
+  ep_fail_all(ep, DT_ECLOSED);
+  ep_free(ep);
+}
+
+static void shm_finalize(struct dt_tp_ctx *ctx) {
+  if (!ctx) return;
+  for (int p = 0; p < ctx->size; p++)
+    if (ctx->eps[p]) shm_close(ctx->eps[p]);
+  shm_unlink(ctx->name);
+  munmap(ctx->base, ctx->map_len);
+  free(ctx->eps);
+  free(ctx);
+  sweep_stale();
+}
+
+const struct dt_transport_ops dt__transport_shm = {
+    .name = "shm",
+    .init = shm_init,
+    .can_connect = shm_can_connect,
+    .connect = shm_connect,
+    .isend = shm_isend,
+    .irecv = shm_irecv,
+    .test = shm_test,
+    .wait = shm_wait,
+    .cancel = shm_cancel,
+    .abort = shm_abort,
+    .close = shm_close,
+    .finalize = shm_finalize,
+    .abort_reason = shm_abort_reason,
+};
