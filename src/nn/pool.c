@@ -17,18 +17,25 @@ void dt_maxpool2d_forward(float *out, int32_t *argmax, const float *inp, int B, 
     float *o = out + p * OH * OW;
     int32_t *am = argmax + p * OH * OW;
     if (k == 2 && s == 2) {
-      /* The common case, unrolled: compare in PyTorch's scan order. */
+      /* The common case, branch-free (random data makes a branchy max
+       * mispredict about once per output): same scan order and NaN rule. */
       for (int oh = 0; oh < OH; oh++) {
-        const float *r0 = plane + (size_t)(2 * oh) * W, *r1 = r0 + W;
+        const float *restrict r0 = plane + (size_t)(2 * oh) * W, *restrict r1 = r0 + W;
+        float *restrict orow = o + (size_t)oh * OW;
+        int32_t *restrict arow = am + (size_t)oh * OW;
+        int32_t base = 2 * oh * W;
         for (int ow = 0; ow < OW; ow++) {
-          int i0 = 2 * oh * W + 2 * ow;
-          float m = r0[2 * ow];
-          int32_t mi = i0;
-          if (r0[2 * ow + 1] > m || isnan(r0[2 * ow + 1])) { m = r0[2 * ow + 1]; mi = i0 + 1; }
-          if (r1[2 * ow] > m || isnan(r1[2 * ow])) { m = r1[2 * ow]; mi = i0 + W; }
-          if (r1[2 * ow + 1] > m || isnan(r1[2 * ow + 1])) { m = r1[2 * ow + 1]; mi = i0 + W + 1; }
-          o[oh * OW + ow] = m;
-          am[oh * OW + ow] = mi;
+          float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+          float m = a;
+          int32_t mi = 0;
+          int t = (b > m) | (b != b);
+          m = t ? b : m; mi = t ? 1 : mi;
+          t = (c > m) | (c != c);
+          m = t ? c : m; mi = t ? W : mi;
+          t = (d > m) | (d != d);
+          m = t ? d : m; mi = t ? W + 1 : mi;
+          orow[ow] = m;
+          arow[ow] = base + 2 * ow + mi;
         }
       }
       continue;
