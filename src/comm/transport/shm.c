@@ -50,7 +50,8 @@
 
 struct unexp {
   struct unexp *next;
-  uint64_t tag, len, cookie_or_addr;
+  uint64_t tag, len, cookie_or_addr; /* CMA: sender address */
+  uint32_t cookie;                    /* CMA: the sender's cookie for the ACK */
   int kind;             /* DT_SHM_EAGER or DT_SHM_CMA */
   bool complete;        /* EAGER: every byte arrived */
   uint8_t *data;        /* EAGER payload (len bytes) */
@@ -80,6 +81,7 @@ struct dt_tp_ep {
   bool tx_in_rec;
   bool tx_zero;                        /* head was cancelled mid-record: fill with zeros */
   struct dt_tp_req *cma_wait;          /* CMA sends waiting for their ACK */
+  uint32_t cma_seq;                    /* cookie of the last CMA record */
   struct ack *acks;
   int nacks, cap_acks;
   /* receiving */
@@ -315,7 +317,8 @@ static bool tx_progress(struct dt_tp_ep *ep) {
       if (!r || tx_space(ep) < DT_SHM_REC) break;
       bool cma = r->len >= ep->ctx->cma_min && ep->ctx->cma_min > 0 &&
                  atomic_load_explicit(&ep->phdr->cma_ok[ep->ctx->rank], memory_order_relaxed);
-      struct dt_shm_rec rec = {cma ? DT_SHM_CMA : DT_SHM_EAGER, 0, r->tag, r->len,
+      uint32_t cookie = cma ? ++ep->cma_seq : 0;
+      struct dt_shm_rec rec = {cma ? DT_SHM_CMA : DT_SHM_EAGER, cookie, r->tag, r->len,
                                cma ? (uint64_t)(uintptr_t)r->buf : 0};
       tx_put(ep, &rec, sizeof rec);
       moved = true;
@@ -324,7 +327,7 @@ static bool tx_progress(struct dt_tp_ep *ep) {
         /* Off the queue, onto the list waiting for the receiver's ACK. */
         ep->sq_head = r->next;
         if (!ep->sq_head) ep->sq_tail = NULL;
-        r->priv[0] = (uint64_t)(uintptr_t)r; /* cookie */
+        r->priv[0] = cookie;
         r->next = ep->cma_wait;
         ep->cma_wait = r;
         continue;
@@ -494,9 +497,12 @@ static bool rx_progress(struct dt_tp_ep *ep) {
       }
       if (rec.kind == DT_SHM_CMA) {
         struct dt_tp_req *r = match_posted(ep, rec.tag);
+        struct unexp *u;
         if (r) {
-          cma_pull(ep, r, rec.addr_or_cookie, rec.len, rec.addr_or_cookie);
-        } else if (!ux_new(ep, DT_SHM_CMA, rec.tag, rec.len, rec.addr_or_cookie)) {
+          cma_pull(ep, r, rec.addr_or_cookie, rec.len, rec.pad);
+        } else if ((u = ux_new(ep, DT_SHM_CMA, rec.tag, rec.len, rec.addr_or_cookie))) {
+          u->cookie = rec.pad;
+        } else {
           ep_lost(ep, "could not be served: out of memory buffering a message");
           return true;
         }
@@ -876,7 +882,7 @@ static int shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r) {
     if (u->tag != r->tag || u->req) continue;
     if (u->kind == DT_SHM_CMA) {
       ux_unlink(ep, u);
-      cma_pull(ep, r, u->cookie_or_addr, u->len, u->cookie_or_addr);
+      cma_pull(ep, r, u->cookie_or_addr, u->len, u->cookie);
       free(u);
       tx_progress(ep);
     } else if (u->complete) {
