@@ -1,0 +1,39 @@
+# lib.sh — helpers shared by the dtrain CLI shell tests (sourced, not run).
+# Needs DTRAIN (the binary); makes a temporary directory $T removed on exit.
+set -u
+: "${DTRAIN:?DTRAIN must name the dtrain binary}"
+T=$(mktemp -d "${TMPDIR:-/tmp}/dtrain_cli.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+FAILS=0
+PASSES=0
+FASHION=/usr/share/datasets/fashion-mnist
+
+pass() { PASSES=$((PASSES + 1)); }
+fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
+
+# expect_bad NAME PATTERN ARGS... — runs `dtrain ARGS` with --out $T/NAME;
+# it must exit 2, print exactly one line on stderr matching PATTERN (grep -E),
+# and leave no summary.json (nor the output directory) behind.
+expect_bad() {
+  local name=$1 pat=$2
+  shift 2
+  local out="$T/out_$name"
+  "$DTRAIN" "$@" --out "$out" >"$T/$name.stdout" 2>"$T/$name.stderr" </dev/null
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$T/$name.stderr")
+  if [ "$rc" -ne 2 ]; then fail "$name: exit $rc, want 2 ($(head -c 300 "$T/$name.stderr"))"; return; fi
+  if [ "$lines" -ne 1 ]; then fail "$name: $lines lines on stderr, want 1:"; cat "$T/$name.stderr" >&2; return; fi
+  if ! grep -Eq -- "$pat" "$T/$name.stderr"; then fail "$name: stderr '$(cat "$T/$name.stderr")' does not match '$pat'"; return; fi
+  if [ -e "$out/summary.json" ] || [ -e "$out" ]; then fail "$name: output written to $out"; return; fi
+  pass
+}
+
+# json_num FILE KEY — the number KEY has in a cJSON-printed FILE.
+json_num() { grep -Eo "\"$2\":[[:space:]]*-?[0-9.eE+-]+" "$1" | head -1 | sed -E 's/.*:[[:space:]]*//'; }
+json_str() { grep -Eo "\"$2\":[[:space:]]*\"[^\"]*\"" "$1" | head -1 | sed -E 's/.*:[[:space:]]*"//; s/"$//'; }
+
+finish() {
+  echo "$PASSES passed, $FAILS failed"
+  [ "$FAILS" -eq 0 ]
+}
