@@ -168,6 +168,9 @@ int dt__idx_parse_mem(const void *buf, size_t len, const char *name, int want_nd
                                  (size_t)((const uint8_t *)buf)[len - 2] << 16 | (size_t)((const uint8_t *)buf)[len - 1] << 24
                            : 0;
     hint = hint > hlen ? hint - hlen : 0;
+    /* The trailer is input too: deflate cannot expand more than ~1032:1, so
+     * a larger hint is a lie and must not size the first allocation. */
+    if (hint / 1032 > len) hint = len * 1032;
     size_t cap = hint > ((size_t)1 << 20) ? hint : ((size_t)1 << 20);
     if (cap > payload) cap = payload;
     out = dt__data_alloc(cap);
