@@ -10,6 +10,7 @@
  *      build/kern/libdt_nn.a build/kern/libdt_tensor.a build/kern/libdt_core.a \
  *      $(pkg-config --cflags --libs openblas) -lm -lpthread -o build/kern/bench_kernels
  *   OPENBLAS_CORETYPE=SkylakeX build/kern/bench_kernels [seconds-per-item]
+ * or `build/kern/bench_kernels 0.5 upgrade` to switch via dt_tensor_blas_upgrade().
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,9 +181,11 @@ static void bench_mlp_step(int B) {
 
 int main(int argc, char **argv) {
   if (argc > 1) T = atof(argv[1]);
+  int up = argc > 2 && strcmp(argv[2], "upgrade") == 0 ? dt_tensor_blas_upgrade(1) : 0;
   dt_tensor_set_threads(1);
+  if (up) printf("switched OpenBLAS to its AVX-512 kernels (dt_tensor_blas_upgrade)\n");
   printf("OpenBLAS core: %s%s\n", dt_tensor_blas_core(),
-         dt_tensor_blas_underpowered() ? " (AVX-512 CPU: set OPENBLAS_CORETYPE=SkylakeX)" : "");
+         dt_tensor_blas_underpowered() ? " (AVX-512 CPU: unset OPENBLAS_CORETYPE or set it to SkylakeX)" : "");
   printf("raw sgemm (ceiling):\n");
   bench_sgemm(64, 12544, 288);
   bench_sgemm(64, 196, 288);

@@ -9,10 +9,11 @@
  * dtrain runs one compute thread per worker, so callers that want that
  * guarantee call dt_tensor_set_threads(1) once at start-up.
  *
- * Speed note: Debian's OpenBLAS 0.3.21 (DYNAMIC_ARCH) does not recognise
- * recent AMD cores with AVX-512 and falls back to its Haswell (AVX2) kernels,
- * about half the speed. OPENBLAS_CORETYPE=SkylakeX in the environment BEFORE
- * the library loads selects the AVX-512 kernels (see dt_tensor_blas_core()).
+ * Speed note: OpenBLAS (DYNAMIC_ARCH) picks its kernel family at load time,
+ * and OPENBLAS_CORETYPE overrides it. On an AVX-512 machine its Haswell
+ * (AVX2) kernels run sgemm at about half the speed of SkylakeX/Cooperlake
+ * ones; dt_tensor_blas_underpowered() detects that case and
+ * dt_tensor_blas_upgrade() can fix it after load.
  */
 #ifndef DT_TENSOR_H
 #define DT_TENSOR_H
@@ -27,6 +28,17 @@ const char *dt_tensor_blas_core(void);
  * AVX-512 kernel family, i.e. setting OPENBLAS_CORETYPE=SkylakeX before start
  * would speed GEMM up. */
 int dt_tensor_blas_underpowered(void);
+
+/* If dt_tensor_blas_underpowered(), switches this process's OpenBLAS to its
+ * SkylakeX (AVX-512) kernels, as OPENBLAS_CORETYPE=SkylakeX would have at
+ * load time, and returns 1. Returns 0 and changes nothing otherwise: no gain
+ * possible, the OpenBLAS build has no DYNAMIC_ARCH entry points, or
+ * OPENBLAS_CORETYPE is set in the environment and override_env is 0 (an
+ * explicit user choice is respected unless the caller says otherwise). Call it once at start-up, before any BLAS call and before any
+ * other thread exists: it re-runs OpenBLAS's dynamic-arch initialisation.
+ * Opt-in because it relies on OpenBLAS internals (gotoblas_dynamic_quit/
+ * init); the conservative alternative is to re-exec with the variable set. */
+int dt_tensor_blas_upgrade(int override_env);
 
 /* C = alpha * op(A) * op(B) + beta * C, row-major. op(A) is M x K, op(B) is
  * K x N, C is M x N; ta/tb nonzero mean "transpose". lda/ldb/ldc are the row
