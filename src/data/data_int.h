@@ -28,7 +28,7 @@ int dt__read_file(const char *path, size_t max, uint8_t **buf, size_t *len);
 
 /* IDX, one file held in memory (raw or gzip, detected by content). want_ndim
  * is 3 for images (magic 0x00000803) or 1 for labels (0x00000801). On success
- * *data (malloc'd, free()) holds dims[0]*...*dims[want_ndim-1] bytes. */
+ * *data (free with dt_free) holds dims[0]*...*dims[want_ndim-1] bytes. */
 int dt__idx_parse_mem(const void *buf, size_t len, const char *name, int want_ndim,
                       uint8_t **data, int64_t dims[3]);
 /* Images + labels in memory to a dataset (what dt_idx_load does after reading). */

@@ -100,7 +100,22 @@ static uint32_t be32(const uint8_t *b) {
   return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
 }
 
-int dt__idx_parse_mem(const void *buf, size_t len, const char *name, int want_ndim, uint8_t **data,
+/* Grows *out (elements of es bytes, have used) to ncap elements, keeping
+ * dt_alloc's alignment (realloc would not). */
+static int grow(void **out, size_t have, size_t ncap, size_t es, const char *name) {
+  void *np = dt__data_alloc(ncap * es);
+  if (!np) return dt__seterr(DT_ENOMEM, "%s: cannot allocate %zu bytes", name, ncap * es);
+  if (*out) memcpy(np, *out, have * es);
+  dt_free(*out);
+  *out = np;
+  return DT_OK;
+}
+
+/* Decodes one IDX file held in memory. With to_float the u8 payload is
+ * converted chunk by chunk into floats in [0,1] (no u8 copy of the whole
+ * payload is ever made, which halves the memory touched when loading);
+ * otherwise *data holds the bytes. */
+static int idx_decode(const void *buf, size_t len, const char *name, int want_ndim, int to_float, void **data,
                       int64_t dims[3]) {
   *data = NULL;
   if (!name) name = "(memory)";
@@ -111,8 +126,8 @@ int dt__idx_parse_mem(const void *buf, size_t len, const char *name, int want_nd
   int rc = src_open(&s, buf, len, name);
   if (rc < 0) return rc;
   uint8_t hdr[16];
-  size_t hlen = 4 + 4 * (size_t)want_ndim, got;
-  uint8_t *out = NULL;
+  size_t hlen = 4 + 4 * (size_t)want_ndim, got, es = to_float ? sizeof(float) : 1;
+  void *out = NULL;
 
   DT_CHECK_GOTO(src_read(&s, hdr, 4, &got), rc, fail);
   if (got < 4) {
@@ -146,57 +161,62 @@ int dt__idx_parse_mem(const void *buf, size_t len, const char *name, int want_nd
     }
     total *= d;
   }
-  size_t payload = (size_t)total;
+  size_t payload = (size_t)total, cap;
 
   if (!s.gz) {
+    /* Raw: the length is known, so check it before allocating anything. */
     size_t have = len - hlen;
     if (have != payload) {
       rc = dt__seterr(DT_ECORRUPT, "%s: %s: header says %zu data bytes after the %zu-byte header, found %zu",
                       name, have < payload ? "truncated" : "trailing bytes", payload, hlen, have);
       goto fail;
     }
-    out = dt__data_alloc(payload);
-    if (!out) {
-      rc = dt__seterr(DT_ENOMEM, "%s: cannot allocate %zu bytes", name, payload);
-      goto fail;
-    }
-    memcpy(out, (const uint8_t *)buf + hlen, payload);
+    cap = payload;
   } else {
     /* Grow with the data actually decoded; start from the trailer's size
      * hint (decoded length mod 2^32) so the real files need one allocation. */
-    size_t hint = len >= 4 ? (size_t)((const uint8_t *)buf)[len - 4] | (size_t)((const uint8_t *)buf)[len - 3] << 8 |
-                                 (size_t)((const uint8_t *)buf)[len - 2] << 16 | (size_t)((const uint8_t *)buf)[len - 1] << 24
+    const uint8_t *b = buf;
+    size_t hint = len >= 4 ? (size_t)b[len - 4] | (size_t)b[len - 3] << 8 | (size_t)b[len - 2] << 16 |
+                                 (size_t)b[len - 1] << 24
                            : 0;
     hint = hint > hlen ? hint - hlen : 0;
     /* The trailer is input too: deflate cannot expand more than ~1032:1, so
      * a larger hint is a lie and must not size the first allocation. */
     if (hint / 1032 > len) hint = len * 1032;
-    size_t cap = hint > ((size_t)1 << 20) ? hint : ((size_t)1 << 20);
+    cap = hint > ((size_t)1 << 20) ? hint : ((size_t)1 << 20);
     if (cap > payload) cap = payload;
-    out = dt__data_alloc(cap);
-    if (!out) {
-      rc = dt__seterr(DT_ENOMEM, "%s: cannot allocate %zu bytes", name, cap);
-      goto fail;
-    }
-    size_t have = 0;
-    for (;;) {
-      DT_CHECK_GOTO(src_read(&s, out + have, cap - have, &got), rc, fail);
+  }
+  DT_CHECK_GOTO(grow(&out, 0, cap, es, name), rc, fail);
+  size_t have = 0;
+  for (;;) {
+    if (!to_float) {
+      DT_CHECK_GOTO(src_read(&s, (uint8_t *)out + have, cap - have, &got), rc, fail);
       have += got;
-      if (have < cap || cap == payload) break;
-      size_t ncap = cap * 2 < payload ? cap * 2 : payload;
-      uint8_t *np = realloc(out, ncap);
-      if (!np) {
-        rc = dt__seterr(DT_ENOMEM, "%s: cannot allocate %zu bytes", name, ncap);
-        goto fail;
-      }
-      out = np;
-      cap = ncap;
+    } else {
+      uint8_t chunk[16384];
+      do {
+        size_t want = cap - have < sizeof chunk ? cap - have : sizeof chunk;
+        DT_CHECK_GOTO(src_read(&s, chunk, want, &got), rc, fail);
+        /* Division (not multiplication by 1/255) matches torchvision's
+         * ToTensor bit for bit; it still vectorises. */
+        float *restrict xf = (float *)out + have;
+        const uint8_t *restrict c8 = chunk;
+        for (size_t i = 0; i < got; i++) xf[i] = (float)c8[i] / 255.0f;
+        have += got;
+        if (got < want) break;
+      } while (have < cap);
     }
-    if (have < payload) {
-      rc = dt__seterr(DT_ECORRUPT, "%s: truncated: header says %zu data bytes after the %zu-byte header, found %zu",
-                      name, payload, hlen, have);
-      goto fail;
-    }
+    if (have < cap || cap == payload) break;
+    size_t ncap = cap * 2 < payload ? cap * 2 : payload;
+    DT_CHECK_GOTO(grow(&out, have, ncap, es, name), rc, fail);
+    cap = ncap;
+  }
+  if (have < payload) {
+    rc = dt__seterr(DT_ECORRUPT, "%s: truncated: header says %zu data bytes after the %zu-byte header, found %zu",
+                    name, payload, hlen, have);
+    goto fail;
+  }
+  if (s.gz) {
     /* Anything the stream still decodes to is trailing garbage. */
     size_t extra = 0;
     do {
@@ -213,8 +233,16 @@ int dt__idx_parse_mem(const void *buf, size_t len, const char *name, int want_nd
   *data = out;
   return DT_OK;
 fail:
-  free(out);
+  dt_free(out);
   src_close(&s);
+  return rc;
+}
+
+int dt__idx_parse_mem(const void *buf, size_t len, const char *name, int want_ndim, uint8_t **data,
+                      int64_t dims[3]) {
+  void *p = NULL;
+  int rc = idx_decode(buf, len, name, want_ndim, 0, &p, dims);
+  *data = p;
   return rc;
 }
 
@@ -222,56 +250,47 @@ int dt__idx_load_mem(dt_dataset *ds, const void *img, size_t img_len, const char
                      size_t lab_len, const char *lab_name) {
   memset(ds, 0, sizeof *ds);
   int64_t idims[3] = {0}, ldims[3] = {0};
-  uint8_t *ib = NULL, *lb = NULL;
+  void *xv = NULL;
+  uint8_t *lb = NULL;
+  int32_t *y = NULL;
   int rc;
-  DT_CHECK_GOTO(dt__idx_parse_mem(img, img_len, img_name, 3, &ib, idims), rc, done);
-  DT_CHECK_GOTO(dt__idx_parse_mem(lab, lab_len, lab_name, 1, &lb, ldims), rc, done);
+  DT_CHECK_GOTO(idx_decode(img, img_len, img_name, 3, 1, &xv, idims), rc, fail);
+  DT_CHECK_GOTO(dt__idx_parse_mem(lab, lab_len, lab_name, 1, &lb, ldims), rc, fail);
   if (idims[0] != ldims[0]) {
     rc = dt__seterr(DT_ECORRUPT, "%s has %lld images but %s has %lld labels", img_name, (long long)idims[0],
                     lab_name, (long long)ldims[0]);
-    goto done;
+    goto fail;
   }
   if (idims[1] > INT_MAX || idims[2] > INT_MAX) {
     rc = dt__seterr(DT_ERANGE, "%s: image size %lldx%lld too large", img_name, (long long)idims[1],
                     (long long)idims[2]);
-    goto done;
+    goto fail;
   }
-  int64_t n = idims[0], dim = idims[1] * idims[2];
-  size_t nel = (size_t)n * (size_t)dim;
-  if (nel > SIZE_MAX / sizeof(float)) {
-    rc = dt__seterr(DT_ERANGE, "%s: too large", img_name);
-    goto done;
+  int64_t n = idims[0];
+  y = dt_alloc((size_t)n * sizeof(int32_t));
+  if (!y) {
+    rc = dt__seterr(DT_ENOMEM, "%s: cannot allocate %lld labels", lab_name, (long long)n);
+    goto fail;
   }
-  float *x = dt__data_alloc(nel * sizeof(float));
-  int32_t *y = dt_alloc((size_t)n * sizeof(int32_t));
-  if (!x || !y) {
-    dt_free(x);
-    dt_free(y);
-    rc = dt__seterr(DT_ENOMEM, "%s: cannot allocate %zu floats", img_name, nel);
-    goto done;
-  }
-  /* Division (not multiplication by 1/255) matches torchvision's ToTensor bit
-   * for bit; it still vectorises. */
-  const uint8_t *restrict src8 = ib;
-  float *restrict xf = x;
-  for (size_t i = 0; i < nel; i++) xf[i] = (float)src8[i] / 255.0f;
   int maxl = 0;
   for (int64_t i = 0; i < n; i++) {
     y[i] = lb[i];
     if (lb[i] > maxl) maxl = lb[i];
   }
+  dt_free(lb);
   ds->n = n;
   ds->c = 1;
   ds->h = (int)idims[1];
   ds->w = (int)idims[2];
-  ds->dim = dim;
+  ds->dim = idims[1] * idims[2];
   ds->nclasses = maxl + 1;
-  ds->x = x;
+  ds->x = xv;
   ds->y = y;
-  rc = DT_OK;
-done:
-  free(ib);
-  free(lb);
+  return DT_OK;
+fail:
+  dt_free(xv);
+  dt_free(lb);
+  dt_free(y);
   return rc;
 }
 
