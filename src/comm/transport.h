@@ -48,7 +48,7 @@ struct dt_tp_ctx; /* per communicator, transport-private */
 struct dt_tp_ep;  /* per (communicator, peer), transport-private */
 
 #define DT_TP_ADDR_MAX 256
-#define DT_TP_ERR_MAX 256
+#define DT_TP_ERR_MAX 512
 
 /* What init() needs to know. Strings are valid during init() only. */
 struct dt_tp_init {
@@ -81,7 +81,7 @@ struct dt_tp_req {
   int peer;                  /* world rank of the peer */
   int kind;                  /* enum dt_tp_req_kind */
   /* set by the transport */
-  volatile int status;       /* 0 pending, 1 done, < 0 failed with that DT_E* */
+  _Atomic int status;        /* 0 pending, 1 done, < 0 failed with that DT_E* */
   size_t done;               /* bytes moved so far */
   struct dt_tp_ep *ep;
   struct dt_tp_req *next;    /* transport-owned queue link */

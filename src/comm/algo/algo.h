@@ -48,7 +48,7 @@ int dt__reduce_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_d
 
 /* allgather / reduce-scatter / alltoall / barrier */
 int dt__allgather_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes_per_rank);
-int dt__allgather_rd(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes_per_rank);
+int dt__allgather_direct(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes_per_rank);
 int dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_redop op);
 int dt__alltoall_direct(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes_per_rank);
 int dt__barrier_dissemination(dt_comm *c);

@@ -17,7 +17,9 @@
  *
  * Knobs: DTRAIN_SHM_RING_BYTES (per sender, default 1 MiB),
  * DTRAIN_SHM_CMA_BYTES (smallest message sent single-copy, default 64 KiB;
- * 0 disables), DTRAIN_SHM_SPIN (polls before yielding, default 2000).
+ * 0 disables), DTRAIN_SHM_SPIN_US (how long a waiter polls before it
+ * sleeps on the futex; default 1000, or 100 while yielding the core when
+ * there are more ranks than cores).
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
@@ -109,7 +111,8 @@ struct dt_tp_ctx {
   struct dt_tp_ep **eps; /* [size], NULL where not connected through shm */
   int neps;
   size_t cma_min;
-  int spin;
+  int64_t spin_ns; /* poll this long before sleeping */
+  bool oversub;
   int64_t live_ns, next_live;
   volatile uint64_t probe; /* peers read this with process_vm_readv */
   _Atomic int aborting;
@@ -691,7 +694,14 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   ctx->ring_bytes = ring;
   int64_t cma = dt_param_int("DTRAIN_SHM_CMA_BYTES", 64 << 10);
   ctx->cma_min = cma <= 0 ? 0 : (size_t)cma;
-  ctx->spin = (int)dt_param_int("DTRAIN_SHM_SPIN", 2000);
+  /* Oversubscribed (more ranks than cores): yield while polling, so the
+   * peer we wait for can run, and sleep sooner. Otherwise poll without
+   * yielding (a yield can hand the core to an unrelated process for a whole
+   * time slice) for longer. */
+  cpu_set_t cs;
+  int ncpu = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
+  ctx->oversub = in->size > ncpu;
+  ctx->spin_ns = dt_param_int("DTRAIN_SHM_SPIN_US", ctx->oversub ? 100 : 1000) * 1000;
   ctx->live_ns = dt_param_int("DTRAIN_SHM_LIVE_MS", 2) * 1000000;
   ctx->probe = ((uint64_t)ctx->pid << 32) ^ 0x5eed5eed12345678ull ^ (uint64_t)(uintptr_t)ctx;
 
@@ -921,6 +931,7 @@ static void owing(struct dt_tp_req **reqs, int n, char *err, const char *what) {
 static int shm_wait(struct dt_tp_ctx *ctx, struct dt_tp_req **reqs, int n, int64_t deadline_ns,
                     char *err) {
   int idle = 0, first = 0;
+  int64_t spin_from = 0;
   for (;;) {
     while (first < n && reqs[first]->status > 0) first++;
     for (int i = first; i < n; i++) {
@@ -945,26 +956,28 @@ static int shm_wait(struct dt_tp_ctx *ctx, struct dt_tp_req **reqs, int n, int64
       idle = 0;
       continue;
     }
-    idle++;
-    if (idle < ctx->spin) {
+    /* Nothing moved: poll, then poll while yielding the core (a peer may
+     * share it), then sleep on the bell. Time is read only every 64 polls. */
+    if (idle == 0) spin_from = 0;
+    if ((++idle & 63) != 0) {
       cpu_relax();
-      if ((idle & 255) == 0) check_live(ctx);
       continue;
     }
     int64_t now = dt_now_ns();
+    if (!spin_from) spin_from = now;
     check_live(ctx);
     if (now >= deadline_ns) {
       owing(reqs, n, err, "deadline expired");
       return DT_ETIMEDOUT;
     }
-    if (idle < ctx->spin + 64) {
-      sched_yield();
+    if (now - spin_from < ctx->spin_ns) {
+      if (ctx->oversub) sched_yield();
       continue;
     }
     int64_t slice = ctx->live_ns > 0 ? ctx->live_ns * 5 : 10000000;
     if (slice > deadline_ns - now) slice = deadline_ns - now;
     wait_sleep(ctx, slice);
-    idle = ctx->spin; /* after a sleep, poll briefly before sleeping again */
+    idle = 0;
   }
 }
 

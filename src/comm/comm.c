@@ -1,0 +1,962 @@
+/*
+ * comm.c — the communicator: rendezvous through the store, per-peer
+ * transport endpoints, point-to-point calls, collective fingerprints,
+ * sub-communicators, topology, deadlines and abort.
+ *
+ * A "world" is what dt_comm_create builds: the transport contexts and one
+ * endpoint per peer. Communicators made by split share their parent's world
+ * and tell their messages apart by a context id in the high 32 bits of the
+ * transport tag. Every collective runs between coll_begin and coll_end: the
+ * call gets a sequence number, a deadline and a fingerprint (sequence,
+ * collective, op, dtype, count, root) that goes out as a 32-byte message
+ * ahead of the first data message to each peer and is checked on the first
+ * message from each peer. A mismatch, a lost peer or an expired deadline
+ * inside a collective aborts the whole world (every transport tells its
+ * peers), so every rank returns the same error and message instead of
+ * hanging. Not here: algorithms (algo/), algorithm choice (tuning.c),
+ * anything transport-specific (transport/).
+ */
+#define _GNU_SOURCE
+#include "comm/algo/algo.h"
+#include "comm/transport.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_TP 4
+#define FP_LEN 32
+#define FP_MAGIC 0x50465444u /* "DTFP" */
+#define TAG_COLL 0xc0000001u /* library tag for collective traffic */
+
+struct comm_req {
+  struct dt_tp_req tp;
+  int peer;         /* member rank */
+  int fp_check;     /* member whose fingerprint recv must be checked, or -1 */
+  int fp_send;      /* member whose fingerprint send must complete, or -1 */
+  int used;
+};
+_Static_assert(sizeof(struct comm_req) <= sizeof(dt_comm_req), "dt_comm_req too small");
+
+struct world {
+  int refs;
+  int rank, size;
+  int ntp;
+  const struct dt_transport_ops *tops[MAX_TP];
+  struct dt_tp_ctx *tctx[MAX_TP];
+  int *tp_of;               /* transport index per peer (-1 self) */
+  struct dt_tp_ep **ep;     /* per peer */
+  char **host_id;           /* per rank */
+  _Atomic int aborted;
+  pthread_mutex_t amu; /* guards abort_msg / abort_rc */
+  char abort_msg[512];
+  int abort_rc;
+  _Atomic uint64_t sent, recvd;
+};
+
+struct fp {
+  uint64_t seq, count;
+  int32_t root, rank;
+  uint8_t coll, op, dtype;
+};
+
+struct dt_comm {
+  struct world *w;
+  dt_comm *parent;
+  int rank, size;
+  int *wr;                  /* member -> world rank */
+  int *host;                /* member -> host index */
+  int nhosts;
+  uint32_t ctxid;
+  uint32_t nsplit;
+  double timeout;
+  dt_algo algo;
+  /* current collective */
+  bool in_coll;
+  int64_t deadline_ns;
+  uint64_t seq;
+  struct fp cur;
+  uint8_t fp_out[FP_LEN];
+  uint8_t *fp_sent, *fp_posted; /* per member */
+  uint8_t (*fp_in)[FP_LEN];
+  struct comm_req *fp_sreq, *fp_rreq;
+  void *scratch[4];
+  size_t scratch_cap[4];
+  dt_comm *host_comm, *leader_comm;
+  bool host_built;
+  char err[512];
+};
+
+extern int dt__allreduce_hier(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
+                              dt_redop op) __attribute__((weak));
+
+/* ---- names ------------------------------------------------------------- */
+
+const char *dt_coll_name(dt_coll c) {
+  static const char *n[] = {"?", "allreduce", "broadcast", "reduce", "allgather",
+                            "reduce_scatter", "alltoall", "barrier"};
+  return (unsigned)c < DT_COLL_COUNT ? n[c] : "?";
+}
+
+static const char *const algo_names[] = {"auto", "ring", "rhd", "tree", "hier", "direct"};
+const char *dt_algo_name(dt_algo a) { return (unsigned)a < DT_ALGO_COUNT ? algo_names[a] : "?"; }
+int dt_algo_parse(const char *s, dt_algo *out) {
+  for (int i = 0; s && i < DT_ALGO_COUNT; i++)
+    if (!strcmp(s, algo_names[i])) return *out = (dt_algo)i, DT_OK;
+  if (s && (!strcmp(s, "halving-doubling") || !strcmp(s, "rabenseifner"))) return *out = DT_ALGO_RHD, DT_OK;
+  return dt__seterr(DT_EINVAL, "unknown algorithm '%s' (auto ring rhd tree hier direct)", s ? s : "(null)");
+}
+
+/* ---- transports -------------------------------------------------------- */
+
+const struct dt_transport_ops *dt__transport_find(const char *name) {
+  if (!name) return NULL;
+  if (!strcmp(name, "tcp")) return &dt__transport_tcp;
+  if (!strcmp(name, "inproc")) return &dt__transport_inproc;
+  if (!strcmp(name, "shm")) return &dt__transport_shm ? &dt__transport_shm : NULL;
+  if (!strcmp(name, "mpi")) return &dt__transport_mpi ? &dt__transport_mpi : NULL;
+  return NULL;
+}
+
+/* ---- errors ------------------------------------------------------------ */
+
+static int cerr(dt_comm *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int cerr(dt_comm *c, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  va_end(ap);
+  return dt__seterr(rc, "%s", c->err);
+}
+
+const char *dt_comm_errmsg(const dt_comm *c) { return c ? c->err : ""; }
+
+static void world_abort(struct world *w, int rc, const char *why) {
+  int expect = 0;
+  pthread_mutex_lock(&w->amu);
+  if (atomic_compare_exchange_strong(&w->aborted, &expect, 1)) {
+    snprintf(w->abort_msg, sizeof w->abort_msg, "%s", why);
+    w->abort_rc = rc;
+  }
+  pthread_mutex_unlock(&w->amu);
+  for (int i = 0; i < w->ntp; i++) w->tops[i]->abort(w->tctx[i], rc, why);
+}
+
+/* If some transport was aborted (by a peer or by us), returns its code and
+ * message. */
+static int world_aborted(struct world *w, const char **msg) {
+  for (int i = 0; i < w->ntp; i++) {
+    int rc = 0;
+    const char *m = w->tops[i]->abort_reason(w->tctx[i], &rc);
+    if (m && m[0] && rc < 0) {
+      *msg = m;
+      return rc;
+    }
+  }
+  if (atomic_load(&w->aborted)) {
+    pthread_mutex_lock(&w->amu);
+    *msg = w->abort_msg;
+    int rc = w->abort_rc ? w->abort_rc : DT_EABORTED;
+    pthread_mutex_unlock(&w->amu);
+    return rc;
+  }
+  return 0;
+}
+
+void dt_comm_abort(dt_comm *c, int rc, const char *why) {
+  if (!c) return;
+  char m[400];
+  snprintf(m, sizeof m, "rank %d aborted the job: %s", c->w->rank, why ? why : "abort requested");
+  world_abort(c->w, rc < 0 ? rc : DT_EABORTED, m);
+}
+
+/* ---- accessors --------------------------------------------------------- */
+
+int dt_comm_rank(const dt_comm *c) { return c->rank; }
+int dt_comm_size(const dt_comm *c) { return c->size; }
+int dt_comm_world_rank(const dt_comm *c, int r) { return r >= 0 && r < c->size ? c->wr[r] : -1; }
+const char *dt_comm_transport_name(const dt_comm *c, int peer) {
+  if (peer < 0 || peer >= c->size) return "?";
+  int wp = c->wr[peer];
+  if (wp == c->w->rank) return "self";
+  return c->w->tops[c->w->tp_of[wp]]->name;
+}
+void dt_comm_set_timeout(dt_comm *c, double s) {
+  if (s > 0) c->timeout = s;
+}
+double dt_comm_timeout(const dt_comm *c) { return c->timeout; }
+void dt_comm_set_algo(dt_comm *c, dt_algo a) {
+  if ((unsigned)a < DT_ALGO_COUNT) c->algo = a;
+}
+dt_algo dt_comm_algo(const dt_comm *c) { return c->algo; }
+void dt_comm_bytes(const dt_comm *c, uint64_t *sent, uint64_t *recvd) {
+  if (sent) *sent = atomic_load(&c->w->sent);
+  if (recvd) *recvd = atomic_load(&c->w->recvd);
+}
+
+int dt_comm_host_of(const dt_comm *c, int r) { return r >= 0 && r < c->size ? c->host[r] : -1; }
+
+int dt_comm_topology(const dt_comm *c, struct dt_comm_topo *t) {
+  t->nhosts = c->nhosts;
+  t->host = c->host[c->rank];
+  t->local_rank = t->local_size = 0;
+  for (int r = 0; r < c->size; r++) {
+    if (c->host[r] != t->host) continue;
+    if (r < c->rank) t->local_rank++;
+    t->local_size++;
+  }
+  t->one_per_host_leader = t->local_rank == 0;
+  return DT_OK;
+}
+
+/* ---- construction ------------------------------------------------------ */
+
+static void world_release(struct world *w) {
+  if (!w || --w->refs > 0) return;
+  for (int p = 0; p < w->size; p++)
+    if (w->ep && w->ep[p]) w->tops[w->tp_of[p]]->close(w->ep[p]);
+  for (int i = 0; i < w->ntp; i++) w->tops[i]->finalize(w->tctx[i]);
+  for (int p = 0; w->host_id && p < w->size; p++) free(w->host_id[p]);
+  free(w->host_id);
+  free(w->ep);
+  free(w->tp_of);
+  pthread_mutex_destroy(&w->amu);
+  free(w);
+}
+
+static dt_comm *comm_alloc(struct world *w, int size) {
+  dt_comm *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->w = w;
+  c->size = size;
+  c->wr = calloc((size_t)size, sizeof *c->wr);
+  c->host = calloc((size_t)size, sizeof *c->host);
+  c->fp_sent = calloc((size_t)size, 1);
+  c->fp_posted = calloc((size_t)size, 1);
+  c->fp_in = calloc((size_t)size, FP_LEN);
+  c->fp_sreq = calloc((size_t)size, sizeof *c->fp_sreq);
+  c->fp_rreq = calloc((size_t)size, sizeof *c->fp_rreq);
+  if (!c->wr || !c->host || !c->fp_sent || !c->fp_posted || !c->fp_in || !c->fp_sreq || !c->fp_rreq) {
+    free(c->wr), free(c->host), free(c->fp_sent), free(c->fp_posted), free(c->fp_in);
+    free(c->fp_sreq), free(c->fp_rreq), free(c);
+    return NULL;
+  }
+  c->timeout = 60.0;
+  return c;
+}
+
+static void compute_hosts(dt_comm *c) {
+  c->nhosts = 0;
+  for (int r = 0; r < c->size; r++) {
+    c->host[r] = -1;
+    for (int q = 0; q < r; q++)
+      if (!strcmp(c->w->host_id[c->wr[q]], c->w->host_id[c->wr[r]])) {
+        c->host[r] = c->host[q];
+        break;
+      }
+    if (c->host[r] < 0) c->host[r] = c->nhosts++;
+  }
+}
+
+static void default_host_id(char *out, size_t cap) {
+  char hn[256] = "localhost", boot[64] = "";
+  gethostname(hn, sizeof hn - 1);
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+    fclose(f);
+    boot[strcspn(boot, "\n")] = '\0';
+  }
+  snprintf(out, cap, "%s/%s", hn, boot);
+}
+
+/* Finds "name=addr" among the lines of a peer record. */
+static bool find_addr(const char *lines, const char *name, char *addr) {
+  size_t nl = strlen(name);
+  for (const char *l = lines; *l;) {
+    size_t len = strcspn(l, "\n");
+    if (len > nl && !strncmp(l, name, nl) && l[nl] == '=' && len - nl - 1 < DT_TP_ADDR_MAX) {
+      memcpy(addr, l + nl + 1, len - nl - 1);
+      addr[len - nl - 1] = '\0';
+      return true;
+    }
+    l += len;
+    if (*l) l++;
+  }
+  return false;
+}
+
+static int parse_transports(const char *spec, const struct dt_transport_ops **t, int *n) {
+  *n = 0;
+  if (!spec || !strcmp(spec, "auto")) {
+    if (&dt__transport_shm) t[(*n)++] = &dt__transport_shm;
+    t[(*n)++] = &dt__transport_tcp;
+    return DT_OK;
+  }
+  const struct dt_transport_ops *o = dt__transport_find(spec);
+  if (!o) return dt__seterr(DT_ENOTSUP, "comm: transport '%s' unknown or not built", spec);
+  t[(*n)++] = o;
+  return DT_OK;
+}
+
+int dt_comm_create(dt_comm **out, dt_store *store, const struct dt_comm_config *cfg_in) {
+  struct dt_comm_config cfg = DT_COMM_CONFIG_INIT;
+  if (cfg_in) cfg = *cfg_in;
+  *out = NULL;
+  if (!store) return dt__seterr(DT_EINVAL, "comm: no store");
+  const char *job = cfg.job ? cfg.job : "dtrain";
+  double timeout = cfg.timeout_s > 0 ? cfg.timeout_s : 60.0;
+  int64_t deadline = dt_now_ns() + (int64_t)(timeout * 1e9);
+  char key[DT_STORE_KEY_MAX];
+  int rc;
+
+  int size = cfg.size;
+  if (size <= 0) {
+    char buf[32] = {0};
+    size_t len;
+    snprintf(key, sizeof key, "%s/size", job);
+    rc = dt_store_get(store, key, buf, sizeof buf - 1, &len, timeout);
+    if (rc < 0) return dt__preerr(rc, "comm: world size of job %s", job);
+    size = atoi(buf);
+    if (size <= 0) return dt__seterr(DT_EINVAL, "comm: store key %s holds bad size '%s'", key, buf);
+  }
+  int rank = cfg.rank;
+  if (rank < 0) {
+    int64_t v;
+    snprintf(key, sizeof key, "%s/rank_next", job);
+    DT_CHECK(dt_store_add(store, key, 1, &v, timeout));
+    rank = (int)(v - 1);
+  }
+  if (rank >= size)
+    return dt__seterr(DT_EINVAL, "comm: rank %d out of range for world size %d (job %s)", rank, size, job);
+
+  const struct dt_transport_ops *cand[MAX_TP];
+  int ncand;
+  DT_CHECK(parse_transports(cfg.transport, cand, &ncand));
+  char host_id[256];
+  if (cfg.host_id) snprintf(host_id, sizeof host_id, "%s", cfg.host_id);
+  else default_host_id(host_id, sizeof host_id);
+  const uint8_t *tok;
+  size_t toklen;
+  dt__auth_token(cfg.token, &tok, &toklen);
+
+  struct world *w = calloc(1, sizeof *w);
+  if (!w) return dt__seterr(DT_ENOMEM, "comm: out of memory");
+  w->refs = 1;
+  pthread_mutex_init(&w->amu, NULL);
+  w->rank = rank;
+  w->size = size;
+  w->tp_of = calloc((size_t)size, sizeof *w->tp_of);
+  w->ep = calloc((size_t)size, sizeof *w->ep);
+  w->host_id = calloc((size_t)size, sizeof *w->host_id);
+  dt_comm *c = NULL;
+  char *rec = NULL;
+  if (!w->tp_of || !w->ep || !w->host_id) {
+    rc = dt__seterr(DT_ENOMEM, "comm: out of memory");
+    goto fail;
+  }
+  /* init transports, build our record "host_id\nname=addr\n..." */
+  size_t reccap = 256 + MAX_TP * (DT_TP_ADDR_MAX + 16);
+  rec = malloc(reccap);
+  if (!rec) {
+    rc = dt__seterr(DT_ENOMEM, "comm: out of memory");
+    goto fail;
+  }
+  size_t rl = (size_t)snprintf(rec, reccap, "%s\n", host_id);
+  struct dt_tp_init ti = {rank, size, job, cfg.bind_addr ? cfg.bind_addr : "127.0.0.1", host_id,
+                          toklen ? tok : NULL, toklen, cfg.nconn > 0 ? cfg.nconn : 1, timeout};
+  for (int i = 0; i < ncand; i++) {
+    char addr[DT_TP_ADDR_MAX] = "";
+    rc = cand[i]->init(&ti, &w->tctx[w->ntp], addr);
+    if (rc < 0) {
+      if (ncand > 1 && i < ncand - 1) { /* optional transport (auto): skip it */
+        DT_LOG_DEBUG("comm: transport %s unavailable: %s", cand[i]->name, dt_errmsg());
+        continue;
+      }
+      dt__preerr(rc, "comm: rank %d: transport %s", rank, cand[i]->name);
+      goto fail;
+    }
+    w->tops[w->ntp++] = cand[i];
+    rl += (size_t)snprintf(rec + rl, reccap - rl, "%s=%s\n", cand[i]->name, addr);
+  }
+  snprintf(key, sizeof key, "%s/addr/%d", job, rank);
+  DT_CHECK_GOTO(dt_store_set(store, key, rec, rl, timeout), rc, fail);
+
+  /* read every peer's record, connect in increasing rank order */
+  char prec[256 + MAX_TP * (DT_TP_ADDR_MAX + 16)];
+  for (int p = 0; p < size; p++) {
+    if (p == rank) {
+      w->host_id[p] = strdup(host_id);
+      w->tp_of[p] = -1;
+      if (!w->host_id[p]) { rc = dt__seterr(DT_ENOMEM, "comm: out of memory"); goto fail; }
+      continue;
+    }
+    size_t len;
+    snprintf(key, sizeof key, "%s/addr/%d", job, p);
+    double left = (double)(deadline - dt_now_ns()) / 1e9;
+    rc = dt_store_get(store, key, prec, sizeof prec - 1, &len, left > 0.001 ? left : 0.001);
+    if (rc < 0) {
+      dt__seterr(rc, "comm: rank %d: rank %d of job %s did not join before the deadline (%s)", rank,
+                 p, job, dt_errmsg());
+      goto fail;
+    }
+    prec[len] = '\0';
+    char *nl = strchr(prec, '\n');
+    if (!nl) { rc = dt__seterr(DT_EPROTO, "comm: bad address record for rank %d", p); goto fail; }
+    *nl = '\0';
+    w->host_id[p] = strdup(prec);
+    if (!w->host_id[p]) { rc = dt__seterr(DT_ENOMEM, "comm: out of memory"); goto fail; }
+    int chosen = -1;
+    for (int i = 0; i < w->ntp && chosen < 0; i++) {
+      char addr[DT_TP_ADDR_MAX];
+      if (!find_addr(nl + 1, w->tops[i]->name, addr)) continue;
+      struct dt_tp_peer peer = {p, w->host_id[p], addr};
+      if (!w->tops[i]->can_connect(w->tctx[i], &peer)) continue;
+      char err[DT_TP_ERR_MAX] = "";
+      rc = w->tops[i]->connect(w->tctx[i], &peer, deadline, &w->ep[p], err);
+      if (rc < 0) {
+        dt__seterr(rc, "comm: rank %d: cannot connect to rank %d over %s: %s", rank, p,
+                   w->tops[i]->name, err);
+        goto fail;
+      }
+      chosen = i;
+    }
+    if (chosen < 0) {
+      rc = dt__seterr(DT_ENOTSUP, "comm: rank %d: no transport reaches rank %d (host %s)", rank, p,
+                      w->host_id[p]);
+      goto fail;
+    }
+    w->tp_of[p] = chosen;
+  }
+  free(rec);
+  rec = NULL;
+  c = comm_alloc(w, size);
+  if (!c) { rc = dt__seterr(DT_ENOMEM, "comm: out of memory"); goto fail; }
+  c->rank = rank;
+  for (int r = 0; r < size; r++) c->wr[r] = r;
+  compute_hosts(c);
+  c->timeout = timeout;
+  c->ctxid = 1;
+  c->algo = cfg.algo;
+  const char *env_algo = dt_param_str("DTRAIN_ALGO", NULL);
+  if (env_algo && c->algo == DT_ALGO_AUTO) {
+    dt_algo a;
+    if (dt_algo_parse(env_algo, &a) == DT_OK) c->algo = a;
+    else DT_LOG_WARN("DTRAIN_ALGO=%s is not an algorithm; using auto", env_algo);
+  }
+  *out = c;
+  return DT_OK;
+fail:
+  free(rec);
+  {
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", dt_errmsg());
+    world_release(w);
+    dt__seterr(rc, "%s", saved);
+  }
+  return rc;
+}
+
+void dt_comm_destroy(dt_comm *c) {
+  if (!c) return;
+  dt_comm_destroy(c->host_comm);
+  dt_comm_destroy(c->leader_comm);
+  for (int i = 0; i < 4; i++) dt_free(c->scratch[i]);
+  struct world *w = c->w;
+  free(c->wr), free(c->host), free(c->fp_sent), free(c->fp_posted), free(c->fp_in);
+  free(c->fp_sreq), free(c->fp_rreq);
+  free(c);
+  world_release(w);
+}
+
+/* ---- point-to-point core ----------------------------------------------- */
+
+static int post(dt_comm *c, int peer, uint64_t tag, void *buf, size_t bytes, int kind, struct comm_req *r) {
+  memset(r, 0, sizeof *r);
+  r->peer = peer;
+  r->fp_check = r->fp_send = -1;
+  r->used = 1;
+  if (peer < 0 || peer >= c->size || peer == c->rank)
+    return cerr(c, DT_EINVAL, "comm: rank %d: bad peer %d (size %d)", c->rank, peer, c->size);
+  struct world *w = c->w;
+  int wp = c->wr[peer];
+  const struct dt_transport_ops *o = w->tops[w->tp_of[wp]];
+  r->tp.buf = buf;
+  r->tp.len = bytes;
+  r->tp.tag = tag;
+  r->tp.peer = wp;
+  r->tp.kind = kind;
+  int rc = kind == DT_TP_SEND ? o->isend(w->ep[wp], &r->tp) : o->irecv(w->ep[wp], &r->tp);
+  if (rc < 0) {
+    const char *m = NULL;
+    int arc = world_aborted(w, &m);
+    if (arc < 0) return cerr(c, arc, "%s", m);
+    return cerr(c, rc, "comm: rank %d: %s to rank %d failed: %s", c->rank,
+                kind == DT_TP_SEND ? "send" : "receive", peer, dt_errmsg());
+  }
+  if (kind == DT_TP_SEND) atomic_fetch_add(&w->sent, bytes);
+  else atomic_fetch_add(&w->recvd, bytes);
+  return DT_OK;
+}
+
+static uint64_t user_tag(dt_comm *c, int tag) { return (uint64_t)c->ctxid << 32 | (uint32_t)tag; }
+
+int dt_comm_isend(dt_comm *c, int peer, int tag, const void *buf, size_t bytes, dt_comm_req *req) {
+  if (tag < 0 || tag > DT_COMM_TAG_MAX) return cerr(c, DT_EINVAL, "comm: tag %d out of range", tag);
+  return post(c, peer, user_tag(c, tag), (void *)buf, bytes, DT_TP_SEND, (struct comm_req *)req);
+}
+int dt_comm_irecv(dt_comm *c, int peer, int tag, void *buf, size_t bytes, dt_comm_req *req) {
+  if (tag < 0 || tag > DT_COMM_TAG_MAX) return cerr(c, DT_EINVAL, "comm: tag %d out of range", tag);
+  return post(c, peer, user_tag(c, tag), buf, bytes, DT_TP_RECV, (struct comm_req *)req);
+}
+
+static void fp_encode(const struct fp *f, uint8_t *o) {
+  uint32_t m = FP_MAGIC;
+  memset(o, 0, FP_LEN);
+  memcpy(o, &m, 4);
+  o[4] = f->coll, o[5] = f->op, o[6] = f->dtype;
+  memcpy(o + 8, &f->root, 4);
+  memcpy(o + 12, &f->rank, 4);
+  memcpy(o + 16, &f->seq, 8);
+  memcpy(o + 24, &f->count, 8);
+}
+static void fp_decode(const uint8_t *i, struct fp *f, uint32_t *magic) {
+  memcpy(magic, i, 4);
+  f->coll = i[4], f->op = i[5], f->dtype = i[6];
+  memcpy(&f->root, i + 8, 4);
+  memcpy(&f->rank, i + 12, 4);
+  memcpy(&f->seq, i + 16, 8);
+  memcpy(&f->count, i + 24, 8);
+}
+
+static void fp_describe(const struct fp *f, char *o, size_t cap) {
+  int n = snprintf(o, cap, "%s(seq %llu", dt_coll_name((dt_coll)f->coll), (unsigned long long)f->seq);
+  if (f->coll == DT_COLL_ALLREDUCE || f->coll == DT_COLL_REDUCE || f->coll == DT_COLL_REDUCE_SCATTER)
+    n += snprintf(o + n, cap - (size_t)n, ", %s", dt_redop_name((dt_redop)f->op));
+  if (f->coll != DT_COLL_BARRIER)
+    n += snprintf(o + n, cap - (size_t)n, ", %s, count %llu", dt_dtype_name((dt_dtype)f->dtype),
+                  (unsigned long long)f->count);
+  if (f->coll == DT_COLL_BROADCAST || f->coll == DT_COLL_REDUCE)
+    n += snprintf(o + n, cap - (size_t)n, ", root %d", f->root);
+  snprintf(o + n, cap - (size_t)n, ")");
+}
+
+/* Checks the fingerprint received from member p. */
+static int fp_check(dt_comm *c, int p) {
+  struct fp got;
+  uint32_t magic;
+  fp_decode(c->fp_in[p], &got, &magic);
+  if (magic == FP_MAGIC && got.seq == c->cur.seq && got.coll == c->cur.coll && got.op == c->cur.op &&
+      got.dtype == c->cur.dtype && got.count == c->cur.count && got.root == c->cur.root)
+    return DT_OK;
+  char mine[160], theirs[160];
+  fp_describe(&c->cur, mine, sizeof mine);
+  if (magic != FP_MAGIC) snprintf(theirs, sizeof theirs, "a non-collective message");
+  else fp_describe(&got, theirs, sizeof theirs);
+  char msg[400];
+  snprintf(msg, sizeof msg, "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
+           mine, p, theirs);
+  world_abort(c->w, DT_EMISMATCH, msg);
+  return cerr(c, DT_EMISMATCH, "%s", msg);
+}
+
+int dt__coll_isend(dt_comm *c, int peer, const void *buf, size_t bytes, dt_comm_req *req) {
+  uint64_t tag = (uint64_t)c->ctxid << 32 | TAG_COLL;
+  int fs = -1;
+  if (peer >= 0 && peer < c->size && !c->fp_sent[peer]) {
+    DT_CHECK(post(c, peer, tag, c->fp_out, FP_LEN, DT_TP_SEND, &c->fp_sreq[peer]));
+    c->fp_sent[peer] = 1;
+    fs = peer;
+  }
+  DT_CHECK(post(c, peer, tag, (void *)buf, bytes, DT_TP_SEND, (struct comm_req *)req));
+  ((struct comm_req *)req)->fp_send = fs;
+  return DT_OK;
+}
+
+int dt__coll_irecv(dt_comm *c, int peer, void *buf, size_t bytes, dt_comm_req *req) {
+  uint64_t tag = (uint64_t)c->ctxid << 32 | TAG_COLL;
+  int fc = -1;
+  if (peer >= 0 && peer < c->size && !c->fp_posted[peer]) {
+    DT_CHECK(post(c, peer, tag, c->fp_in[peer], FP_LEN, DT_TP_RECV, &c->fp_rreq[peer]));
+    c->fp_posted[peer] = 1;
+    fc = peer;
+  }
+  DT_CHECK(post(c, peer, tag, buf, bytes, DT_TP_RECV, (struct comm_req *)req));
+  ((struct comm_req *)req)->fp_check = fc;
+  return DT_OK;
+}
+
+static void cancel_pending(dt_comm *c, struct dt_tp_req **v, int n) {
+  struct world *w = c->w;
+  for (int i = 0; i < n; i++)
+    if (v[i]->status == 0) {
+      int t = w->tp_of[v[i]->peer];
+      w->tops[t]->cancel(w->tctx[t], v[i]);
+      if (v[i]->status == 0) v[i]->status = DT_EABORTED;
+    }
+}
+
+/* Waits for a list of transport requests, possibly over several transports. */
+static int wait_list(dt_comm *c, struct dt_tp_req **v, int n, int64_t deadline, char *err) {
+  struct world *w = c->w;
+  if (n == 0) return DT_OK;
+  int t0 = w->tp_of[v[0]->peer];
+  bool mixed = false;
+  for (int i = 1; i < n; i++) mixed |= w->tp_of[v[i]->peer] != t0;
+  if (!mixed) return w->tops[t0]->wait(w->tctx[t0], v, n, deadline, err);
+  /* Requests over several transports: poll each with test() until done. */
+  for (unsigned spin = 0;; spin++) {
+    bool all = true;
+    for (int i = 0; i < n; i++) {
+      if (v[i]->status) {
+        if (v[i]->status < 0) {
+          snprintf(err, DT_TP_ERR_MAX, "request with rank %d failed", v[i]->peer);
+          return v[i]->status;
+        }
+        continue;
+      }
+      int t = w->tp_of[v[i]->peer];
+      int r = w->tops[t]->test(w->tctx[t], v[i]);
+      if (r < 0) {
+        snprintf(err, DT_TP_ERR_MAX, "request with rank %d failed", v[i]->peer);
+        return r;
+      }
+      if (!r) all = false;
+    }
+    if (all) return DT_OK;
+    if (dt_now_ns() > deadline) {
+      for (int i = 0; i < n; i++)
+        if (!v[i]->status) {
+          snprintf(err, DT_TP_ERR_MAX, "rank %d did not %s before the deadline", v[i]->peer,
+                   v[i]->kind == DT_TP_RECV ? "send" : "receive");
+          break;
+        }
+      return DT_ETIMEDOUT;
+    }
+    if (spin > 64) sched_yield();
+  }
+}
+
+int dt_comm_waitall(dt_comm *c, dt_comm_req *reqs, int n) {
+  struct dt_tp_req *stackv[64], **v = stackv;
+  int cap = 2 * n + 1;
+  if (cap > 64) {
+    v = malloc((size_t)cap * sizeof *v);
+    if (!v) return cerr(c, DT_ENOMEM, "comm: out of memory");
+  }
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    struct comm_req *r = (struct comm_req *)&reqs[i];
+    if (!r->used) continue;
+    if (r->fp_check >= 0 && c->fp_rreq[r->fp_check].tp.status == 0) v[m++] = &c->fp_rreq[r->fp_check].tp;
+    if (r->fp_send >= 0 && c->fp_sreq[r->fp_send].tp.status == 0) v[m++] = &c->fp_sreq[r->fp_send].tp;
+    if (r->tp.status == 0) v[m++] = &r->tp;
+  }
+  int64_t deadline = c->in_coll ? c->deadline_ns : dt_now_ns() + (int64_t)(c->timeout * 1e9);
+  char err[DT_TP_ERR_MAX] = "";
+  int rc = wait_list(c, v, m, deadline, err);
+  /* Fingerprints first: a mismatch explains any error that follows it. */
+  int fprc = DT_OK;
+  for (int i = 0; i < n && fprc == DT_OK; i++) {
+    struct comm_req *r = (struct comm_req *)&reqs[i];
+    if (r->used && r->fp_check >= 0 && c->fp_rreq[r->fp_check].tp.status == 1) {
+      fprc = fp_check(c, r->fp_check);
+      r->fp_check = -1;
+    }
+  }
+  if (rc < 0 || fprc < 0) cancel_pending(c, v, m);
+  if (v != stackv) free(v);
+  for (int i = 0; i < n; i++) ((struct comm_req *)&reqs[i])->used = 0;
+  if (fprc < 0) return fprc;
+  if (rc == DT_OK) return DT_OK;
+  const char *am = NULL;
+  int arc = world_aborted(c->w, &am);
+  if (arc < 0 && rc != DT_ETIMEDOUT) return cerr(c, arc, "%s", am);
+  if (rc == DT_ETIMEDOUT)
+    return cerr(c, rc, "comm: rank %d: deadline (%.3g s) expired in %s: %s", c->rank, c->timeout,
+                c->in_coll ? dt_coll_name((dt_coll)c->cur.coll) : "point-to-point wait", err);
+  return cerr(c, rc, "comm: rank %d: %s", c->rank, err[0] ? err : dt_strerror(rc));
+}
+
+int dt_comm_test(dt_comm *c, dt_comm_req *req, bool *done) {
+  struct comm_req *r = (struct comm_req *)req;
+  *done = false;
+  if (!r->used || r->tp.status == 1) return *done = true, DT_OK;
+  if (r->tp.status < 0) return cerr(c, r->tp.status, "comm: request with rank %d failed", r->peer);
+  struct world *w = c->w;
+  int t = w->tp_of[r->tp.peer];
+  int x = w->tops[t]->test(w->tctx[t], &r->tp);
+  if (x < 0) {
+    const char *am = NULL;
+    int arc = world_aborted(w, &am);
+    return arc < 0 ? cerr(c, arc, "%s", am) : cerr(c, x, "comm: request with rank %d failed", r->peer);
+  }
+  *done = x == 1;
+  if (*done) r->used = 0;
+  return DT_OK;
+}
+
+int dt_comm_send(dt_comm *c, int peer, int tag, const void *buf, size_t bytes) {
+  dt_comm_req r;
+  DT_CHECK(dt_comm_isend(c, peer, tag, buf, bytes, &r));
+  return dt_comm_waitall(c, &r, 1);
+}
+int dt_comm_recv(dt_comm *c, int peer, int tag, void *buf, size_t bytes) {
+  dt_comm_req r;
+  DT_CHECK(dt_comm_irecv(c, peer, tag, buf, bytes, &r));
+  return dt_comm_waitall(c, &r, 1);
+}
+
+int dt__coll_sendrecv(dt_comm *c, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
+                      size_t rbytes) {
+  dt_comm_req r[2];
+  int n = 0;
+  if (from >= 0) DT_CHECK(dt__coll_irecv(c, from, rbuf, rbytes, &r[n++]));
+  if (to >= 0) DT_CHECK(dt__coll_isend(c, to, sbuf, sbytes, &r[n++]));
+  return dt_comm_waitall(c, r, n);
+}
+
+void *dt__coll_scratch(dt_comm *c, int i, size_t bytes) {
+  if (bytes <= c->scratch_cap[i]) return c->scratch[i];
+  dt_free(c->scratch[i]);
+  size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 4;
+  c->scratch[i] = dt_alloc(cap);
+  c->scratch_cap[i] = c->scratch[i] ? cap : 0;
+  if (!c->scratch[i]) cerr(c, DT_ENOMEM, "comm: cannot allocate %zu bytes of scratch", bytes);
+  return c->scratch[i];
+}
+
+/* ---- collective framing ------------------------------------------------ */
+
+static int coll_begin(dt_comm *c, dt_coll coll, dt_redop op, dt_dtype t, size_t count, int root) {
+  const char *am = NULL;
+  int arc = world_aborted(c->w, &am);
+  if (arc < 0) return cerr(c, arc, "%s", am);
+  if (c->in_coll) return cerr(c, DT_EINVAL, "comm: rank %d: collective called inside a collective", c->rank);
+  c->in_coll = true;
+  c->deadline_ns = dt_now_ns() + (int64_t)(c->timeout * 1e9);
+  c->cur = (struct fp){++c->seq, count, root, c->rank, (uint8_t)coll, (uint8_t)op, (uint8_t)t};
+  fp_encode(&c->cur, c->fp_out);
+  memset(c->fp_sent, 0, (size_t)c->size);
+  memset(c->fp_posted, 0, (size_t)c->size);
+  return DT_OK;
+}
+
+static int coll_end(dt_comm *c, int rc) {
+  if (rc == DT_OK) {
+    /* fingerprint sends still in flight (their data went with them) */
+    dt_comm_req tmp[1];
+    for (int p = 0; p < c->size && rc == DT_OK; p++)
+      if (c->fp_sent[p] && c->fp_sreq[p].tp.status == 0) {
+        struct comm_req *r = (struct comm_req *)tmp;
+        memset(r, 0, sizeof *r);
+        r->used = 1;
+        r->fp_check = -1;
+        r->fp_send = p;
+        r->tp.status = 1;
+        rc = dt_comm_waitall(c, tmp, 1);
+      }
+    for (int p = 0; p < c->size && rc == DT_OK; p++)
+      if (c->fp_posted[p] && c->fp_rreq[p].tp.status == 0)
+        rc = cerr(c, DT_EPROTO, "comm: internal: fingerprint from rank %d never arrived", p);
+  }
+  c->in_coll = false;
+  if (rc < 0) {
+    /* A failed collective leaves peers mid-call: abort the world so they
+     * return now with this message instead of waiting for their deadline. */
+    char m[512];
+    snprintf(m, sizeof m, "%s", c->err[0] ? c->err : dt_errmsg());
+    const char *am = NULL;
+    if (world_aborted(c->w, &am) == 0) world_abort(c->w, rc, m);
+    cerr(c, rc, "%s", m);
+  }
+  return rc;
+}
+
+static int check_args(dt_comm *c, const void *s, const void *r, size_t count, dt_dtype t, int op,
+                      int root, bool reduce) {
+  if (!dt_dtype_size(t)) return cerr(c, DT_EINVAL, "comm: bad dtype %d", (int)t);
+  if (reduce && (t == DT_U8 || (unsigned)op >= DT_OP_COUNT))
+    return cerr(c, DT_EINVAL, "comm: cannot reduce %s with op %d", dt_dtype_name(t), op);
+  if (root < 0 || root >= c->size) return cerr(c, DT_EINVAL, "comm: root %d out of range (size %d)", root, c->size);
+  if (count && ((!s && !r))) return cerr(c, DT_EINVAL, "comm: NULL buffer");
+  if (count > (SIZE_MAX / 16) / (size_t)c->size) return cerr(c, DT_EINVAL, "comm: count %zu too large", count);
+  return DT_OK;
+}
+
+static int ensure_host_comms(dt_comm *c) {
+  if (c->host_built) return DT_OK;
+  DT_CHECK(dt_comm_split_host(c, &c->host_comm));
+  DT_CHECK(dt_comm_split_leaders(c, &c->leader_comm));
+  c->host_built = true;
+  return DT_OK;
+}
+
+int dt__comm_host_comm(dt_comm *c, dt_comm **host, dt_comm **leaders) {
+  if (!c->host_built) return cerr(c, DT_EINVAL, "comm: host communicators not built");
+  *host = c->host_comm;
+  *leaders = c->leader_comm;
+  return DT_OK;
+}
+
+int dt_comm_allreduce_algo(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
+                           dt_redop op, dt_algo a) {
+  DT_CHECK(check_args(c, sbuf, rbuf, count, t, op, 0, true));
+  size_t bytes = count * dt_dtype_size(t);
+  a = dt__tune_allreduce(c, bytes, a != DT_ALGO_AUTO ? a : c->algo);
+  if (a == DT_ALGO_HIER && !dt__allreduce_hier) a = dt__tune_allreduce(c, bytes, DT_ALGO_AUTO);
+  if (a == DT_ALGO_HIER) DT_CHECK(ensure_host_comms(c));
+  if (c->size == 1 || count == 0) {
+    if (count && sbuf != rbuf) memcpy(rbuf, sbuf, bytes);
+    return DT_OK;
+  }
+  DT_CHECK(coll_begin(c, DT_COLL_ALLREDUCE, op, t, count, 0));
+  int rc;
+  switch (a) {
+  case DT_ALGO_RHD: rc = dt__allreduce_rhd(c, sbuf, rbuf, count, t, op); break;
+  case DT_ALGO_TREE: rc = dt__allreduce_tree(c, sbuf, rbuf, count, t, op); break;
+  case DT_ALGO_HIER: rc = dt__allreduce_hier(c, sbuf, rbuf, count, t, op); break;
+  default: rc = dt__allreduce_ring(c, sbuf, rbuf, count, t, op); break;
+  }
+  return coll_end(c, rc);
+}
+
+int dt_comm_allreduce(dt_comm *c, const void *s, void *r, size_t count, dt_dtype t, dt_redop op) {
+  return dt_comm_allreduce_algo(c, s, r, count, t, op, DT_ALGO_AUTO);
+}
+
+int dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root) {
+  DT_CHECK(check_args(c, buf, buf, count, t, 0, root, false));
+  if (c->size == 1 || count == 0) return DT_OK;
+  size_t bytes = count * dt_dtype_size(t);
+  DT_CHECK(coll_begin(c, DT_COLL_BROADCAST, 0, t, count, root));
+  dt_algo a = dt__tune_broadcast(c, bytes, c->algo);
+  int rc = a == DT_ALGO_RING ? dt__broadcast_ring(c, buf, count, t, root)
+                             : dt__broadcast_tree(c, buf, bytes, root);
+  return coll_end(c, rc);
+}
+
+int dt_comm_reduce(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_redop op,
+                   int root) {
+  DT_CHECK(check_args(c, sbuf, rbuf, count, t, op, root, true));
+  if (c->rank == root && count && !rbuf) return cerr(c, DT_EINVAL, "comm: reduce: NULL recvbuf on root");
+  size_t bytes = count * dt_dtype_size(t);
+  if (c->size == 1 || count == 0) {
+    if (count && sbuf != rbuf) memcpy(rbuf, sbuf, bytes);
+    return DT_OK;
+  }
+  DT_CHECK(coll_begin(c, DT_COLL_REDUCE, op, t, count, root));
+  dt_algo a = dt__tune_broadcast(c, bytes, c->algo);
+  int rc = a == DT_ALGO_RING ? dt__reduce_ring(c, sbuf, rbuf, count, t, op, root)
+                             : dt__reduce_tree(c, sbuf, rbuf, count, t, op, root);
+  return coll_end(c, rc);
+}
+
+int dt_comm_allgather(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t) {
+  DT_CHECK(check_args(c, sbuf, rbuf, count, t, 0, 0, false));
+  size_t bytes = count * dt_dtype_size(t);
+  if (c->size == 1 || count == 0) {
+    if (count && sbuf != rbuf) memmove(rbuf, sbuf, bytes);
+    return DT_OK;
+  }
+  DT_CHECK(coll_begin(c, DT_COLL_ALLGATHER, 0, t, count, 0));
+  dt_algo a = dt__tune_allgather(c, bytes, c->algo);
+  int rc = a == DT_ALGO_DIRECT ? dt__allgather_direct(c, sbuf, rbuf, bytes)
+                               : dt__allgather_ring(c, sbuf, rbuf, bytes);
+  return coll_end(c, rc);
+}
+
+int dt_comm_reduce_scatter(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
+                           dt_redop op) {
+  DT_CHECK(check_args(c, sbuf, rbuf, count, t, op, 0, true));
+  if (c->size == 1 || count == 0) {
+    if (count && sbuf != rbuf) memmove(rbuf, sbuf, count * dt_dtype_size(t));
+    return DT_OK;
+  }
+  DT_CHECK(coll_begin(c, DT_COLL_REDUCE_SCATTER, op, t, count, 0));
+  return coll_end(c, dt__reduce_scatter_ring(c, sbuf, rbuf, count, t, op));
+}
+
+int dt_comm_alltoall(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t) {
+  DT_CHECK(check_args(c, sbuf, rbuf, count, t, 0, 0, false));
+  size_t bytes = count * dt_dtype_size(t);
+  if (count && sbuf == rbuf) return cerr(c, DT_EINVAL, "comm: alltoall cannot run in place");
+  if (c->size == 1 || count == 0) {
+    if (count) memcpy(rbuf, sbuf, bytes);
+    return DT_OK;
+  }
+  DT_CHECK(coll_begin(c, DT_COLL_ALLTOALL, 0, t, count, 0));
+  return coll_end(c, dt__alltoall_direct(c, sbuf, rbuf, bytes));
+}
+
+int dt_comm_barrier(dt_comm *c) {
+  if (c->size == 1) return DT_OK;
+  DT_CHECK(coll_begin(c, DT_COLL_BARRIER, 0, DT_U8, 0, 0));
+  return coll_end(c, dt__barrier_dissemination(c));
+}
+
+/* ---- split ------------------------------------------------------------- */
+
+int dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
+  *out = NULL;
+  int32_t mine[2] = {color, key};
+  int32_t *all = malloc((size_t)c->size * 2 * sizeof *all);
+  if (!all) return cerr(c, DT_ENOMEM, "comm: out of memory");
+  int rc = dt_comm_allgather(c, mine, all, 2, DT_I32);
+  uint32_t nsplit = ++c->nsplit;
+  if (rc < 0 || color < 0) {
+    free(all);
+    return rc;
+  }
+  int n = 0;
+  for (int r = 0; r < c->size; r++) n += all[2 * r] == color;
+  dt_comm *s = comm_alloc(c->w, n);
+  if (!s) {
+    free(all);
+    return cerr(c, DT_ENOMEM, "comm: out of memory");
+  }
+  /* members ordered by (key, parent rank): insertion sort, n is small */
+  int m = 0;
+  for (int r = 0; r < c->size; r++) {
+    if (all[2 * r] != color) continue;
+    int j = m++;
+    while (j > 0 && all[2 * s->wr[j - 1] + 1] > all[2 * r + 1]) {
+      s->wr[j] = s->wr[j - 1];
+      j--;
+    }
+    s->wr[j] = r; /* parent rank for now */
+  }
+  for (int j = 0; j < n; j++) {
+    if (s->wr[j] == c->rank) s->rank = j;
+    s->wr[j] = c->wr[s->wr[j]];
+  }
+  free(all);
+  c->w->refs++;
+  s->parent = c;
+  s->timeout = c->timeout;
+  s->algo = c->algo;
+  /* context id: same on every member, distinct from the parent's */
+  uint64_t h = (uint64_t)c->ctxid * 0x9e3779b97f4a7c15ull ^ ((uint64_t)nsplit << 20) ^ (uint32_t)color;
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 32;
+  s->ctxid = (uint32_t)h ? (uint32_t)h : 2;
+  compute_hosts(s);
+  *out = s;
+  return DT_OK;
+}
+
+int dt_comm_split_host(dt_comm *c, dt_comm **out) {
+  return dt_comm_split(c, c->host[c->rank], c->rank, out);
+}
+
+int dt_comm_split_leaders(dt_comm *c, dt_comm **out) {
+  struct dt_comm_topo t;
+  dt_comm_topology(c, &t);
+  return dt_comm_split(c, t.local_rank == 0 ? 0 : -1, c->rank, out);
+}

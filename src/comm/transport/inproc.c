@@ -1,0 +1,318 @@
+/*
+ * inproc.c — the in-process transport: ranks are threads of one process,
+ * each with its own communicator; a send copies straight into the matching
+ * posted receive, or into a queued copy if the receive is not posted yet.
+ *
+ * Contexts find each other through the address published in the store
+ * ("pid:pointer"); can_connect refuses a different pid. Each context is
+ * reference-counted so a peer's late send or abort never touches freed
+ * memory: finalize marks it closed and drops its own reference. Sends
+ * complete immediately (eager copy). Locking: a sender takes only the
+ * receiver's mutex; a waiter only its own. Not for production traffic.
+ */
+#define _GNU_SOURCE
+#include "comm/transport.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct umsg { /* a message that arrived before its receive */
+  struct umsg *next;
+  int src;
+  uint64_t tag;
+  size_t len;
+  uint8_t data[];
+};
+
+struct dt_tp_ctx {
+  _Atomic int refs;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int rank, size;
+  bool closed;
+  int abort_rc;
+  char abort_msg[DT_TP_ERR_MAX + 64];
+  struct dt_tp_req *posted, *posted_tail; /* receives waiting for data */
+  struct umsg *unexp, *unexp_tail;
+  struct dt_tp_ep **eps;                  /* per peer, for abort propagation */
+};
+
+struct dt_tp_ep {
+  struct dt_tp_ctx *self, *peer;
+  int peer_rank;
+};
+
+static void ctx_unref(struct dt_tp_ctx *x) {
+  if (atomic_fetch_sub(&x->refs, 1) != 1) return;
+  for (struct umsg *m = x->unexp, *n; m; m = n) n = m->next, free(m);
+  pthread_mutex_destroy(&x->mu);
+  pthread_cond_destroy(&x->cv);
+  free(x->eps);
+  free(x);
+}
+
+static int ip_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *addr) {
+  struct dt_tp_ctx *x = calloc(1, sizeof *x);
+  if (!x) return dt__seterr(DT_ENOMEM, "inproc: out of memory");
+  x->eps = calloc((size_t)in->size, sizeof *x->eps);
+  if (!x->eps) { free(x); return dt__seterr(DT_ENOMEM, "inproc: out of memory"); }
+  atomic_init(&x->refs, 1);
+  pthread_mutex_init(&x->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&x->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  x->rank = in->rank;
+  x->size = in->size;
+  snprintf(addr, DT_TP_ADDR_MAX, "%d:%p", (int)getpid(), (void *)x);
+  *out = x;
+  return DT_OK;
+}
+
+static bool ip_can_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *p) {
+  int pid;
+  void *ptr;
+  return sscanf(p->addr, "%d:%p", &pid, &ptr) == 2 && pid == (int)getpid() && ptr;
+}
+
+static int ip_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *p, int64_t deadline,
+                      struct dt_tp_ep **out, char *err) {
+  int pid;
+  void *ptr;
+  if (sscanf(p->addr, "%d:%p", &pid, &ptr) != 2 || pid != (int)getpid()) {
+    snprintf(err, DT_TP_ERR_MAX, "inproc address '%s' is not in this process", p->addr);
+    return DT_EINVAL;
+  }
+  struct dt_tp_ep *e = calloc(1, sizeof *e);
+  if (!e) return DT_ENOMEM;
+  e->self = x;
+  e->peer = ptr;
+  e->peer_rank = p->rank;
+  atomic_fetch_add(&e->peer->refs, 1);
+  pthread_mutex_lock(&x->mu);
+  x->eps[p->rank] = e;
+  pthread_mutex_unlock(&x->mu);
+  *out = e;
+  return DT_OK;
+}
+
+static void complete(struct dt_tp_req *r, int status) {
+  r->done = status == 1 ? r->len : r->done;
+  r->status = status;
+}
+
+static int ip_isend(struct dt_tp_ep *e, struct dt_tp_req *r) {
+  struct dt_tp_ctx *d = e->peer;
+  int me = e->self->rank;
+  r->ep = e;
+  pthread_mutex_lock(&e->self->mu);
+  int arc = e->self->abort_rc;
+  pthread_mutex_unlock(&e->self->mu);
+  if (arc) return complete(r, arc), arc;
+  pthread_mutex_lock(&d->mu);
+  if (d->closed || d->abort_rc) {
+    pthread_mutex_unlock(&d->mu);
+    int rc = d->closed ? DT_EPEERLOST : d->abort_rc;
+    complete(r, rc);
+    return dt__seterr(rc, "inproc: rank %d is gone", e->peer_rank);
+  }
+  struct dt_tp_req **pp = &d->posted, *prev = NULL;
+  for (; *pp; prev = *pp, pp = &(*pp)->next) {
+    struct dt_tp_req *q = *pp;
+    if (q->peer == me && q->tag == r->tag) {
+      *pp = q->next;
+      if (d->posted_tail == q) d->posted_tail = prev;
+      if (q->len != r->len) {
+        complete(q, DT_EPROTO);
+      } else {
+        if (r->len) memcpy(q->buf, r->buf, r->len);
+        complete(q, 1);
+      }
+      pthread_cond_broadcast(&d->cv);
+      pthread_mutex_unlock(&d->mu);
+      complete(r, 1);
+      return DT_OK;
+    }
+  }
+  struct umsg *m = malloc(sizeof *m + r->len);
+  if (!m) {
+    pthread_mutex_unlock(&d->mu);
+    complete(r, DT_ENOMEM);
+    return DT_ENOMEM;
+  }
+  m->next = NULL;
+  m->src = me;
+  m->tag = r->tag;
+  m->len = r->len;
+  if (r->len) memcpy(m->data, r->buf, r->len);
+  if (d->unexp_tail) d->unexp_tail->next = m;
+  else d->unexp = m;
+  d->unexp_tail = m;
+  pthread_mutex_unlock(&d->mu);
+  complete(r, 1);
+  return DT_OK;
+}
+
+static int ip_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
+  struct dt_tp_ctx *x = e->self;
+  r->ep = e;
+  r->next = NULL;
+  pthread_mutex_lock(&x->mu);
+  if (x->abort_rc) {
+    int rc = x->abort_rc;
+    pthread_mutex_unlock(&x->mu);
+    complete(r, rc);
+    return rc;
+  }
+  struct umsg *prev = NULL;
+  for (struct umsg *m = x->unexp; m; prev = m, m = m->next) {
+    if (m->src != r->peer || m->tag != r->tag) continue;
+    if (prev) prev->next = m->next;
+    else x->unexp = m->next;
+    if (x->unexp_tail == m) x->unexp_tail = prev;
+    pthread_mutex_unlock(&x->mu);
+    if (m->len != r->len) complete(r, DT_EPROTO);
+    else {
+      if (m->len) memcpy(r->buf, m->data, m->len);
+      complete(r, 1);
+    }
+    free(m);
+    return DT_OK;
+  }
+  if (x->posted_tail) x->posted_tail->next = r;
+  else x->posted = r;
+  x->posted_tail = r;
+  pthread_mutex_unlock(&x->mu);
+  return DT_OK;
+}
+
+static int ip_test(struct dt_tp_ctx *x, struct dt_tp_req *r) {
+  pthread_mutex_lock(&x->mu);
+  int s = r->status;
+  pthread_mutex_unlock(&x->mu);
+  return s;
+}
+
+static void describe(struct dt_tp_req *r, char *err, int rc) {
+  if (rc == DT_EPROTO)
+    snprintf(err, DT_TP_ERR_MAX, "rank %d sent a message of a different length than the %zu bytes expected (tag 0x%llx)",
+             r->peer, r->len, (unsigned long long)r->tag);
+  else
+    snprintf(err, DT_TP_ERR_MAX, "%s with rank %d failed: %s", r->kind == DT_TP_SEND ? "send" : "receive",
+             r->peer, dt_strerror(rc));
+}
+
+static int ip_wait(struct dt_tp_ctx *x, struct dt_tp_req **v, int n, int64_t deadline, char *err) {
+  pthread_mutex_lock(&x->mu);
+  for (;;) {
+    int pending = -1;
+    for (int i = 0; i < n; i++) {
+      if (v[i]->status < 0) {
+        int rc = v[i]->status;
+        if (x->abort_rc && rc == x->abort_rc) snprintf(err, DT_TP_ERR_MAX, "%s", x->abort_msg);
+        else describe(v[i], err, rc);
+        pthread_mutex_unlock(&x->mu);
+        return rc;
+      }
+      if (v[i]->status == 0 && pending < 0) pending = i;
+    }
+    if (pending < 0) break;
+    if (x->abort_rc) {
+      int rc = x->abort_rc;
+      snprintf(err, DT_TP_ERR_MAX, "%s", x->abort_msg);
+      pthread_mutex_unlock(&x->mu);
+      return rc;
+    }
+    int64_t now = dt_now_ns();
+    if (now >= deadline) {
+      snprintf(err, DT_TP_ERR_MAX, "rank %d did not %s before the deadline", v[pending]->peer,
+               v[pending]->kind == DT_TP_RECV ? "send" : "receive");
+      pthread_mutex_unlock(&x->mu);
+      return DT_ETIMEDOUT;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (deadline - now);
+    ts.tv_sec = t / 1000000000;
+    ts.tv_nsec = t % 1000000000;
+    pthread_cond_timedwait(&x->cv, &x->mu, &ts);
+  }
+  pthread_mutex_unlock(&x->mu);
+  return DT_OK;
+}
+
+static void ip_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
+  pthread_mutex_lock(&x->mu);
+  struct dt_tp_req **pp = &x->posted, *prev = NULL;
+  for (; *pp; prev = *pp, pp = &(*pp)->next)
+    if (*pp == r) {
+      *pp = r->next;
+      if (x->posted_tail == r) x->posted_tail = prev;
+      break;
+    }
+  if (r->status == 0) r->status = DT_EABORTED;
+  pthread_mutex_unlock(&x->mu);
+}
+
+/* Sets the abort state of x; returns true if this call did it. */
+static bool abort_local(struct dt_tp_ctx *x, int rc, const char *why) {
+  pthread_mutex_lock(&x->mu);
+  bool first = x->abort_rc == 0;
+  if (first) {
+    x->abort_rc = rc < 0 ? rc : DT_EABORTED;
+    snprintf(x->abort_msg, sizeof x->abort_msg, "%s", why);
+    for (struct dt_tp_req *r = x->posted; r; r = r->next) r->status = x->abort_rc;
+    x->posted = x->posted_tail = NULL;
+    pthread_cond_broadcast(&x->cv);
+  }
+  pthread_mutex_unlock(&x->mu);
+  return first;
+}
+
+static void ip_abort(struct dt_tp_ctx *x, int rc, const char *why) {
+  if (!abort_local(x, rc, why)) return;
+  char m[DT_TP_ERR_MAX + 64];
+  if (strstr(why, "(reported by rank")) snprintf(m, sizeof m, "%s", why);
+  else snprintf(m, sizeof m, "%s (reported by rank %d)", why, x->rank);
+  for (int p = 0; p < x->size; p++) {
+    pthread_mutex_lock(&x->mu);
+    struct dt_tp_ep *e = x->eps[p];
+    pthread_mutex_unlock(&x->mu);
+    if (e) abort_local(e->peer, rc, m);
+  }
+}
+
+static void ip_close(struct dt_tp_ep *e) {
+  struct dt_tp_ctx *x = e->self;
+  pthread_mutex_lock(&x->mu);
+  x->eps[e->peer_rank] = NULL;
+  pthread_mutex_unlock(&x->mu);
+  ctx_unref(e->peer);
+  free(e);
+}
+
+static void ip_finalize(struct dt_tp_ctx *x) {
+  if (!x) return;
+  pthread_mutex_lock(&x->mu);
+  x->closed = true;
+  pthread_mutex_unlock(&x->mu);
+  ctx_unref(x);
+}
+
+static const char *ip_abort_reason(struct dt_tp_ctx *x, int *rc) {
+  pthread_mutex_lock(&x->mu);
+  *rc = x->abort_rc;
+  pthread_mutex_unlock(&x->mu);
+  return *rc ? x->abort_msg : "";
+}
+
+const struct dt_transport_ops dt__transport_inproc = {
+    "inproc", ip_init, ip_can_connect, ip_connect, ip_isend, ip_irecv, ip_test,
+    ip_wait, ip_cancel, ip_abort, ip_close, ip_finalize, ip_abort_reason};
