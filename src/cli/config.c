@@ -163,6 +163,14 @@ static int set_value(dt_run_cfg *r, const key *k, const char *v, char *why, size
     size_t max = k->type == K_SPEC ? DT_CFG_SPEC_MAX : DT_CFG_PATH_MAX;
     if (strlen(v) >= max) return snprintf(why, cap, "value too long (max %zu bytes)", max - 1), -1;
     if (k->type == K_SPEC && !*v) return snprintf(why, cap, "empty model spec"), -1;
+    /* Keep every value writable back into an INI file unchanged. */
+    if (*v == ';') return snprintf(why, cap, "value starts with ';' (a comment in INI files)"), -1;
+    for (const char *q = v; *q; q++) {
+      if ((unsigned char)*q < 0x20 && *q != '\t')
+        return snprintf(why, cap, "control character in value"), -1;
+      if ((*q == ' ' || *q == '\t') && q[1] == ';')
+        return snprintf(why, cap, "' ;' in value (it starts a comment in INI files)"), -1;
+    }
     memcpy(field, v, strlen(v) + 1);
     return 0;
   }
@@ -203,6 +211,9 @@ static int set_value(dt_run_cfg *r, const key *k, const char *v, char *why, size
   case K_FLOAT: {
     double x;
     if (parse_double(v, &x)) return snprintf(why, cap, "not a number: '%s'", v), -1;
+    /* Check what will be stored: 1e-50 is 0 as a float. */
+    if (fabs(x) > 3.4e38) return snprintf(why, cap, "out of float range: '%s'", v), -1;
+    x = (double)(float)x;
     if (!in_range(k, x))
       return snprintf(why, cap, "must be %s (got %g)", range_text(k, rb, sizeof rb), x), -1;
     *(float *)field = (float)x;
@@ -350,6 +361,21 @@ static int handler(void *user, const char *section, const char *name, const char
       return fail_at(s, "unexpected indented line (only model.layers may continue on "
                         "indented lines)");
     char *f = (char *)&c->run + keys[k].off;
+    /* libinih 55 keeps inline comments on continuation lines: drop them. */
+    char vbuf[DT_CFG_SPEC_MAX];
+    snprintf(vbuf, sizeof vbuf, "%s", value);
+    for (char *q = vbuf; *q; q++)
+      if ((*q == ' ' || *q == '\t') && q[1] == ';') {
+        *q = '\0';
+        break;
+      }
+    size_t vl = strlen(vbuf);
+    while (vl && (vbuf[vl - 1] == ' ' || vbuf[vl - 1] == '\t')) vbuf[--vl] = '\0';
+    for (const char *q = vbuf; *q; q++)
+      if ((unsigned char)*q < 0x20 && *q != '\t')
+        return fail_at(s, "%s.%s: control character in value", section, name);
+    if (!vl) return 1; /* only a comment */
+    value = vbuf;
     size_t a = strlen(f), b = strlen(value);
     if (a + 1 + b >= DT_CFG_SPEC_MAX)
       return fail_at(s, "%s.%s: value too long (max %d bytes)", section, name, DT_CFG_SPEC_MAX - 1);
@@ -493,6 +519,31 @@ static size_t value_text(const dt_run_cfg *r, const key *k, char *buf, size_t ca
   return 0;
 }
 
+/* Long layer specs go on indented continuation lines, so the dump stays
+ * within libinih's line limit and parses back to the same spec. Replaces
+ * spaces by "\n    " in place when the buffer allows it. */
+static void wrap_spec(char *v) {
+  enum { WIDTH = 100 };
+  char out[DT_CFG_SPEC_MAX + 8];
+  size_t n = 0, col = 0, len = strlen(v);
+  for (size_t i = 0; i < len; i++) {
+    /* Never start a continuation line with a comment or section mark. */
+    if (v[i] == ' ' && col >= WIDTH - 30 && !strchr(";#[ \t", v[i + 1]) && i &&
+        v[i - 1] != ' ' && v[i - 1] != '\t') {
+      if (n + 5 >= sizeof out - 1) return; /* no room: leave it on one line */
+      memcpy(out + n, "\n    ", 5);
+      n += 5;
+      col = 4;
+      continue;
+    }
+    if (n + 1 >= sizeof out - 1) return;
+    out[n++] = v[i];
+    col++;
+  }
+  out[n] = '\0';
+  memcpy(v, out, n + 1);
+}
+
 size_t dt_config_dump(const dt_config *c, char *buf, size_t cap) {
   size_t n = 0;
   char v[DT_CFG_SPEC_MAX + 8];
@@ -507,6 +558,7 @@ size_t dt_config_dump(const dt_config *c, char *buf, size_t cap) {
       room = n < cap ? cap - n : 0;
     }
     value_text(&c->run, &keys[i], v, sizeof v);
+    if (keys[i].type == K_SPEC) wrap_spec(v);
     n += (size_t)snprintf(dst, room, "%s = %s\n", keys[i].name, v);
   }
   if (cap && n >= cap) buf[cap - 1] = '\0';

@@ -282,6 +282,22 @@ static void test_dump_roundtrip(void **state) {
   assert_true(memcmp(&a.run, &b.run, sizeof a.run) == 0);
   free(t1);
   free(t2);
+  /* a long spec is wrapped onto continuation lines and parses back */
+  dt_config_init(&a);
+  char spec[1200] = "flatten";
+  while (strlen(spec) < 1000) strcat(spec, " linear(128) relu");
+  char set[1300];
+  snprintf(set, sizeof set, "model.layers=%s", spec);
+  assert_int_equal(dt_config_set(&a, set), DT_OK);
+  need = dt_config_dump(&a, NULL, 0);
+  t1 = malloc(need + 1);
+  dt_config_dump(&a, t1, need + 1);
+  assert_int_equal(parse(&b, t1), DT_OK);
+  assert_string_equal(b.run.layers, spec);
+  free(t1);
+  /* floats are range-checked as stored */
+  expect_error("[optim]\nlr = 1e-50\n", "optim.lr", "must be", NULL);
+  expect_error("[optim]\nlr = 1e39\n", "optim.lr", "out of float range", NULL);
   /* every key has a name and default */
   char kb[4096];
   int n = 0;
