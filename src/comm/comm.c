@@ -92,9 +92,6 @@ struct dt_comm {
   char err[512];
 };
 
-extern int dt__allreduce_hier(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
-                              dt_redop op) __attribute__((weak));
-
 /* ---- names ------------------------------------------------------------- */
 
 const char *dt_coll_name(dt_coll c) {
@@ -118,8 +115,10 @@ const struct dt_transport_ops *dt__transport_find(const char *name) {
   if (!name) return NULL;
   if (!strcmp(name, "tcp")) return &dt__transport_tcp;
   if (!strcmp(name, "inproc")) return &dt__transport_inproc;
-  if (!strcmp(name, "shm")) return &dt__transport_shm ? &dt__transport_shm : NULL;
-  if (!strcmp(name, "mpi")) return &dt__transport_mpi ? &dt__transport_mpi : NULL;
+  if (!strcmp(name, "shm")) return &dt__transport_shm;
+#ifdef DT_WITH_MPI
+  if (!strcmp(name, "mpi")) return &dt__transport_mpi;
+#endif
   return NULL;
 }
 
@@ -294,7 +293,7 @@ static bool find_addr(const char *lines, const char *name, char *addr) {
 static int parse_transports(const char *spec, const struct dt_transport_ops **t, int *n) {
   *n = 0;
   if (!spec || !strcmp(spec, "auto")) {
-    if (&dt__transport_shm) t[(*n)++] = &dt__transport_shm;
+    t[(*n)++] = &dt__transport_shm;
     t[(*n)++] = &dt__transport_tcp;
     return DT_OK;
   }
@@ -653,9 +652,10 @@ int dt_comm_waitall(dt_comm *c, dt_comm_req *reqs, int n) {
   for (int i = 0; i < n; i++) {
     struct comm_req *r = (struct comm_req *)&reqs[i];
     if (!r->used) continue;
-    if (r->fp_check >= 0 && c->fp_rreq[r->fp_check].tp.status == 0) v[m++] = &c->fp_rreq[r->fp_check].tp;
-    if (r->fp_send >= 0 && c->fp_sreq[r->fp_send].tp.status == 0) v[m++] = &c->fp_sreq[r->fp_send].tp;
-    if (r->tp.status == 0) v[m++] = &r->tp;
+    /* pending or already failed (a failure must be reported, not skipped) */
+    if (r->fp_check >= 0 && c->fp_rreq[r->fp_check].tp.status != 1) v[m++] = &c->fp_rreq[r->fp_check].tp;
+    if (r->fp_send >= 0 && c->fp_sreq[r->fp_send].tp.status != 1) v[m++] = &c->fp_sreq[r->fp_send].tp;
+    if (r->tp.status != 1) v[m++] = &r->tp;
   }
   int64_t deadline = c->in_coll ? c->deadline_ns : dt_now_ns() + (int64_t)(c->timeout * 1e9);
   char err[DT_TP_ERR_MAX] = "";
@@ -809,7 +809,6 @@ int dt_comm_allreduce_algo(dt_comm *c, const void *sbuf, void *rbuf, size_t coun
   DT_CHECK(check_args(c, sbuf, rbuf, count, t, op, 0, true));
   size_t bytes = count * dt_dtype_size(t);
   a = dt__tune_allreduce(c, bytes, a != DT_ALGO_AUTO ? a : c->algo);
-  if (a == DT_ALGO_HIER && !dt__allreduce_hier) a = dt__tune_allreduce(c, bytes, DT_ALGO_AUTO);
   if (a == DT_ALGO_HIER) DT_CHECK(ensure_host_comms(c));
   if (c->size == 1 || count == 0) {
     if (count && sbuf != rbuf) memcpy(rbuf, sbuf, bytes);

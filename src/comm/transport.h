@@ -127,12 +127,13 @@ struct dt_transport_ops {
   const char *(*abort_reason)(struct dt_tp_ctx *ctx, int *rc);
 };
 
-/* Transports built into the library. shm and mpi may be absent from a build
- * (weak references, NULL when not linked in). */
+/* Transports built into the library; mpi only when DT_WITH_MPI. */
 extern const struct dt_transport_ops dt__transport_tcp;
 extern const struct dt_transport_ops dt__transport_inproc;
-extern const struct dt_transport_ops dt__transport_shm __attribute__((weak));
-extern const struct dt_transport_ops dt__transport_mpi __attribute__((weak));
+extern const struct dt_transport_ops dt__transport_shm;
+#ifdef DT_WITH_MPI
+extern const struct dt_transport_ops dt__transport_mpi;
+#endif
 
 /* Looks a transport up by name (NULL if unknown or not built). */
 const struct dt_transport_ops *dt__transport_find(const char *name);

@@ -8,17 +8,14 @@
  */
 #include "comm/algo/algo.h"
 
-extern int dt__allreduce_hier(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
-                              dt_redop op) __attribute__((weak));
-
 dt_algo dt__tune_allreduce(const dt_comm *c, size_t bytes, dt_algo forced) {
   int n = dt_comm_size(c);
   struct dt_comm_topo topo;
   dt_comm_topology(c, &topo);
   if (forced == DT_ALGO_RING || forced == DT_ALGO_RHD || forced == DT_ALGO_TREE) return forced;
-  if (forced == DT_ALGO_HIER && dt__allreduce_hier && topo.nhosts > 1) return forced;
+  if (forced == DT_ALGO_HIER && topo.nhosts > 1) return forced;
   /* AUTO (or a forced algorithm that cannot serve allreduce) */
-  if (dt__allreduce_hier && topo.nhosts > 1 && topo.nhosts < n &&
+  if (topo.nhosts > 1 && topo.nhosts < n &&
       bytes >= (size_t)dt_param_int("DTRAIN_HIER_MIN_BYTES", 64 * 1024))
     return DT_ALGO_HIER;
   if (bytes <= (size_t)dt_param_int("DTRAIN_TREE_MAX_BYTES", 32 * 1024)) return DT_ALGO_TREE;

@@ -139,6 +139,7 @@ static void fail_ep_reqs(struct dt_tp_ep *e, int rc) {
 }
 
 static void do_abort_locked(struct dt_tp_ctx *x, int rc, const char *why);
+static void recv_progress(struct dt_tp_ep *e);
 
 /* The peer behind e is gone (or spoke garbage). */
 static void ep_lost(struct dt_tp_ep *e, const char *why) {
@@ -183,6 +184,9 @@ static void send_progress(struct dt_tp_ep *e) {
         if (errno == EINTR) continue;
         char why[128];
         snprintf(why, sizeof why, "send failed: %s", strerror(errno));
+        /* A failed send may hide an ABORT or BYE frame the peer sent before
+         * it went away: read what is there first so the real reason wins. */
+        recv_progress(e);
         ep_lost(e, why);
         return;
       }
@@ -510,11 +514,6 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
       pend_reject(x, p, why);
       return;
     }
-    if (x->ep[from] && !x->ep[from]->dead) {
-      snprintf(why, sizeof why, "rank %d is already connected", from);
-      pend_reject(x, p, why);
-      return;
-    }
     p->peer = from;
     memcpy(p->nonce_peer, pl + 16, DT_AUTH_NONCE_LEN);
     uint8_t out[HELLO_A_LEN];
@@ -532,6 +531,11 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
     dt__auth_mac(x->token, x->token_len, "dt-tcp-dial", p->nonce_me, p->nonce_peer, mac);
     if (!dt__auth_equal(mac, p->in + DT_FRAME_HDR_LEN, DT_AUTH_MAC_LEN)) {
       snprintf(why, sizeof why, "wrong job token (HMAC mismatch) claiming rank %d", p->peer);
+      pend_reject(x, p, why);
+      return;
+    }
+    if (x->ep[p->peer] && !x->ep[p->peer]->dead) {
+      snprintf(why, sizeof why, "rank %d is already connected", p->peer);
       pend_reject(x, p, why);
       return;
     }
