@@ -358,11 +358,11 @@ static int tc_cas(void *self, const char *key, const void *exp, size_t elen, con
   int rc = tcp_call(self, DT_KV_CAS, key, e, exp ? elen + 1 : 1, des, dlen, t, &r);
   free(e);
   DT_CHECK(rc);
-  /* reply value: swapped byte + current value */
-  if (r.vlen < 1) return dt__seterr(DT_EPROTO, "store: short cas reply");
+  /* reply: value = swapped byte, second value = the value now stored */
+  if (r.vlen != 1) return dt__seterr(DT_EPROTO, "store: malformed cas reply");
   *swapped = r.val[0] != 0;
-  *curlen = r.vlen - 1;
-  if (cur) memcpy(cur, r.val + 1, *curlen < cap ? *curlen : cap);
+  *curlen = r.v2len;
+  if (cur) memcpy(cur, r.val2, *curlen < cap ? *curlen : cap);
   return DT_OK;
 }
 static int tc_del(void *self, const char *key, bool *existed, double t) {

@@ -58,7 +58,7 @@ static void *rank_main(void *p) {
 
 /* Runs body on n ranks (threads). Returns the number of ranks that failed;
  * their messages are printed. rcs (may be NULL) receives each rank's rc. */
-static int run_ranks(const char *transport, int n, double timeout, rank_body body, void *arg,
+__attribute__((unused)) static int run_ranks(const char *transport, int n, double timeout, rank_body body, void *arg,
                      int *rcs, char (*msgs)[512]) {
   static atomic_int job_ctr;
   dt_store_server *srv;
@@ -109,14 +109,14 @@ static void store_val(void *buf, size_t i, dt_dtype t, double v) {
   }
 }
 
-static void fill_input(void *buf, size_t count, dt_dtype t, int r, int seed) {
+__attribute__((unused)) static void fill_input(void *buf, size_t count, dt_dtype t, int r, int seed) {
   for (size_t i = 0; i < count; i++) store_val(buf, i, t, small_val(r, i, seed));
 }
 
 /* Reference allreduce of fill_input over n ranks: exact sum/min/max in
  * int64, then the same final step the library applies (AVG: divide in the
  * dtype's arithmetic, halves via f32, integers truncating). */
-static void reference(void *out, size_t count, dt_dtype t, dt_redop op, int n, int seed) {
+__attribute__((unused)) static void reference(void *out, size_t count, dt_dtype t, dt_redop op, int n, int seed) {
   for (size_t i = 0; i < count; i++) {
     int64_t acc = small_val(0, i, seed);
     for (int r = 1; r < n; r++) {

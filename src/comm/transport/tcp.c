@@ -152,6 +152,7 @@ static void ep_lost(struct dt_tp_ep *e, const char *why) {
     return;
   }
   fail_ep_reqs(e, DT_EPEERLOST);
+  if (atomic_load(&x->abort_rc)) return; /* already failing for another reason */
   char m[DT_TP_ERR_MAX];
   snprintf(m, sizeof m, "rank %d lost: %s", e->peer, why);
   DT_LOG_WARN("tcp: rank %d: %s", x->rank, m);
