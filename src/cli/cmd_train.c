@@ -195,6 +195,15 @@ int dt__cmd_train(int argc, char **argv) {
     default_out_dir(outbuf, sizeof outbuf);
     out = outbuf;
   }
+  /* An output directory that cannot be made is bad input too. */
+  rc = dt_mkdirs(out);
+  if (rc < 0) {
+    fprintf(stderr, "dtrain: --out: %s\n", dt_errmsg());
+    dt_engine_destroy(e);
+    free(text);
+    free(cfg);
+    return DT_EXIT_USAGE;
+  }
   view v = {NULL, 0, 0};
   if (isatty(STDERR_FILENO)) v.bar = stderr;
   else if (isatty(STDOUT_FILENO)) v.bar = stdout;

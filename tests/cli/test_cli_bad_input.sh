@@ -55,4 +55,9 @@ expect_bad model_shape "model.layers: layer 4 'maxpool\(2\)'" train --set "model
 expect_bad model_kernel "model.layers: layer 1 'conv\(8,30\)'" train --set "model.layers=conv(8,30) relu linear(10)"
 expect_bad model_unknown "model.layers: .*unknown layer 'conv3d'" train --set "model.layers=conv3d(3) linear(10)"
 expect_bad model_classes "model.layers: the last layer has 5 outputs but the data has 10 classes" train --set "model.layers=flatten linear(5)"
+# an output path under a regular file cannot be created
+"$DTRAIN" train --set data.limit_train=100 --set data.limit_test=100 --set train.epochs=1 \
+  --out "$T/ok.ini/run" >/dev/null 2>"$T/outfile.err" </dev/null; rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l <"$T/outfile.err")" -eq 1 ] && grep -q "^dtrain: --out: output directory '$T/ok.ini/run': Not a directory" "$T/outfile.err" \
+  && pass || fail "--out under a file: exit $rc: $(cat "$T/outfile.err")"
 finish
