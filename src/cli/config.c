@@ -509,7 +509,16 @@ static size_t value_text(const dt_run_cfg *r, const key *k, char *buf, size_t ca
   case K_I64: return (size_t)snprintf(buf, cap, "%lld", (long long)*(const int64_t *)field);
   case K_U64:
     return (size_t)snprintf(buf, cap, "%llu", (unsigned long long)*(const uint64_t *)field);
-  case K_FLOAT: return (size_t)snprintf(buf, cap, "%.9g", (double)*(const float *)field);
+  case K_FLOAT: {
+    /* The shortest text that reads back as the same float. */
+    float x = *(const float *)field;
+    for (int prec = 1; prec < 9; prec++) {
+      char t[64];
+      snprintf(t, sizeof t, "%.*g", prec, (double)x);
+      if ((float)strtod(t, NULL) == x) return (size_t)snprintf(buf, cap, "%s", t);
+    }
+    return (size_t)snprintf(buf, cap, "%.9g", (double)x);
+  }
   case K_SHAPE: {
     const int *s = (const int *)field;
     if (!s[0]) return (size_t)snprintf(buf, cap, "%s", "");

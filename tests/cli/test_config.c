@@ -278,7 +278,7 @@ static void test_dump_roundtrip(void **state) {
   assert_int_equal(parse(&b, t1), DT_OK);
   assert_int_equal(dt_config_dump(&b, t2, need + 1), need);
   assert_string_equal(t1, t2);
-  assert_non_null(strstr(t1, "[optim]\nname = adamw\nlr = 0.100000001\n"));
+  assert_non_null(strstr(t1, "[optim]\nname = adamw\nlr = 0.1\n"));
   assert_true(memcmp(&a.run, &b.run, sizeof a.run) == 0);
   free(t1);
   free(t2);
