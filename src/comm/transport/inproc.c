@@ -6,7 +6,11 @@
  * Contexts find each other through the address published in the store
  * ("pid:pointer"); can_connect refuses a different pid. Each context is
  * reference-counted so a peer's late send or abort never touches freed
- * memory: finalize marks it closed and drops its own reference. Sends
+ * memory: it starts with one reference per rank of the world (its own plus
+ * one reserved for each peer's endpoint, since a peer may connect after the
+ * owner has already finished and finalized), finalize marks it closed and
+ * drops its own, closing a peer's endpoint drops that peer's. A peer that
+ * never connects leaks its reservation (only after a failed rendezvous). Sends
  * complete immediately (eager copy). Locking: a sender takes only the
  * receiver's mutex; a waiter only its own. Not for production traffic.
  */
@@ -62,7 +66,7 @@ static int ip_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *ad
   if (!x) return dt__seterr(DT_ENOMEM, "inproc: out of memory");
   x->eps = calloc((size_t)in->size, sizeof *x->eps);
   if (!x->eps) { free(x); return dt__seterr(DT_ENOMEM, "inproc: out of memory"); }
-  atomic_init(&x->refs, 1);
+  atomic_init(&x->refs, in->size);
   pthread_mutex_init(&x->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -94,8 +98,7 @@ static int ip_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *p, int64_t d
   if (!e) return DT_ENOMEM;
   e->self = x;
   e->peer = ptr;
-  e->peer_rank = p->rank;
-  atomic_fetch_add(&e->peer->refs, 1);
+  e->peer_rank = p->rank; /* the reference to e->peer was reserved at its init */
   pthread_mutex_lock(&x->mu);
   x->eps[p->rank] = e;
   pthread_mutex_unlock(&x->mu);

@@ -216,7 +216,7 @@ static bool send_ctrl(struct dt_tp_ep *e, uint8_t type, const void *p, size_t le
   uint8_t buf[DT_FRAME_HDR_LEN + DT_FRAME_CTRL_MAX];
   struct dt_frame_hdr h = {DT_FRAME_MAGIC, DT_FRAME_VERSION, type, 0, 0, len};
   dt__frame_encode(&h, buf);
-  memcpy(buf + DT_FRAME_HDR_LEN, p, len);
+  if (len) memcpy(buf + DT_FRAME_HDR_LEN, p, len);
   ssize_t w = send(e->fd, buf, DT_FRAME_HDR_LEN + len, MSG_NOSIGNAL | MSG_DONTWAIT);
   return w == (ssize_t)(DT_FRAME_HDR_LEN + len);
 }
@@ -379,7 +379,7 @@ static bool write_frame(int fd, uint8_t type, const void *pl, size_t len) {
   uint8_t buf[DT_FRAME_HDR_LEN + 256];
   struct dt_frame_hdr h = {DT_FRAME_MAGIC, DT_FRAME_VERSION, type, 0, 0, len};
   dt__frame_encode(&h, buf);
-  memcpy(buf + DT_FRAME_HDR_LEN, pl, len);
+  if (len) memcpy(buf + DT_FRAME_HDR_LEN, pl, len);
   return send(fd, buf, DT_FRAME_HDR_LEN + len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)(DT_FRAME_HDR_LEN + len);
 }
 
