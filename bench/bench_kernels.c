@@ -42,11 +42,17 @@ static float *buf(size_t n) {
     secs_out = best_;                                                                              \
   } while (0)
 
-static void bench_sgemm(int M, int N, int K) {
+/* One GEMM shape through both back ends (t = "NN", "NT", "TN"). */
+static void bench_sgemm(const char *t, int M, int N, int K) {
+  int ta = t[0] == 'T', tb = t[1] == 'T';
   float *A = buf((size_t)M * K), *B = buf((size_t)K * N), *C = buf((size_t)M * N);
-  double s;
-  TIMEIT(s, dt_sgemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N));
-  printf("  sgemm %5d x %5d x %5d      %7.1f GFLOP/s\n", M, N, K, 2.0 * M * N * K / s / 1e9);
+  int lda = ta ? M : K, ldb = tb ? K : N;
+  double s1, s2 = 0;
+  TIMEIT(s1, dt__sgemm_blas(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N));
+  if (dt__gemm_avx512_ok()) TIMEIT(s2, dt__sgemm_avx512(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N));
+  double f = 2.0 * M * N * K / 1e9;
+  printf("  sgemm %s %5d x %5d x %5d   blas %6.1f GFLOP/s   avx512 %6.1f GFLOP/s\n", t, M, N, K,
+         f / s1, s2 > 0 ? f / s2 : 0.0);
   dt_free(A); dt_free(B); dt_free(C);
 }
 
@@ -186,12 +192,23 @@ int main(int argc, char **argv) {
   if (up) printf("switched OpenBLAS to its AVX-512 kernels (dt_tensor_blas_upgrade)\n");
   printf("OpenBLAS core: %s%s\n", dt_tensor_blas_core(),
          dt_tensor_blas_underpowered() ? " (AVX-512 CPU: unset OPENBLAS_CORETYPE or set it to SkylakeX)" : "");
-  printf("raw sgemm (ceiling):\n");
-  bench_sgemm(64, 12544, 288);
-  bench_sgemm(64, 196, 288);
-  bench_sgemm(32, 50176, 9);
-  bench_sgemm(64, 256, 784);
-  bench_sgemm(512, 512, 512);
+  printf("GEMM back end for the layers: %s (DTRAIN_GEMM=blas|avx512 to choose)\n", dt_tensor_gemm_impl());
+  printf("raw sgemm, both back ends (the layer shapes):\n");
+  bench_sgemm("NN", 64, 12544, 288);
+  bench_sgemm("NN", 64, 896, 288);
+  bench_sgemm("NT", 64, 288, 896);
+  bench_sgemm("TN", 288, 896, 64);
+  bench_sgemm("NN", 32, 840, 9);
+  bench_sgemm("NN", 32, 50176, 9);
+  bench_sgemm("NT", 64, 256, 784);
+  bench_sgemm("NN", 64, 784, 256);
+  bench_sgemm("TN", 256, 784, 64);
+  bench_sgemm("NT", 64, 128, 3136);
+  bench_sgemm("TN", 128, 3136, 64);
+  bench_sgemm("NN", 64, 3136, 128);
+  bench_sgemm("NT", 64, 128, 256);
+  bench_sgemm("NT", 64, 10, 128);
+  bench_sgemm("NN", 512, 512, 512);
   printf("conv2d (batch 64):\n");
   bench_conv("conv1 1->32 28x28 k3 p1", 64, 1, 28, 28, 32, 3, 1, 0);
   bench_conv("conv2 32->64 14x14 k3 p1", 64, 32, 14, 14, 64, 3, 1, 1);

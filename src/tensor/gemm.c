@@ -1,10 +1,14 @@
 /*
- * gemm.c — the CBLAS (OpenBLAS) GEMM wrapper and thread control. Row-major
- * only; this file does not pick algorithms or tile anything itself.
+ * gemm.c — dt_sgemm: the choice between the CBLAS (OpenBLAS) back end and
+ * our AVX-512 kernels (gemm_avx512.c), plus OpenBLAS thread control.
+ * Row-major only; this file does not tile anything itself.
  */
 #include "tensor/tensor.h"
 
+#include "core/core.h"
+
 #include <cblas.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,8 +46,8 @@ int dt_tensor_blas_upgrade(int override_env) {
   return dt_tensor_blas_underpowered() ? 0 : 1;
 }
 
-void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-              const float *B, int ldb, float beta, float *C, int ldc) {
+void dt__sgemm_blas(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                    const float *B, int ldb, float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     /* CBLAS leaves C untouched when K == 0 in some builds; define it. */
@@ -53,4 +57,33 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
   }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
               K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* The back-end choice is a per-process tuning knob (like OpenBLAS's own
+ * kernel choice): resolved once from the CPU and DTRAIN_GEMM, then only read.
+ * 0 = not yet resolved, 1 = blas, 2 = avx512. */
+static _Atomic int gemm_choice;
+
+int dt__gemm_use_avx512(void) {
+  int c = atomic_load_explicit(&gemm_choice, memory_order_relaxed);
+  if (c == 0) {
+    const char *env = dt_param_str("DTRAIN_GEMM", NULL);
+    int want = dt__gemm_avx512_ok();
+    if (env && strcmp(env, "blas") == 0) want = 0;
+    else if (env && strcmp(env, "avx512") != 0)
+      dt_log(DT_LOG_WARN, "environment DTRAIN_GEMM=%s is not blas or avx512; ignored", env);
+    c = want ? 2 : 1;
+    atomic_store_explicit(&gemm_choice, c, memory_order_relaxed);
+  }
+  return c == 2;
+}
+
+const char *dt_tensor_gemm_impl(void) { return dt__gemm_use_avx512() ? "avx512" : "blas"; }
+
+void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc) {
+  if (dt__gemm_use_avx512())
+    dt__sgemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    dt__sgemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

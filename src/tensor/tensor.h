@@ -46,6 +46,47 @@ int dt_tensor_blas_upgrade(int override_env);
 void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
 
+/* Which GEMM dt_sgemm uses: "avx512" (our own kernels, gemm_avx512.c) when
+ * the CPU has AVX-512, else "blas" (CBLAS). The environment variable
+ * DTRAIN_GEMM=blas|avx512 overrides the choice (read once per process;
+ * avx512 on a CPU without it falls back to blas). */
+const char *dt_tensor_gemm_impl(void);
+
+/* ---- internal (tensor layer and its kernels; not a public API) ---------- */
+
+/* Register tile of the AVX-512 micro-kernel: MR rows x NR columns of C. */
+#define DT_GEMM_MR 8
+#define DT_GEMM_NR 48
+
+/* A GEMM operand as a set of rows, each contiguous along one index x:
+ * element (r, x) is at p[off(r) + pos(x)], off(r) = rowoff ? rowoff[r] :
+ * r*ld, pos(x) = seg ? (x/seg)*segstride + x%seg : x. For A (M x K),
+ * trans == 0 means rows are m and x is k (row-major A), trans == 1 rows are
+ * k and x is m (A stored transposed). For B (K x N), trans == 0 means rows
+ * are k and x is n, trans == 1 rows are n and x is k. The offset table and
+ * segments express im2col on a padded grid without materialising it. */
+typedef struct dt__gemm_op {
+  const float *p;
+  int trans;
+  int ld;
+  const int *rowoff;
+  int seg, segstride;
+} dt__gemm_op;
+
+/* 1 if this CPU can run the AVX-512 kernels. */
+int dt__gemm_avx512_ok(void);
+/* C(M,N) = alpha * A * B + beta * C with operands as above (AVX-512 only;
+ * beta == 0 means C is not read). */
+void dt__gemm_avx512_op(int M, int N, int K, float alpha, const dt__gemm_op *A,
+                        const dt__gemm_op *B, float beta, float *C, int ldc);
+/* dt_sgemm's two back ends, callable directly (tests, benchmarks). */
+void dt__sgemm_avx512(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc);
+void dt__sgemm_blas(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                    const float *B, int ldb, float beta, float *C, int ldc);
+/* 1 if dt_sgemm currently routes to the AVX-512 kernels. */
+int dt__gemm_use_avx512(void);
+
 /* im2col for one image img (C,H,W): writes the (C*KH*KW) x (OH*OW) patch
  * matrix into col, whose rows are ldcol floats apart (ldcol >= OH*OW), so
  * several images can sit side by side in one matrix. Padding reads as 0. */

@@ -1,0 +1,287 @@
+/*
+ * gemm_avx512.c — single-precision GEMM with AVX-512 (zmm FMA) for the
+ * shapes dtrain's layers produce: C(M,N) = alpha * op(A) * op(B) + beta * C,
+ * row-major, any transpose, any leading dimensions.
+ *
+ * Structure (Goto/BLIS): K is cut into blocks of at most KC, M into blocks of
+ * at most MC; each A block is packed into MR-row panels laid out k-major
+ * ([k][MR]) and each B block into NR-column panels ([k][NR], NR = 3 zmm), so
+ * the micro-kernel streams both with unit stride: per k it loads 3 vectors of
+ * B, broadcasts 8 values of A and issues 24 independent FMAs into 24 zmm
+ * accumulators (8 x 48 tile of C). A B panel (KC x NR, 48 KiB at most) stays
+ * in L1 while it is multiplied by every A panel of the block (L2). Edges are
+ * zero-padded in the packed panels; partial C tiles go through a small
+ * buffer. Operands whose contiguous dimension is K (A not transposed, B
+ * transposed) are packed with 16x16 in-register transposes.
+ *
+ * Besides dense matrices, the B operand may be "implicit": rows (or columns)
+ * given by a table of offsets into one array, optionally segmented in blocks
+ * of `seg` along the contiguous index. This is im2col on a padded grid
+ * without the im2col buffer (see conv2d.c): the conv kernels pack straight
+ * from padded image planes.
+ *
+ * The packing buffers live on the stack (at most ~150 KiB); nothing is
+ * allocated. Everything here is compiled for AVX-512 with target attributes,
+ * so the file builds without -march flags; the caller must check the CPU
+ * (dt_sgemm does) before calling in. Not here: threading, other precisions.
+ */
+#include "tensor/tensor.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,fma")))
+
+enum { MR = DT_GEMM_MR, NR = DT_GEMM_NR, NV = NR / 16, KC = 256, MC = 96 };
+
+/* ---- operands ----------------------------------------------------------- */
+
+/* Pointer to element x (along the contiguous dimension) of row r. */
+static inline const float *op_row(const dt__gemm_op *o, int r, int x) {
+  size_t off = o->rowoff ? (size_t)o->rowoff[r] : (size_t)r * o->ld;
+  if (o->seg) off += (size_t)(x / o->seg) * o->segstride + x % o->seg;
+  else off += x;
+  return o->p + off;
+}
+
+/* Length of the run of contiguous elements starting at x (<= n). */
+static inline int op_run(const dt__gemm_op *o, int x, int n) {
+  if (!o->seg) return n;
+  int left = o->seg - x % o->seg;
+  return left < n ? left : n;
+}
+
+/* ---- 16x16 transpose -------------------------------------------------- */
+
+AVX512 static inline void tr16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; j++) {
+    t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+    t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+    t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+  }
+  for (int j = 0; j < 4; j++) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
+    r[4 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88);
+    r[12 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD);
+  }
+}
+
+/* Transposing pack: rows r0..r0+nrows-1 of o (nrows <= 16, contiguous along
+ * x), elements x0..x0+len-1, into dst[x][w]: dst + x*W + lane, lanes beyond
+ * nrows get zeros. If half is set (W == 8 panels), lanes 0..7 go to dst and
+ * lanes 8..15 to dst2. */
+AVX512 static void pack_t16(float *dst, float *dst2, int W, int half, const dt__gemm_op *o, int r0,
+                            int nrows, int x0, int len) {
+  int x = 0;
+  while (x < len) {
+    int run = op_run(o, x0 + x, len - x);
+    const float *src[16];
+    for (int i = 0; i < 16; i++) src[i] = i < nrows ? op_row(o, r0 + i, x0 + x) : NULL;
+    for (int j = 0; j < run; j += 16) {
+      int n = run - j < 16 ? run - j : 16;
+      __mmask16 m = (__mmask16)((1u << n) - 1);
+      __m512 v[16];
+      for (int i = 0; i < 16; i++)
+        v[i] = src[i] ? _mm512_maskz_loadu_ps(m, src[i] + j) : _mm512_setzero_ps();
+      tr16(v);
+      for (int q = 0; q < n; q++) {
+        size_t row = (size_t)(x + j + q) * W;
+        if (half) {
+          _mm256_storeu_ps(dst + row, _mm512_castps512_ps256(v[q]));
+          _mm256_storeu_ps(dst2 + row, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v[q]), 1)));
+        } else {
+          _mm512_storeu_ps(dst + row, v[q]);
+        }
+      }
+    }
+    x += run;
+  }
+}
+
+/* Contiguous pack: element (r, x) for r in [r0, r0+kc) (the K index) and x
+ * in [x0, x0+n) into dst[r][W], zero-padded to W. */
+AVX512 static void pack_n(float *dst, int W, const dt__gemm_op *o, int r0, int kc, int x0, int n) {
+  for (int k = 0; k < kc; k++) {
+    float *d = dst + (size_t)k * W;
+    int x = 0;
+    while (x < n) {
+      int run = op_run(o, x0 + x, n - x);
+      const float *s = op_row(o, r0 + k, x0 + x);
+      int j = 0;
+      for (; j + 16 <= run; j += 16) _mm512_storeu_ps(d + x + j, _mm512_loadu_ps(s + j));
+      if (j < run) {
+        __mmask16 m = (__mmask16)((1u << (run - j)) - 1);
+        _mm512_mask_storeu_ps(d + x + j, m, _mm512_maskz_loadu_ps(m, s + j));
+      }
+      x += run;
+    }
+    for (; x < W; x++) d[x] = 0.0f;
+  }
+}
+
+/* Packs the A block rows [m0, m0+mc) x k [k0, k0+kc) into MR-row panels. */
+AVX512 static void pack_a(float *ap, const dt__gemm_op *A, int m0, int mc, int k0, int kc) {
+  if (A->trans) { /* stored K x M: rows are k, contiguous along m */
+    for (int i = 0; i < mc; i += MR) {
+      int n = mc - i < MR ? mc - i : MR;
+      pack_n(ap + (size_t)i * kc, MR, A, k0, kc, m0 + i, n);
+    }
+    return;
+  }
+  /* stored M x K: rows are m, contiguous along k; 16 rows = 2 panels */
+  for (int i = 0; i < mc; i += 16) {
+    int n = mc - i < 16 ? mc - i : 16;
+    float *p0 = ap + (size_t)i * kc;
+    pack_t16(p0, p0 + (size_t)MR * kc, MR, 1, A, m0 + i, n, k0, kc);
+  }
+}
+
+/* Packs one B panel: k [k0, k0+kc) x n [n0, n0+nr) into bp[k][NR]. */
+AVX512 static void pack_b(float *bp, const dt__gemm_op *B, int k0, int kc, int n0, int nr) {
+  if (!B->trans) { /* stored K x N: rows are k */
+    pack_n(bp, NR, B, k0, kc, n0, nr);
+    return;
+  }
+  for (int j = 0; j < NR; j += 16) { /* stored N x K: rows are n */
+    int n = nr - j;
+    if (n > 16) n = 16;
+    if (n <= 0) {
+      for (int k = 0; k < kc; k++) _mm512_storeu_ps(bp + (size_t)k * NR + j, _mm512_setzero_ps());
+      continue;
+    }
+    pack_t16(bp + j, NULL, NR, 0, B, n0 + j, n, k0, kc);
+  }
+}
+
+/* ---- micro-kernel ------------------------------------------------------- */
+
+/* c(MR x NR, ldc) = alpha * ap * bp + beta * c, with beta == 0 meaning "do
+ * not read c". */
+AVX512 static void kernel(int kc, const float *restrict ap, const float *restrict bp, float *c,
+                          size_t ldc, float alpha, float beta) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
+  for (int k = 0; k < kc; k++) {
+    __m512 b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) b[v] = _mm512_loadu_ps(bp + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+      __m512 a = _mm512_set1_ps(ap[i]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
+    }
+    ap += MR;
+    bp += NR;
+  }
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) {
+      float *p = c + (size_t)i * ldc + 16 * v;
+      __m512 r = alpha == 1.0f ? acc[i][v] : _mm512_mul_ps(va, acc[i][v]);
+      if (beta == 1.0f) r = _mm512_add_ps(r, _mm512_loadu_ps(p));
+      else if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(p), r);
+      _mm512_storeu_ps(p, r);
+    }
+}
+
+/* Edge tile: mr x nr of C through a buffer. */
+AVX512 static void kernel_edge(int kc, const float *ap, const float *bp, float *c, size_t ldc,
+                               int mr, int nr, float alpha, float beta) {
+  float t[MR * NR];
+  kernel(kc, ap, bp, t, NR, 1.0f, 0.0f);
+  for (int i = 0; i < mr; i++)
+    for (int j = 0; j < nr; j++) {
+      float r = alpha * t[i * NR + j];
+      float *p = c + (size_t)i * ldc + j;
+      *p = beta == 0.0f ? r : r + beta * *p;
+    }
+}
+
+/* ---- driver ----------------------------------------------------------- */
+
+AVX512 void dt__gemm_avx512_op(int M, int N, int K, float alpha, const dt__gemm_op *A,
+                               const dt__gemm_op *B, float beta, float *C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) {
+        float *p = C + (size_t)i * ldc + j;
+        *p = beta == 0.0f ? 0.0f : beta * *p;
+      }
+    return;
+  }
+  _Alignas(64) float apack[((MC + MR - 1) / MR) * MR * KC];
+  _Alignas(64) float bpack[KC * NR];
+  /* Balanced K blocks, a multiple of 16 where possible (full transposes). */
+  int nkb = (K + KC - 1) / KC;
+  int kcb = (K + nkb - 1) / nkb;
+  if (nkb > 1) kcb = (kcb + 15) / 16 * 16;
+  if (kcb > KC) kcb = KC;
+  int nmb = (M + MC - 1) / MC;
+  int mcb = (M + nmb - 1) / nmb;
+  mcb = (mcb + MR - 1) / MR * MR;
+  if (mcb > MC) mcb = MC;
+  for (int k0 = 0; k0 < K; k0 += kcb) {
+    int kc = K - k0 < kcb ? K - k0 : kcb;
+    float be = k0 == 0 ? beta : 1.0f;
+    for (int m0 = 0; m0 < M; m0 += mcb) {
+      int mc = M - m0 < mcb ? M - m0 : mcb;
+      pack_a(apack, A, m0, mc, k0, kc);
+      for (int n0 = 0; n0 < N; n0 += NR) {
+        int nr = N - n0 < NR ? N - n0 : NR;
+        pack_b(bpack, B, k0, kc, n0, nr);
+        for (int i = 0; i < mc; i += MR) {
+          int mr = mc - i < MR ? mc - i : MR;
+          float *c = C + (size_t)(m0 + i) * ldc + n0;
+          const float *ap = apack + (size_t)i * kc;
+          if (mr == MR && nr == NR) kernel(kc, ap, bpack, c, ldc, alpha, be);
+          else kernel_edge(kc, ap, bpack, c, ldc, mr, nr, alpha, be);
+        }
+      }
+    }
+  }
+}
+
+int dt__gemm_avx512_ok(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+}
+
+#else /* no x86-64 intrinsics: the BLAS path is the only one */
+
+void dt__gemm_avx512_op(int M, int N, int K, float alpha, const dt__gemm_op *A,
+                        const dt__gemm_op *B, float beta, float *C, int ldc) {
+  (void)M; (void)N; (void)K; (void)alpha; (void)A; (void)B; (void)beta; (void)C; (void)ldc;
+}
+int dt__gemm_avx512_ok(void) { return 0; }
+
+#endif
+
+void dt__sgemm_avx512(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc) {
+  dt__gemm_op a = {.p = A, .trans = ta, .ld = lda};
+  dt__gemm_op b = {.p = B, .trans = tb, .ld = ldb};
+  dt__gemm_avx512_op(M, N, K, alpha, &a, &b, beta, C, ldc);
+}

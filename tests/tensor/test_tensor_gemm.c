@@ -1,0 +1,197 @@
+/*
+ * test_tensor_gemm.c — the AVX-512 GEMM (dt__sgemm_avx512 and the operand
+ * form dt__gemm_avx512_op) against a double-precision reference: every
+ * transpose combination, beta 0 / 1 / other, alpha != 1, padded leading
+ * dimensions, shapes from 1 to beyond every blocking size (MR 8, NR 48, KC
+ * 256, MC 96) with odd remainders, K = 0, the conv/linear shapes, and the
+ * implicit (row-offset, segmented) operands the conv kernels use.
+ *
+ * Tolerance: |C - ref| <= 1e-5 * (sum_k |a_ik b_kj| * |alpha| + |beta c|) + 1e-6,
+ * a float accumulation bound (K * eps * sum of magnitudes is the worst case;
+ * blocked FMA accumulation stays far inside it). NaN canaries beyond ldc
+ * check nothing outside C is written. Skipped (and says so) on CPUs without
+ * AVX-512; dt_sgemm itself is checked in either case.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/core.h"
+#include "tensor/tensor.h"
+
+static float *rnd(size_t n, uint64_t a) {
+  float *p = malloc(n * sizeof(float) + 64);
+  dt_rng_uniform(p, n, -1.0f, 1.0f, 11, DT_RNG_USER, a);
+  return p;
+}
+
+typedef void (*gemm_fn)(int, int, int, int, int, float, const float *, int, const float *, int,
+                        float, float *, int);
+
+/* Runs one case; returns the number of bad elements. */
+static int check_case(gemm_fn f, int ta, int tb, int M, int N, int K, float alpha, float beta,
+                      int pad, uint64_t seed) {
+  int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+  size_t na = (size_t)(ta ? K : M) * (lda ? lda : 1), nb = (size_t)(tb ? N : K) * (ldb ? ldb : 1);
+  float *A = rnd(na ? na : 1, seed), *B = rnd(nb ? nb : 1, seed + 1);
+  float *C = rnd((size_t)M * ldc, seed + 2), *C0 = malloc((size_t)M * ldc * sizeof(float));
+  for (int i = 0; i < M; i++)
+    for (int j = N; j < ldc; j++) C[(size_t)i * ldc + j] = NAN; /* canaries */
+  if (beta == 0.0f) /* beta == 0 must not read C: NaN there must not leak */
+    for (int i = 0; i < M; i++) C[(size_t)i * ldc] = NAN;
+  memcpy(C0, C, (size_t)M * ldc * sizeof(float));
+  f(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  int bad = 0;
+  for (int i = 0; i < M; i++) {
+    for (int j = 0; j < N; j++) {
+      double s = 0, mag = 0;
+      for (int k = 0; k < K; k++) {
+        double a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+        double b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+        s += a * b;
+        mag += fabs(a * b);
+      }
+      double c0 = beta == 0.0f ? 0.0 : C0[(size_t)i * ldc + j];
+      double ref = alpha * s + beta * c0;
+      double tol = 1e-5 * (mag * fabs(alpha) + fabs(beta * c0)) + 1e-6;
+      double got = C[(size_t)i * ldc + j];
+      if (!(fabs(got - ref) <= tol)) {
+        if (bad < 3)
+          print_error("ta=%d tb=%d M=%d N=%d K=%d alpha=%g beta=%g: C(%d,%d)=%.9g ref %.9g\n", ta,
+                      tb, M, N, K, alpha, beta, i, j, got, ref);
+        bad++;
+      }
+    }
+    for (int j = N; j < ldc; j++)
+      if (!isnan(C[(size_t)i * ldc + j])) bad++;
+  }
+  free(A); free(B); free(C); free(C0);
+  return bad;
+}
+
+static int have_avx512(void **st) {
+  (void)st;
+  if (!dt__gemm_avx512_ok()) {
+    print_message("no AVX-512 on this CPU: AVX-512 GEMM cases skipped\n");
+    return 0;
+  }
+  return 1;
+}
+
+/* Small and edge shapes: every M, N, K in a set around the blocking sizes. */
+static void test_shapes(void **st) {
+  if (!have_avx512(st)) skip();
+  static const int ms[] = {1, 2, 7, 8, 9, 15, 16, 17, 33, 95, 96, 97, 200};
+  static const int ns[] = {1, 5, 16, 31, 47, 48, 49, 97, 130};
+  static const int ks[] = {0, 1, 3, 9, 16, 17, 255, 256, 257, 600};
+  int bad = 0, cases = 0;
+  uint64_t seed = 100;
+  for (size_t a = 0; a < sizeof ms / sizeof *ms; a++)
+    for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+      for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) {
+        int M = ms[a], N = ns[b], K = ks[c];
+        if ((double)M * N * K > 3e6) continue; /* keep the reference loop short */
+        int t = (int)(seed % 4);
+        float beta = (seed % 3 == 0) ? 0.0f : (seed % 3 == 1) ? 1.0f : -0.5f;
+        float alpha = (seed % 5 == 0) ? 0.25f : 1.0f;
+        bad += check_case(dt__sgemm_avx512, t >> 1, t & 1, M, N, K, alpha, beta, (int)(seed % 3), seed);
+        seed += 7;
+        cases++;
+      }
+  print_message("%d shape cases\n", cases);
+  assert_int_equal(bad, 0);
+}
+
+/* Every transpose pair and beta at the layer shapes (or cut-down versions). */
+static void test_layer_shapes(void **st) {
+  if (!have_avx512(st)) skip();
+  static const int sh[][3] = {
+      {64, 256, 784},  /* linear 784->256 forward */
+      {64, 896, 288},  /* conv2 forward, 4 samples on the grid */
+      {32, 840, 9},    /* conv1 forward, one sample */
+      {64, 288, 448},  /* conv2 weight gradient, 2 samples */
+      {288, 224, 64},  /* conv2 input gradient (TN) */
+      {10, 128, 64},   /* linear 128->10 weight gradient */
+      {64, 10, 128},   /* linear 128->10 forward */
+  };
+  int bad = 0;
+  for (size_t s = 0; s < sizeof sh / sizeof *sh; s++)
+    for (int t = 0; t < 4; t++)
+      for (int b = 0; b < 2; b++)
+        bad += check_case(dt__sgemm_avx512, t >> 1, t & 1, sh[s][0], sh[s][1], sh[s][2], 1.0f,
+                          (float)b, 0, 1000 + s * 8 + t * 2 + b);
+  assert_int_equal(bad, 0);
+}
+
+/* The operand form with row offsets and segments (conv's implicit im2col):
+ * B rows at arbitrary offsets, columns cut in segments of `seg` spaced
+ * `segstride` apart, both for B not transposed and transposed. */
+static void test_implicit(void **st) {
+  if (!have_avx512(st)) skip();
+  const int M = 21, K = 37, seg = 29, nseg = 3, N = seg * nseg, segstride = 400;
+  int rowoff[64];
+  for (int r = 0; r < 64; r++) rowoff[r] = (r * 37) % 300; /* overlapping, unordered rows */
+  float *X = rnd((size_t)segstride * nseg + 64, 5), *A = rnd((size_t)M * K, 6);
+  float *C = rnd((size_t)M * N, 7), *ref = malloc((size_t)M * N * sizeof(float));
+  /* B(k, n) = X[(n/seg)*segstride + rowoff[k] + n%seg] */
+  dt__gemm_op a = {.p = A, .trans = 0, .ld = K};
+  dt__gemm_op b = {.p = X, .trans = 0, .rowoff = rowoff, .seg = seg, .segstride = segstride};
+  dt__gemm_avx512_op(M, N, K, 1.0f, &a, &b, 0.0f, C, N);
+  int bad = 0;
+  for (int i = 0; i < M; i++)
+    for (int n = 0; n < N; n++) {
+      double s = 0;
+      for (int k = 0; k < K; k++)
+        s += (double)A[i * K + k] * X[(n / seg) * segstride + rowoff[k] + n % seg];
+      if (fabs(C[i * N + n] - s) > 1e-5 * K) bad++;
+    }
+  /* Transposed form: B(k, n) = X[(k/seg)*segstride + rowoff[n] + k%seg], K = seg*nseg */
+  const int K2 = seg * nseg, N2 = 50;
+  float *A2 = rnd((size_t)M * K2, 8), *C2 = malloc((size_t)M * N2 * sizeof(float));
+  dt__gemm_op a2 = {.p = A2, .trans = 0, .ld = K2};
+  dt__gemm_op b2 = {.p = X, .trans = 1, .rowoff = rowoff, .seg = seg, .segstride = segstride};
+  dt__gemm_avx512_op(M, N2, K2, 1.0f, &a2, &b2, 0.0f, C2, N2);
+  for (int i = 0; i < M; i++)
+    for (int n = 0; n < N2; n++) {
+      double s = 0;
+      for (int k = 0; k < K2; k++)
+        s += (double)A2[i * K2 + k] * X[(k / seg) * segstride + rowoff[n] + k % seg];
+      if (fabs(C2[i * N2 + n] - s) > 1e-5 * K2) bad++;
+    }
+  assert_int_equal(bad, 0);
+  free(X); free(A); free(C); free(ref); free(A2); free(C2);
+}
+
+/* dt_sgemm (whichever back end is active) and the BLAS back end directly. */
+static void test_dispatch(void **st) {
+  (void)st;
+  dt_tensor_set_threads(1);
+  const char *impl = dt_tensor_gemm_impl();
+  assert_true(strcmp(impl, "blas") == 0 || strcmp(impl, "avx512") == 0);
+  const char *env = getenv("DTRAIN_GEMM");
+  if (env && strcmp(env, "blas") == 0) assert_string_equal(impl, "blas");
+  if (!dt__gemm_avx512_ok()) assert_string_equal(impl, "blas");
+  int bad = 0;
+  for (int t = 0; t < 4; t++) {
+    bad += check_case(dt_sgemm, t >> 1, t & 1, 33, 70, 45, 1.0f, 1.0f, 2, 77 + t);
+    bad += check_case(dt__sgemm_blas, t >> 1, t & 1, 33, 70, 45, 1.0f, 0.0f, 1, 99 + t);
+  }
+  assert_int_equal(bad, 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_shapes),
+      cmocka_unit_test(test_layer_shapes),
+      cmocka_unit_test(test_implicit),
+      cmocka_unit_test(test_dispatch),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
