@@ -15,6 +15,12 @@
  * largest activation size. Backward stops at the first layer with
  * parameters and asks it for no input gradient.
  *
+ * Execution plan: `relu maxpool(2)` (kernel 2, stride 2) runs as one fused
+ * kernel (dt_relu_maxpool2x2_*): ReLU and max commute, so the pool reads the
+ * raw input and the ReLU layer does nothing in either direction (its output
+ * is its input, its input gradient is the pool's). The spec, the parameter
+ * layout and the results, bitwise, are those of the unfused layers.
+ *
  * It does not do losses other than softmax cross-entropy, micro-batch
  * gradient accumulation (callers add up gradients themselves) or threads.
  */
@@ -26,11 +32,19 @@
 #include "nn/nn.h"
 #include "nn/spec.h"
 
+/* How a layer takes part in the execution plan. */
+enum fuse {
+  FUSE_NONE = 0,
+  FUSE_ABSORBED,  /* relu done by the next layer: identity here */
+  FUSE_RELU_POOL, /* 2x2 stride-2 maxpool that applies the relu before it */
+};
+
 typedef struct layer {
   dt__layer_spec s;
   size_t in_el, out_el;   /* per-sample elements */
   int owns_out;           /* out is this layer's own buffer */
   int inplace;            /* relu over its input buffer */
+  int fused;              /* see enum fuse */
   float *out;             /* (max_batch, out_el); for flatten, the input */
   const float *in;        /* input of the last forward */
   float *w, *b;           /* spans of params: weight, then bias */
@@ -123,7 +137,12 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
     if (in->nparams && m->first_param == sp.n) m->first_param = i;
     l->owns_out = 1;
     if (in->kind == DT_L_FLATTEN) l->owns_out = 0;
-    if (in->kind == DT_L_RELU && input_owned) l->owns_out = 0, l->inplace = 1;
+    if (in->kind == DT_L_RELU && i + 1 < sp.n && sp.L[i + 1].info.kind == DT_L_MAXPOOL2D &&
+        sp.L[i + 1].k == 2 && sp.L[i + 1].stride == 2)
+      l->fused = FUSE_ABSORBED, l->owns_out = 0;
+    if (in->kind == DT_L_MAXPOOL2D && i > 0 && m->L[i - 1].fused == FUSE_ABSORBED)
+      l->fused = FUSE_RELU_POOL;
+    if (in->kind == DT_L_RELU && !l->fused && input_owned) l->owns_out = 0, l->inplace = 1;
     if (l->owns_out) nacts += al16(MB * l->out_el), input_owned = 1;
     switch (in->kind) {
     case DT_L_DROPOUT: nacts += al16(MB * l->out_el); break;
@@ -278,13 +297,20 @@ const float *dt_model_forward(dt_model *m, const float *x, int B, const dt_step_
       dt_conv2d_forward(l->out, cur, l->w, l->b, &l->g, m->ws);
       break;
     case DT_L_MAXPOOL2D:
-      dt_maxpool2d_forward(l->out, l->argmax, cur, B, in->in_c, in->in_h, in->in_w, s->k,
-                           s->stride);
+      if (l->fused == FUSE_RELU_POOL)
+        dt_relu_maxpool2x2_forward(l->out, l->argmax, cur, B, in->in_c, in->in_h, in->in_w);
+      else
+        dt_maxpool2d_forward(l->out, l->argmax, cur, B, in->in_c, in->in_h, in->in_w, s->k,
+                             s->stride);
       break;
     case DT_L_AVGPOOL2D:
       dt_avgpool2d_forward(l->out, cur, B, in->in_c, in->in_h, in->in_w, s->k, s->stride);
       break;
     case DT_L_RELU:
+      if (l->fused == FUSE_ABSORBED) {
+        l->out = (float *)cur; /* never written: the fused pool reads it */
+        break;
+      }
       /* In place: the input is a model buffer no later backward needs. */
       if (l->inplace) l->out = (float *)cur;
       dt_relu_forward(l->out, cur, N);
@@ -350,12 +376,21 @@ float dt_model_backward(dt_model *m, const int32_t *labels, int B, int *ncorrect
       dt_conv2d_backward(dinp, l->dw, l->db, d, l->in, l->w, &l->g, m->ws);
       break;
     case DT_L_MAXPOOL2D:
-      dt_maxpool2d_backward(dinp, d, l->argmax, B, in->in_c, in->in_h, in->in_w, s->k, s->stride);
+      if (l->fused == FUSE_RELU_POOL)
+        dt_relu_maxpool2x2_backward(dinp, d, l->argmax, B, in->in_c, in->in_h, in->in_w);
+      else
+        dt_maxpool2d_backward(dinp, d, l->argmax, B, in->in_c, in->in_h, in->in_w, s->k,
+                              s->stride);
       break;
     case DT_L_AVGPOOL2D:
       dt_avgpool2d_backward(dinp, d, B, in->in_c, in->in_h, in->in_w, s->k, s->stride);
       break;
-    case DT_L_RELU: dt_relu_backward(dinp, d, l->out, N); break;
+    case DT_L_RELU:
+      if (l->fused == FUSE_ABSORBED)
+        dinp = d; /* the pool's input gradient is already the relu's */
+      else
+        dt_relu_backward(dinp, d, l->out, N);
+      break;
     case DT_L_GELU: dt_gelu_backward(dinp, d, l->in, N); break;
     case DT_L_DROPOUT:
       if (m->train && s->p > 0.0f)

@@ -1,45 +1,227 @@
 /*
  * pool.c — 2-D max and average pooling over NCHW, square kernel k, stride s,
  * no padding, floor mode (PyTorch defaults apart from stride). Max pooling
- * keeps the first maximum in scan order (PyTorch's rule) and records its
- * index within the input plane for backward.
+ * keeps the first maximum in scan order (PyTorch's rule: a NaN beats any
+ * number, a later NaN beats an earlier one) and records its index within the
+ * input plane for backward.
+ *
+ * The 2x2 stride-2 case (every CNN here) has its own route: one output row
+ * per pair of input rows, the max taken across each row's pair first and then
+ * between the two rows. The pairwise rule "take the later element if it is
+ * greater or NaN" is associative, so this order gives exactly the scan-order
+ * result. On AVX-512 a row is done 16 outputs at a time (even/odd lanes
+ * split with one permute, masked tails, no branches); elsewhere a plain
+ * scalar loop does the same. Its backward writes every input gradient once
+ * (routed value or zero) instead of a memset followed by a scatter.
+ *
+ * dt_relu_maxpool2x2_* fuse the ReLU that precedes such a pool: ReLU and max
+ * commute, so the pool reads the raw input, clamps at zero on the fly and
+ * never writes the 4x larger ReLU output; its backward routes the gradient
+ * only where the pooled value is positive. Results are bitwise those of
+ * dt_relu_forward + dt_maxpool2d_forward and their backward composition.
+ *
+ * Overlapping max pools (k > s) and average pooling take the generic loops.
  */
 #include "nn/kernels.h"
 
 #include <math.h>
 #include <string.h>
 
+/* DT_NN_PORTABLE forces the plain C route (its tests build it that way). */
+#if defined(__AVX512F__) && !defined(DT_NN_PORTABLE)
+#define USE_AVX512 1
+#include <immintrin.h>
+#else
+#define USE_AVX512 0
+#endif
+
+/* ---- 2x2 stride 2 ------------------------------------------------------ */
+
+#if !USE_AVX512
+/* The pairwise rule: is y (later in scan order) the new maximum over x? */
+static inline int takes(float y, float x) { return (y > x) | (y != y); }
+
+/* Scalar row: the OW outputs of one output row. r0, r1: the two input
+ * rows; base: plane index of r0[0]. relu: clamp inputs at 0 and store -1 as
+ * the argmax where the output is 0. */
+static void mp2_row_scalar(float *restrict o, int32_t *restrict am, const float *restrict r0,
+                           const float *restrict r1, int OW, int32_t base, int W, int relu) {
+  for (int ow = 0; ow < OW; ow++) {
+    float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+    if (relu) {
+      a = a > 0.0f ? a : 0.0f, b = b > 0.0f ? b : 0.0f;
+      c = c > 0.0f ? c : 0.0f, d = d > 0.0f ? d : 0.0f;
+    }
+    int32_t ia = base + 2 * ow;
+    int t = takes(b, a);
+    float m0 = t ? b : a;
+    int32_t i0 = t ? ia + 1 : ia;
+    t = takes(d, c);
+    float m1 = t ? d : c;
+    int32_t i1 = t ? ia + W + 1 : ia + W;
+    t = takes(m1, m0);
+    float m = t ? m1 : m0;
+    int32_t mi = t ? i1 : i0;
+    o[ow] = m;
+    am[ow] = relu && !(m > 0.0f) ? -1 : mi;
+  }
+}
+
+/* Scalar backward row: input gradients of both rows, columns [0, 2*OW). */
+static void mp2_back_row_scalar(float *restrict d0, float *restrict d1, const float *restrict g,
+                                const int32_t *restrict am, int OW, int32_t base, int W) {
+  for (int ow = 0; ow < OW; ow++) {
+    int32_t ia = base + 2 * ow, a = am[ow];
+    /* 0 + g, as the reference's memset + scatter computes it (-0 -> +0). */
+    float v = 0.0f + g[ow];
+    d0[2 * ow] = a == ia ? v : 0.0f;
+    d0[2 * ow + 1] = a == ia + 1 ? v : 0.0f;
+    d1[2 * ow] = a == ia + W ? v : 0.0f;
+    d1[2 * ow + 1] = a == ia + W + 1 ? v : 0.0f;
+  }
+}
+
+#endif
+
+#if USE_AVX512
+static inline __mmask16 lanes(int n) {
+  return n <= 0 ? 0 : n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
+
+static void mp2_row(float *o, int32_t *am, const float *r0, const float *r1, int OW, int32_t base,
+                    int W, int relu) {
+  const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+  const __m512i one = _mm512_set1_epi32(1), vw = _mm512_set1_epi32(W);
+  const __m512 zero = _mm512_setzero_ps();
+  for (int ow = 0; ow < OW; ow += 16) {
+    int n = OW - ow;
+    __mmask16 klo = lanes(2 * n), khi = lanes(2 * n - 16), ko = lanes(n);
+    const float *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
+    __m512 l0 = _mm512_maskz_loadu_ps(klo, p0), h0 = _mm512_maskz_loadu_ps(khi, p0 + 16);
+    __m512 l1 = _mm512_maskz_loadu_ps(klo, p1), h1 = _mm512_maskz_loadu_ps(khi, p1 + 16);
+    __m512 a = _mm512_permutex2var_ps(l0, ev, h0), b = _mm512_permutex2var_ps(l0, od, h0);
+    __m512 c = _mm512_permutex2var_ps(l1, ev, h1), d = _mm512_permutex2var_ps(l1, od, h1);
+    __m512i ia = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow), ev);
+    __mmask16 t;
+    if (relu) {
+      /* maxps returns its second operand for NaN and for +-0 pairs, so this
+       * is exactly x > 0 ? x : +0. */
+      a = _mm512_max_ps(a, zero), b = _mm512_max_ps(b, zero);
+      c = _mm512_max_ps(c, zero), d = _mm512_max_ps(d, zero);
+      t = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
+    } else {
+      t = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+    }
+    __m512 m0 = _mm512_mask_blend_ps(t, a, b);
+    __m512i i0 = _mm512_mask_add_epi32(ia, t, ia, one);
+    if (relu)
+      t = _mm512_cmp_ps_mask(d, c, _CMP_GT_OQ);
+    else
+      t = _mm512_cmp_ps_mask(d, c, _CMP_GT_OQ) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+    __m512 m1 = _mm512_mask_blend_ps(t, c, d);
+    __m512i i1 = _mm512_add_epi32(_mm512_mask_add_epi32(ia, t, ia, one), vw);
+    if (relu)
+      t = _mm512_cmp_ps_mask(m1, m0, _CMP_GT_OQ);
+    else
+      t = _mm512_cmp_ps_mask(m1, m0, _CMP_GT_OQ) | _mm512_cmp_ps_mask(m1, m1, _CMP_UNORD_Q);
+    __m512 m = _mm512_mask_blend_ps(t, m0, m1);
+    __m512i mi = _mm512_mask_blend_epi32(t, i0, i1);
+    if (relu)
+      mi = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(m, zero, _CMP_GT_OQ), _mm512_set1_epi32(-1),
+                                   mi);
+    _mm512_mask_storeu_ps(o + ow, ko, m);
+    _mm512_mask_storeu_epi32(am + ow, ko, mi);
+  }
+}
+
+static void mp2_back_row(float *d0, float *d1, const float *g, const int32_t *am, int OW,
+                         int32_t base, int W) {
+  const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i ihi = _mm512_add_epi32(ilo, _mm512_set1_epi32(8));
+  const __m512i one = _mm512_set1_epi32(1), vw = _mm512_set1_epi32(W);
+  const __m512 zero = _mm512_setzero_ps();
+  for (int ow = 0; ow < OW; ow += 16) {
+    int n = OW - ow;
+    __mmask16 klo = lanes(2 * n), khi = lanes(2 * n - 16), ko = lanes(n);
+    __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(ko, g + ow), zero);
+    __m512i a = _mm512_maskz_loadu_epi32(ko, am + ow);
+    __m512i ia = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow), ev);
+    __m512i ic = _mm512_add_epi32(ia, vw);
+    __m512 e0 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, ia), v);
+    __m512 o0 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, _mm512_add_epi32(ia, one)), v);
+    __m512 e1 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, ic), v);
+    __m512 o1 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, _mm512_add_epi32(ic, one)), v);
+    float *q0 = d0 + 2 * ow, *q1 = d1 + 2 * ow;
+    _mm512_mask_storeu_ps(q0, klo, _mm512_permutex2var_ps(e0, ilo, o0));
+    _mm512_mask_storeu_ps(q0 + 16, khi, _mm512_permutex2var_ps(e0, ihi, o0));
+    _mm512_mask_storeu_ps(q1, klo, _mm512_permutex2var_ps(e1, ilo, o1));
+    _mm512_mask_storeu_ps(q1 + 16, khi, _mm512_permutex2var_ps(e1, ihi, o1));
+  }
+}
+#else
+static void mp2_row(float *o, int32_t *am, const float *r0, const float *r1, int OW, int32_t base,
+                    int W, int relu) {
+  mp2_row_scalar(o, am, r0, r1, OW, base, W, relu);
+}
+static void mp2_back_row(float *d0, float *d1, const float *g, const int32_t *am, int OW,
+                         int32_t base, int W) {
+  mp2_back_row_scalar(d0, d1, g, am, OW, base, W);
+}
+#endif
+
+static void mp2_forward(float *out, int32_t *argmax, const float *inp, int B, int C, int H, int W,
+                        int relu) {
+  int OH = H / 2, OW = W / 2;
+  for (size_t p = 0; p < (size_t)B * C; p++) {
+    const float *plane = inp + p * H * W;
+    for (int oh = 0; oh < OH; oh++) {
+      const float *r0 = plane + (size_t)(2 * oh) * W;
+      size_t off = (p * OH + oh) * OW;
+      mp2_row(out + off, argmax + off, r0, r0 + W, OW, 2 * oh * W, W, relu);
+    }
+  }
+}
+
+static void mp2_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
+                         int H, int W) {
+  int OH = H / 2, OW = W / 2;
+  for (size_t p = 0; p < (size_t)B * C; p++) {
+    float *plane = dinp + p * H * W;
+    for (int oh = 0; oh < OH; oh++) {
+      float *d0 = plane + (size_t)(2 * oh) * W;
+      size_t off = (p * OH + oh) * OW;
+      mp2_back_row(d0, d0 + W, dout + off, argmax + off, OW, 2 * oh * W, W);
+      if (W & 1) d0[W - 1] = d0[2 * W - 1] = 0.0f; /* floor mode: uncovered column */
+    }
+    if (H & 1) memset(plane + (size_t)(H - 1) * W, 0, sizeof(float) * W);
+  }
+}
+
+void dt_relu_maxpool2x2_forward(float *out, int32_t *argmax, const float *inp, int B, int C,
+                                int H, int W) {
+  mp2_forward(out, argmax, inp, B, C, H, W, 1);
+}
+
+void dt_relu_maxpool2x2_backward(float *dinp, const float *dout, const int32_t *argmax, int B,
+                                 int C, int H, int W) {
+  if (dinp) mp2_backward(dinp, dout, argmax, B, C, H, W);
+}
+
+/* ---- generic ----------------------------------------------------------- */
+
 void dt_maxpool2d_forward(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
                           int W, int k, int s) {
+  if (k == 2 && s == 2) {
+    mp2_forward(out, argmax, inp, B, C, H, W, 0);
+    return;
+  }
   int OH = (H - k) / s + 1, OW = (W - k) / s + 1;
   for (size_t p = 0; p < (size_t)B * C; p++) {
     const float *plane = inp + p * H * W;
     float *o = out + p * OH * OW;
     int32_t *am = argmax + p * OH * OW;
-    if (k == 2 && s == 2) {
-      /* The common case, branch-free (random data makes a branchy max
-       * mispredict about once per output): same scan order and NaN rule. */
-      for (int oh = 0; oh < OH; oh++) {
-        const float *restrict r0 = plane + (size_t)(2 * oh) * W, *restrict r1 = r0 + W;
-        float *restrict orow = o + (size_t)oh * OW;
-        int32_t *restrict arow = am + (size_t)oh * OW;
-        int32_t base = 2 * oh * W;
-        for (int ow = 0; ow < OW; ow++) {
-          float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
-          float m = a;
-          int32_t mi = 0;
-          int t = (b > m) | (b != b);
-          m = t ? b : m; mi = t ? 1 : mi;
-          t = (c > m) | (c != c);
-          m = t ? c : m; mi = t ? W : mi;
-          t = (d > m) | (d != d);
-          m = t ? d : m; mi = t ? W + 1 : mi;
-          orow[ow] = m;
-          arow[ow] = base + 2 * ow + mi;
-        }
-      }
-      continue;
-    }
     for (int oh = 0; oh < OH; oh++) {
       for (int ow = 0; ow < OW; ow++) {
         int h0 = oh * s, w0 = ow * s;
@@ -62,6 +244,10 @@ void dt_maxpool2d_forward(float *out, int32_t *argmax, const float *inp, int B, 
 void dt_maxpool2d_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
                            int H, int W, int k, int s) {
   if (!dinp) return;
+  if (k == 2 && s == 2) {
+    mp2_backward(dinp, dout, argmax, B, C, H, W);
+    return;
+  }
   int OH = (H - k) / s + 1, OW = (W - k) / s + 1;
   memset(dinp, 0, sizeof(float) * (size_t)B * C * H * W);
   for (size_t p = 0; p < (size_t)B * C; p++) {
