@@ -193,6 +193,46 @@ static int split_body(dt_comm *c, void *arg, char *fail, size_t cap) {
   return 0;
 }
 
+/* Point-to-point: per-tag FIFO order, a large message that arrives before
+ * its receive while a receive for another tag is posted first, non-blocking
+ * requests, and a length mismatch reported as DT_EPROTO naming the peer. */
+static int p2p_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  int r = dt_comm_rank(c);
+  size_t big = 300 * 1000 + 1;
+  uint8_t *b = malloc(big);
+  int rc = 0;
+  if (r == 0) {
+    for (size_t i = 0; i < big; i++) b[i] = (uint8_t)(i * 13);
+    uint32_t small[3] = {1, 2, 3};
+    if (dt_comm_send(c, 1, 1, b, big) || dt_comm_send(c, 1, 2, small, sizeof small)) rc = FAIL("send: %s", dt_errmsg());
+    for (uint32_t k = 0; k < 5 && !rc; k++)
+      if (dt_comm_send(c, 1, 4, &k, sizeof k)) rc = FAIL("send k: %s", dt_errmsg());
+    uint64_t eight = 8;
+    if (!rc && dt_comm_send(c, 1, 3, &eight, sizeof eight)) rc = FAIL("send 3: %s", dt_errmsg());
+  } else if (r == 1) {
+    uint32_t small[3];
+    if (dt_comm_recv(c, 0, 2, small, sizeof small) || small[2] != 3) rc = FAIL("recv 2: %s", dt_errmsg());
+    memset(b, 0, big);
+    if (!rc && dt_comm_recv(c, 0, 1, b, big)) rc = FAIL("recv 1: %s", dt_errmsg());
+    for (size_t i = 0; i < big && !rc; i++)
+      if (b[i] != (uint8_t)(i * 13)) rc = FAIL("big message corrupt at %zu", i);
+    dt_comm_req q[5];
+    uint32_t ks[5];
+    for (int k = 0; k < 5 && !rc; k++)
+      if (dt_comm_irecv(c, 0, 4, &ks[k], sizeof ks[k], &q[k])) rc = FAIL("irecv: %s", dt_errmsg());
+    if (!rc && dt_comm_waitall(c, q, 5)) rc = FAIL("waitall: %s", dt_errmsg());
+    for (uint32_t k = 0; k < 5 && !rc; k++)
+      if (ks[k] != k) rc = FAIL("tag order: slot %u got %u", k, ks[k]);
+    uint8_t sixteen[16];
+    int e = rc ? 0 : dt_comm_recv(c, 0, 3, sixteen, sizeof sixteen);
+    if (!rc && (e != DT_EPROTO || !strstr(dt_errmsg(), "rank 0"))) rc = FAIL("length mismatch gave %d: %s", e, dt_errmsg());
+  }
+  if (!rc && (dt_comm_send(c, r, 1, b, 1) != DT_EINVAL || dt_comm_send(c, 0, -1, b, 1) != DT_EINVAL))
+    rc = FAIL("bad peer/tag accepted");
+  free(b);
+  return rc;
+}
+
 static const int sizes[] = {1, 2, 3, 4, 5, 8};
 
 static void run_matrix(const char *tp, rank_body body, const int *ns, int nn) {
@@ -226,6 +266,12 @@ static void test_split(void **s) {
   run_matrix("tcp", split_body, ns, 1);
 }
 
+static void test_p2p(void **s) {
+  static const int ns[] = {2, 3};
+  run_matrix("inproc", p2p_body, ns, 2);
+  run_matrix("tcp", p2p_body, ns, 2);
+}
+
 static void test_reduce_ops(void **s) {
   /* half conversions round to nearest even and keep small integers exact */
   for (int i = -2048; i <= 2048; i++) {
@@ -256,7 +302,7 @@ int main(void) {
       cmocka_unit_test(test_allreduce_tcp),  cmocka_unit_test(test_others_inproc),
       cmocka_unit_test(test_others_tcp),     cmocka_unit_test(test_large_inproc),
       cmocka_unit_test(test_large_tcp),      cmocka_unit_test(test_random_float),
-      cmocka_unit_test(test_split),
+      cmocka_unit_test(test_split),         cmocka_unit_test(test_p2p),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

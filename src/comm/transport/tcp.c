@@ -42,6 +42,8 @@
 
 enum { K_LISTEN = 1, K_WAKE, K_EP, K_PEND };
 
+#define DEFER_MIN (64 * 1024) /* early frames at least this large wait in the socket */
+
 struct umsg { /* a frame that arrived before its receive was posted */
   struct umsg *next;
   uint64_t tag;
@@ -55,6 +57,7 @@ struct dt_tp_ep {
   struct dt_tp_ctx *x;
   int fd, peer;
   bool dead, bye, want_out;
+  bool deferred;                  /* a large early frame waits in the socket */
   /* send side */
   struct dt_tp_req *sq, *sq_tail;
   size_t s_hdr_done; /* bytes of the head request's header already sent */
@@ -125,7 +128,7 @@ static void set_sock_opts(int fd, int bufsize) {
 }
 
 static void ep_watch(struct dt_tp_ctx *x, struct dt_tp_ep *e, bool out) {
-  struct epoll_event ev = {EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0), {.ptr = e}};
+  struct epoll_event ev = {(e->deferred ? 0 : EPOLLIN) | EPOLLRDHUP | (out ? EPOLLOUT : 0), {.ptr = e}};
   epoll_ctl(x->efd, EPOLL_CTL_MOD, e->fd, &ev);
   e->want_out = out;
 }
@@ -297,6 +300,16 @@ static int start_frame(struct dt_tp_ep *e) {
         e->cur_req = r;
         e->target = r->buf;
       }
+    } else if (e->cur.len >= DEFER_MIN && !e->rq) {
+      /* Nothing else is expected from this peer right now: leave the payload
+       * in the socket until its receive is posted, so it lands in the user's
+       * buffer with no copy and no fresh allocation (page faults dominate
+       * large buffered messages). A receive for another tag, or the peer
+       * hanging up, turns it into a buffered message (undefer). */
+      e->deferred = true;
+      e->target = NULL;
+      ep_watch(x, e, e->want_out);
+      return 0;
     } else {
       struct umsg *u = calloc(1, sizeof *u);
       if (u) u->data = malloc(e->cur.len ? e->cur.len : 1);
@@ -319,7 +332,7 @@ static int start_frame(struct dt_tp_ep *e) {
 }
 
 static void recv_progress(struct dt_tp_ep *e) {
-  while (!e->dead) {
+  while (!e->dead && !e->deferred) {
     ssize_t r;
     if (!e->in_payload) {
       r = recv(e->fd, e->hdr + e->hdr_got, DT_FRAME_HDR_LEN - e->hdr_got, MSG_DONTWAIT);
@@ -355,6 +368,28 @@ static void recv_progress(struct dt_tp_ep *e) {
     ep_lost(e, why);
     return;
   }
+}
+
+/* The deferred frame becomes a buffered early message (read as it comes). */
+static int undefer(struct dt_tp_ep *e) {
+  struct umsg *u = calloc(1, sizeof *u);
+  if (u) u->data = malloc(e->cur.len);
+  if (!u || !u->data) {
+    free(u);
+    e->deferred = false;
+    ep_lost(e, "out of memory buffering an early message");
+    return -1;
+  }
+  u->tag = e->cur.tag;
+  u->len = e->cur.len;
+  if (e->uq_tail) e->uq_tail->next = u;
+  else e->uq = u;
+  e->uq_tail = u;
+  e->cur_u = u;
+  e->target = u->data;
+  e->deferred = false;
+  ep_watch(e->x, e, e->want_out);
+  return 0;
 }
 
 /* ---- handshake --------------------------------------------------------- */
@@ -601,7 +636,8 @@ static void progress(struct dt_tp_ctx *x, int timeout_ms) {
       struct dt_tp_ep *e = evs[i].data.ptr;
       if (e->dead) continue;
       if (ev & EPOLLOUT) send_progress(e);
-      if (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) recv_progress(e);
+      if (e->deferred && (ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) undefer(e);
+      if (!e->dead && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) recv_progress(e);
     } else if (kind == K_PEND) {
       struct pend *p = evs[i].data.ptr;
       bool still = false;
@@ -844,6 +880,30 @@ static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
     r->status = arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST;
     pthread_mutex_unlock(&x->mu);
     return r->status;
+  }
+  if (e->deferred) {
+    if (r->tag == e->cur.tag) { /* the waiting frame is ours: read it in place */
+      e->deferred = false;
+      if (r->len != e->cur.len) {
+        r->status = DT_EPROTO;
+        snprintf(x->err_last, sizeof x->err_last, "rank %d sent %llu bytes for tag 0x%llx, %zu expected",
+                 e->peer, (unsigned long long)e->cur.len, (unsigned long long)r->tag, r->len);
+        e->discard = true;
+        e->target = x->discard_buf;
+      } else {
+        e->cur_req = r;
+        e->target = r->buf;
+      }
+      ep_watch(x, e, e->want_out);
+      recv_progress(e);
+      pthread_mutex_unlock(&x->mu);
+      return DT_OK;
+    }
+    if (undefer(e) < 0) {
+      r->status = DT_EPEERLOST;
+      pthread_mutex_unlock(&x->mu);
+      return r->status;
+    }
   }
   if (e->rq_tail) e->rq_tail->next = r;
   else e->rq = r;
