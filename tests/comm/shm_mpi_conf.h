@@ -52,7 +52,7 @@ static void fill(void *p, dt_dtype t, size_t n, int rank) {
     case DT_F64: ((double *)p)[i] = v; break;
     case DT_BF16: ((uint16_t *)p)[i] = dt_f32_to_bf16((float)v); break;
     case DT_I32: ((int32_t *)p)[i] = v; break;
-    case DT_I64: ((int64_t *)p)[i] = (int64_t)v << 33; break;
+    case DT_I64: ((int64_t *)p)[i] = (int64_t)v * ((int64_t)1 << 33); break;
     case DT_U8: ((uint8_t *)p)[i] = (uint8_t)(v + 8 + rank * 3); break;
     default: break;
     }

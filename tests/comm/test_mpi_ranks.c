@@ -92,6 +92,13 @@ int main(int argc, char **argv) {
     printf("SKIP: mpirun not found; mpi transport not tested\n");
     return 0;
   }
+  /* Open MPI leaks in its dlopen'ed components (reported by LeakSanitizer
+   * as "<unknown module>"); leak checking of MPI ranks says nothing about
+   * dtrain, so it is off for them. Address and UB checks stay on. */
+  char asan[512];
+  const char *prev = getenv("ASAN_OPTIONS");
+  snprintf(asan, sizeof asan, "%s%sdetect_leaks=0", prev ? prev : "", prev && *prev ? ":" : "");
+  setenv("ASAN_OPTIONS", asan, 1);
   pid_t pid = fork();
   if (pid < 0) return 1;
   if (pid == 0) {

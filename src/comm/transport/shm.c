@@ -113,6 +113,7 @@ struct dt_tp_ctx {
   size_t cma_min;
   int64_t spin_ns; /* poll this long before sleeping */
   bool oversub;
+  int64_t yield_ns; /* poll without yielding this long first */
   int64_t live_ns, next_live;
   volatile uint64_t probe; /* peers read this with process_vm_readv */
   _Atomic int aborting;
@@ -702,6 +703,7 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   int ncpu = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
   ctx->oversub = in->size > ncpu;
   ctx->spin_ns = dt_param_int("DTRAIN_SHM_SPIN_US", ctx->oversub ? 100 : 1000) * 1000;
+  ctx->yield_ns = dt_param_int("DTRAIN_SHM_YIELD_US", ctx->oversub ? 0 : 50) * 1000;
   ctx->live_ns = dt_param_int("DTRAIN_SHM_LIVE_MS", 2) * 1000000;
   ctx->probe = ((uint64_t)ctx->pid << 32) ^ 0x5eed5eed12345678ull ^ (uint64_t)(uintptr_t)ctx;
 
@@ -971,7 +973,7 @@ static int shm_wait(struct dt_tp_ctx *ctx, struct dt_tp_req **reqs, int n, int64
       return DT_ETIMEDOUT;
     }
     if (now - spin_from < ctx->spin_ns) {
-      if (ctx->oversub) sched_yield();
+      if (now - spin_from >= ctx->yield_ns) sched_yield();
       continue;
     }
     int64_t slice = ctx->live_ns > 0 ? ctx->live_ns * 5 : 10000000;
