@@ -20,6 +20,9 @@
  * The junk columns cost Wp/OW extra GEMM work (16/14 for 14x14 pad 1); in
  * backward their dout is packed as zero, so they contribute nothing.
  *
+ * With the AVX-512 GEMM back end, stride-1 convolutions take the implicit-
+ * GEMM route described further down instead (no patch matrix, no col2im).
+ *
  * This file does not allocate; the caller supplies dt_conv2d_ws_floats()
  * floats of scratch.
  */
@@ -27,6 +30,12 @@
 #include "tensor/tensor.h"
 
 #include <string.h>
+
+#ifndef DT_CONV_IMPLICIT_FLOATS
+/* Target per-chunk scratch of the implicit route: 128 Ki floats = 512 KiB,
+ * half of this machine's L2. */
+#define DT_CONV_IMPLICIT_FLOATS (128 * 1024)
+#endif
 
 #ifndef DT_CONV_CHUNK_FLOATS
 /* Target size of one chunk's patch matrix (floats): 256 Ki floats = 1 MiB. */
@@ -69,11 +78,190 @@ static plan make_plan(const dt_conv2d_geom *g) {
   return p;
 }
 
+/* ---- implicit-GEMM route (AVX-512 GEMM back end, stride 1) ------------
+ *
+ * Forward: no patch matrix at all. A chunk of n samples is copied into
+ * zero-padded planes xp (as on the grid route) and the GEMM's B operand is
+ * described by a row-offset table: row (c,kh,kw) of the patch matrix of
+ * sample i is xp_i[c] shifted by kh*Wp + kw, so the GEMM packs its B panels
+ * straight from xp (dt__gemm_op with rowoff and seg = S). Output on the grid
+ * (OC, n*S) goes to tmp, then to NCHW with the bias.
+ *
+ * Input gradient: for stride 1, dinp is the forward convolution of dout,
+ * zero-padded by KH-1-pad, with the weights flipped in space and with the
+ * channel axes swapped (W'[c][oc][kh][kw] = W[oc][c][KH-1-kh][KW-1-kw]). So
+ * it is the same implicit GEMM (M = C, K = OC*KH*KW) and needs no col2im.
+ *
+ * Weight gradient: dW(OC, K) += dout_grid(OC, n*S) * col(K, n*S)^T, with
+ * col again implicit (transposed operand, rows by offset table). */
+
+typedef struct iplan {
+  int ok;            /* route usable */
+  int K, KT;         /* C*KH*KW (forward), OC*KH*KW (transposed conv) */
+  int Hp, Wp, P, S;  /* forward grid (as plan) */
+  int Hq, Wq, Q, ST; /* dout padded by KH-1-pad: planes of Q, grid S' = H*Wq */
+  int bc;            /* samples per chunk */
+} iplan;
+
+static iplan make_iplan(const dt_conv2d_geom *g) {
+  iplan p = {0};
+  p.ok = g->stride == 1 && g->KH == g->KW && g->pad <= g->KH - 1;
+  p.K = g->C * g->KH * g->KW;
+  p.KT = g->OC * g->KH * g->KW;
+  p.Hp = g->H + 2 * g->pad;
+  p.Wp = g->W + 2 * g->pad;
+  p.P = p.Hp * p.Wp + g->KW;
+  p.S = g->OH * p.Wp;
+  p.Hq = g->OH + 2 * (g->KH - 1 - g->pad);
+  p.Wq = g->OW + 2 * (g->KW - 1 - g->pad);
+  p.Q = p.Hq * p.Wq + g->KW;
+  p.ST = g->H * p.Wq;
+  /* per sample: xp, tmp (dout grid or output grid), dout planes, dinp grid */
+  size_t per = (size_t)g->C * p.P + (size_t)g->OC * p.S + (size_t)g->OC * p.Q +
+               (size_t)g->C * p.ST;
+  size_t bc = DT_CONV_IMPLICIT_FLOATS / (per ? per : 1);
+  if (bc < 1) bc = 1;
+  if (bc > (size_t)g->B) bc = (size_t)g->B;
+  p.bc = (int)bc;
+  return p;
+}
+
+static size_t iplan_ws(const dt_conv2d_geom *g, const iplan *p) {
+  size_t n = (size_t)p->K + p->KT + (size_t)g->C * p->KT; /* offsets, offsets', W' */
+  n += (size_t)p->bc * ((size_t)g->C * p->P + (size_t)g->OC * p->S + (size_t)g->OC * p->Q +
+                        (size_t)g->C * p->ST);
+  return n + 64;
+}
+
+static int use_implicit(const dt_conv2d_geom *g) {
+  return dt__gemm_use_avx512() && make_iplan(g).ok;
+}
+
 size_t dt_conv2d_ws_floats(const dt_conv2d_geom *g) {
   plan p = make_plan(g);
   size_t n = ((size_t)p.K + (size_t)g->OC) * p.bc * p.S;
   if (p.grid) n += (size_t)p.bc * g->C * p.P;
+  iplan q = make_iplan(g);
+  if (q.ok) {
+    size_t m = iplan_ws(g, &q);
+    if (m > n) n = m;
+  }
   return n;
+}
+
+/* Offsets of the rows (c,kh,kw) of an implicit patch matrix over planes of
+ * `plane` floats with rows `wp` apart. */
+static void fill_rowoff(int *off, int C, int KH, int KW, int plane, int wp) {
+  for (int c = 0; c < C; c++)
+    for (int kh = 0; kh < KH; kh++)
+      for (int kw = 0; kw < KW; kw++) off[(c * KH + kh) * KW + kw] = c * plane + kh * wp + kw;
+}
+
+/* Copies n stacks of `ch` planes (h, w) into zero-padded planes of `plane`
+ * floats with pad ph (rows wp = w + 2*ph apart). */
+static void pad_planes(float *xp, const float *src0, int nplanes, int h, int w, int ph, int wp,
+                       int plane) {
+  for (int q = 0; q < nplanes; q++) {
+    float *restrict dst = xp + (size_t)q * plane;
+    const float *restrict src = src0 + (size_t)q * h * w;
+    memset(dst, 0, sizeof(float) * ((size_t)ph * wp + ph));
+    for (int y = 0; y < h; y++) {
+      float *row = dst + (size_t)(y + ph) * wp + ph;
+      memcpy(row, src + (size_t)y * w, sizeof(float) * w);
+      if (y + 1 < h) memset(row + w, 0, sizeof(float) * 2 * ph);
+    }
+    size_t used = (size_t)(h + ph) * wp - ph;
+    memset(dst + used, 0, sizeof(float) * (plane - used));
+  }
+}
+
+static void implicit_forward(float *out, const float *inp, const float *weight, const float *bias,
+                             const dt_conv2d_geom *g, float *ws) {
+  const iplan p = make_iplan(g);
+  const int OC = g->OC, OS = g->OH * g->OW, S = p.S;
+  const size_t inplane = (size_t)g->C * g->H * g->W;
+  int *off = (int *)ws;
+  float *xp = ws + p.K + p.KT + (size_t)g->C * p.KT;
+  float *tmp = xp + (size_t)p.bc * g->C * p.P;
+  fill_rowoff(off, g->C, g->KH, g->KW, p.P, p.Wp);
+  dt__gemm_op A = {.p = weight, .trans = 0, .ld = p.K};
+  for (int b0 = 0; b0 < g->B; b0 += p.bc) {
+    int n = g->B - b0 < p.bc ? g->B - b0 : p.bc;
+    int ld = n * S;
+    pad_planes(xp, inp + (size_t)b0 * inplane, n * g->C, g->H, g->W, g->pad, p.Wp, p.P);
+    dt__gemm_op B = {.p = xp, .trans = 0, .rowoff = off, .seg = S, .segstride = g->C * p.P};
+    dt__gemm_avx512_op(OC, ld, p.K, 1.0f, &A, &B, 0.0f, tmp, ld);
+    for (int i = 0; i < n; i++)
+      for (int oc = 0; oc < OC; oc++) {
+        const float *t = tmp + (size_t)oc * ld + (size_t)i * S;
+        float *d = out + ((size_t)(b0 + i) * OC + oc) * OS;
+        float bv = bias ? bias[oc] : 0.0f;
+        for (int oh = 0; oh < g->OH; oh++) {
+          const float *restrict tr = t + (size_t)oh * p.Wp;
+          float *restrict dr = d + (size_t)oh * g->OW;
+          for (int ow = 0; ow < g->OW; ow++) dr[ow] = tr[ow] + bv;
+        }
+      }
+  }
+}
+
+static void implicit_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                              const float *weight, const dt_conv2d_geom *g, float *ws) {
+  const iplan p = make_iplan(g);
+  const int OC = g->OC, C = g->C, KH = g->KH, KW = g->KW, OS = g->OH * g->OW, S = p.S;
+  const size_t inplane = (size_t)C * g->H * g->W;
+  int *off = (int *)ws, *offt = off + p.K;
+  float *wt = ws + p.K + p.KT; /* W' (C, OC*KH*KW) */
+  float *xp = wt + (size_t)C * p.KT;
+  float *tmp = xp + (size_t)p.bc * C * p.P;          /* dout grid (OC, n*S) */
+  float *dq = tmp + (size_t)p.bc * OC * S;            /* dout planes padded by KH-1-pad */
+  float *tg = dq + (size_t)p.bc * OC * p.Q;           /* dinp grid (C, n*S') */
+  const int qh = KH - 1 - g->pad; /* KH == KW on this route */
+  fill_rowoff(off, C, KH, KW, p.P, p.Wp);
+  if (dinp) {
+    fill_rowoff(offt, OC, KH, KW, p.Q, p.Wq);
+    for (int c = 0; c < C; c++)
+      for (int oc = 0; oc < OC; oc++)
+        for (int kh = 0; kh < KH; kh++)
+          for (int kw = 0; kw < KW; kw++)
+            wt[(size_t)c * p.KT + (oc * KH + kh) * KW + kw] =
+                weight[(((size_t)oc * C + c) * KH + (KH - 1 - kh)) * KW + (KW - 1 - kw)];
+  }
+  for (int b0 = 0; b0 < g->B; b0 += p.bc) {
+    int n = g->B - b0 < p.bc ? g->B - b0 : p.bc;
+    if (dweight) {
+      int ld = n * S;
+      for (int i = 0; i < n; i++)
+        for (int oc = 0; oc < OC; oc++) {
+          float *t = tmp + (size_t)oc * ld + (size_t)i * S;
+          const float *s = dout + ((size_t)(b0 + i) * OC + oc) * OS;
+          for (int oh = 0; oh < g->OH; oh++) {
+            float *restrict tr = t + (size_t)oh * p.Wp;
+            const float *restrict sr = s + (size_t)oh * g->OW;
+            for (int ow = 0; ow < g->OW; ow++) tr[ow] = sr[ow];
+            for (int ow = g->OW; ow < p.Wp; ow++) tr[ow] = 0.0f;
+          }
+        }
+      pad_planes(xp, inp + (size_t)b0 * inplane, n * C, g->H, g->W, g->pad, p.Wp, p.P);
+      dt__gemm_op A = {.p = tmp, .trans = 0, .ld = ld};
+      dt__gemm_op B = {.p = xp, .trans = 1, .rowoff = off, .seg = S, .segstride = C * p.P};
+      dt__gemm_avx512_op(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
+    }
+    if (dinp) {
+      int ld = n * p.ST;
+      pad_planes(dq, dout + (size_t)b0 * OC * OS, n * OC, g->OH, g->OW, qh, p.Wq, p.Q);
+      dt__gemm_op A = {.p = wt, .trans = 0, .ld = p.KT};
+      dt__gemm_op B = {.p = dq, .trans = 0, .rowoff = offt, .seg = p.ST, .segstride = OC * p.Q};
+      dt__gemm_avx512_op(C, ld, p.KT, 1.0f, &A, &B, 0.0f, tg, ld);
+      for (int i = 0; i < n; i++)
+        for (int c = 0; c < C; c++) {
+          const float *t = tg + (size_t)c * ld + (size_t)i * p.ST;
+          float *d = dinp + ((size_t)(b0 + i) * C + c) * g->H * g->W;
+          for (int h = 0; h < g->H; h++)
+            memcpy(d + (size_t)h * g->W, t + (size_t)h * p.Wq, sizeof(float) * g->W);
+        }
+    }
+  }
 }
 
 /* Copies n images (C,H,W) into zero-padded planes xp (n*C planes of P). */
@@ -134,6 +322,10 @@ static void grid_col2im(float *dinp, float *dxp, const float *col, int n, const 
 
 void dt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias,
                        const dt_conv2d_geom *g, float *ws) {
+  if (use_implicit(g)) {
+    implicit_forward(out, inp, weight, bias, g, ws);
+    return;
+  }
   const plan p = make_plan(g);
   const int S = p.S, K = p.K, OC = g->OC, OS = g->OH * g->OW;
   const int rowlen = p.grid ? p.Wp : g->OW; /* tmp columns per output row */
@@ -182,6 +374,10 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *
         dbias[oc] += dt_vec_sum(dout + ((size_t)b * OC + oc) * OS, (size_t)OS);
   }
   if (!dweight && !dinp) return;
+  if (use_implicit(g)) {
+    implicit_backward(dinp, dweight, dout, inp, weight, g, ws);
+    return;
+  }
   for (int b0 = 0; b0 < g->B; b0 += p.bc) {
     int n = g->B - b0 < p.bc ? g->B - b0 : p.bc;
     size_t ld = (size_t)n * S;
