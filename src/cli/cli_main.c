@@ -1,9 +1,10 @@
 /*
  * cli_main.c — the dtrain dispatcher: global options (--help, --version)
- * and one subcommand per file (cmd_*.c). Before `train` it re-executes
- * itself once with OPENBLAS_CORETYPE=SkylakeX when OpenBLAS chose a
- * slower kernel family than the CPU supports (the variable only works
- * before the library loads); a user's own OPENBLAS_CORETYPE is respected.
+ * and one subcommand per file (cmd_*.c). dt__cli_prefer_fast_blas (called
+ * by main.c only, so tests calling dt_cli_main never exec) re-executes the
+ * command once with OPENBLAS_CORETYPE=SkylakeX when OpenBLAS chose a slower
+ * kernel family than the CPU supports (the variable only works before the
+ * library loads); a user's own OPENBLAS_CORETYPE is respected.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +31,8 @@ static void usage(FILE *f) {
           "Config keys and defaults: docs/config.md.\n");
 }
 
-static void maybe_reexec(char **argv) {
+void dt__cli_prefer_fast_blas(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "train")) return;
   if (getenv("OPENBLAS_CORETYPE") || !dt_tensor_blas_underpowered()) return;
   if (setenv("OPENBLAS_CORETYPE", "SkylakeX", 1)) return;
   execv("/proc/self/exe", argv);
@@ -52,7 +54,6 @@ int dt_cli_main(int argc, char **argv) {
     return DT_EXIT_OK;
   }
   if (!strcmp(cmd, "train")) {
-    maybe_reexec(argv);
     return dt__cmd_train(argc - 1, argv + 1);
   }
   fprintf(stderr, "dtrain: unknown command '%s' (try dtrain --help)\n", cmd);

@@ -7,4 +7,7 @@
 
 #include "cli/cli.h"
 
-int main(int argc, char **argv) { return dt_cli_main(argc, argv); }
+int main(int argc, char **argv) {
+  dt__cli_prefer_fast_blas(argc, argv);
+  return dt_cli_main(argc, argv);
+}
