@@ -229,6 +229,7 @@ static int write_summary(const char *dir, const dt_engine *e, const dt_run_summa
   cJSON_AddNumberToObject(o, "bytes_sent", 0);
   cJSON_AddNumberToObject(o, "bytes_received", 0);
   cJSON_AddStringToObject(o, "blas_core", dt_tensor_blas_core());
+  cJSON_AddStringToObject(o, "gemm", dt_tensor_gemm_impl());
   cJSON_AddStringToObject(o, "dtrain_version", dt_version());
   char *txt = cJSON_Print(o);
   cJSON_Delete(o);
