@@ -19,7 +19,12 @@
  * kernel (dt_relu_maxpool2x2_*): ReLU and max commute, so the pool reads the
  * raw input and the ReLU layer does nothing in either direction (its output
  * is its input, its input gradient is the pool's). The spec, the parameter
- * layout and the results, bitwise, are those of the unfused layers.
+ * layout and the results, bitwise, are those of the unfused layers. A conv
+ * whose output feeds only such a pair runs in chunks of a few samples
+ * (DTRAIN_NN_CHUNK_BYTES of conv output, default 128 KiB; 0 turns it off),
+ * each pooled straight after it is computed, while it is still in cache: the
+ * conv output is then a chunk-sized scratch buffer instead of a batch-sized
+ * array that goes to memory and back.
  *
  * It does not do losses other than softmax cross-entropy, micro-batch
  * gradient accumulation (callers add up gradients themselves) or threads.
@@ -45,6 +50,7 @@ typedef struct layer {
   int owns_out;           /* out is this layer's own buffer */
   int inplace;            /* relu over its input buffer */
   int fused;              /* see enum fuse */
+  int chunk;              /* conv before a relu+pool pair: samples per chunk, else 0 */
   float *out;             /* (max_batch, out_el); for flatten, the input */
   const float *in;        /* input of the last forward */
   float *w, *b;           /* spans of params: weight, then bias */
@@ -75,6 +81,13 @@ struct dt_model {
   int train;
   const float *logits;
 };
+
+/* Does layer i start a `relu maxpool(2)` pair the fused kernel can run? */
+static int relu_pool_at(const dt__spec *sp, int i) {
+  return i + 1 < sp->n && sp->L[i].info.kind == DT_L_RELU &&
+         sp->L[i + 1].info.kind == DT_L_MAXPOOL2D && sp->L[i + 1].k == 2 &&
+         sp->L[i + 1].stride == 2;
+}
 
 /* Rounds a float count up to a 64-byte multiple so every sub-buffer stays
  * aligned for vector loads. */
@@ -128,6 +141,7 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
   /* Pass 1: decide aliasing and count arena sizes. */
   size_t nacts = 0, niacts = 0, nws = 0;
   int input_owned = 0; /* is the current activation a model-owned buffer? */
+  int64_t chunk_bytes = dt_param_int("DTRAIN_NN_CHUNK_BYTES", 128 * 1024);
   for (int i = 0; i < sp.n; i++) {
     layer *l = &m->L[i];
     l->s = sp.L[i];
@@ -137,13 +151,15 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
     if (in->nparams && m->first_param == sp.n) m->first_param = i;
     l->owns_out = 1;
     if (in->kind == DT_L_FLATTEN) l->owns_out = 0;
-    if (in->kind == DT_L_RELU && i + 1 < sp.n && sp.L[i + 1].info.kind == DT_L_MAXPOOL2D &&
-        sp.L[i + 1].k == 2 && sp.L[i + 1].stride == 2)
-      l->fused = FUSE_ABSORBED, l->owns_out = 0;
+    if (relu_pool_at(&sp, i)) l->fused = FUSE_ABSORBED, l->owns_out = 0;
+    if (in->kind == DT_L_CONV2D && relu_pool_at(&sp, i + 1) && chunk_bytes > 0) {
+      int64_t c = chunk_bytes / (int64_t)(l->out_el * sizeof(float));
+      l->chunk = c < 1 ? 1 : c > max_batch ? max_batch : (int)c;
+    }
     if (in->kind == DT_L_MAXPOOL2D && i > 0 && m->L[i - 1].fused == FUSE_ABSORBED)
       l->fused = FUSE_RELU_POOL;
     if (in->kind == DT_L_RELU && !l->fused && input_owned) l->owns_out = 0, l->inplace = 1;
-    if (l->owns_out) nacts += al16(MB * l->out_el), input_owned = 1;
+    if (l->owns_out) nacts += al16((l->chunk ? (size_t)l->chunk : MB) * l->out_el), input_owned = 1;
     switch (in->kind) {
     case DT_L_DROPOUT: nacts += al16(MB * l->out_el); break;
     case DT_L_MAXPOOL2D: niacts += al16(MB * l->out_el); break;
@@ -180,7 +196,7 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
   for (int i = 0; i < sp.n; i++) {
     layer *l = &m->L[i];
     const dt_layer_info *in = &l->s.info;
-    if (l->owns_out) l->out = a, a += al16(MB * l->out_el);
+    if (l->owns_out) l->out = a, a += al16((l->chunk ? (size_t)l->chunk : MB) * l->out_el);
     if (in->nparams) {
       l->w = m->params + in->param_off;
       l->dw = m->grads + in->param_off;
@@ -275,6 +291,24 @@ double dt_model_flops_per_sample(const dt_model *m, int train) {
   return f;
 }
 
+/* Layers i (conv), i+1 (relu, absorbed), i+2 (2x2 pool, fused) over the
+ * batch in chunks of l->chunk samples; the conv output is chunk-sized
+ * scratch that only the pool reads. */
+static void conv_relu_pool_chunked(dt_model *m, int i, const float *x, int B) {
+  layer *c = &m->L[i], *r = &m->L[i + 1], *p = &m->L[i + 2];
+  const dt_layer_info *pin = &p->s.info;
+  c->in = x;
+  r->out = c->out;
+  r->in = p->in = c->out;
+  for (int b0 = 0; b0 < B; b0 += c->chunk) {
+    int n = B - b0 < c->chunk ? B - b0 : c->chunk;
+    c->g.B = n;
+    dt_conv2d_forward(c->out, x + (size_t)b0 * c->in_el, c->w, c->b, &c->g, m->ws);
+    dt_relu_maxpool2x2_forward(p->out + (size_t)b0 * p->out_el, p->argmax + (size_t)b0 * p->out_el,
+                               c->out, n, pin->in_c, pin->in_h, pin->in_w);
+  }
+}
+
 const float *dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx) {
   if (B < 1 || B > m->max_batch || !x) {
     dt__seterr(DT_EINVAL, "model forward: batch %d outside [1, %d]", B, m->max_batch);
@@ -293,6 +327,12 @@ const float *dt_model_forward(dt_model *m, const float *x, int B, const dt_step_
       dt_linear_forward(l->out, cur, l->w, l->b, B, (int)l->in_el, s->oc);
       break;
     case DT_L_CONV2D:
+      if (l->chunk) {
+        conv_relu_pool_chunked(m, i, cur, B);
+        cur = m->L[i + 2].out;
+        i += 2;
+        continue;
+      }
       l->g.B = B;
       dt_conv2d_forward(l->out, cur, l->w, l->b, &l->g, m->ws);
       break;

@@ -7,8 +7,11 @@
  * logits, loss, correct count and the whole gradient buffer must be bitwise
  * equal over several SGD steps, at full and partial batch, in train and
  * eval mode, and the caller's input must stay untouched when the relu is the
- * first layer.
+ * first layer. All of it under several DTRAIN_NN_CHUNK_BYTES settings, so
+ * the chunked conv -> fused pool route runs with one sample per chunk, with
+ * a partial last chunk, with one chunk and switched off.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -53,11 +56,12 @@ static dt_model *make(const char *spec, const pair *p) {
 }
 
 static void same(const char *what, const void *a, const void *b, size_t bytes, const char *spec) {
-  if (memcmp(a, b, bytes) != 0) fail_msg("%s differs for %s", what, spec);
+  if (memcmp(a, b, bytes) != 0)
+    fail_msg("%s differs for %s (DTRAIN_NN_CHUNK_BYTES=%s)", what, spec,
+             getenv("DTRAIN_NN_CHUNK_BYTES") ? getenv("DTRAIN_NN_CHUNK_BYTES") : "unset");
 }
 
-static void test_fused_equals_unfused(void **st) {
-  (void)st;
+static void run_pairs(void) {
   for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++) {
     const pair *p = &pairs[pi];
     dt_model *f = make(p->fused, p), *u = make(p->unfused, p);
@@ -108,6 +112,18 @@ static void test_fused_equals_unfused(void **st) {
     free(x), free(x0);
     dt_model_destroy(f);
     dt_model_destroy(u);
+  }
+}
+
+static void test_fused_equals_unfused(void **st) {
+  (void)st;
+  static const char *chunks[] = {"1", "30000", "0", NULL};
+  for (int k = 0; k < 4; k++) {
+    if (chunks[k])
+      setenv("DTRAIN_NN_CHUNK_BYTES", chunks[k], 1);
+    else
+      unsetenv("DTRAIN_NN_CHUNK_BYTES");
+    run_pairs();
   }
 }
 
