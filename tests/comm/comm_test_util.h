@@ -29,6 +29,7 @@ struct rank_ctx {
   int rc;
   char fail[512];
   dt_comm *comm;
+  int host_mod; /* > 0: pretend rank r lives on host "h<r / host_mod>" */
 };
 
 static void *rank_main(void *p) {
@@ -45,6 +46,11 @@ static void *rank_main(void *p) {
   cfg.size = r->size;
   cfg.job = r->job;
   cfg.timeout_s = r->timeout;
+  char host[32];
+  if (r->host_mod > 0) {
+    snprintf(host, sizeof host, "h%d", r->rank / r->host_mod);
+    cfg.host_id = host;
+  }
   r->rc = dt_comm_create(&r->comm, s, &cfg);
   dt_store_destroy(s);
   if (r->rc < 0) {
@@ -58,6 +64,7 @@ static void *rank_main(void *p) {
 
 /* Runs body on n ranks (threads). Returns the number of ranks that failed;
  * their messages are printed. rcs (may be NULL) receives each rank's rc. */
+__attribute__((unused)) static int g_host_mod; /* copied into every rank_ctx by run_ranks */
 __attribute__((unused)) static int run_ranks(const char *transport, int n, double timeout, rank_body body, void *arg,
                      int *rcs, char (*msgs)[512]) {
   static atomic_int job_ctr;
@@ -71,7 +78,7 @@ __attribute__((unused)) static int run_ranks(const char *transport, int n, doubl
   struct rank_ctx *r = calloc((size_t)n, sizeof *r);
   pthread_t *th = calloc((size_t)n, sizeof *th);
   for (int i = 0; i < n; i++) {
-    r[i] = (struct rank_ctx){i, n, transport, job, dt_store_server_port(srv), timeout, body, arg, 0, "", NULL};
+    r[i] = (struct rank_ctx){i, n, transport, job, dt_store_server_port(srv), timeout, body, arg, 0, "", NULL, g_host_mod};
     pthread_create(&th[i], NULL, rank_main, &r[i]);
   }
   int bad = 0;

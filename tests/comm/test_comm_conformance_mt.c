@@ -233,6 +233,43 @@ static int p2p_body(dt_comm *c, void *arg, char *fail, size_t cap) {
   return rc;
 }
 
+/* Hierarchical allreduce over pretend hosts (host_id override): every op
+ * and dtype at a few counts, exact against the reference, plus the
+ * topology the communicator reports. */
+static int hier_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  int n = dt_comm_size(c), r = dt_comm_rank(c), seed = 500, hm = *(int *)arg;
+  struct dt_comm_topo t;
+  dt_comm_topology(c, &t);
+  if (t.nhosts != (n + hm - 1) / hm || t.host != r / hm || t.local_rank != r % hm)
+    return FAIL("topology: nhosts %d host %d local %d", t.nhosts, t.host, t.local_rank);
+  size_t maxb = 1023 * 8;
+  uint8_t *in = malloc(maxb), *out = malloc(maxb), *ref = malloc(maxb);
+  int rc = 0;
+  static const size_t hc[] = {1, 7, 1023};
+  for (size_t d = 0; d < 6 && !rc; d++)
+    for (int op = 0; op < DT_OP_COUNT && !rc; op++)
+      for (size_t k = 0; k < 3 && !rc; k++, seed++) {
+        dt_dtype ty = dtypes[d];
+        fill_input(in, hc[k], ty, r, seed);
+        if (dt_comm_allreduce_algo(c, in, out, hc[k], ty, (dt_redop)op, DT_ALGO_HIER))
+          return FAIL("hier %s %s: %s", dt_dtype_name(ty), dt_redop_name((dt_redop)op), dt_errmsg());
+        reference(ref, hc[k], ty, (dt_redop)op, n, seed);
+        if (memcmp(out, ref, hc[k] * dt_dtype_size(ty)))
+          rc = FAIL("hier %s %s count %zu: wrong", dt_dtype_name(ty), dt_redop_name((dt_redop)op), hc[k]);
+      }
+  free(in), free(out), free(ref);
+  return rc;
+}
+
+/* Forcing: DTRAIN_ALGO sets the communicator's algorithm at creation. */
+static int algo_env_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  if (dt_comm_algo(c) != DT_ALGO_RHD) return FAIL("DTRAIN_ALGO=rhd not applied (%s)", dt_algo_name(dt_comm_algo(c)));
+  int64_t v = dt_comm_rank(c), sum = 0;
+  if (dt_comm_allreduce(c, &v, &sum, 1, DT_I64, DT_OP_SUM)) return FAIL("allreduce: %s", dt_errmsg());
+  dt_comm_set_algo(c, DT_ALGO_AUTO);
+  return sum == (int64_t)dt_comm_size(c) * (dt_comm_size(c) - 1) / 2 ? 0 : FAIL("sum");
+}
+
 static const int sizes[] = {1, 2, 3, 4, 5, 8};
 
 static void run_matrix(const char *tp, rank_body body, const int *ns, int nn) {
@@ -272,6 +309,24 @@ static void test_p2p(void **s) {
   run_matrix("tcp", p2p_body, ns, 2);
 }
 
+static void test_hier(void **s) {
+  static const int cases[][2] = {{4, 2}, {5, 2}, {8, 3}, {3, 1}};
+  for (int i = 0; i < 4; i++) {
+    int hm = cases[i][1];
+    g_host_mod = hm;
+    int bad = run_ranks(i == 1 ? "tcp" : "inproc", cases[i][0], 20.0, hier_body, &hm, NULL, NULL);
+    g_host_mod = 0;
+    assert_int_equal(bad, 0);
+  }
+}
+
+static void test_algo_env(void **s) {
+  setenv("DTRAIN_ALGO", "rhd", 1);
+  int bad = run_ranks("inproc", 3, 10.0, algo_env_body, NULL, NULL, NULL);
+  unsetenv("DTRAIN_ALGO");
+  assert_int_equal(bad, 0);
+}
+
 static void test_reduce_ops(void **s) {
   /* half conversions round to nearest even and keep small integers exact */
   for (int i = -2048; i <= 2048; i++) {
@@ -303,6 +358,7 @@ int main(void) {
       cmocka_unit_test(test_others_tcp),     cmocka_unit_test(test_large_inproc),
       cmocka_unit_test(test_large_tcp),      cmocka_unit_test(test_random_float),
       cmocka_unit_test(test_split),         cmocka_unit_test(test_p2p),
+      cmocka_unit_test(test_hier),          cmocka_unit_test(test_algo_env),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

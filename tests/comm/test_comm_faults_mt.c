@@ -288,7 +288,7 @@ static void test_strangers_rejected(void **s) {
   pthread_t th[2], st;
   pthread_create(&st, NULL, stranger_main, &a);
   for (int i = 0; i < 2; i++) {
-    r[i] = (struct rank_ctx){i, 2, "tcp", a.job, dt_store_server_port(a.srv), 20.0, stranger_rank, &a, 0, "", NULL};
+    r[i] = (struct rank_ctx){i, 2, "tcp", a.job, dt_store_server_port(a.srv), 20.0, stranger_rank, &a, 0, "", NULL, 0};
     pthread_create(&th[i], NULL, rank_main, &r[i]);
   }
   for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
