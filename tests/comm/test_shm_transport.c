@@ -216,7 +216,9 @@ static int body_mismatch(int rank, int size) {
   } else {
     T()->irecv(eps[0], &r1);
     T()->irecv(eps[0], &r2);
-    T()->wait(ctx, rs, 2, dt_now_ns() + 5000000000ll, B->err[rank]);
+    /* wait() returns at the first failure: wait for each on its own */
+    T()->wait(ctx, &rs[0], 1, dt_now_ns() + 5000000000ll, B->err[rank]);
+    T()->wait(ctx, &rs[1], 1, dt_now_ns() + 5000000000ll, B->err[rank]);
     rc = (r1.status == DT_EPROTO && r2.status == DT_EPROTO) ? DT_EPROTO : DT_EIO;
   }
   teardown(size, ctx, eps);

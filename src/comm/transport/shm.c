@@ -89,6 +89,7 @@ struct dt_tp_ep {
   /* receiving */
   struct dt_tp_req *rq_head, *rq_tail; /* posted receives, in order */
   struct unexp *ux_head, *ux_tail;     /* arrived before their receive */
+  struct dt_tp_req *pull_head, *pull_tail; /* matched CMA receives not yet copied */
   bool rx_in_rec;
   uint64_t rx_len, rx_off, rx_total;   /* current record: payload, consumed, padded */
   struct dt_tp_req *rx_req;            /* destination of the current record, or */
@@ -248,6 +249,8 @@ static void ep_fail_all(struct dt_tp_ep *ep, int rc) {
   for (r = ep->sq_head; r; r = n) { n = r->next; req_finish(r, rc); }
   for (r = ep->rq_head; r; r = n) { n = r->next; req_finish(r, rc); }
   for (r = ep->cma_wait; r; r = n) { n = r->next; req_finish(r, rc); }
+  for (r = ep->pull_head; r; r = n) { n = r->next; req_finish(r, rc); }
+  ep->pull_head = ep->pull_tail = NULL;
   for (struct unexp *u = ep->ux_head; u; u = u->next)
     if (u->req) { req_finish(u->req, rc); u->req = NULL; }
   if (ep->rx_req) { req_finish(ep->rx_req, rc); ep->rx_req = NULL; }
@@ -476,6 +479,14 @@ static void rx_get(struct dt_tp_ep *ep, uint64_t tail, void *dst, uint64_t n) {
 }
 
 static bool rx_progress(struct dt_tp_ep *ep) {
+  if (ep->pull_head) {
+    struct dt_tp_req *r = ep->pull_head;
+    ep->pull_head = r->next;
+    if (!ep->pull_head) ep->pull_tail = NULL;
+    r->next = NULL;
+    cma_pull(ep, r, r->priv[1], r->priv[2], (uint32_t)r->priv[3]);
+    return true;
+  }
   struct dt_shm_ring *rg = ep->rx;
   uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_relaxed);
   uint64_t head = atomic_load_explicit(&rg->head, memory_order_acquire);
@@ -504,6 +515,10 @@ static bool rx_progress(struct dt_tp_ep *ep) {
         struct unexp *u;
         if (r) {
           cma_pull(ep, r, rec.addr_or_cookie, rec.len, rec.pad);
+          /* One bulk copy per call: the waiter checks its requests before
+           * the next, so an algorithm reduces each chunk while it is still
+           * in cache instead of after every chunk has been pulled. */
+          break;
         } else if ((u = ux_new(ep, DT_SHM_CMA, rec.tag, rec.len, rec.addr_or_cookie))) {
           u->cookie = rec.pad;
         } else {
@@ -637,7 +652,7 @@ static void check_live(struct dt_tp_ctx *ctx) {
       continue;
     exited_nofd:
       rx_progress(ep); /* take whatever it published before dying */
-      if (atomic_load(&ep->rx->closed) && !ep->rq_head && !ep->rx_in_rec && !ep->sq_head &&
+      if (atomic_load(&ep->rx->closed) && !ep->rq_head && !ep->rx_in_rec && !ep->sq_head && !ep->pull_head &&
           !ep->cma_wait)
         ep->gone = true;
       else
@@ -653,7 +668,7 @@ static void check_live(struct dt_tp_ctx *ctx) {
     struct dt_tp_ep *ep = ctx->eps[idx[i]];
     rx_progress(ep);
     if (ep->dead) continue;
-    if (atomic_load(&ep->rx->closed) && !ep->rq_head && !ep->rx_in_rec && !ep->sq_head &&
+    if (atomic_load(&ep->rx->closed) && !ep->rq_head && !ep->rx_in_rec && !ep->sq_head && !ep->pull_head &&
         !ep->cma_wait)
       ep->gone = true;
     else
@@ -893,10 +908,13 @@ static int shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r) {
   for (struct unexp *u = ep->ux_head; u; u = u->next) {
     if (u->tag != r->tag || u->req) continue;
     if (u->kind == DT_SHM_CMA) {
+      /* Copied by the next progress, one per call (see rx_progress). */
       ux_unlink(ep, u);
-      cma_pull(ep, r, u->cookie_or_addr, u->len, u->cookie);
+      r->priv[1] = u->cookie_or_addr;
+      r->priv[2] = u->len;
+      r->priv[3] = u->cookie;
+      list_append(&ep->pull_head, &ep->pull_tail, r);
       free(u);
-      tx_progress(ep);
     } else if (u->complete) {
       ux_unlink(ep, u);
       ux_deliver(ep, u, r);
@@ -992,6 +1010,9 @@ static void shm_cancel(struct dt_tp_ctx *ctx, struct dt_tp_req *r) {
   } else if (list_remove(&ep->sq_head, &ep->sq_tail, r) || list_remove(&ep->rq_head, &ep->rq_tail, r) ||
              list_remove(&ep->cma_wait, NULL, r)) {
     /* forgotten; a late ACK for it finds nothing */
+  } else if (list_remove(&ep->pull_head, &ep->pull_tail, r)) {
+    /* never copied: tell the sender, so its send does not wait forever */
+    queue_ack(ep, (uint32_t)r->priv[3], DT_EABORTED);
   } else {
     if (ep->rx_req == r) ep->rx_req = NULL; /* the rest of its payload is discarded */
     for (struct unexp *u = ep->ux_head; u; u = u->next)
