@@ -219,9 +219,10 @@ static void *stranger_main(void *p) {
     atomic_fetch_add(&a->bad_closed, closed_by_peer(fd));
     close(fd);
   }
-  /* 2: truncated frame (header promises 60 bytes, 10 arrive, then silence) */
+  /* 2: truncated frame (a hello header promising its 48 bytes, 10 arrive,
+   * then the stranger hangs up) */
   if ((fd = dial(port)) >= 0) {
-    frame(buf, DT_FRAME_MAGIC, DT_FRAME_HELLO, 60);
+    frame(buf, DT_FRAME_MAGIC, DT_FRAME_HELLO, 8 + 4 + 4 + DT_AUTH_NONCE_LEN);
     send(fd, buf, DT_FRAME_HDR_LEN + 10, MSG_NOSIGNAL);
     shutdown(fd, SHUT_WR);
     atomic_fetch_add(&a->bad_closed, closed_by_peer(fd));

@@ -123,29 +123,31 @@ static void test_sigkill_peer(void **st) {
         ready += (int)k;
       }
     }
-    assert_int_equal(ready, n);
+    if (ready != n) { /* reap before failing: no child outlives the test */
+      reap_all(pids, n);
+      dt_store_server_stop(srv);
+      fail_msg("only %d of %d ranks started", ready, n);
+    }
     double t_kill = dt_now();
     kill(pids[victim], SIGKILL);
     waitpid(pids[victim], NULL, 0);
     pids[victim] = -1;
-    int got = 0;
+    int got = 0, good = 0;
     for (int k = 0; k < n - 1; k++) {
       struct report rep;
       if (!read_report(rp[0], &rep, 10.0)) break;
       got++;
       char want[32];
       snprintf(want, sizeof want, "rank %d", victim);
-      if (rep.rc != DT_EPEERLOST || !strstr(rep.msg, want) || rep.t_fail - t_kill > 5.0)
-        fprintf(stderr, "survivor %d: rc %d after %.2f s: %s\n", rep.rank, rep.rc, rep.t_fail - t_kill, rep.msg);
-      assert_int_equal(rep.rc, DT_EPEERLOST);
-      assert_non_null(strstr(rep.msg, want));
-      assert_true(rep.t_fail - t_kill < 5.0);
+      if (rep.rc == DT_EPEERLOST && strstr(rep.msg, want) && rep.t_fail - t_kill < 5.0) good++;
+      else fprintf(stderr, "survivor %d: rc %d after %.2f s: %s\n", rep.rank, rep.rc, rep.t_fail - t_kill, rep.msg);
     }
     reap_all(pids, n);
     close(rp[0]);
     close(readyp[0]);
     dt_store_server_stop(srv);
     assert_int_equal(got, n - 1);
+    assert_int_equal(good, n - 1); /* each: DT_EPEERLOST naming the victim within 5 s */
   }
 }
 
