@@ -18,8 +18,10 @@
  * Knobs: DTRAIN_SHM_RING_BYTES (per sender, default 1 MiB),
  * DTRAIN_SHM_CMA_BYTES (smallest message sent single-copy, default 64 KiB;
  * 0 disables), DTRAIN_SHM_SPIN_US (how long a waiter polls before it
- * sleeps on the futex; default 1000, or 100 while yielding the core when
- * there are more ranks than cores).
+ * sleeps on the futex; default 2000, 200 when there are more ranks than
+ * cores), DTRAIN_SHM_YIELD_US (after this long it yields the core between
+ * polls, so a peer or a compute thread on the same core can run; default
+ * 20, 0 when oversubscribed), DTRAIN_SHM_LIVE_MS (pidfd poll period, 2).
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
@@ -717,8 +719,8 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   cpu_set_t cs;
   int ncpu = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
   ctx->oversub = in->size > ncpu;
-  ctx->spin_ns = dt_param_int("DTRAIN_SHM_SPIN_US", ctx->oversub ? 100 : 1000) * 1000;
-  ctx->yield_ns = dt_param_int("DTRAIN_SHM_YIELD_US", ctx->oversub ? 0 : 50) * 1000;
+  ctx->spin_ns = dt_param_int("DTRAIN_SHM_SPIN_US", ctx->oversub ? 200 : 2000) * 1000;
+  ctx->yield_ns = dt_param_int("DTRAIN_SHM_YIELD_US", ctx->oversub ? 0 : 20) * 1000;
   ctx->live_ns = dt_param_int("DTRAIN_SHM_LIVE_MS", 2) * 1000000;
   ctx->probe = ((uint64_t)ctx->pid << 32) ^ 0x5eed5eed12345678ull ^ (uint64_t)(uintptr_t)ctx;
 
