@@ -19,8 +19,9 @@
  * A frame failing validation on an established connection, an EOF or a
  * reset without a prior BYE means the peer is lost: the context aborts with
  * DT_EPEERLOST naming it and sends ABORT frames to every other peer.
- * Liveness: TCP keepalive (2 s idle, 1 s probes, 3 misses) and a 5 s
- * TCP_USER_TIMEOUT turn a silently vanished host into DT_EPEERLOST; a
+ * Liveness: TCP keepalive (2 s idle, 1 s probes, 3 misses) turns a
+ * silently vanished host on an idle connection into DT_EPEERLOST (with data
+ * in flight, set DTRAIN_TCP_USER_TIMEOUT_MS or rely on the deadline); a
  * process that dies is seen at once through its FIN or RST. A live but
  * hung process is caught by the caller's deadline instead.
  * Knobs: DTRAIN_TCP_BUFFER (SO_SNDBUF/SO_RCVBUF, default: kernel
@@ -129,14 +130,17 @@ static void set_sock_opts(int fd, int bufsize) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   /* A host that vanishes without a FIN (power loss, partition) must still
    * become DT_EPEERLOST within seconds: keepalive probes after 2 s idle,
-   * every second, 3 misses; unacknowledged data for 5 s also kills it. */
+   * every second, 3 misses. TCP_USER_TIMEOUT (unacknowledged data) is off
+   * by default: newer kernels also apply it to zero-window probing, which
+   * would kill a healthy connection whose receiver computes for a while
+   * without reading (large early frames deliberately wait in the socket). */
   int idle = (int)dt_param_int("DTRAIN_TCP_KEEPIDLE", 2), intvl = 1, cnt = 3;
-  unsigned int uto = (unsigned int)dt_param_int("DTRAIN_TCP_USER_TIMEOUT_MS", 5000);
+  unsigned int uto = (unsigned int)dt_param_int("DTRAIN_TCP_USER_TIMEOUT_MS", 0);
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
+  if (uto) setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
   if (bufsize > 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufsize, sizeof bufsize);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsize, sizeof bufsize);
