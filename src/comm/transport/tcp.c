@@ -590,7 +590,7 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
       pend_reject(x, p, why);
       return;
     }
-    if (x->ep[p->peer] && !x->ep[p->peer]->dead) {
+    if (x->ep[p->peer]) { /* live or lost: a rank connects once per communicator */
       snprintf(why, sizeof why, "rank %d is already connected", p->peer);
       pend_reject(x, p, why);
       return;
@@ -598,11 +598,6 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
     if (!write_frame(p->fd, DT_FRAME_AUTH_OK, NULL, 0)) { pend_reject(x, p, "write failed"); return; }
     int fd = p->fd, peer = p->peer;
     pend_remove(x, p, false);
-    if (x->ep[peer]) { /* a dead earlier connection: replace it */
-      close(x->ep[peer]->fd);
-      free(x->ep[peer]);
-      x->ep[peer] = NULL;
-    }
     if (make_ep(x, fd, peer) < 0) close(fd);
     return;
   }
