@@ -152,14 +152,28 @@ static void half_reduce(uint16_t *restrict a, const uint16_t *restrict b, size_t
       for (size_t i = 0; i < m; i++) fa[i] = dt_bf16_to_f32(a[s + i]);
       for (size_t i = 0; i < m; i++) fb[i] = dt_bf16_to_f32(b[s + i]);
     } else {
+#if defined(__FLT16_MAX__) && defined(__F16C__)
+      /* hardware conversions (vcvtph2ps), same IEEE rounding as the portable path */
+      const _Float16 *ha = (const _Float16 *)(a + s), *hb = (const _Float16 *)(b + s);
+      for (size_t i = 0; i < m; i++) fa[i] = (float)ha[i];
+      for (size_t i = 0; i < m; i++) fb[i] = (float)hb[i];
+#else
       for (size_t i = 0; i < m; i++) fa[i] = dt_f16_to_f32(a[s + i]);
       for (size_t i = 0; i < m; i++) fb[i] = dt_f16_to_f32(b[s + i]);
+#endif
     }
     if (op == DT_OP_MIN) f32_min(fa, fb, m);
     else if (op == DT_OP_MAX) f32_max(fa, fb, m);
     else f32_sum(fa, fb, m);
     if (bf) for (size_t i = 0; i < m; i++) a[s + i] = dt_f32_to_bf16(fa[i]);
-    else for (size_t i = 0; i < m; i++) a[s + i] = dt_f32_to_f16(fa[i]);
+    else {
+#if defined(__FLT16_MAX__) && defined(__F16C__)
+      _Float16 *ho = (_Float16 *)(a + s);
+      for (size_t i = 0; i < m; i++) ho[i] = (_Float16)fa[i];
+#else
+      for (size_t i = 0; i < m; i++) a[s + i] = dt_f32_to_f16(fa[i]);
+#endif
+    }
   }
 }
 
