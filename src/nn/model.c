@@ -24,7 +24,13 @@
  * (DTRAIN_NN_CHUNK_BYTES of conv output, default 128 KiB; 0 turns it off),
  * each pooled straight after it is computed, while it is still in cache: the
  * conv output is then a chunk-sized scratch buffer instead of a batch-sized
- * array that goes to memory and back.
+ * array that goes to memory and back. For the same reason the backward of
+ * the first layer with parameters, when it is a conv (it needs no input
+ * gradient, only dW and db), runs in chunks of that many samples, adding
+ * the chunks' dW and db in chunk order; behind a fused pair each chunk's
+ * output gradient is produced by the pool's backward into that scratch just
+ * before it is used. The unfused layers chunk the same way, so fused and
+ * unfused stay bitwise equal.
  *
  * It does not do losses other than softmax cross-entropy, micro-batch
  * gradient accumulation (callers add up gradients themselves) or threads.
@@ -51,6 +57,8 @@ typedef struct layer {
   int inplace;            /* relu over its input buffer */
   int fused;              /* see enum fuse */
   int chunk;              /* conv before a relu+pool pair: samples per chunk, else 0 */
+  int bchunk;             /* first-parameter conv: samples per backward chunk, else 0 */
+  float *dwtmp;           /* bchunk: one chunk's dW and db (nparams) */
   float *out;             /* (max_batch, out_el); for flatten, the input */
   const float *in;        /* input of the last forward */
   float *w, *b;           /* spans of params: weight, then bias */
@@ -152,9 +160,11 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
     l->owns_out = 1;
     if (in->kind == DT_L_FLATTEN) l->owns_out = 0;
     if (relu_pool_at(&sp, i)) l->fused = FUSE_ABSORBED, l->owns_out = 0;
-    if (in->kind == DT_L_CONV2D && relu_pool_at(&sp, i + 1) && chunk_bytes > 0) {
+    if (in->kind == DT_L_CONV2D && chunk_bytes > 0) {
       int64_t c = chunk_bytes / (int64_t)(l->out_el * sizeof(float));
-      l->chunk = c < 1 ? 1 : c > max_batch ? max_batch : (int)c;
+      c = c < 1 ? 1 : c > max_batch ? max_batch : c;
+      if (relu_pool_at(&sp, i + 1)) l->chunk = (int)c;
+      if (m->first_param == i && c < max_batch) l->bchunk = (int)c, nacts += al16(in->nparams);
     }
     if (in->kind == DT_L_MAXPOOL2D && i > 0 && m->L[i - 1].fused == FUSE_ABSORBED)
       l->fused = FUSE_RELU_POOL;
@@ -206,6 +216,9 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
       l->db = l->dw + (in->nparams - nb);
     }
     switch (in->kind) {
+    case DT_L_CONV2D:
+      if (l->bchunk) l->dwtmp = a, a += al16(in->nparams);
+      break;
     case DT_L_DROPOUT: l->mask = a, a += al16(MB * l->out_el); break;
     case DT_L_MAXPOOL2D: l->argmax = ia, ia += al16(MB * l->out_el); break;
     case DT_L_LAYERNORM:
@@ -392,6 +405,35 @@ float dt_model_loss(dt_model *m, const int32_t *labels, int B, int *ncorrect) {
   return dt_softmax_xent(NULL, ncorrect, m->logits, labels, B, (int)m->out_dim);
 }
 
+/* Backward of the first-parameter conv c (no input gradient) in chunks of
+ * c->bchunk samples, dW and db summed in chunk order. With pool (the fused
+ * relu+pool after c), each chunk's output gradient is made from d by the
+ * pool's backward into c's chunk scratch; without, it is read from d. */
+static void conv_first_backward_chunked(dt_model *m, layer *c, const float *d, const layer *pool,
+                                        int B) {
+  size_t nw = c->s.info.nparams, nb = (size_t)c->s.oc;
+  for (int b0 = 0; b0 < B; b0 += c->bchunk) {
+    int n = B - b0 < c->bchunk ? B - b0 : c->bchunk;
+    const float *dc = d + (size_t)b0 * c->out_el;
+    if (pool) {
+      const dt_layer_info *pin = &pool->s.info;
+      dt_relu_maxpool2x2_backward(c->out, d + (size_t)b0 * pool->out_el,
+                                  pool->argmax + (size_t)b0 * pool->out_el, n, pin->in_c,
+                                  pin->in_h, pin->in_w);
+      dc = c->out;
+    }
+    float *dw = b0 ? c->dwtmp : c->dw;
+    c->g.B = n;
+    dt_conv2d_backward(NULL, dw, dw + (nw - nb), dc, c->in + (size_t)b0 * c->in_el, c->w, &c->g,
+                       m->ws);
+    if (b0) {
+      float *restrict acc = c->dw;
+      const float *restrict t = c->dwtmp;
+      for (size_t j = 0; j < nw; j++) acc[j] += t[j];
+    }
+  }
+}
+
 float dt_model_backward(dt_model *m, const int32_t *labels, int B, int *ncorrect,
                         dt_grad_ready_fn on_ready, void *ud) {
   if (!m->logits || B != m->B) {
@@ -412,10 +454,22 @@ float dt_model_backward(dt_model *m, const int32_t *labels, int B, int *ncorrect
       dt_linear_backward(dinp, l->dw, l->db, d, l->in, l->w, B, (int)l->in_el, s->oc);
       break;
     case DT_L_CONV2D:
+      if (l->bchunk) {
+        conv_first_backward_chunked(m, l, d, NULL, B);
+        break;
+      }
       l->g.B = B;
       dt_conv2d_backward(dinp, l->dw, l->db, d, l->in, l->w, &l->g, m->ws);
       break;
     case DT_L_MAXPOOL2D:
+      if (l->fused == FUSE_RELU_POOL && i >= 2 && m->L[i - 2].chunk && m->L[i - 2].bchunk) {
+        /* pool, relu and the first conv at once, chunk by chunk; the conv
+         * is the last layer backward visits */
+        layer *c = &m->L[i - 2];
+        conv_first_backward_chunked(m, c, d, l, B);
+        if (on_ready) on_ready(ud, c->s.info.param_off, c->s.info.nparams);
+        return loss;
+      }
       if (l->fused == FUSE_RELU_POOL)
         dt_relu_maxpool2x2_backward(dinp, d, l->argmax, B, in->in_c, in->in_h, in->in_w);
       else

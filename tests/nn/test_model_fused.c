@@ -49,6 +49,17 @@ static const pair pairs[] = {
 
 enum { MB = 6, STEPS = 3 };
 
+/* Records the gradient-ready callbacks (span offset, length) in order. */
+typedef struct spans {
+  int n;
+  size_t v[64];
+} spans;
+static void on_ready(void *ud, size_t off, size_t n) {
+  spans *s = ud;
+  assert_true(s->n + 2 <= 64);
+  s->v[s->n++] = off, s->v[s->n++] = n;
+}
+
 static dt_model *make(const char *spec, const pair *p) {
   dt_model *m = NULL;
   if (dt_model_create(&m, spec, p->c, p->h, p->w, MB) != DT_OK) fail_msg("%s", dt_errmsg());
@@ -86,8 +97,12 @@ static void run_pairs(void) {
       assert_non_null(lu);
       same("logits", lf, lu, (size_t)B * V * sizeof(float), p->fused);
       int cf = -1, cu = -2;
-      float lossf = dt_model_backward(f, y, B, &cf, NULL, NULL);
-      float lossu = dt_model_backward(u, y, B, &cu, NULL, NULL);
+      spans sf = {0}, su = {0};
+      float lossf = dt_model_backward(f, y, B, &cf, on_ready, &sf);
+      float lossu = dt_model_backward(u, y, B, &cu, on_ready, &su);
+      assert_true(sf.n > 0);
+      assert_int_equal(sf.n, su.n);
+      same("ready spans", sf.v, su.v, sizeof(size_t) * (size_t)sf.n, p->fused);
       assert_true(isfinite(lossf));
       same("loss", &lossf, &lossu, sizeof lossf, p->fused);
       assert_int_equal(cf, cu);
