@@ -100,7 +100,8 @@ typedef struct iplan {
   int K, KT;         /* C*KH*KW (forward), OC*KH*KW (transposed conv) */
   int Hp, Wp, P, S;  /* forward grid (as plan) */
   int Hq, Wq, Q, ST; /* dout padded by KH-1-pad: planes of Q, grid S' = H*Wq */
-  int bc;            /* samples per chunk */
+  int bc;            /* samples per chunk (full backward) */
+  int bc1;           /* samples per chunk when only xp and tmp are used */
 } iplan;
 
 static iplan make_iplan(const dt_conv2d_geom *g) {
@@ -123,13 +124,22 @@ static iplan make_iplan(const dt_conv2d_geom *g) {
   if (bc < 1) bc = 1;
   if (bc > (size_t)g->B) bc = (size_t)g->B;
   p.bc = (int)bc;
+  /* Forward and weight-gradient-only passes need only xp and tmp: bigger
+   * chunks, fewer GEMM calls (each packs the weights once). */
+  size_t per1 = (size_t)g->C * p.P + (size_t)g->OC * p.S;
+  size_t bc1 = DT_CONV_IMPLICIT_FLOATS / (per1 ? per1 : 1);
+  if (bc1 < bc) bc1 = bc;
+  if (bc1 > (size_t)g->B) bc1 = (size_t)g->B;
+  p.bc1 = (int)bc1;
   return p;
 }
 
 static size_t iplan_ws(const dt_conv2d_geom *g, const iplan *p) {
   size_t n = (size_t)p->K + p->KT + (size_t)g->C * p->KT; /* offsets, offsets', W' */
-  n += (size_t)p->bc * ((size_t)g->C * p->P + (size_t)g->OC * p->S + (size_t)g->OC * p->Q +
-                        (size_t)g->C * p->ST);
+  size_t m = (size_t)p->bc * ((size_t)g->C * p->P + (size_t)g->OC * p->S + (size_t)g->OC * p->Q +
+                              (size_t)g->C * p->ST);
+  size_t m1 = (size_t)p->bc1 * ((size_t)g->C * p->P + (size_t)g->OC * p->S);
+  n += m > m1 ? m : m1;
   return n + 64;
 }
 
@@ -182,11 +192,11 @@ static void implicit_forward(float *out, const float *inp, const float *weight, 
   const size_t inplane = (size_t)g->C * g->H * g->W;
   int *off = (int *)ws;
   float *xp = ws + p.K + p.KT + (size_t)g->C * p.KT;
-  float *tmp = xp + (size_t)p.bc * g->C * p.P;
+  float *tmp = xp + (size_t)p.bc1 * g->C * p.P;
   fill_rowoff(off, g->C, g->KH, g->KW, p.P, p.Wp);
   dt__gemm_op A = {.p = weight, .trans = 0, .ld = p.K};
-  for (int b0 = 0; b0 < g->B; b0 += p.bc) {
-    int n = g->B - b0 < p.bc ? g->B - b0 : p.bc;
+  for (int b0 = 0; b0 < g->B; b0 += p.bc1) {
+    int n = g->B - b0 < p.bc1 ? g->B - b0 : p.bc1;
     int ld = n * S;
     pad_planes(xp, inp + (size_t)b0 * inplane, n * g->C, g->H, g->W, g->pad, p.Wp, p.P);
     dt__gemm_op B = {.p = xp, .trans = 0, .rowoff = off, .seg = S, .segstride = g->C * p.P};
@@ -205,9 +215,14 @@ static void implicit_forward(float *out, const float *inp, const float *weight, 
   }
 }
 
-static void implicit_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                              const float *weight, const dt_conv2d_geom *g, float *ws) {
-  const iplan p = make_iplan(g);
+/* dbias is summed here (from the packed dout grid, still in L1) when
+ * dweight is wanted, saving a pass over dout; dt_conv2d_backward does it
+ * otherwise. */
+static void implicit_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, const dt_conv2d_geom *g,
+                              float *ws) {
+  iplan p = make_iplan(g);
+  if (!dinp) p.bc = p.bc1;
   const int OC = g->OC, C = g->C, KH = g->KH, KW = g->KW, OS = g->OH * g->OW, S = p.S;
   const size_t inplane = (size_t)C * g->H * g->W;
   int *off = (int *)ws, *offt = off + p.K;
@@ -241,11 +256,15 @@ static void implicit_backward(float *dinp, float *dweight, const float *dout, co
             for (int ow = 0; ow < g->OW; ow++) tr[ow] = sr[ow];
             for (int ow = g->OW; ow < p.Wp; ow++) tr[ow] = 0.0f;
           }
+          if (dbias) dbias[oc] += dt_vec_sum(t, (size_t)S);
         }
       pad_planes(xp, inp + (size_t)b0 * inplane, n * C, g->H, g->W, g->pad, p.Wp, p.P);
       dt__gemm_op A = {.p = tmp, .trans = 0, .ld = ld};
       dt__gemm_op B = {.p = xp, .trans = 1, .rowoff = off, .seg = S, .segstride = C * p.P};
-      dt__gemm_avx512_op(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
+      if (p.K < 32) /* e.g. a first layer: 9 columns would waste most of a 48-wide tile */
+        dt__gemm_avx512_dot(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
+      else
+        dt__gemm_avx512_op(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
     }
     if (dinp) {
       int ld = n * p.ST;
@@ -367,15 +386,17 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *
   const size_t inplane = (size_t)g->C * g->H * g->W;
   float *col = ws, *tmp = ws + (size_t)K * p.bc * S, *xp = tmp + (size_t)OC * p.bc * S;
 
+  const int implicit = use_implicit(g);
   if (dbias) {
     for (int oc = 0; oc < OC; oc++) dbias[oc] = 0.0f;
-    for (int b = 0; b < g->B; b++)
-      for (int oc = 0; oc < OC; oc++)
-        dbias[oc] += dt_vec_sum(dout + ((size_t)b * OC + oc) * OS, (size_t)OS);
+    if (!(implicit && dweight))
+      for (int b = 0; b < g->B; b++)
+        for (int oc = 0; oc < OC; oc++)
+          dbias[oc] += dt_vec_sum(dout + ((size_t)b * OC + oc) * OS, (size_t)OS);
   }
   if (!dweight && !dinp) return;
-  if (use_implicit(g)) {
-    implicit_backward(dinp, dweight, dout, inp, weight, g, ws);
+  if (implicit) {
+    implicit_backward(dinp, dweight, dbias, dout, inp, weight, g, ws);
     return;
   }
   for (int b0 = 0; b0 < g->B; b0 += p.bc) {

@@ -82,7 +82,9 @@ const char *dt_tensor_gemm_impl(void) { return dt__gemm_use_avx512() ? "avx512" 
 
 void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
-  if (dt__gemm_use_avx512())
+  /* N < 16 fills less than a third of the 48-wide register tile; OpenBLAS's
+   * narrow kernels win there (measured: 64x10x128 NT, bench_kernels). */
+  if (dt__gemm_use_avx512() && N >= 16)
     dt__sgemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   else
     dt__sgemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

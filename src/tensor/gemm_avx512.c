@@ -20,6 +20,11 @@
  * without the im2col buffer (see conv2d.c): the conv kernels pack straight
  * from padded image planes.
  *
+ * dt__gemm_avx512_dot is the other form for short N (e.g. a weight gradient
+ * with 9 columns): C(m, n) = sum_x A(m, x) B(n, x) with both operands
+ * contiguous along x, 2 x 12 accumulators of 16 lanes, one horizontal sum per
+ * output. No packing, no wasted tile columns.
+ *
  * The packing buffers live on the stack (at most ~150 KiB); nothing is
  * allocated. Everything here is compiled for AVX-512 with target attributes,
  * so the file builds without -march flags; the caller must check the CPU
@@ -38,12 +43,13 @@ enum { MR = DT_GEMM_MR, NR = DT_GEMM_NR, NV = NR / 16, KC = 256, MC = 96 };
 
 /* ---- operands ----------------------------------------------------------- */
 
-/* Pointer to element x (along the contiguous dimension) of row r. */
-static inline const float *op_row(const dt__gemm_op *o, int r, int x) {
-  size_t off = o->rowoff ? (size_t)o->rowoff[r] : (size_t)r * o->ld;
-  if (o->seg) off += (size_t)(x / o->seg) * o->segstride + x % o->seg;
-  else off += x;
-  return o->p + off;
+/* Offset of row r, and of position x along the contiguous dimension; the
+ * element is at p + row_off + pos_off. */
+static inline size_t row_off(const dt__gemm_op *o, int r) {
+  return o->rowoff ? (size_t)o->rowoff[r] : (size_t)r * o->ld;
+}
+static inline size_t pos_off(const dt__gemm_op *o, int x) {
+  return o->seg ? (size_t)(x / o->seg) * o->segstride + x % o->seg : (size_t)x;
 }
 
 /* Length of the run of contiguous elements starting at x (<= n). */
@@ -90,8 +96,8 @@ AVX512 static void pack_t16(float *dst, float *dst2, int W, int half, const dt__
   int x = 0;
   while (x < len) {
     int run = op_run(o, x0 + x, len - x);
-    const float *src[16];
-    for (int i = 0; i < 16; i++) src[i] = i < nrows ? op_row(o, r0 + i, x0 + x) : NULL;
+    const float *src[16], *base = o->p + pos_off(o, x0 + x);
+    for (int i = 0; i < 16; i++) src[i] = i < nrows ? base + row_off(o, r0 + i) : NULL;
     for (int j = 0; j < run; j += 16) {
       int n = run - j < 16 ? run - j : 16;
       __mmask16 m = (__mmask16)((1u << n) - 1);
@@ -116,22 +122,23 @@ AVX512 static void pack_t16(float *dst, float *dst2, int W, int half, const dt__
 /* Contiguous pack: element (r, x) for r in [r0, r0+kc) (the K index) and x
  * in [x0, x0+n) into dst[r][W], zero-padded to W. */
 AVX512 static void pack_n(float *dst, int W, const dt__gemm_op *o, int r0, int kc, int x0, int n) {
-  for (int k = 0; k < kc; k++) {
-    float *d = dst + (size_t)k * W;
-    int x = 0;
-    while (x < n) {
-      int run = op_run(o, x0 + x, n - x);
-      const float *s = op_row(o, r0 + k, x0 + x);
-      int j = 0;
-      for (; j + 16 <= run; j += 16) _mm512_storeu_ps(d + x + j, _mm512_loadu_ps(s + j));
-      if (j < run) {
-        __mmask16 m = (__mmask16)((1u << (run - j)) - 1);
-        _mm512_mask_storeu_ps(d + x + j, m, _mm512_maskz_loadu_ps(m, s + j));
-      }
-      x += run;
+  int x = 0;
+  while (x < n) { /* runs of contiguous x (at most a few per panel) */
+    int run = op_run(o, x0 + x, n - x);
+    const float *base = o->p + pos_off(o, x0 + x);
+    int full = run & ~15;
+    __mmask16 m = (__mmask16)((1u << (run - full)) - 1);
+    for (int k = 0; k < kc; k++) {
+      float *d = dst + (size_t)k * W + x;
+      const float *s = base + row_off(o, r0 + k);
+      for (int j = 0; j < full; j += 16) _mm512_storeu_ps(d + j, _mm512_loadu_ps(s + j));
+      if (m) _mm512_mask_storeu_ps(d + full, m, _mm512_maskz_loadu_ps(m, s + full));
     }
-    for (; x < W; x++) d[x] = 0.0f;
+    x += run;
   }
+  if (n < W)
+    for (int k = 0; k < kc; k++)
+      for (int j = n; j < W; j++) dst[(size_t)k * W + j] = 0.0f;
 }
 
 /* Packs the A block rows [m0, m0+mc) x k [k0, k0+kc) into MR-row panels. */
@@ -263,6 +270,64 @@ AVX512 void dt__gemm_avx512_op(int M, int N, int K, float alpha, const dt__gemm_
   }
 }
 
+/* ---- dot-product form for short N ------------------------------------- */
+
+enum { DM = 2, DN = 12 };
+
+/* out[i*DN + j] = sum_x A(m0+i, x) * B(n0+j, x) for i < DM, j < DN; rows
+ * beyond mb / nb repeat the last valid row (their sums are dropped). */
+AVX512 static void dot_block(const dt__gemm_op *A, int m0, int mb, const dt__gemm_op *B, int n0,
+                             int nb, int X, float *out) {
+  __m512 acc[DM][DN];
+#pragma GCC unroll 2
+  for (int i = 0; i < DM; i++)
+#pragma GCC unroll 12
+    for (int j = 0; j < DN; j++) acc[i][j] = _mm512_setzero_ps();
+  int x = 0;
+  while (x < X) {
+    int ra = op_run(A, x, X - x), rb = op_run(B, x, X - x), run = ra < rb ? ra : rb;
+    const float *a[DM], *b[DN];
+    for (int i = 0; i < DM; i++) a[i] = A->p + pos_off(A, x) + row_off(A, m0 + (i < mb ? i : mb - 1));
+    for (int j = 0; j < DN; j++) b[j] = B->p + pos_off(B, x) + row_off(B, n0 + (j < nb ? j : nb - 1));
+    for (int q = 0; q < run; q += 16) {
+      int n = run - q < 16 ? run - q : 16;
+      __mmask16 m = (__mmask16)((1u << n) - 1);
+      __m512 va[DM];
+#pragma GCC unroll 2
+      for (int i = 0; i < DM; i++) va[i] = _mm512_maskz_loadu_ps(m, a[i] + q);
+#pragma GCC unroll 12
+      for (int j = 0; j < DN; j++) {
+        __m512 vb = _mm512_maskz_loadu_ps(m, b[j] + q);
+#pragma GCC unroll 2
+        for (int i = 0; i < DM; i++) acc[i][j] = _mm512_fmadd_ps(va[i], vb, acc[i][j]);
+      }
+    }
+    x += run;
+  }
+  for (int i = 0; i < DM; i++)
+    for (int j = 0; j < DN; j++) out[i * DN + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+AVX512 void dt__gemm_avx512_dot(int M, int N, int X, float alpha, const dt__gemm_op *A,
+                                const dt__gemm_op *B, float beta, float *C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  float t[DM * DN];
+  for (int m0 = 0; m0 < M; m0 += DM) {
+    int mb = M - m0 < DM ? M - m0 : DM;
+    for (int n0 = 0; n0 < N; n0 += DN) {
+      int nb = N - n0 < DN ? N - n0 : DN;
+      if (X > 0) dot_block(A, m0, mb, B, n0, nb, X, t);
+      else memset(t, 0, sizeof t);
+      for (int i = 0; i < mb; i++)
+        for (int j = 0; j < nb; j++) {
+          float *p = C + (size_t)(m0 + i) * ldc + n0 + j;
+          float r = alpha * t[i * DN + j];
+          *p = beta == 0.0f ? r : r + beta * *p;
+        }
+    }
+  }
+}
+
 int dt__gemm_avx512_ok(void) {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
@@ -274,6 +339,10 @@ int dt__gemm_avx512_ok(void) {
 void dt__gemm_avx512_op(int M, int N, int K, float alpha, const dt__gemm_op *A,
                         const dt__gemm_op *B, float beta, float *C, int ldc) {
   (void)M; (void)N; (void)K; (void)alpha; (void)A; (void)B; (void)beta; (void)C; (void)ldc;
+}
+void dt__gemm_avx512_dot(int M, int N, int X, float alpha, const dt__gemm_op *A,
+                         const dt__gemm_op *B, float beta, float *C, int ldc) {
+  (void)M; (void)N; (void)X; (void)alpha; (void)A; (void)B; (void)beta; (void)C; (void)ldc;
 }
 int dt__gemm_avx512_ok(void) { return 0; }
 

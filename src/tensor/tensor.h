@@ -79,6 +79,11 @@ int dt__gemm_avx512_ok(void);
  * beta == 0 means C is not read). */
 void dt__gemm_avx512_op(int M, int N, int K, float alpha, const dt__gemm_op *A,
                         const dt__gemm_op *B, float beta, float *C, int ldc);
+/* C(M,N) = alpha * sum_x A(m,x) B(n,x) + beta * C: both operands as rows
+ * contiguous along x (A->trans and B->trans are ignored: A's rows are m, B's
+ * rows are n). For short N, where a 48-wide tile would be mostly empty. */
+void dt__gemm_avx512_dot(int M, int N, int X, float alpha, const dt__gemm_op *A,
+                         const dt__gemm_op *B, float beta, float *C, int ldc);
 /* dt_sgemm's two back ends, callable directly (tests, benchmarks). */
 void dt__sgemm_avx512(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float beta, float *C, int ldc);
