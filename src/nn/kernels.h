@@ -47,15 +47,16 @@ void dt_maxpool2d_forward(float *out, int32_t *argmax, const float *inp, int B, 
 void dt_maxpool2d_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
                            int H, int W, int k, int s);
 /* ReLU followed by a 2x2 stride-2 max pool, fused: out (B,C,H/2,W/2) =
- * maxpool(relu(inp)) without writing relu(inp). argmax holds the index in the
- * input plane of the window's maximum, or -1 where out is 0 (the ReLU stops
- * the gradient there). Backward writes ALL of dinp (B,C,H,W): dout routed
- * through argmax, zero elsewhere. Both are bitwise equal to dt_relu_forward
- * + dt_maxpool2d_forward(k=2,s=2) and the matching backward composition. */
-void dt_relu_maxpool2x2_forward(float *out, int32_t *argmax, const float *inp, int B, int C,
-                                int H, int W);
-void dt_relu_maxpool2x2_backward(float *dinp, const float *dout, const int32_t *argmax, int B,
-                                 int C, int H, int W);
+ * maxpool(relu(inp)) without writing relu(inp). code (one byte per output)
+ * holds the position of the window's maximum: 0 top-left, 1 top-right,
+ * 2 bottom-left, 3 bottom-right, or 4 where out is 0 (the ReLU stops the
+ * gradient there). Backward writes ALL of dinp (B,C,H,W): dout routed
+ * through code, zero elsewhere. Both are bitwise equal to dt_relu_forward +
+ * dt_maxpool2d_forward(k=2,s=2) and the matching backward composition. */
+void dt_relu_maxpool2x2_forward(float *out, uint8_t *code, const float *inp, int B, int C, int H,
+                                int W);
+void dt_relu_maxpool2x2_backward(float *dinp, const float *dout, const uint8_t *code, int B, int C,
+                                 int H, int W);
 void dt_avgpool2d_forward(float *out, const float *inp, int B, int C, int H, int W, int k, int s);
 void dt_avgpool2d_backward(float *dinp, const float *dout, int B, int C, int H, int W, int k,
                            int s);

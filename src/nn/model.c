@@ -67,6 +67,7 @@ typedef struct layer {
   float *mean, *rstd;     /* saved statistics: layernorm (B), batchnorm (C) */
   float *mask;            /* dropout: (max_batch, out_el) */
   int32_t *argmax;        /* maxpool: (max_batch, out_el) */
+  uint8_t *code;          /* fused relu+maxpool: (max_batch, out_el), in the argmax arena */
   dt_conv2d_geom g;       /* conv: geometry at max_batch; B is set per call */
 } layer;
 
@@ -80,7 +81,7 @@ struct dt_model {
   size_t nparams, nbufs;
   float *params, *grads, *bufs;
   float *acts;            /* one arena for outputs, masks and statistics */
-  int32_t *iacts;         /* one arena for maxpool argmax */
+  int32_t *iacts;         /* one arena for maxpool argmax and codes */
   float *dbuf[2];         /* activation-gradient ping-pong, max_batch * max_elems */
   float *ws;              /* conv scratch, the largest over conv layers */
   dt_layer_info *infos;
@@ -172,7 +173,9 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
     if (l->owns_out) nacts += al16((l->chunk ? (size_t)l->chunk : MB) * l->out_el), input_owned = 1;
     switch (in->kind) {
     case DT_L_DROPOUT: nacts += al16(MB * l->out_el); break;
-    case DT_L_MAXPOOL2D: niacts += al16(MB * l->out_el); break;
+    case DT_L_MAXPOOL2D:
+      niacts += l->fused == FUSE_RELU_POOL ? al16((MB * l->out_el + 3) / 4) : al16(MB * l->out_el);
+      break;
     case DT_L_LAYERNORM: nacts += 2 * al16(MB); break;
     case DT_L_BATCHNORM: nacts += 2 * al16((size_t)l->s.bn_c); break;
     case DT_L_CONV2D: {
@@ -220,7 +223,12 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
       if (l->bchunk) l->dwtmp = a, a += al16(in->nparams);
       break;
     case DT_L_DROPOUT: l->mask = a, a += al16(MB * l->out_el); break;
-    case DT_L_MAXPOOL2D: l->argmax = ia, ia += al16(MB * l->out_el); break;
+    case DT_L_MAXPOOL2D:
+      if (l->fused == FUSE_RELU_POOL)
+        l->code = (uint8_t *)ia, ia += al16((MB * l->out_el + 3) / 4);
+      else
+        l->argmax = ia, ia += al16(MB * l->out_el);
+      break;
     case DT_L_LAYERNORM:
       l->mean = a, a += al16(MB);
       l->rstd = a, a += al16(MB);
@@ -317,7 +325,7 @@ static void conv_relu_pool_chunked(dt_model *m, int i, const float *x, int B) {
     int n = B - b0 < c->chunk ? B - b0 : c->chunk;
     c->g.B = n;
     dt_conv2d_forward(c->out, x + (size_t)b0 * c->in_el, c->w, c->b, &c->g, m->ws);
-    dt_relu_maxpool2x2_forward(p->out + (size_t)b0 * p->out_el, p->argmax + (size_t)b0 * p->out_el,
+    dt_relu_maxpool2x2_forward(p->out + (size_t)b0 * p->out_el, p->code + (size_t)b0 * p->out_el,
                                c->out, n, pin->in_c, pin->in_h, pin->in_w);
   }
 }
@@ -351,7 +359,7 @@ const float *dt_model_forward(dt_model *m, const float *x, int B, const dt_step_
       break;
     case DT_L_MAXPOOL2D:
       if (l->fused == FUSE_RELU_POOL)
-        dt_relu_maxpool2x2_forward(l->out, l->argmax, cur, B, in->in_c, in->in_h, in->in_w);
+        dt_relu_maxpool2x2_forward(l->out, l->code, cur, B, in->in_c, in->in_h, in->in_w);
       else
         dt_maxpool2d_forward(l->out, l->argmax, cur, B, in->in_c, in->in_h, in->in_w, s->k,
                              s->stride);
@@ -418,7 +426,7 @@ static void conv_first_backward_chunked(dt_model *m, layer *c, const float *d, c
     if (pool) {
       const dt_layer_info *pin = &pool->s.info;
       dt_relu_maxpool2x2_backward(c->out, d + (size_t)b0 * pool->out_el,
-                                  pool->argmax + (size_t)b0 * pool->out_el, n, pin->in_c,
+                                  pool->code + (size_t)b0 * pool->out_el, n, pin->in_c,
                                   pin->in_h, pin->in_w);
       dc = c->out;
     }
@@ -471,7 +479,7 @@ float dt_model_backward(dt_model *m, const int32_t *labels, int B, int *ncorrect
         return loss;
       }
       if (l->fused == FUSE_RELU_POOL)
-        dt_relu_maxpool2x2_backward(dinp, d, l->argmax, B, in->in_c, in->in_h, in->in_w);
+        dt_relu_maxpool2x2_backward(dinp, d, l->code, B, in->in_c, in->in_h, in->in_w);
       else
         dt_maxpool2d_backward(dinp, d, l->argmax, B, in->in_c, in->in_h, in->in_w, s->k,
                               s->stride);

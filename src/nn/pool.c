@@ -17,7 +17,9 @@
  * dt_relu_maxpool2x2_* fuse the ReLU that precedes such a pool: ReLU and max
  * commute, so the pool reads the raw input, clamps at zero on the fly and
  * never writes the 4x larger ReLU output; its backward routes the gradient
- * only where the pooled value is positive. Results are bitwise those of
+ * only where the pooled value is positive. They keep the maximum's position
+ * in its window in one byte instead of a plane index in four. Results are
+ * bitwise those of
  * dt_relu_forward + dt_maxpool2d_forward and their backward composition.
  *
  * Overlapping max pools (k > s) and average pooling take the generic loops.
@@ -28,7 +30,8 @@
 #include <string.h>
 
 /* DT_NN_PORTABLE forces the plain C route (its tests build it that way). */
-#if defined(__AVX512F__) && !defined(DT_NN_PORTABLE)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    !defined(DT_NN_PORTABLE)
 #define USE_AVX512 1
 #include <immintrin.h>
 #else
@@ -37,63 +40,78 @@
 
 /* ---- 2x2 stride 2 ------------------------------------------------------ */
 
-#if !USE_AVX512
 /* The pairwise rule: is y (later in scan order) the new maximum over x? */
 static inline int takes(float y, float x) { return (y > x) | (y != y); }
 
-/* Scalar row: the OW outputs of one output row. r0, r1: the two input
- * rows; base: plane index of r0[0]. relu: clamp inputs at 0 and store -1 as
- * the argmax where the output is 0. */
-static void mp2_row_scalar(float *restrict o, int32_t *restrict am, const float *restrict r0,
-                           const float *restrict r1, int OW, int32_t base, int W, int relu) {
+/* A window's maximum is found as a position code: 0 top-left, 1 top-right,
+ * 2 bottom-left, 3 bottom-right. The plain pool stores it as the index in
+ * the input plane (am32); the fused one as the code itself in a byte (am8,
+ * 4 where the ReLU zeroes the output), a quarter of the memory traffic. */
+#define BLOCKED 4
+
+#if !USE_AVX512
+/* Scalar row: the OW outputs of one output row. r0, r1: the two input rows;
+ * base: plane index of r0[0]. am8 set: fused ReLU (clamp inputs at 0). */
+static void mp2_row(float *restrict o, int32_t *restrict am32, uint8_t *restrict am8,
+                    const float *restrict r0, const float *restrict r1, int OW, int32_t base,
+                    int W) {
   for (int ow = 0; ow < OW; ow++) {
     float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
-    if (relu) {
+    if (am8) {
       a = a > 0.0f ? a : 0.0f, b = b > 0.0f ? b : 0.0f;
       c = c > 0.0f ? c : 0.0f, d = d > 0.0f ? d : 0.0f;
     }
-    int32_t ia = base + 2 * ow;
     int t = takes(b, a);
     float m0 = t ? b : a;
-    int32_t i0 = t ? ia + 1 : ia;
+    int k0 = t;
     t = takes(d, c);
     float m1 = t ? d : c;
-    int32_t i1 = t ? ia + W + 1 : ia + W;
+    int k1 = 2 + t;
     t = takes(m1, m0);
     float m = t ? m1 : m0;
-    int32_t mi = t ? i1 : i0;
+    int k = t ? k1 : k0;
     o[ow] = m;
-    am[ow] = relu && !(m > 0.0f) ? -1 : mi;
+    if (am8)
+      am8[ow] = (uint8_t)(m > 0.0f ? k : BLOCKED);
+    else
+      am32[ow] = base + 2 * ow + (k & 1) + (k >> 1) * W;
   }
 }
 
 /* Scalar backward row: input gradients of both rows, columns [0, 2*OW). */
-static void mp2_back_row_scalar(float *restrict d0, float *restrict d1, const float *restrict g,
-                                const int32_t *restrict am, int OW, int32_t base, int W) {
+static void mp2_back_row(float *restrict d0, float *restrict d1, const float *restrict g,
+                         const int32_t *restrict am32, const uint8_t *restrict am8, int OW,
+                         int32_t base, int W) {
   for (int ow = 0; ow < OW; ow++) {
-    int32_t ia = base + 2 * ow, a = am[ow];
+    int k;
+    if (am8) {
+      k = am8[ow];
+    } else {
+      int32_t r = am32[ow] - (base + 2 * ow);
+      k = r == 0 ? 0 : r == 1 ? 1 : r == W ? 2 : r == W + 1 ? 3 : BLOCKED;
+    }
     /* 0 + g, as the reference's memset + scatter computes it (-0 -> +0). */
     float v = 0.0f + g[ow];
-    d0[2 * ow] = a == ia ? v : 0.0f;
-    d0[2 * ow + 1] = a == ia + 1 ? v : 0.0f;
-    d1[2 * ow] = a == ia + W ? v : 0.0f;
-    d1[2 * ow + 1] = a == ia + W + 1 ? v : 0.0f;
+    d0[2 * ow] = k == 0 ? v : 0.0f;
+    d0[2 * ow + 1] = k == 1 ? v : 0.0f;
+    d1[2 * ow] = k == 2 ? v : 0.0f;
+    d1[2 * ow + 1] = k == 3 ? v : 0.0f;
   }
 }
-
-#endif
-
-#if USE_AVX512
+#else
 static inline __mmask16 lanes(int n) {
   return n <= 0 ? 0 : n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
 }
 
-static void mp2_row(float *o, int32_t *am, const float *r0, const float *r1, int OW, int32_t base,
-                    int W, int relu) {
+/* 16 outputs at a time; the even/odd input columns are split by one
+ * two-source permute per row, tails are masked. */
+static void mp2_row(float *o, int32_t *am32, uint8_t *am8, const float *r0, const float *r1,
+                    int OW, int32_t base, int W) {
   const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
-  const __m512i one = _mm512_set1_epi32(1), vw = _mm512_set1_epi32(W);
+  const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2);
   const __m512 zero = _mm512_setzero_ps();
+  const int relu = am8 != NULL;
   for (int ow = 0; ow < OW; ow += 16) {
     int n = OW - ow;
     __mmask16 klo = lanes(2 * n), khi = lanes(2 * n - 16), ko = lanes(n);
@@ -102,57 +120,67 @@ static void mp2_row(float *o, int32_t *am, const float *r0, const float *r1, int
     __m512 l1 = _mm512_maskz_loadu_ps(klo, p1), h1 = _mm512_maskz_loadu_ps(khi, p1 + 16);
     __m512 a = _mm512_permutex2var_ps(l0, ev, h0), b = _mm512_permutex2var_ps(l0, od, h0);
     __m512 c = _mm512_permutex2var_ps(l1, ev, h1), d = _mm512_permutex2var_ps(l1, od, h1);
-    __m512i ia = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow), ev);
-    __mmask16 t;
+    __mmask16 t0, t1, t;
     if (relu) {
       /* maxps returns its second operand for NaN and for +-0 pairs, so this
-       * is exactly x > 0 ? x : +0. */
+       * is exactly x > 0 ? x : +0, and no NaN is left. */
       a = _mm512_max_ps(a, zero), b = _mm512_max_ps(b, zero);
       c = _mm512_max_ps(c, zero), d = _mm512_max_ps(d, zero);
-      t = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
+      t0 = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
+      t1 = _mm512_cmp_ps_mask(d, c, _CMP_GT_OQ);
     } else {
-      t = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+      t0 = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+      t1 = _mm512_cmp_ps_mask(d, c, _CMP_GT_OQ) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
     }
-    __m512 m0 = _mm512_mask_blend_ps(t, a, b);
-    __m512i i0 = _mm512_mask_add_epi32(ia, t, ia, one);
-    if (relu)
-      t = _mm512_cmp_ps_mask(d, c, _CMP_GT_OQ);
-    else
-      t = _mm512_cmp_ps_mask(d, c, _CMP_GT_OQ) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
-    __m512 m1 = _mm512_mask_blend_ps(t, c, d);
-    __m512i i1 = _mm512_add_epi32(_mm512_mask_add_epi32(ia, t, ia, one), vw);
-    if (relu)
-      t = _mm512_cmp_ps_mask(m1, m0, _CMP_GT_OQ);
-    else
-      t = _mm512_cmp_ps_mask(m1, m0, _CMP_GT_OQ) | _mm512_cmp_ps_mask(m1, m1, _CMP_UNORD_Q);
+    __m512 m0 = _mm512_mask_blend_ps(t0, a, b), m1 = _mm512_mask_blend_ps(t1, c, d);
+    t = _mm512_cmp_ps_mask(m1, m0, _CMP_GT_OQ);
+    if (!relu) t |= _mm512_cmp_ps_mask(m1, m1, _CMP_UNORD_Q);
     __m512 m = _mm512_mask_blend_ps(t, m0, m1);
-    __m512i mi = _mm512_mask_blend_epi32(t, i0, i1);
-    if (relu)
-      mi = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(m, zero, _CMP_GT_OQ), _mm512_set1_epi32(-1),
-                                   mi);
+    /* column bit from t0 or t1, row bit from t */
+    __m512i k = _mm512_maskz_mov_epi32((__mmask16)((t & t1) | (~t & t0)), one);
+    k = _mm512_mask_add_epi32(k, t, k, two);
     _mm512_mask_storeu_ps(o + ow, ko, m);
-    _mm512_mask_storeu_epi32(am + ow, ko, mi);
+    if (relu) {
+      k = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(m, zero, _CMP_GT_OQ),
+                                  _mm512_set1_epi32(BLOCKED), k);
+      _mm512_mask_cvtepi32_storeu_epi8(am8 + ow, ko, k);
+    } else {
+      /* index = base + 2*ow' + (k & 1) + (k >> 1) * W */
+      __m512i ia = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow), ev);
+      ia = _mm512_add_epi32(ia, _mm512_and_si512(k, one));
+      ia = _mm512_mask_add_epi32(ia, t, ia, _mm512_set1_epi32(W));
+      _mm512_mask_storeu_epi32(am32 + ow, ko, ia);
+    }
   }
 }
 
-static void mp2_back_row(float *d0, float *d1, const float *g, const int32_t *am, int OW,
-                         int32_t base, int W) {
+static void mp2_back_row(float *d0, float *d1, const float *g, const int32_t *am32,
+                         const uint8_t *am8, int OW, int32_t base, int W) {
   const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i ihi = _mm512_add_epi32(ilo, _mm512_set1_epi32(8));
-  const __m512i one = _mm512_set1_epi32(1), vw = _mm512_set1_epi32(W);
   const __m512 zero = _mm512_setzero_ps();
+  /* the four positions of each window, as codes or as plane indices */
+  __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_set1_epi32(1), p2 = _mm512_set1_epi32(2),
+          p3 = _mm512_set1_epi32(3);
   for (int ow = 0; ow < OW; ow += 16) {
     int n = OW - ow;
     __mmask16 klo = lanes(2 * n), khi = lanes(2 * n - 16), ko = lanes(n);
     __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(ko, g + ow), zero);
-    __m512i a = _mm512_maskz_loadu_epi32(ko, am + ow);
-    __m512i ia = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow), ev);
-    __m512i ic = _mm512_add_epi32(ia, vw);
-    __m512 e0 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, ia), v);
-    __m512 o0 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, _mm512_add_epi32(ia, one)), v);
-    __m512 e1 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, ic), v);
-    __m512 o1 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, _mm512_add_epi32(ic, one)), v);
+    __m512i a;
+    if (am8) {
+      a = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(ko, am8 + ow));
+    } else {
+      a = _mm512_maskz_loadu_epi32(ko, am32 + ow);
+      p0 = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow), ev);
+      p1 = _mm512_add_epi32(p0, _mm512_set1_epi32(1));
+      p2 = _mm512_add_epi32(p0, _mm512_set1_epi32(W));
+      p3 = _mm512_add_epi32(p2, _mm512_set1_epi32(1));
+    }
+    __m512 e0 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, p0), v);
+    __m512 o0 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, p1), v);
+    __m512 e1 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, p2), v);
+    __m512 o1 = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(a, p3), v);
     float *q0 = d0 + 2 * ow, *q1 = d1 + 2 * ow;
     _mm512_mask_storeu_ps(q0, klo, _mm512_permutex2var_ps(e0, ilo, o0));
     _mm512_mask_storeu_ps(q0 + 16, khi, _mm512_permutex2var_ps(e0, ihi, o0));
@@ -160,53 +188,46 @@ static void mp2_back_row(float *d0, float *d1, const float *g, const int32_t *am
     _mm512_mask_storeu_ps(q1 + 16, khi, _mm512_permutex2var_ps(e1, ihi, o1));
   }
 }
-#else
-static void mp2_row(float *o, int32_t *am, const float *r0, const float *r1, int OW, int32_t base,
-                    int W, int relu) {
-  mp2_row_scalar(o, am, r0, r1, OW, base, W, relu);
-}
-static void mp2_back_row(float *d0, float *d1, const float *g, const int32_t *am, int OW,
-                         int32_t base, int W) {
-  mp2_back_row_scalar(d0, d1, g, am, OW, base, W);
-}
 #endif
 
-static void mp2_forward(float *out, int32_t *argmax, const float *inp, int B, int C, int H, int W,
-                        int relu) {
+static void mp2_forward(float *out, int32_t *am32, uint8_t *am8, const float *inp, int B, int C,
+                        int H, int W) {
   int OH = H / 2, OW = W / 2;
   for (size_t p = 0; p < (size_t)B * C; p++) {
     const float *plane = inp + p * H * W;
     for (int oh = 0; oh < OH; oh++) {
       const float *r0 = plane + (size_t)(2 * oh) * W;
       size_t off = (p * OH + oh) * OW;
-      mp2_row(out + off, argmax + off, r0, r0 + W, OW, 2 * oh * W, W, relu);
+      mp2_row(out + off, am32 ? am32 + off : NULL, am8 ? am8 + off : NULL, r0, r0 + W, OW,
+              2 * oh * W, W);
     }
   }
 }
 
-static void mp2_backward(float *dinp, const float *dout, const int32_t *argmax, int B, int C,
-                         int H, int W) {
+static void mp2_backward(float *dinp, const float *dout, const int32_t *am32, const uint8_t *am8,
+                         int B, int C, int H, int W) {
   int OH = H / 2, OW = W / 2;
   for (size_t p = 0; p < (size_t)B * C; p++) {
     float *plane = dinp + p * H * W;
     for (int oh = 0; oh < OH; oh++) {
       float *d0 = plane + (size_t)(2 * oh) * W;
       size_t off = (p * OH + oh) * OW;
-      mp2_back_row(d0, d0 + W, dout + off, argmax + off, OW, 2 * oh * W, W);
+      mp2_back_row(d0, d0 + W, dout + off, am32 ? am32 + off : NULL, am8 ? am8 + off : NULL, OW,
+                   2 * oh * W, W);
       if (W & 1) d0[W - 1] = d0[2 * W - 1] = 0.0f; /* floor mode: uncovered column */
     }
     if (H & 1) memset(plane + (size_t)(H - 1) * W, 0, sizeof(float) * W);
   }
 }
 
-void dt_relu_maxpool2x2_forward(float *out, int32_t *argmax, const float *inp, int B, int C,
-                                int H, int W) {
-  mp2_forward(out, argmax, inp, B, C, H, W, 1);
+void dt_relu_maxpool2x2_forward(float *out, uint8_t *code, const float *inp, int B, int C, int H,
+                                int W) {
+  mp2_forward(out, NULL, code, inp, B, C, H, W);
 }
 
-void dt_relu_maxpool2x2_backward(float *dinp, const float *dout, const int32_t *argmax, int B,
-                                 int C, int H, int W) {
-  if (dinp) mp2_backward(dinp, dout, argmax, B, C, H, W);
+void dt_relu_maxpool2x2_backward(float *dinp, const float *dout, const uint8_t *code, int B, int C,
+                                 int H, int W) {
+  if (dinp) mp2_backward(dinp, dout, NULL, code, B, C, H, W);
 }
 
 /* ---- generic ----------------------------------------------------------- */
@@ -214,7 +235,7 @@ void dt_relu_maxpool2x2_backward(float *dinp, const float *dout, const int32_t *
 void dt_maxpool2d_forward(float *out, int32_t *argmax, const float *inp, int B, int C, int H,
                           int W, int k, int s) {
   if (k == 2 && s == 2) {
-    mp2_forward(out, argmax, inp, B, C, H, W, 0);
+    mp2_forward(out, argmax, NULL, inp, B, C, H, W);
     return;
   }
   int OH = (H - k) / s + 1, OW = (W - k) / s + 1;
@@ -245,7 +266,7 @@ void dt_maxpool2d_backward(float *dinp, const float *dout, const int32_t *argmax
                            int H, int W, int k, int s) {
   if (!dinp) return;
   if (k == 2 && s == 2) {
-    mp2_backward(dinp, dout, argmax, B, C, H, W);
+    mp2_backward(dinp, dout, argmax, NULL, B, C, H, W);
     return;
   }
   int OH = (H - k) / s + 1, OW = (W - k) / s + 1;

@@ -98,6 +98,7 @@ static void run(int nan) {
     float *x = malloc(ni * 4), *r = malloc(ni * 4), *dx = malloc(ni * 4), *dr = malloc(ni * 4);
     float *dref = malloc(ni * 4), *o = malloc(no * 4), *oref = malloc(no * 4), *g = malloc(no * 4);
     int32_t *am = malloc(no * 4), *amref = malloc(no * 4);
+    uint8_t *code = malloc(no);
     fill(x, ni, si * 2 + (uint64_t)nan, nan);
     fill(g, no, 1000 + si, 0);
 
@@ -116,19 +117,24 @@ static void run(int nan) {
      * composition maxpool backward then relu backward */
     ref_relu(r, x, ni);
     ref_maxpool(oref, amref, r, B, C, H, W);
-    garbage(o, no * 4), garbage(am, no * 4);
-    dt_relu_maxpool2x2_forward(o, am, x, B, C, H, W);
+    garbage(o, no * 4), garbage(code, no);
+    dt_relu_maxpool2x2_forward(o, code, x, B, C, H, W);
     assert_same("relu+maxpool out", o, oref, no * 4, B, C, H, W);
     for (size_t i = 0; i < no; i++) {
-      if (oref[i] > 0.0f)
-        assert_int_equal(am[i], amref[i]);
-      else
-        assert_int_equal(am[i], -1);
+      if (oref[i] > 0.0f) {
+        /* code -> plane index of the same window */
+        size_t q = i / (size_t)(W / 2) % (size_t)(H / 2), c = i % (size_t)(W / 2);
+        assert_true(code[i] < 4);
+        int32_t idx = (int32_t)((2 * q + code[i] / 2) * W + 2 * c + code[i] % 2);
+        assert_int_equal(idx, amref[i]);
+      } else {
+        assert_int_equal(code[i], 4);
+      }
     }
     ref_maxpool_back(dr, g, amref, B, C, H, W);
     for (size_t i = 0; i < ni; i++) dref[i] = r[i] > 0.0f ? dr[i] : 0.0f;
     garbage(dx, ni * 4);
-    dt_relu_maxpool2x2_backward(dx, g, am, B, C, H, W);
+    dt_relu_maxpool2x2_backward(dx, g, code, B, C, H, W);
     assert_same("relu+maxpool dinp", dx, dref, ni * 4, B, C, H, W);
 
     /* and against the library's own unfused kernels, as the model runs them */
@@ -141,10 +147,10 @@ static void run(int nan) {
     assert_same("fused vs library dinp", dx, dref, ni * 4, B, C, H, W);
 
     /* NULL dinp is allowed and writes nothing */
-    dt_relu_maxpool2x2_backward(NULL, g, am, B, C, H, W);
+    dt_relu_maxpool2x2_backward(NULL, g, code, B, C, H, W);
     dt_maxpool2d_backward(NULL, g, am, B, C, H, W, 2, 2);
     free(x), free(r), free(dx), free(dr), free(dref), free(o), free(oref), free(g), free(am),
-        free(amref);
+        free(amref), free(code);
   }
 }
 
@@ -156,6 +162,7 @@ static void test_signed_zero_grad(void **st) {
   (void)st;
   float x[4] = {1.0f, 2.0f, 3.0f, 4.0f}, o, g = -0.0f, dx[4], dref[4];
   int32_t am, amref;
+  uint8_t code;
   dt_maxpool2d_forward(&o, &am, x, 1, 1, 2, 2, 2, 2);
   assert_int_equal(am, 3);
   dt_maxpool2d_backward(dx, &g, &am, 1, 1, 2, 2, 2, 2);
@@ -163,8 +170,9 @@ static void test_signed_zero_grad(void **st) {
   ref_maxpool_back(dref, &g, &amref, 1, 1, 2, 2);
   assert_memory_equal(dx, dref, sizeof dx);
   assert_false(signbit(dx[3]));
-  dt_relu_maxpool2x2_forward(&o, &am, x, 1, 1, 2, 2);
-  dt_relu_maxpool2x2_backward(dx, &g, &am, 1, 1, 2, 2);
+  dt_relu_maxpool2x2_forward(&o, &code, x, 1, 1, 2, 2);
+  assert_int_equal(code, 3);
+  dt_relu_maxpool2x2_backward(dx, &g, &code, 1, 1, 2, 2);
   assert_memory_equal(dx, dref, sizeof dx);
 }
 
