@@ -40,9 +40,6 @@
 
 /* ---- 2x2 stride 2 ------------------------------------------------------ */
 
-/* The pairwise rule: is y (later in scan order) the new maximum over x? */
-static inline int takes(float y, float x) { return (y > x) | (y != y); }
-
 /* A window's maximum is found as a position code: 0 top-left, 1 top-right,
  * 2 bottom-left, 3 bottom-right. The plain pool stores it as the index in
  * the input plane (am32); the fused one as the code itself in a byte (am8,
@@ -50,6 +47,9 @@ static inline int takes(float y, float x) { return (y > x) | (y != y); }
 #define BLOCKED 4
 
 #if !USE_AVX512
+/* The pairwise rule: is y (later in scan order) the new maximum over x? */
+static inline int takes(float y, float x) { return (y > x) | (y != y); }
+
 /* Scalar row: the OW outputs of one output row. r0, r1: the two input rows;
  * base: plane index of r0[0]. am8 set: fused ReLU (clamp inputs at 0). */
 static void mp2_row(float *restrict o, int32_t *restrict am32, uint8_t *restrict am8,
