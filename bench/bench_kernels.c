@@ -9,8 +9,10 @@
  *   cc -O3 -march=native -Iinclude -Isrc bench/bench_kernels.c \
  *      build/kern/libdt_nn.a build/kern/libdt_tensor.a build/kern/libdt_core.a \
  *      $(pkg-config --cflags --libs openblas) -lm -lpthread -o build/kern/bench_kernels
- *   OPENBLAS_CORETYPE=SkylakeX build/kern/bench_kernels [seconds-per-item]
- * or `build/kern/bench_kernels 0.5 upgrade` to switch via dt_tensor_blas_upgrade().
+ *   build/kern/bench_kernels [seconds-per-item]
+ * (or `cmake --build BUILD --target bench_kernels`). Raw GEMM shapes run
+ * through both back ends; the layers use dt_sgemm's choice (DTRAIN_GEMM).
+ * The environment's OPENBLAS_CORETYPE is left as it is.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,9 +203,7 @@ static void bench_mlp_step(int B) {
 
 int main(int argc, char **argv) {
   if (argc > 1) T = atof(argv[1]);
-  int up = argc > 2 && strcmp(argv[2], "upgrade") == 0 ? dt_tensor_blas_upgrade(1) : 0;
   dt_tensor_set_threads(1);
-  if (up) printf("switched OpenBLAS to its AVX-512 kernels (dt_tensor_blas_upgrade)\n");
   printf("OpenBLAS core: %s%s\n", dt_tensor_blas_core(),
          dt_tensor_blas_underpowered() ? " (AVX-512 CPU: unset OPENBLAS_CORETYPE or set it to SkylakeX)" : "");
   printf("GEMM back end for the layers: %s (DTRAIN_GEMM=blas|avx512 to choose)\n", dt_tensor_gemm_impl());

@@ -9,11 +9,13 @@
  * dtrain runs one compute thread per worker, so callers that want that
  * guarantee call dt_tensor_set_threads(1) once at start-up.
  *
- * Speed note: OpenBLAS (DYNAMIC_ARCH) picks its kernel family at load time,
- * and OPENBLAS_CORETYPE overrides it. On an AVX-512 machine its Haswell
- * (AVX2) kernels run sgemm at about half the speed of SkylakeX/Cooperlake
- * ones; dt_tensor_blas_underpowered() detects that case and
- * dt_tensor_blas_upgrade() can fix it after load.
+ * GEMM back ends: dt_sgemm runs our own AVX-512 kernels (gemm_avx512.c)
+ * when the CPU has AVX-512, CBLAS otherwise or when DTRAIN_GEMM=blas; see
+ * dt_tensor_gemm_impl(). The AVX-512 kernels matter because OPENBLAS_CORETYPE
+ * may pin OpenBLAS to its Haswell (AVX2) kernels, about half the sgemm rate
+ * of AVX-512 code on this kind of CPU. dtrain never changes that variable on
+ * its own: dt_tensor_blas_upgrade() below only acts when the variable is
+ * unset (override_env == 0), or when a caller explicitly asks.
  */
 #ifndef DT_TENSOR_H
 #define DT_TENSOR_H

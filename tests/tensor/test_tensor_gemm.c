@@ -4,7 +4,8 @@
  * transpose combination, beta 0 / 1 / other, alpha != 1, padded leading
  * dimensions, shapes from 1 to beyond every blocking size (MR 8, NR 48, KC
  * 256, MC 96) with odd remainders, K = 0, the conv/linear shapes, and the
- * implicit (row-offset, segmented) operands the conv kernels use.
+ * implicit (row-offset, segmented) operands the conv kernels use, in both
+ * the packed GEMM and the dot-product form (dt__gemm_avx512_dot).
  *
  * Tolerance: |C - ref| <= 1e-5 * (sum_k |a_ik b_kj| * |alpha| + |beta c|) + 1e-6,
  * a float accumulation bound (K * eps * sum of magnitudes is the worst case;
@@ -165,8 +166,19 @@ static void test_implicit(void **st) {
         s += (double)A2[i * K2 + k] * X[(k / seg) * segstride + rowoff[n] + k % seg];
       if (fabs(C2[i * N2 + n] - s) > 1e-5 * K2) bad++;
     }
+  /* The dot-product form on the same operands (B's rows are n either way). */
+  float *C3 = rnd((size_t)M * N2, 9), *C30 = malloc((size_t)M * N2 * sizeof(float));
+  memcpy(C30, C3, (size_t)M * N2 * sizeof(float));
+  dt__gemm_avx512_dot(M, N2, K2, 0.5f, &a2, &b2, 1.0f, C3, N2);
+  for (int i = 0; i < M; i++)
+    for (int n = 0; n < N2; n++) {
+      double s = 0;
+      for (int k = 0; k < K2; k++)
+        s += (double)A2[i * K2 + k] * X[(k / seg) * segstride + rowoff[n] + k % seg];
+      if (fabs(C3[i * N2 + n] - (0.5 * s + C30[i * N2 + n])) > 1e-5 * K2) bad++;
+    }
   assert_int_equal(bad, 0);
-  free(X); free(A); free(C); free(ref); free(A2); free(C2);
+  free(X); free(A); free(C); free(ref); free(A2); free(C2); free(C3); free(C30);
 }
 
 /* dt_sgemm (whichever back end is active) and the BLAS back end directly. */
