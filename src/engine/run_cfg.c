@@ -26,7 +26,7 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   o.lr = 0.05f;
   o.momentum = 0.9f;
   o.nesterov = 0;
-  o.weight_decay = 0.0f;
+  o.weight_decay = 5e-4f;
   c->optim = o;
   c->epochs = 15;
   c->batch = 64;

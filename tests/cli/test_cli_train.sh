@@ -43,4 +43,13 @@ for k in epoch step train_loss test_loss test_accuracy samples_per_second lr tim
   tail -1 "$E" | grep -Eq "\"$k\":-?[0-9]" && pass || fail "events record lacks $k"
 done
 grep -q "^limit_train = 6000$" "$out/config.ini" && grep -q "^epochs = 2$" "$out/config.ini" && pass || fail "config.ini"
+
+# The built-in default is examples/fashion_cnn.ini: same effective config.
+"$DTRAIN" train --set train.epochs=1 --set data.limit_train=64 --set data.limit_test=64 \
+  --out "$T/default" >/dev/null 2>&1 </dev/null || fail "default run: exit $?"
+"$DTRAIN" train "$SRC/examples/fashion_cnn.ini" --set train.epochs=1 --set data.limit_train=64 \
+  --set data.limit_test=64 --out "$T/example" >/dev/null 2>&1 </dev/null || fail "example run: exit $?"
+cmp -s "$T/default/config.ini" "$T/example/config.ini" && pass || fail "built-in default differs from examples/fashion_cnn.ini"
+[ "$(json_str "$T/default/summary.json" params_sha256)" = "$(json_str "$T/example/summary.json" params_sha256)" ] \
+  && pass || fail "default and example runs give different parameters"
 finish
