@@ -94,6 +94,7 @@ struct dt_tp_ep {
   struct dt_tp_req *pull_head, *pull_tail; /* matched CMA receives not yet copied */
   bool rx_in_rec;
   uint64_t rx_len, rx_off, rx_total;   /* current record: payload, consumed, padded */
+  bool rx_complete;                    /* ... written whole before its header */
   struct dt_tp_req *rx_req;            /* destination of the current record, or */
   struct unexp *rx_ux;                 /* ... buffered, or neither (discard) */
   uint64_t rx_tag;
@@ -309,30 +310,66 @@ static void tx_publish(struct dt_tp_ep *ep) {
 }
 
 /* Writes as much queued output as fits; returns true if anything moved. */
+/* Room for the next record: the space minus one header slot, which stays
+ * free for the "nothing here" mark below. */
+static uint64_t tx_room(struct dt_tp_ep *ep) {
+  uint64_t sp = tx_space(ep);
+  return sp > DT_SHM_REC ? sp - DT_SHM_REC : 0;
+}
+
+/* Clears the sequence word of the slot after the last record, before that
+ * record is published: that slot may hold an old payload that happens to
+ * look like the header the consumer expects next. */
+static void tx_mark_end(struct dt_tp_ep *ep) {
+  struct dt_shm_rec *h = (struct dt_shm_rec *)(ep->tx->data + (ep->tx_head & ep->mask));
+  atomic_store_explicit(&h->seq, 0, memory_order_relaxed);
+}
+
+/* Writes a record header at `at` (32-aligned, so never wrapped) and
+ * publishes it by its sequence word last. The record's end is tx_head. */
+static void tx_header(struct dt_tp_ep *ep, uint64_t at, uint64_t tag, uint64_t lenk, uint64_t aux) {
+  tx_mark_end(ep);
+  struct dt_shm_rec *h = (struct dt_shm_rec *)(ep->tx->data + (at & ep->mask));
+  h->tag = tag;
+  h->lenk = lenk;
+  h->aux = aux;
+  atomic_store_explicit(&h->seq, at + 1, memory_order_release);
+}
+
+/* Writes as much queued output as fits; returns true if anything moved. */
 static bool tx_progress(struct dt_tp_ep *ep) {
   bool moved = false;
   const uint64_t chunk = 64u << 10;
   for (;;) {
     if (!ep->tx_in_rec) {
       /* Acknowledgements go first, at a record boundary. */
-      while (ep->nacks && tx_space(ep) >= DT_SHM_REC) {
+      while (ep->nacks && tx_room(ep) >= DT_SHM_REC) {
         struct ack a = ep->acks[--ep->nacks];
-        struct dt_shm_rec rec = {DT_SHM_ACK, (uint32_t)(-a.rc), 0, 0, a.cookie};
-        tx_put(ep, &rec, sizeof rec);
+        uint64_t at = ep->tx_head;
+        ep->tx_head += DT_SHM_REC;
+        tx_header(ep, at, 0, (uint64_t)DT_SHM_ACK << DT_SHM_KIND_SHIFT | DT_SHM_COMPLETE,
+                  (a.cookie & 0xffffffffu) | (uint64_t)(uint32_t)(-a.rc) << 32);
         moved = true;
       }
       if (ep->nacks) break;
       struct dt_tp_req *r = ep->sq_head;
-      if (!r || tx_space(ep) < DT_SHM_REC) break;
+      if (!r) break;
+      uint64_t sp = tx_room(ep);
       bool cma = r->len >= ep->ctx->cma_min && ep->ctx->cma_min > 0 &&
                  atomic_load_explicit(&ep->phdr->cma_ok[ep->ctx->rank], memory_order_relaxed);
-      uint32_t cookie = cma ? ++ep->cma_seq : 0;
-      struct dt_shm_rec rec = {cma ? DT_SHM_CMA : DT_SHM_EAGER, cookie, r->tag, r->len,
-                               cma ? (uint64_t)(uintptr_t)r->buf : 0};
-      tx_put(ep, &rec, sizeof rec);
-      moved = true;
       r->done = 0;
       if (cma) {
+        if (sp < 2 * DT_SHM_REC) break;
+        uint32_t cookie = ++ep->cma_seq;
+        uint8_t ext[DT_SHM_REC] = {0};
+        memcpy(ext, &cookie, sizeof cookie);
+        uint64_t at = ep->tx_head;
+        ep->tx_head += DT_SHM_REC;
+        tx_put(ep, ext, sizeof ext);
+        tx_header(ep, at, r->tag,
+                  r->len | (uint64_t)DT_SHM_CMA << DT_SHM_KIND_SHIFT | DT_SHM_COMPLETE,
+                  (uint64_t)(uintptr_t)r->buf);
+        moved = true;
         /* Off the queue, onto the list waiting for the receiver's ACK. */
         ep->sq_head = r->next;
         if (!ep->sq_head) ep->sq_tail = NULL;
@@ -341,12 +378,35 @@ static bool tx_progress(struct dt_tp_ep *ep) {
         ep->cma_wait = r;
         continue;
       }
-      /* EAGER: it stays at the head while its payload streams. */
+      if (sp < DT_SHM_REC) break;
+      /* EAGER: as much payload as fits goes in before the header; the rest
+       * streams, counted by the head. */
+      uint64_t total = round_rec(r->len), n = sp - DT_SHM_REC;
+      if (n > total) n = total;
+      if (n > chunk && n < total) n = chunk;
+      uint64_t at = ep->tx_head, ncopy = n < r->len ? n : r->len;
+      ep->tx_head += DT_SHM_REC;
+      if (ncopy) tx_put(ep, r->buf, ncopy);
+      ep->tx_head += n - ncopy; /* padding: never read */
+      r->done = ncopy;
+      tx_header(ep, at, r->tag,
+                r->len | (uint64_t)DT_SHM_EAGER << DT_SHM_KIND_SHIFT | (n == total ? DT_SHM_COMPLETE : 0),
+                0);
+      moved = true;
+      if (n == total) {
+        ep->sq_head = r->next;
+        if (!ep->sq_head) ep->sq_tail = NULL;
+        r->done = r->len;
+        req_finish(r, 1);
+        continue;
+      }
+      /* It stays at the head of the queue while the rest streams. */
       ep->tx_in_rec = true;
-      ep->tx_left = round_rec(r->len);
+      ep->tx_left = total - n;
+      tx_publish(ep);
     }
     struct dt_tp_req *r = ep->sq_head;
-    uint64_t sp = tx_space(ep);
+    uint64_t sp = tx_room(ep);
     if (!sp) break;
     uint64_t n = ep->tx_left < sp ? ep->tx_left : sp;
     if (n > chunk) n = chunk;
@@ -358,6 +418,7 @@ static bool tx_progress(struct dt_tp_ep *ep) {
     ep->tx_left -= n;
     moved = true;
     if (ep->tx_left == 0) {
+      tx_mark_end(ep); /* published by the head store below */
       ep->tx_in_rec = false;
       ep->sq_head = r->next;
       if (!ep->sq_head) ep->sq_tail = NULL;
@@ -491,74 +552,90 @@ static bool rx_progress(struct dt_tp_ep *ep) {
   }
   struct dt_shm_ring *rg = ep->rx;
   uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_relaxed);
-  uint64_t head = atomic_load_explicit(&rg->head, memory_order_acquire);
   bool moved = false;
-  while (head != tail) {
+  for (;;) {
     if (!ep->rx_in_rec) {
-      if (head - tail < DT_SHM_REC) break;
-      struct dt_shm_rec rec;
-      rx_get(ep, tail, &rec, sizeof rec);
+      struct dt_shm_rec *h = (struct dt_shm_rec *)(rg->data + (tail & ep->rx_mask));
+      if (atomic_load_explicit(&h->seq, memory_order_acquire) != tail + 1) break;
+      uint64_t tag = h->tag, lenk = h->lenk, aux = h->aux;
+      unsigned kind = (unsigned)(lenk >> DT_SHM_KIND_SHIFT);
+      uint64_t len = lenk & DT_SHM_LEN_MASK;
       tail += DT_SHM_REC;
       moved = true;
-      if (rec.kind == DT_SHM_ACK) {
+      if (kind == DT_SHM_ACK) {
         struct dt_tp_req *prev = NULL;
+        uint32_t err = (uint32_t)(aux >> 32);
         for (struct dt_tp_req *q = ep->cma_wait; q; prev = q, q = q->next) {
-          if (q->priv[0] != rec.addr_or_cookie) continue;
+          if (q->priv[0] != (aux & 0xffffffffu)) continue;
           if (prev) prev->next = q->next;
           else ep->cma_wait = q->next;
           q->done = q->len;
-          req_finish(q, rec.pad ? -(int)rec.pad : 1);
+          req_finish(q, err ? -(int)err : 1);
           break;
         }
         continue;
       }
-      if (rec.kind == DT_SHM_CMA) {
-        struct dt_tp_req *r = match_posted(ep, rec.tag);
+      if (kind == DT_SHM_CMA) {
+        uint8_t ext[DT_SHM_REC];
+        uint32_t cookie;
+        rx_get(ep, tail, ext, sizeof ext);
+        memcpy(&cookie, ext, sizeof cookie);
+        tail += DT_SHM_REC;
+        struct dt_tp_req *r = match_posted(ep, tag);
         struct unexp *u;
         if (r) {
-          cma_pull(ep, r, rec.addr_or_cookie, rec.len, rec.pad);
+          cma_pull(ep, r, aux, len, cookie);
           /* One bulk copy per call: the waiter checks its requests before
            * the next, so an algorithm reduces each chunk while it is still
            * in cache instead of after every chunk has been pulled. */
           break;
-        } else if ((u = ux_new(ep, DT_SHM_CMA, rec.tag, rec.len, rec.addr_or_cookie))) {
-          u->cookie = rec.pad;
+        } else if ((u = ux_new(ep, DT_SHM_CMA, tag, len, aux))) {
+          u->cookie = cookie;
         } else {
           ep_lost(ep, "could not be served: out of memory buffering a message");
           return true;
         }
         continue;
       }
-      if (rec.kind != DT_SHM_EAGER || rec.len > DT_FRAME_MAX_LEN) {
+      if (kind != DT_SHM_EAGER || len > DT_FRAME_MAX_LEN) {
         char what[128];
-        snprintf(what, sizeof what, "sent a malformed record (kind %u, length %llu)", rec.kind,
-                 (unsigned long long)rec.len);
+        snprintf(what, sizeof what, "sent a malformed record (kind %u, length %llu)", kind,
+                 (unsigned long long)len);
         ep_lost(ep, what);
         return true;
       }
       ep->rx_in_rec = true;
-      ep->rx_len = rec.len;
-      ep->rx_total = round_rec(rec.len);
+      ep->rx_complete = (lenk & DT_SHM_COMPLETE) != 0;
+      ep->rx_len = len;
+      ep->rx_total = round_rec(len);
       ep->rx_off = 0;
-      ep->rx_tag = rec.tag;
+      ep->rx_tag = tag;
       ep->rx_ux = NULL;
-      ep->rx_req = match_posted(ep, rec.tag);
-      if (ep->rx_req && ep->rx_req->len != rec.len) {
+      ep->rx_req = match_posted(ep, tag);
+      if (ep->rx_req && ep->rx_req->len != len) {
         DT_LOG_WARN("shm: rank %d sent %llu bytes with tag 0x%llx, receive expects %zu",
-                    ep->peer, (unsigned long long)rec.len, (unsigned long long)rec.tag,
+                    ep->peer, (unsigned long long)len, (unsigned long long)tag,
                     ep->rx_req->len);
         req_finish(ep->rx_req, DT_EPROTO);
         ep->rx_req = NULL; /* discard the payload */
       } else if (!ep->rx_req) {
-        ep->rx_ux = ux_new(ep, DT_SHM_EAGER, rec.tag, rec.len, 0);
+        ep->rx_ux = ux_new(ep, DT_SHM_EAGER, tag, len, 0);
         if (!ep->rx_ux) {
           ep_lost(ep, "could not be served: out of memory buffering a message");
           return true;
         }
       }
     }
-    uint64_t n = head - tail, left = ep->rx_total - ep->rx_off;
-    if (n > left) n = left;
+    /* A complete record is all there; a streaming one as far as the head. */
+    uint64_t left = ep->rx_total - ep->rx_off, n = left;
+    if (!ep->rx_complete) {
+      /* The header is published by its own sequence word, possibly before
+       * the head counter moves past it: head may still be behind tail. */
+      uint64_t head = atomic_load_explicit(&rg->head, memory_order_acquire);
+      uint64_t avail = head > tail ? head - tail : 0;
+      if (avail < n) n = avail;
+    }
+    if (!n && left) break;
     uint64_t data_left = ep->rx_len > ep->rx_off ? ep->rx_len - ep->rx_off : 0;
     uint64_t ncopy = n < data_left ? n : data_left;
     if (ncopy) {
@@ -586,8 +663,7 @@ static bool rx_progress(struct dt_tp_ep *ep) {
       ep->rx_ux = NULL;
     }
     /* Release space early so a sender blocked on a full ring goes on. */
-    atomic_store_explicit(&rg->tail, tail, memory_order_release);
-    head = atomic_load_explicit(&rg->head, memory_order_acquire);
+    if (!ep->rx_complete) atomic_store_explicit(&rg->tail, tail, memory_order_release);
   }
   if (moved) {
     atomic_store_explicit(&rg->tail, tail, memory_order_release);

@@ -14,8 +14,11 @@
  * before that point are swept at the next init by pid.
  *
  * Records are 32-byte aligned (so a header never wraps): a header, then for
- * EAGER the payload padded to 32 bytes. CMA records carry the sender's
- * buffer address instead of the payload; the receiver copies with
+ * EAGER the payload padded to 32 bytes. A small message is written whole
+ * before its header's sequence word, so the receiver sees header and data
+ * in the same cache lines; a large one streams, and the ring's head counter
+ * says how much of it has arrived. CMA records carry the sender's buffer
+ * address instead of the payload; the receiver copies with
  * process_vm_readv straight into the destination (single copy) and answers
  * with an ACK record carrying the sender's cookie.
  */
@@ -33,17 +36,25 @@
 enum dt_shm_rec_kind {
   DT_SHM_EAGER = 1, /* payload follows in the ring */
   DT_SHM_CMA = 2,   /* payload at `addr` in the sender; answer with ACK */
-  DT_SHM_ACK = 3    /* the CMA record with `cookie` was consumed; pad != 0:
-                     * the receiver failed (value = DT_E* code, negated) */
+  DT_SHM_ACK = 3    /* the CMA record with `cookie` was consumed; a nonzero
+                     * high half of aux: the receiver failed (-DT_E* code) */
 };
 
+/* A record header. The consumer polls `seq` at its tail: the record is
+ * there when seq == tail + 1 (positions only grow, so a header left from an
+ * earlier lap never matches), and a small message is then read from the same
+ * cache lines without touching the ring's head counter. `seq` is stored last,
+ * with release order. */
 struct dt_shm_rec {
-  uint32_t kind;
-  uint32_t pad;
+  _Atomic uint64_t seq;
   uint64_t tag;
-  uint64_t len;
-  uint64_t addr_or_cookie; /* CMA: sender address; ACK/NACK: cookie */
+  uint64_t lenk; /* payload length | kind << 56 | DT_SHM_COMPLETE */
+  uint64_t aux;  /* CMA: sender address; ACK: cookie | (uint64_t)(-rc) << 32 */
 };
+#define DT_SHM_KIND_SHIFT 56
+#define DT_SHM_COMPLETE (1ull << 55) /* the whole payload was written with the header */
+#define DT_SHM_LEN_MASK ((1ull << 55) - 1)
+/* A CMA record is followed by 32 bytes whose first 4 hold the cookie. */
 _Static_assert(sizeof(struct dt_shm_rec) == DT_SHM_REC, "record header is 32 bytes");
 
 /* One SPSC ring; head and tail are byte counters that only grow. */
