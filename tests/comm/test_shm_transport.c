@@ -4,7 +4,8 @@
  * messages of awkward sizes (0, 1, 7, 1023, 64 KiB - 1, 1 MiB + 3, 5 MiB)
  * with two tags posted out of order, over the single-copy path and over the
  * ring alone with a tiny ring (so messages stream through it and arrive
- * before their receive); a peer killed with SIGKILL makes every survivor,
+ * before their receive); payloads that mimic the next lap's record headers
+ * are not mistaken for them; a peer killed with SIGKILL makes every survivor,
  * including one waiting on a third rank, fail with DT_EPEERLOST naming it
  * within 5 s; a receive nobody sends fails with DT_ETIMEDOUT at its deadline;
  * a length mismatch is DT_EPROTO; no segment is left in /dev/shm.
@@ -225,6 +226,47 @@ static int body_mismatch(int rank, int size) {
   return rc;
 }
 
+/* Ping-pong over a 4 KiB ring without single copy, where every payload
+ * word holds exactly the sequence value the receiver will expect at that
+ * ring offset one lap later: if a stale payload could pass for a record
+ * header, the receiver would read garbage here. */
+static int body_stale(int rank, int size) {
+  struct dt_tp_ctx *ctx;
+  struct dt_tp_ep *eps[MAXR];
+  int rc = setup(rank, size, &ctx, eps);
+  if (rc) return rc;
+  static const size_t lens[] = {40, 72, 200, 8, 1000, 24, 0, 120};
+  uint64_t msg[128], want[128], pos = 0, ring = 4096;
+  uint8_t ack = 1;
+  for (int i = 0; i < 400 && !rc; i++) {
+    size_t len = lens[i % 8];
+    for (size_t j = 0; j < len / 8; j++) want[j] = pos + 32 + 8 * j + ring + 1;
+    pos += 32 + ((len + 31) & ~(size_t)31);
+    struct dt_tp_req d, a, *dp = &d, *ap = &a;
+    if (rank == 0) {
+      d = REQ(want, len, 11, 1, DT_TP_SEND);
+      a = REQ(&ack, 1, 12, 1, DT_TP_RECV);
+      if ((rc = T()->irecv(eps[1], &a)) || (rc = T()->isend(eps[1], &d))) break;
+      struct dt_tp_req *v[2] = {dp, ap};
+      rc = T()->wait(ctx, v, 2, dt_now_ns() + 5000000000ll, B->err[rank]);
+    } else {
+      d = REQ(msg, len, 11, 0, DT_TP_RECV);
+      a = REQ(&ack, 1, 12, 0, DT_TP_SEND);
+      if ((rc = T()->irecv(eps[0], &d))) break;
+      if ((rc = T()->wait(ctx, &dp, 1, dt_now_ns() + 5000000000ll, B->err[rank]))) break;
+      if (memcmp(msg, want, len)) {
+        snprintf(B->err[rank], DT_TP_ERR_MAX, "message %d (%zu bytes) corrupted", i, len);
+        rc = DT_ECORRUPT;
+        break;
+      }
+      if ((rc = T()->isend(eps[0], &a))) break;
+      rc = T()->wait(ctx, &ap, 1, dt_now_ns() + 5000000000ll, B->err[rank]);
+    }
+  }
+  teardown(size, ctx, eps);
+  return rc;
+}
+
 typedef int (*body_fn)(int rank, int size);
 
 /* Forks size ranks running body; kill_last: SIGKILL the last rank once every
@@ -313,6 +355,18 @@ static void exchange_ring_only(void **state) {
     if (rcs[r]) fail_msg("rank %d: %s (%s)", r, dt_strerror(rcs[r]), B->err[r]);
 }
 
+static void stale_payload_not_a_header(void **state) {
+  (void)state;
+  setenv("DTRAIN_SHM_CMA_BYTES", "0", 1);
+  setenv("DTRAIN_SHM_RING_BYTES", "4096", 1);
+  int rcs[MAXR];
+  run(2, body_stale, false, rcs);
+  unsetenv("DTRAIN_SHM_CMA_BYTES");
+  unsetenv("DTRAIN_SHM_RING_BYTES");
+  for (int r = 0; r < 2; r++)
+    if (rcs[r]) fail_msg("rank %d: %s (%s)", r, dt_strerror(rcs[r]), B->err[r]);
+}
+
 static void killed_peer(void **state) {
   (void)state;
   int rcs[MAXR];
@@ -351,6 +405,7 @@ int main(void) {
   if (B == MAP_FAILED) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(exchange_sizes), cmocka_unit_test(exchange_ring_only),
+      cmocka_unit_test(stale_payload_not_a_header),
       cmocka_unit_test(killed_peer),    cmocka_unit_test(deadline),
       cmocka_unit_test(length_mismatch),
   };
