@@ -352,6 +352,9 @@ static void test_reduce_ops(void **s) {
 }
 
 int main(void) {
+  /* Small pipeline chunks so the 1M+3 cases run the multi-chunk path (set
+   * before any rank thread starts). */
+  setenv("DTRAIN_CHUNK_BYTES", "65536", 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reduce_ops),     cmocka_unit_test(test_allreduce_inproc),
       cmocka_unit_test(test_allreduce_tcp),  cmocka_unit_test(test_others_inproc),
