@@ -303,6 +303,39 @@ static void test_strangers_rejected(void **s) {
   assert_int_equal(atomic_load(&a.bad_closed), 5);
 }
 
+/* ---- rendezvous deadline ------------------------------------------------ */
+
+static void *join_partial(void *p) {
+  int *args = p; /* {port, rank, rc} */
+  dt_store *s;
+  if (dt_store_connect(&s, "127.0.0.1", args[0], NULL, 5)) return NULL;
+  struct dt_comm_config cfg = DT_COMM_CONFIG_INIT;
+  cfg.rank = args[1];
+  cfg.size = 3;
+  cfg.job = "partial";
+  cfg.timeout_s = 0.5;
+  dt_comm *c = NULL;
+  args[2] = dt_comm_create(&c, s, &cfg);
+  if (args[2] == DT_ETIMEDOUT && !strstr(dt_errmsg(), "rank 2")) args[2] = -1000; /* must name the missing rank */
+  dt_comm_destroy(c);
+  dt_store_destroy(s);
+  return NULL;
+}
+
+static void test_rendezvous_deadline(void **s) {
+  dt_store_server *srv;
+  assert_int_equal(dt_store_server_start(&srv, "127.0.0.1", 0, NULL), DT_OK);
+  int a[2][3] = {{dt_store_server_port(srv), 0, 0}, {dt_store_server_port(srv), 1, 0}};
+  pthread_t th[2];
+  double t0 = dt_now();
+  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, join_partial, a[i]);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  assert_true(dt_now() - t0 < 5.0);
+  dt_store_server_stop(srv);
+  assert_int_equal(a[0][2], DT_ETIMEDOUT);
+  assert_int_equal(a[1][2], DT_ETIMEDOUT);
+}
+
 /* ---- store ------------------------------------------------------------- */
 
 static void test_store_auth_and_garbage(void **s) {
@@ -343,6 +376,7 @@ int main(void) {
       cmocka_unit_test(test_abort_wakes_all),
       cmocka_unit_test(test_strangers_rejected),
       cmocka_unit_test(test_store_auth_and_garbage),
+      cmocka_unit_test(test_rendezvous_deadline),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
