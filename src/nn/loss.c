@@ -2,6 +2,8 @@
  * loss.c — softmax cross-entropy averaged over the batch, fused with its
  * gradient and an accuracy count. Log-sum-exp is taken around the row
  * maximum so large logits do not overflow. Labels are not validated here.
+ * With and without the gradient the loss is computed by the same operations
+ * in the same order, so dt_model_loss and dt_model_backward agree bitwise.
  */
 #include "nn/kernels.h"
 
@@ -19,17 +21,21 @@ float dt_softmax_xent(float *dlogits, int *ncorrect, const float *logits, const 
     for (int v = 1; v < V; v++)
       if (x[v] > mx) { mx = x[v]; am = v; }
     float sum = 0.0f;
-    for (int v = 0; v < V; v++) sum += expf(x[v] - mx);
     int t = targets[b];
+    if (dlogits) {
+      /* exponentials kept in the gradient row, normalised below: one expf
+       * per logit instead of two */
+      float *d = dlogits + (size_t)b * V;
+      for (int v = 0; v < V; v++) d[v] = expf(x[v] - mx), sum += d[v];
+      float inv = 1.0f / sum;
+      for (int v = 0; v < V; v++) d[v] = d[v] * inv * invB;
+      d[t] -= invB;
+    } else {
+      for (int v = 0; v < V; v++) sum += expf(x[v] - mx);
+    }
     float lse = mx + logf(sum);
     loss += (double)(lse - x[t]);
     if (am == t) correct++;
-    if (dlogits) {
-      float *d = dlogits + (size_t)b * V;
-      float inv = 1.0f / sum;
-      for (int v = 0; v < V; v++) d[v] = expf(x[v] - mx) * inv * invB;
-      d[t] -= invB;
-    }
   }
   if (ncorrect) *ncorrect = correct;
   return (float)(loss / B);

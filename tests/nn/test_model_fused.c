@@ -9,7 +9,8 @@
  * eval mode, and the caller's input must stay untouched when the relu is the
  * first layer. All of it under several DTRAIN_NN_CHUNK_BYTES settings, so
  * the chunked conv -> fused pool route runs with one sample per chunk, with
- * a partial last chunk, with one chunk and switched off.
+ * a partial last chunk, with one chunk and switched off. dt_model_loss (no
+ * gradient) must give the backward's loss bitwise.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -98,6 +99,8 @@ static void run_pairs(void) {
       same("logits", lf, lu, (size_t)B * V * sizeof(float), p->fused);
       int cf = -1, cu = -2;
       spans sf = {0}, su = {0};
+      int c0 = -3;
+      float loss0 = dt_model_loss(f, y, B, &c0); /* no gradient: same loss, bitwise */
       float lossf = dt_model_backward(f, y, B, &cf, on_ready, &sf);
       float lossu = dt_model_backward(u, y, B, &cu, on_ready, &su);
       assert_true(sf.n > 0);
@@ -106,6 +109,8 @@ static void run_pairs(void) {
       assert_true(isfinite(lossf));
       same("loss", &lossf, &lossu, sizeof lossf, p->fused);
       assert_int_equal(cf, cu);
+      same("dt_model_loss", &loss0, &lossf, sizeof lossf, p->fused);
+      assert_int_equal(c0, cf);
       same("gradients", dt_model_grads(f), dt_model_grads(u), np * sizeof(float), p->fused);
       /* the gradient is not trivially zero */
       double g2 = 0.0;
