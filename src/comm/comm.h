@@ -99,7 +99,9 @@ int dt_algo_parse(const char *s, dt_algo *out); /* DT_EINVAL for unknown names *
  * 1..DT_STORE_KEY_MAX bytes; values are bytes, at most DT_STORE_VAL_MAX.
  * Every call takes a timeout in seconds (<= 0 means the store's default);
  * calls that wait (get, wait) return DT_ETIMEDOUT naming the key when it
- * expires. A store handle is thread-safe (calls are serialised inside). */
+ * expires. A store handle is thread-safe, but calls on one handle are
+ * serialised (a TCP client has one request in flight), so threads that wait
+ * for each other's keys need a handle each. */
 #define DT_STORE_KEY_MAX 512
 #define DT_STORE_VAL_MAX (1u << 20)
 
@@ -165,7 +167,7 @@ struct dt_comm_config {
   const char *host_id;    /* topology override (tests); NULL = hostname+boot id */
   double timeout_s;       /* deadline of every blocking call; default 60 */
   dt_algo algo;           /* force an algorithm for every collective; DTRAIN_ALGO env too */
-  int nconn;              /* tcp connections per peer (1..8); default 1 */
+  int nconn;              /* tcp connections per peer; reserved: one is used today */
 };
 #define DT_COMM_CONFIG_INIT                                                    \
   { "tcp", -1, 0, "dtrain", NULL, NULL, NULL, 60.0, DT_ALGO_AUTO, 1 }
