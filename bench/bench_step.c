@@ -6,9 +6,7 @@
  *
  * Build and run (not built by default):
  *   cmake --build BUILD --target bench_step && BUILD/bench_step [seconds] [mlp|cnn]
- * One OpenBLAS thread; OpenBLAS's AVX-512 kernels are selected the way
- * dtrain train does it (dt_tensor_blas_upgrade) unless OPENBLAS_CORETYPE is
- * set.
+ * One thread; the GEMM back end is chosen as in dtrain train (DTRAIN_GEMM).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,10 +70,9 @@ static int bench(const char *name, const char *spec, double seconds) {
 int main(int argc, char **argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 5.0;
   const char *only = argc > 2 ? argv[2] : "";
-  int up = dt_tensor_blas_upgrade(0);
   dt_tensor_set_threads(1);
-  printf("one thread, batch 64, SGD momentum 0.9; OpenBLAS AVX-512 upgrade: %s\n",
-         up ? "applied" : "not applied");
+  printf("one thread, batch 64, SGD momentum 0.9; GEMM back end %s, OpenBLAS core %s\n",
+         dt_tensor_gemm_impl(), dt_tensor_blas_core());
   int rc = 0;
   if (strcmp(only, "cnn")) rc |= bench("mlp", MLP, seconds);
   if (strcmp(only, "mlp")) rc |= bench("cnn", CNN, seconds);

@@ -9,11 +9,6 @@
  * (0 success, 1 runtime failure, 2 bad input / usage). */
 int dt_cli_main(int argc, char **argv);
 
-/* For `train` only: re-executes argv once with OPENBLAS_CORETYPE=SkylakeX
- * if OpenBLAS picked slower kernels than the CPU supports and the user did
- * not choose a core type. Returns if it does nothing or exec fails. */
-void dt__cli_prefer_fast_blas(int argc, char **argv);
-
 /* Exit statuses. */
 enum { DT_EXIT_OK = 0, DT_EXIT_FAIL = 1, DT_EXIT_USAGE = 2 };
 

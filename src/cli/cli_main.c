@@ -1,15 +1,12 @@
 /*
  * cli_main.c — the dtrain dispatcher: global options (--help, --version)
- * and one subcommand per file (cmd_*.c). dt__cli_prefer_fast_blas (called
- * by main.c only, so tests calling dt_cli_main never exec) re-executes the
- * command once with OPENBLAS_CORETYPE=SkylakeX when OpenBLAS chose a slower
- * kernel family than the CPU supports (the variable only works before the
- * library loads); a user's own OPENBLAS_CORETYPE is respected.
+ * and one subcommand per file (cmd_*.c). It never touches OPENBLAS_CORETYPE:
+ * the GEMM-bound layers run on dtrain's own AVX-512 kernels where the CPU has
+ * them (src/tensor/gemm_avx512.c), whatever OpenBLAS was pinned to.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli/cli.h"
 #include "dtrain.h"
@@ -29,14 +26,6 @@ static void usage(FILE *f) {
           "\n"
           "Exit status: 0 success, 1 runtime failure, 2 bad input or usage.\n"
           "Config keys and defaults: docs/config.md.\n");
-}
-
-void dt__cli_prefer_fast_blas(int argc, char **argv) {
-  if (argc < 2 || strcmp(argv[1], "train")) return;
-  if (getenv("OPENBLAS_CORETYPE") || !dt_tensor_blas_underpowered()) return;
-  if (setenv("OPENBLAS_CORETYPE", "SkylakeX", 1)) return;
-  execv("/proc/self/exe", argv);
-  /* exec failed: go on with the slower kernels */
 }
 
 int dt_cli_main(int argc, char **argv) {

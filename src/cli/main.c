@@ -8,6 +8,5 @@
 #include "cli/cli.h"
 
 int main(int argc, char **argv) {
-  dt__cli_prefer_fast_blas(argc, argv);
   return dt_cli_main(argc, argv);
 }

@@ -12,10 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* OpenBLAS DYNAMIC_ARCH entry points; weak so other builds still link. */
-extern void gotoblas_dynamic_init(void) __attribute__((weak));
-extern void gotoblas_dynamic_quit(void) __attribute__((weak));
-
 void dt_tensor_set_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
 
 const char *dt_tensor_blas_core(void) { return openblas_get_corename(); }
@@ -35,15 +31,6 @@ int dt_tensor_blas_underpowered(void) {
 #else
   return 0;
 #endif
-}
-
-int dt_tensor_blas_upgrade(int override_env) {
-  if ((getenv("OPENBLAS_CORETYPE") && !override_env) || !dt_tensor_blas_underpowered()) return 0;
-  if (!gotoblas_dynamic_init || !gotoblas_dynamic_quit) return 0;
-  setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-  gotoblas_dynamic_quit();
-  gotoblas_dynamic_init();
-  return dt_tensor_blas_underpowered() ? 0 : 1;
 }
 
 void dt__sgemm_blas(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,

@@ -13,9 +13,10 @@
  * when the CPU has AVX-512, CBLAS otherwise or when DTRAIN_GEMM=blas; see
  * dt_tensor_gemm_impl(). The AVX-512 kernels matter because OPENBLAS_CORETYPE
  * may pin OpenBLAS to its Haswell (AVX2) kernels, about half the sgemm rate
- * of AVX-512 code on this kind of CPU. dtrain never changes that variable on
- * its own: dt_tensor_blas_upgrade() below only acts when the variable is
- * unset (override_env == 0), or when a caller explicitly asks.
+ * of AVX-512 code on this kind of CPU. dtrain never changes or overrides
+ * that variable: it is set on purpose on machines where older OpenBLAS
+ * builds misbehave with their own kernel detection, so our kernels, not a
+ * re-tuned OpenBLAS, are the fast path.
  */
 #ifndef DT_TENSOR_H
 #define DT_TENSOR_H
@@ -31,16 +32,6 @@ const char *dt_tensor_blas_core(void);
  * would speed GEMM up. */
 int dt_tensor_blas_underpowered(void);
 
-/* If dt_tensor_blas_underpowered(), switches this process's OpenBLAS to its
- * SkylakeX (AVX-512) kernels, as OPENBLAS_CORETYPE=SkylakeX would have at
- * load time, and returns 1. Returns 0 and changes nothing otherwise: no gain
- * possible, the OpenBLAS build has no DYNAMIC_ARCH entry points, or
- * OPENBLAS_CORETYPE is set in the environment and override_env is 0 (an
- * explicit user choice is respected unless the caller says otherwise). Call it once at start-up, before any BLAS call and before any
- * other thread exists: it re-runs OpenBLAS's dynamic-arch initialisation.
- * Opt-in because it relies on OpenBLAS internals (gotoblas_dynamic_quit/
- * init); the conservative alternative is to re-exec with the variable set. */
-int dt_tensor_blas_upgrade(int override_env);
 
 /* C = alpha * op(A) * op(B) + beta * C, row-major. op(A) is M x K, op(B) is
  * K x N, C is M x N; ta/tb nonzero mean "transpose". lda/ldb/ldc are the row
