@@ -21,7 +21,10 @@
  * sleeps on the futex; default 2000, 200 when there are more ranks than
  * cores), DTRAIN_SHM_YIELD_US (after this long it yields the core between
  * polls, so a peer or a compute thread on the same core can run; default
- * 20, 0 when oversubscribed), DTRAIN_SHM_LIVE_MS (pidfd poll period, 2).
+ * 20, 0 when oversubscribed), DTRAIN_SHM_LIVE_MS (pidfd poll period, 2),
+ * DTRAIN_SHM_BIND (bind the driving thread to core rank % ncpu when there
+ * are no more ranks than cores and nothing pinned it yet, as mpirun does;
+ * default 1).
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
@@ -795,6 +798,23 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   cpu_set_t cs;
   int ncpu = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
   ctx->oversub = in->size > ncpu;
+  /* Like mpirun's default binding: with no more ranks than cores, and not
+   * already pinned by someone else, the calling thread (the one that drives
+   * the communicator) stays on core rank % ncpu, so spinning peers are not
+   * stacked on one core by the scheduler. DTRAIN_SHM_BIND=0 turns it off. */
+  if (!ctx->oversub && ncpu > 1 && dt_param_int("DTRAIN_SHM_BIND", 1) &&
+      CPU_COUNT(&cs) == (int)sysconf(_SC_NPROCESSORS_ONLN)) {
+    int k = in->rank % ncpu, cpu = -1;
+    for (int i = 0; i < CPU_SETSIZE && k >= 0; i++)
+      if (CPU_ISSET(i, &cs) && k-- == 0) cpu = i;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    if (cpu >= 0) {
+      CPU_SET(cpu, &one);
+      if (sched_setaffinity(0, sizeof one, &one) == 0)
+        DT_LOG_DEBUG("shm: rank %d bound to cpu %d", in->rank, cpu);
+    }
+  }
   ctx->spin_ns = dt_param_int("DTRAIN_SHM_SPIN_US", ctx->oversub ? 200 : 2000) * 1000;
   ctx->yield_ns = dt_param_int("DTRAIN_SHM_YIELD_US", ctx->oversub ? 0 : 20) * 1000;
   ctx->live_ns = dt_param_int("DTRAIN_SHM_LIVE_MS", 2) * 1000000;
