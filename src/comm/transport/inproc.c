@@ -106,6 +106,8 @@ static int ip_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *p, int64_t d
   return DT_OK;
 }
 
+static bool abort_local(struct dt_tp_ctx *x, int rc, const char *why);
+
 static void complete(struct dt_tp_req *r, int status) {
   r->done = status == 1 ? r->len : r->done;
   r->status = status;
@@ -121,9 +123,14 @@ static int ip_isend(struct dt_tp_ep *e, struct dt_tp_req *r) {
   if (arc) return complete(r, arc), arc;
   pthread_mutex_lock(&d->mu);
   if (d->closed || d->abort_rc) {
-    pthread_mutex_unlock(&d->mu);
     int rc = d->closed ? DT_EPEERLOST : d->abort_rc;
+    char why[sizeof d->abort_msg];
+    snprintf(why, sizeof why, "%s", d->abort_msg);
+    pthread_mutex_unlock(&d->mu);
     complete(r, rc);
+    /* The peer aborted and we have not heard yet (its abort is still on its
+     * way round): take its reason now, as a tcp ABORT frame would bring it. */
+    if (rc != DT_EPEERLOST) abort_local(e->self, rc, why);
     return dt__seterr(rc, "inproc: rank %d is gone", e->peer_rank);
   }
   struct dt_tp_req **pp = &d->posted, *prev = NULL;
