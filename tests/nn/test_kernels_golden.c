@@ -13,6 +13,10 @@
  * instead of overwriting fails. Each backward is also run with dinp = NULL to
  * check the parameter gradients do not depend on it.
  *
+ * Each layer's fixtures are read <layer>_0, _1, ... until one is missing, and
+ * the count must equal what tools/golden.py writes, so a missing, renumbered
+ * or extra fixture fails. The reader lives in golden_io.h.
+ *
  * "meta" layouts: linear B,C,OC,has_bias; conv2d B,C,H,W,OC,KH,KW,stride,
  * pad,has_bias; pools B,C,H,W,k,s; relu/gelu N; layernorm B,D (eps 1e-5);
  * batchnorm B,C,S,train (eps 1e-5, momentum 0.1); xent B,V,ncorrect.
@@ -30,88 +34,7 @@
 
 #include "nn/kernels.h"
 
-#define TOL 1e-4
-#define MAXT 24
-
-typedef struct {
-  char name[64];
-  int dtype, ndim, dims[8];
-  size_t n;
-  void *data;
-} gtensor;
-
-typedef struct {
-  char path[512];
-  int count;
-  gtensor t[MAXT];
-} gfile;
-
-static uint32_t rd32(FILE *f) {
-  unsigned char b[4];
-  if (fread(b, 1, 4, f) != 4) fail_msg("short read");
-  return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-
-/* Returns 0 if the file does not exist; fails the test on a malformed file. */
-static int gload(gfile *g, const char *stem) {
-  snprintf(g->path, sizeof g->path, "%s/tests/nn/golden/%s.bin", DT_SOURCE_DIR, stem);
-  FILE *f = fopen(g->path, "rb");
-  if (!f) return 0;
-  char magic[4];
-  assert_int_equal(fread(magic, 1, 4, f), 4);
-  assert_memory_equal(magic, "DTGF", 4);
-  assert_int_equal(rd32(f), 1);
-  g->count = (int)rd32(f);
-  assert_true(g->count > 0 && g->count <= MAXT);
-  for (int i = 0; i < g->count; i++) {
-    gtensor *t = &g->t[i];
-    uint32_t nl = rd32(f);
-    assert_true(nl < sizeof t->name);
-    assert_int_equal(fread(t->name, 1, nl, f), nl);
-    t->name[nl] = 0;
-    t->dtype = (int)rd32(f);
-    t->ndim = (int)rd32(f);
-    assert_true(t->ndim >= 0 && t->ndim <= 8);
-    t->n = 1;
-    for (int d = 0; d < t->ndim; d++) { t->dims[d] = (int)rd32(f); t->n *= (size_t)t->dims[d]; }
-    t->data = malloc(t->n * 4 + 4);
-    assert_non_null(t->data);
-    assert_int_equal(fread(t->data, 4, t->n, f), t->n); /* host is little-endian (x86-64) */
-  }
-  fclose(f);
-  return 1;
-}
-
-static void gfree(gfile *g) {
-  for (int i = 0; i < g->count; i++) free(g->t[i].data);
-  g->count = 0;
-}
-
-static gtensor *gfind(gfile *g, const char *name) {
-  for (int i = 0; i < g->count; i++)
-    if (strcmp(g->t[i].name, name) == 0) return &g->t[i];
-  return NULL;
-}
-
-static float *F32(gfile *g, const char *name) {
-  gtensor *t = gfind(g, name);
-  if (!t) fail_msg("%s: no tensor '%s'", g->path, name);
-  assert_int_equal(t->dtype, 0);
-  return (float *)t->data;
-}
-
-static int32_t *I32(gfile *g, const char *name) {
-  gtensor *t = gfind(g, name);
-  if (!t) fail_msg("%s: no tensor '%s'", g->path, name);
-  assert_int_equal(t->dtype, 1);
-  return (int32_t *)t->data;
-}
-
-static size_t NUM(gfile *g, const char *name) {
-  gtensor *t = gfind(g, name);
-  if (!t) fail_msg("%s: no tensor '%s'", g->path, name);
-  return t->n;
-}
+#include "golden_io.h"
 
 /* Fresh buffer filled with garbage so overwrite-vs-accumulate bugs show. */
 static float *garbage(size_t n) {
@@ -120,20 +43,10 @@ static float *garbage(size_t n) {
   return p;
 }
 
-static double relerr(const float *a, const float *b, size_t n) {
-  double md = 0.0, mb = 0.0;
-  for (size_t i = 0; i < n; i++) {
-    double d = fabs((double)a[i] - (double)b[i]);
-    if (!(d <= md)) md = d; /* NaN-propagating max */
-    if (fabs((double)b[i]) > mb) mb = fabs((double)b[i]);
-  }
-  return md / (mb > 1e-6 ? mb : 1e-6);
-}
-
 static void check(gfile *g, const char *name, const float *got) {
   size_t n = NUM(g, name);
   double e = relerr(got, F32(g, name), n);
-  if (!(e <= TOL)) fail_msg("%s: %s rel err %.3g > %g", g->path, name, e, TOL);
+  if (!(e <= GOLDEN_TOL)) fail_msg("%s: %s rel err %.3g > %g", g->path, name, e, GOLDEN_TOL);
 }
 
 static void check_equal(gfile *g, const char *what, const float *a, const float *b, size_t n) {
@@ -147,7 +60,7 @@ static void test_linear(void **st) {
     gfile g;
     char stem[32];
     snprintf(stem, sizeof stem, "linear_%d", i);
-    if (!gload(&g, stem)) break;
+    if (!gtry(&g, stem)) break;
     cases++;
     int32_t *m = I32(&g, "meta");
     int B = m[0], C = m[1], OC = m[2], hb = m[3];
@@ -168,7 +81,7 @@ static void test_linear(void **st) {
     free(out); free(dinp); free(dw); free(db); free(dw2);
     gfree(&g);
   }
-  assert_true(cases >= 3);
+  assert_int_equal(cases, 4); /* every fixture tools/golden.py writes */
 }
 
 static void test_conv2d(void **st) {
@@ -178,7 +91,7 @@ static void test_conv2d(void **st) {
     gfile g;
     char stem[32];
     snprintf(stem, sizeof stem, "conv2d_%d", i);
-    if (!gload(&g, stem)) break;
+    if (!gtry(&g, stem)) break;
     cases++;
     int32_t *m = I32(&g, "meta");
     dt_conv2d_geom geo = {.B = m[0], .C = m[1], .H = m[2], .W = m[3], .OC = m[4], .KH = m[5],
@@ -206,7 +119,7 @@ static void test_conv2d(void **st) {
     free(ws); free(out); free(dinp); free(dw); free(db); free(dw2);
     gfree(&g);
   }
-  assert_true(cases >= 5);
+  assert_int_equal(cases, 7);
 }
 
 static void test_conv2d_geom(void **st) {
@@ -231,7 +144,7 @@ static void pool_common(int max) {
     gfile g;
     char stem[32];
     snprintf(stem, sizeof stem, "%s_%d", max ? "maxpool2d" : "avgpool2d", i);
-    if (!gload(&g, stem)) break;
+    if (!gtry(&g, stem)) break;
     cases++;
     int32_t *m = I32(&g, "meta");
     int B = m[0], C = m[1], H = m[2], W = m[3], k = m[4], s = m[5];
@@ -254,7 +167,7 @@ static void pool_common(int max) {
     free(out); free(dinp);
     gfree(&g);
   }
-  assert_true(cases >= 3);
+  assert_int_equal(cases, 4);
 }
 static void test_maxpool2d(void **st) { (void)st; pool_common(1); }
 static void test_avgpool2d(void **st) { (void)st; pool_common(0); }
@@ -265,7 +178,7 @@ static void act_common(int gelu) {
     gfile g;
     char stem[32];
     snprintf(stem, sizeof stem, "%s_%d", gelu ? "gelu" : "relu", i);
-    if (!gload(&g, stem)) break;
+    if (!gtry(&g, stem)) break;
     cases++;
     size_t n = (size_t)I32(&g, "meta")[0];
     float *out = garbage(n), *dinp = garbage(n);
@@ -288,7 +201,7 @@ static void act_common(int gelu) {
     free(out); free(dinp);
     gfree(&g);
   }
-  assert_true(cases >= 2);
+  assert_int_equal(cases, 2);
 }
 static void test_relu(void **st) { (void)st; act_common(0); }
 static void test_gelu(void **st) { (void)st; act_common(1); }
@@ -300,7 +213,7 @@ static void test_layernorm(void **st) {
     gfile g;
     char stem[32];
     snprintf(stem, sizeof stem, "layernorm_%d", i);
-    if (!gload(&g, stem)) break;
+    if (!gtry(&g, stem)) break;
     cases++;
     int32_t *m = I32(&g, "meta");
     int B = m[0], D = m[1];
@@ -318,7 +231,7 @@ static void test_layernorm(void **st) {
     free(out); free(mean); free(rstd); free(dinp); free(dw); free(db);
     gfree(&g);
   }
-  assert_true(cases >= 2);
+  assert_int_equal(cases, 3);
 }
 
 static void test_batchnorm(void **st) {
@@ -328,7 +241,7 @@ static void test_batchnorm(void **st) {
     gfile g;
     char stem[32];
     snprintf(stem, sizeof stem, "batchnorm_%d", i);
-    if (!gload(&g, stem)) break;
+    if (!gtry(&g, stem)) break;
     cases++;
     int32_t *m = I32(&g, "meta");
     int B = m[0], C = m[1], S = m[2], train = m[3];
@@ -359,7 +272,7 @@ static void test_batchnorm(void **st) {
     free(out); free(mean); free(rstd); free(rm); free(rv);
     gfree(&g);
   }
-  assert_true(cases >= 3);
+  assert_int_equal(cases, 4);
   assert_true(evals >= 1);
 }
 
@@ -370,7 +283,7 @@ static void test_xent(void **st) {
     gfile g;
     char stem[32];
     snprintf(stem, sizeof stem, "xent_%d", i);
-    if (!gload(&g, stem)) break;
+    if (!gtry(&g, stem)) break;
     cases++;
     int32_t *m = I32(&g, "meta");
     int B = m[0], V = m[1];
@@ -385,7 +298,7 @@ static void test_xent(void **st) {
     free(d);
     gfree(&g);
   }
-  assert_true(cases >= 2);
+  assert_int_equal(cases, 3);
 }
 
 int main(void) {

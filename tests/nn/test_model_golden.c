@@ -25,93 +25,7 @@
 #include "core/core.h"
 #include "nn/nn.h"
 
-#define TOL 1e-4
-#define MAXT 24
-
-typedef struct {
-  char name[64];
-  int dtype, ndim, dims[8];
-  size_t n;
-  void *data;
-} gtensor;
-
-typedef struct {
-  char path[512];
-  int count;
-  gtensor t[MAXT];
-} gfile;
-
-static uint32_t rd32(FILE *f) {
-  unsigned char b[4];
-  if (fread(b, 1, 4, f) != 4) fail_msg("short read");
-  return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-
-/* Loads tests/nn/golden/<stem>.bin ("DTGF" v1, see tools/golden.py); a
- * missing or malformed file fails the test. */
-static void gload(gfile *g, const char *stem) {
-  snprintf(g->path, sizeof g->path, "%s/tests/nn/golden/%s.bin", DT_SOURCE_DIR, stem);
-  FILE *f = fopen(g->path, "rb");
-  if (!f) fail_msg("cannot open %s (run /usr/bin/python3 tools/golden_step.py)", g->path);
-  char magic[4];
-  assert_int_equal(fread(magic, 1, 4, f), 4);
-  assert_memory_equal(magic, "DTGF", 4);
-  assert_int_equal(rd32(f), 1);
-  g->count = (int)rd32(f);
-  assert_true(g->count > 0 && g->count <= MAXT);
-  for (int i = 0; i < g->count; i++) {
-    gtensor *t = &g->t[i];
-    uint32_t nl = rd32(f);
-    assert_true(nl < sizeof t->name);
-    assert_int_equal(fread(t->name, 1, nl, f), nl);
-    t->name[nl] = 0;
-    t->dtype = (int)rd32(f);
-    t->ndim = (int)rd32(f);
-    assert_true(t->ndim >= 0 && t->ndim <= 8);
-    t->n = 1;
-    for (int d = 0; d < t->ndim; d++) {
-      t->dims[d] = (int)rd32(f);
-      t->n *= (size_t)t->dims[d];
-    }
-    t->data = malloc(t->n * 4 + 4);
-    assert_non_null(t->data);
-    assert_int_equal(fread(t->data, 4, t->n, f), t->n); /* host is little-endian */
-  }
-  fclose(f);
-}
-
-static void gfree(gfile *g) {
-  for (int i = 0; i < g->count; i++) free(g->t[i].data);
-  g->count = 0;
-}
-
-static gtensor *gfind(gfile *g, const char *name, int dtype) {
-  for (int i = 0; i < g->count; i++)
-    if (strcmp(g->t[i].name, name) == 0) {
-      assert_int_equal(g->t[i].dtype, dtype);
-      return &g->t[i];
-    }
-  fail_msg("%s: no tensor '%s'", g->path, name);
-  return NULL;
-}
-static float *F32(gfile *g, const char *name) { return gfind(g, name, 0)->data; }
-static int32_t *I32(gfile *g, const char *name) { return gfind(g, name, 1)->data; }
-
-static double relerr(const float *a, const float *b, size_t n) {
-  double md = 0.0, mb = 0.0;
-  for (size_t i = 0; i < n; i++) {
-    double d = fabs((double)a[i] - (double)b[i]);
-    if (!(d <= md)) md = d; /* NaN-propagating max */
-    if (fabs((double)b[i]) > mb) mb = fabs((double)b[i]);
-  }
-  return md / (mb > 1e-6 ? mb : 1e-6);
-}
-
-static void check(const char *path, const char *what, int step, const float *got,
-                  const float *want, size_t n) {
-  double e = relerr(got, want, n);
-  if (!(e <= TOL)) fail_msg("%s: step %d: %s rel err %.3g > %g", path, step, what, e, TOL);
-}
+#include "golden_io.h"
 
 /* The fixture's initial parameters: tools/golden_step.py pattern(). */
 static void pattern(float *p, size_t n, double bound, uint32_t salt) {
@@ -190,7 +104,7 @@ static void run_case(const char *stem, int extra_batch) {
     dt_step_ctx ctx = {1, 7, (uint64_t)s, (int64_t)s * B};
     const float *logits = dt_model_forward(m, xs + (size_t)s * B * D, B, &ctx);
     assert_non_null(logits);
-    if (s == 0) check(g.path, "logits", s, logits, F32(&g, "logits"), (size_t)B * V);
+    if (s == 0) check_step(g.path, "logits", s, logits, F32(&g, "logits"), (size_t)B * V);
     /* Poison the gradients: backward must overwrite every element. */
     float *gr = dt_model_grads(m);
     for (size_t i = 0; i < P; i++) gr[i] = NAN;
@@ -198,7 +112,7 @@ static void run_case(const char *stem, int extra_batch) {
     int ncorrect = -1;
     float loss = dt_model_backward(m, ys + (size_t)s * B, B, &ncorrect, on_ready, &rl);
     float want_loss = F32(&g, "loss")[s];
-    check(g.path, "loss", s, &loss, &want_loss, 1);
+    check_step(g.path, "loss", s, &loss, &want_loss, 1);
     assert_true(ncorrect >= 0 && ncorrect <= B);
     /* Grad-ready spans: reverse order, contiguous, covering [0, P). */
     assert_true(rl.calls > 0);
@@ -208,11 +122,11 @@ static void run_case(const char *stem, int extra_batch) {
     for (size_t i = 0; i < P; i++)
       if (isnan(gr[i])) fail_msg("%s: gradient %zu not written", stem, i);
     for (size_t k = 0; k < K; k++) got[k] = gr[ix[k]];
-    check(g.path, "grads", s, got, F32(&g, "grads") + (size_t)s * K, K);
+    check_step(g.path, "grads", s, got, F32(&g, "grads") + (size_t)s * K, K);
     dt_optim_step(o, dt_model_params(m), gr, oc.lr);
     float *p = dt_model_params(m);
     for (size_t k = 0; k < K; k++) got[k] = p[ix[k]];
-    check(g.path, "params", s, got, F32(&g, "params") + (size_t)s * K, K);
+    check_step(g.path, "params", s, got, F32(&g, "params") + (size_t)s * K, K);
   }
   assert_int_equal(*dt_optim_step_count(o), steps);
   free(got);
