@@ -2,10 +2,11 @@
 #   make demo   install what is missing, build, train the default CNN on Fashion-MNIST
 #   make test   install what is missing, build, run the whole test suite
 #   make bench  dtrain vs PyTorch 1.13, back to back, with ratios
+#   make bench-comm  allreduce vs Open MPI and Gloo
 JOBS ?= $(shell nproc)
 BUILD ?= build/release
 
-.PHONY: all build demo test test-san test-tsan test-fuzz test-main bench clean deps deps-test deps-bench
+.PHONY: all build demo test test-san test-tsan test-main bench bench-comm clean deps deps-test deps-bench
 
 all: build
 
@@ -43,7 +44,11 @@ test-main: build
 	cd $(BUILD) && ctest -j$(JOBS) --output-on-failure
 
 bench: deps-bench build
-	bench/run.sh
+	BUILD=$(BUILD) bench/run.sh
+
+# allreduce: dtrain (shm, tcp) vs Open MPI and Gloo, 2 and 4 ranks, back to back
+bench-comm: deps-bench build
+	BUILD=$(BUILD) bench/comm.sh
 
 clean:
 	rm -rf build
