@@ -155,14 +155,8 @@ int dt__csv_parse_mem(dt_dataset *ds, const char *buf, size_t len, const char *n
     }
     row++;
   }
-  ds->n = n;
-  ds->c = 1;
-  ds->h = 1;
-  ds->w = (int)dim;
-  ds->dim = dim;
-  ds->nclasses = maxl + 1;
-  ds->x = x;
-  ds->y = y;
+  *ds = (dt_dataset){.n = n, .c = 1, .h = 1, .w = (int)dim, .dim = dim, .nclasses = maxl + 1,
+                     .x = x, .y = y};
   return DT_OK;
 fail:
   dt_free(x);

@@ -278,14 +278,8 @@ int dt__idx_load_mem(dt_dataset *ds, const void *img, size_t img_len, const char
     if (lb[i] > maxl) maxl = lb[i];
   }
   dt_free(lb);
-  ds->n = n;
-  ds->c = 1;
-  ds->h = (int)idims[1];
-  ds->w = (int)idims[2];
-  ds->dim = idims[1] * idims[2];
-  ds->nclasses = maxl + 1;
-  ds->x = xv;
-  ds->y = y;
+  *ds = (dt_dataset){.n = n, .c = 1, .h = (int)idims[1], .w = (int)idims[2],
+                     .dim = idims[1] * idims[2], .nclasses = maxl + 1, .x = xv, .y = y};
   return DT_OK;
 fail:
   dt_free(xv);

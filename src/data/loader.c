@@ -86,6 +86,21 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+/* The worker's mutex and condition variables (threaded loaders only). */
+static void sync_destroy(dt_loader *l) {
+  pthread_cond_destroy(&l->cv_ready);
+  pthread_cond_destroy(&l->cv_work);
+  pthread_mutex_destroy(&l->mu);
+}
+
+/* The loader's buffers and the loader itself; the thread must be gone. */
+static void loader_free(dt_loader *l) {
+  dt_free(l->order);
+  dt_free(l->xbuf);
+  dt_free(l->ybuf);
+  free(l);
+}
+
 int dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_cfg *cfg) {
   if (!out) return dt__seterr(DT_EINVAL, "dt_loader_create: out is NULL");
   *out = NULL;
@@ -113,10 +128,7 @@ int dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_cfg 
   l->xbuf = dt_alloc((size_t)l->nslots * cfg->batch * ds->dim * sizeof(float));
   l->ybuf = dt_alloc((size_t)l->nslots * cfg->batch * sizeof(int32_t));
   if (!l->order || !l->xbuf || !l->ybuf) {
-    dt_free(l->order);
-    dt_free(l->xbuf);
-    dt_free(l->ybuf);
-    free(l);
+    loader_free(l);
     return dt__seterr(DT_ENOMEM, "loader: cannot allocate %d batches of %d x %lld floats", cfg->prefetch + 1,
                       cfg->batch, (long long)ds->dim);
   }
@@ -126,13 +138,8 @@ int dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_cfg 
     pthread_cond_init(&l->cv_ready, NULL);
     int e2 = pthread_create(&l->thread, NULL, worker, l);
     if (e2 != 0) {
-      pthread_cond_destroy(&l->cv_ready);
-      pthread_cond_destroy(&l->cv_work);
-      pthread_mutex_destroy(&l->mu);
-      dt_free(l->order);
-      dt_free(l->xbuf);
-      dt_free(l->ybuf);
-      free(l);
+      sync_destroy(l);
+      loader_free(l);
       return dt__seterr(DT_ENOMEM, "loader: cannot start the prefetch thread (error %d)", e2);
     }
   }
@@ -148,14 +155,9 @@ void dt_loader_destroy(dt_loader *l) {
     pthread_cond_broadcast(&l->cv_work);
     pthread_mutex_unlock(&l->mu);
     pthread_join(l->thread, NULL);
-    pthread_cond_destroy(&l->cv_ready);
-    pthread_cond_destroy(&l->cv_work);
-    pthread_mutex_destroy(&l->mu);
+    sync_destroy(l);
   }
-  dt_free(l->order);
-  dt_free(l->xbuf);
-  dt_free(l->ybuf);
-  free(l);
+  loader_free(l);
 }
 
 int dt_loader_start_epoch(dt_loader *l, uint64_t epoch) {

@@ -256,14 +256,8 @@ int dt__npy_load_mem(dt_dataset *ds, const void *xb, size_t x_len, const char *x
     y[i] = (int32_t)v;
     if (y[i] > maxl) maxl = y[i];
   }
-  ds->n = n;
-  ds->c = (int)c;
-  ds->h = (int)h;
-  ds->w = (int)w;
-  ds->dim = dim;
-  ds->nclasses = maxl + 1;
-  ds->x = x;
-  ds->y = y;
+  *ds = (dt_dataset){.n = n, .c = (int)c, .h = (int)h, .w = (int)w, .dim = dim,
+                     .nclasses = maxl + 1, .x = x, .y = y};
   return DT_OK;
 fail:
   dt_free(x);

@@ -178,6 +178,7 @@ static void pad_planes(float *xp, const float *src0, int nplanes, int h, int w, 
     for (int y = 0; y < h; y++) {
       float *row = dst + (size_t)(y + ph) * wp + ph;
       memcpy(row, src + (size_t)y * w, sizeof(float) * w);
+      /* right pad of this row + left pad of the next */
       if (y + 1 < h) memset(row + w, 0, sizeof(float) * 2 * ph);
     }
     size_t used = (size_t)(h + ph) * wp - ph;
@@ -283,24 +284,6 @@ static void implicit_backward(float *dinp, float *dweight, float *dbias, const f
   }
 }
 
-/* Copies n images (C,H,W) into zero-padded planes xp (n*C planes of P). */
-static void pad_images(float *xp, const float *inp, int n, const dt_conv2d_geom *g, const plan *p) {
-  const int H = g->H, W = g->W, pad = g->pad, Wp = p->Wp;
-  for (int q = 0; q < n * g->C; q++) {
-    float *restrict dst = xp + (size_t)q * p->P;
-    const float *restrict src = inp + (size_t)q * H * W;
-    memset(dst, 0, sizeof(float) * ((size_t)pad * Wp + pad));
-    for (int h = 0; h < H; h++) {
-      float *row = dst + (size_t)(h + pad) * Wp + pad;
-      memcpy(row, src + (size_t)h * W, sizeof(float) * W);
-      /* right pad of this row + left pad of the next */
-      if (h + 1 < H) memset(row + W, 0, sizeof(float) * 2 * pad);
-    }
-    size_t used = (size_t)(H + pad) * Wp - pad;
-    memset(dst + used, 0, sizeof(float) * (p->P - used));
-  }
-}
-
 /* im2col on the padded grid: col (K, n*S), row (c,kh,kw) of sample i is
  * xp_i[c] shifted by kh*Wp + kw. */
 static void grid_im2col(float *col, const float *xp, int n, const dt_conv2d_geom *g, const plan *p) {
@@ -354,7 +337,7 @@ void dt_conv2d_forward(float *out, const float *inp, const float *weight, const 
     int n = g->B - b0 < p.bc ? g->B - b0 : p.bc;
     size_t ld = (size_t)n * S;
     if (p.grid) {
-      pad_images(xp, inp + (size_t)b0 * inplane, n, g, &p);
+      pad_planes(xp, inp + (size_t)b0 * inplane, n * g->C, g->H, g->W, g->pad, p.Wp, p.P);
       grid_im2col(col, xp, n, g, &p);
     } else {
       for (int i = 0; i < n; i++)
@@ -418,7 +401,7 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *
     }
     if (dweight) {
       if (p.grid) {
-        pad_images(xp, inp + (size_t)b0 * inplane, n, g, &p);
+        pad_planes(xp, inp + (size_t)b0 * inplane, n * g->C, g->H, g->W, g->pad, p.Wp, p.P);
         grid_im2col(col, xp, n, g, &p);
       } else {
         for (int i = 0; i < n; i++)
