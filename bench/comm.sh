@@ -31,10 +31,8 @@ say() { printf '%s\n' "$*" >&2; }
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1
 fi
-cmake --build "$BUILD" -j"$(nproc)" --target bench_comm >/dev/null || { say "bench_comm did not build"; exit 1; }
-DT_BENCH="$BUILD/bench_comm"
-[ -x "$DT_BENCH" ] || DT_BENCH="$(find "$BUILD" -name bench_comm -type f -perm -u+x | head -1)"
-[ -x "$DT_BENCH" ] || { say "bench_comm not found under $BUILD"; exit 1; }
+cmake --build "$BUILD" -j"$(nproc)" --target dtrain >/dev/null || { say "dtrain did not build"; exit 1; }
+DTRAIN="$BUILD/dtrain"
 
 HAVE_MPI=0
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
@@ -48,7 +46,7 @@ if $PY -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; 
 # ---- run ---------------------------------------------------------------
 # Each run is bounded by `timeout` (which stops its child by pid).
 dtrain_run() { # n transport file
-  OPENBLAS_NUM_THREADS=1 timeout "$TMO" "$DT_BENCH" -n "$1" -t "$2" -b 4 -e "$MAXB" >"$3" 2>"$3.err" ||
+  OPENBLAS_NUM_THREADS=1 timeout "$TMO" "$DTRAIN" bench allreduce --workers "$1" --transport "$2" --min 4 --max "$MAXB" >"$3" 2>"$3.err" ||
     say "dtrain $2 n=$1 failed: $(tail -2 "$3.err")"
 }
 mpi_run() {

@@ -14,5 +14,6 @@ enum { DT_EXIT_OK = 0, DT_EXIT_FAIL = 1, DT_EXIT_USAGE = 2 };
 
 /* Subcommands: argv[0] is the subcommand name. */
 int dt__cmd_train(int argc, char **argv);
+int dt__cmd_bench(int argc, char **argv);
 
 #endif

@@ -19,6 +19,8 @@ static void usage(FILE *f) {
           "commands:\n"
           "  train [CONFIG] [--set section.key=value ...] [--out DIR] [--workers N]\n"
           "        train a model (no CONFIG: the built-in CNN on Fashion-MNIST)\n"
+          "  bench allreduce [--workers N] [--transport T] [--algo A] [--min B] [--max B]\n"
+          "        allreduce bandwidth between local worker processes (nccl-tests columns)\n"
           "\n"
           "options:\n"
           "  -h, --help     this help (dtrain train --help for the train options)\n"
@@ -44,6 +46,9 @@ int dt_cli_main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "train")) {
     return dt__cmd_train(argc - 1, argv + 1);
+  }
+  if (!strcmp(cmd, "bench")) {
+    return dt__cmd_bench(argc - 1, argv + 1);
   }
   fprintf(stderr, "dtrain: unknown command '%s' (try dtrain --help)\n", cmd);
   return DT_EXIT_USAGE;
