@@ -322,6 +322,21 @@ static void grid_col2im(float *dinp, float *dxp, const float *col, int n, const 
   }
 }
 
+/* col (K, n*S) for images b0..b0+n-1 of inp: through the padded planes xp
+ * on the grid route, by dt_im2col per image otherwise. */
+static void build_col(float *col, float *xp, const float *inp, int b0, int n,
+                      const dt_conv2d_geom *g, const plan *p) {
+  const size_t inplane = (size_t)g->C * g->H * g->W, ld = (size_t)n * p->S;
+  if (p->grid) {
+    pad_planes(xp, inp + (size_t)b0 * inplane, n * g->C, g->H, g->W, g->pad, p->Wp, p->P);
+    grid_im2col(col, xp, n, g, p);
+  } else {
+    for (int i = 0; i < n; i++)
+      dt_im2col(col + (size_t)i * p->S, ld, inp + (size_t)(b0 + i) * inplane, g->C, g->H, g->W,
+                g->KH, g->KW, g->stride, g->pad, g->OH, g->OW);
+  }
+}
+
 void dt_conv2d_forward(float *out, const float *inp, const float *weight, const float *bias,
                        const dt_conv2d_geom *g, float *ws) {
   if (use_implicit(g)) {
@@ -331,19 +346,11 @@ void dt_conv2d_forward(float *out, const float *inp, const float *weight, const 
   const plan p = make_plan(g);
   const int S = p.S, K = p.K, OC = g->OC, OS = g->OH * g->OW;
   const int rowlen = p.grid ? p.Wp : g->OW; /* tmp columns per output row */
-  const size_t inplane = (size_t)g->C * g->H * g->W;
   float *col = ws, *tmp = ws + (size_t)K * p.bc * S, *xp = tmp + (size_t)OC * p.bc * S;
   for (int b0 = 0; b0 < g->B; b0 += p.bc) {
     int n = g->B - b0 < p.bc ? g->B - b0 : p.bc;
     size_t ld = (size_t)n * S;
-    if (p.grid) {
-      pad_planes(xp, inp + (size_t)b0 * inplane, n * g->C, g->H, g->W, g->pad, p.Wp, p.P);
-      grid_im2col(col, xp, n, g, &p);
-    } else {
-      for (int i = 0; i < n; i++)
-        dt_im2col(col + (size_t)i * S, ld, inp + (size_t)(b0 + i) * inplane, g->C, g->H, g->W,
-                  g->KH, g->KW, g->stride, g->pad, g->OH, g->OW);
-    }
+    build_col(col, xp, inp, b0, n, g, &p);
     dt_sgemm(0, 0, OC, (int)ld, K, 1.0f, weight, K, col, (int)ld, 0.0f, tmp, (int)ld);
     for (int i = 0; i < n; i++) {
       float *o = out + (size_t)(b0 + i) * OC * OS;
@@ -400,14 +407,7 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *
       }
     }
     if (dweight) {
-      if (p.grid) {
-        pad_planes(xp, inp + (size_t)b0 * inplane, n * g->C, g->H, g->W, g->pad, p.Wp, p.P);
-        grid_im2col(col, xp, n, g, &p);
-      } else {
-        for (int i = 0; i < n; i++)
-          dt_im2col(col + (size_t)i * S, ld, inp + (size_t)(b0 + i) * inplane, g->C, g->H, g->W,
-                    g->KH, g->KW, g->stride, g->pad, g->OH, g->OW);
-      }
+      build_col(col, xp, inp, b0, n, g, &p);
       /* dW(OC,K) (+)= dout(OC, n*S) * col(K, n*S)^T */
       dt_sgemm(0, 1, OC, K, (int)ld, 1.0f, tmp, (int)ld, col, (int)ld, b0 == 0 ? 0.0f : 1.0f,
                dweight, K);
