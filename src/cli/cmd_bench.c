@@ -136,7 +136,7 @@ int dt__cmd_bench(int argc, char **argv) {
   const char *transport = "auto";
   double timeout = 60;
   struct dt_comm_bench_config bc = DT_COMM_BENCH_CONFIG_INIT;
-  for (int i = 2; i < argc; i++) {
+  for (int i = 2; i < argc; i += 2) { /* every option takes one value */
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       bench_usage(stdout);
@@ -180,7 +180,6 @@ int dt__cmd_bench(int argc, char **argv) {
       fprintf(stderr, "dtrain bench: %s: bad value '%s' (try dtrain bench --help)\n", a, v);
       return DT_EXIT_USAGE;
     }
-    i++;
   }
   if (bc.min_bytes > bc.max_bytes || bc.max_bytes > ((size_t)1 << 32)) {
     fprintf(stderr, "dtrain bench: need --min <= --max <= 4G (got %zu, %zu)\n", bc.min_bytes, bc.max_bytes);
