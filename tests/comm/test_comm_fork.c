@@ -5,7 +5,8 @@
  * middle of a stream of collectives makes every survivor return
  * DT_EPEERLOST naming it within 5 s; the store operations (set, get, wait,
  * add, compare-and-set, delete) behave the same on the TCP and file stores.
- * Every child is killed and reaped by pid before a test returns.
+ * Every child is killed and reaped by pid before a test returns, and every
+ * child is forked before this process starts a thread (see fork_ranks).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,6 +36,52 @@ static void reap_all(pid_t *pids, int n) {
     }
 }
 
+/* Waits for pid up to timeout seconds, then kills it; returns the status
+ * (or -1 if it had to be killed). Every wait here has a deadline. */
+static int wait_child(pid_t pid, double timeout) {
+  double end = dt_now() + timeout;
+  int st = 0;
+  while (dt_now() < end) {
+    pid_t w = waitpid(pid, &st, WNOHANG);
+    if (w == pid) return st;
+    if (w < 0) return -1;
+    struct pollfd none;
+    poll(&none, 0, 5); /* 5 ms between checks */
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
+}
+
+/* Forks n ranks while this process has no other thread (a child forked
+ * beside a running thread can inherit a held allocator lock and hang). Each
+ * child waits for the store port on a pipe, then runs fn and exits with its
+ * return value. Returns the pipe's write end for send_port. */
+static int fork_ranks(int n, pid_t *pids, int (*fn)(int rank, int port, void *arg), void *arg) {
+  int pp[2];
+  if (pipe(pp)) return -1;
+  for (int r = 0; r < n; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      close(pp[1]);
+      int port = 0;
+      struct pollfd p = {pp[0], POLLIN, 0};
+      if (poll(&p, 1, 20000) <= 0 || read(pp[0], &port, sizeof port) != sizeof port) _exit(99);
+      _exit(fn(r, port, arg));
+    }
+  }
+  close(pp[0]);
+  return pp[1];
+}
+
+static void send_port(int wfd, int n, int port) {
+  for (int r = 0; r < n; r++) {
+    ssize_t w = write(wfd, &port, sizeof port);
+    (void)w;
+  }
+  close(wfd);
+}
+
 /* Reads one report from fd within timeout seconds. */
 static bool read_report(int fd, struct report *r, double timeout) {
   size_t got = 0;
@@ -52,6 +99,17 @@ static bool read_report(int fd, struct report *r, double timeout) {
 }
 
 /* ---- SIGKILL in the middle of collectives ------------------------------ */
+
+struct kill_arg {
+  int n, wfd, ready_fd;
+};
+
+static void child_loop(int port, int rank, int n, int wfd, int ready_fd);
+static int kill_child(int rank, int port, void *arg) {
+  struct kill_arg *a = arg;
+  child_loop(port, rank, a->n, a->wfd, a->ready_fd);
+  return 0;
+}
 
 static void child_loop(int port, int rank, int n, int wfd, int ready_fd) {
   dt_store *s;
@@ -94,23 +152,17 @@ static void child_loop(int port, int rank, int n, int wfd, int ready_fd) {
 static void test_sigkill_peer(void **st) {
   for (int victim_case = 0; victim_case < 2; victim_case++) {
     int n = 4, victim = victim_case == 0 ? 2 : 0;
-    dt_store_server *srv;
-    assert_int_equal(dt_store_server_start(&srv, "127.0.0.1", 0, NULL), DT_OK);
-    int port = dt_store_server_port(srv);
     int rp[2], readyp[2];
     assert_int_equal(pipe(rp), 0);
     assert_int_equal(pipe(readyp), 0);
     pid_t pids[4];
-    for (int r = 0; r < n; r++) {
-      pids[r] = fork();
-      if (pids[r] == 0) {
-        close(rp[0]);
-        close(readyp[0]);
-        child_loop(port, r, n, rp[1], readyp[1]);
-      }
-    }
+    struct kill_arg ka = {n, rp[1], readyp[1]};
+    int portw = fork_ranks(n, pids, kill_child, &ka);
     close(rp[1]);
     close(readyp[1]);
+    dt_store_server *srv;
+    assert_int_equal(dt_store_server_start(&srv, "127.0.0.1", 0, NULL), DT_OK);
+    send_port(portw, n, dt_store_server_port(srv));
     /* wait until every rank has done a few collectives */
     int ready = 0;
     double end = dt_now() + 20;
@@ -153,7 +205,8 @@ static void test_sigkill_peer(void **st) {
 
 /* ---- forked conformance + assigned ranks -------------------------------- */
 
-static int child_conformance(int port, bool assigned) {
+static int child_conformance(int rank, int port, void *arg) {
+  bool assigned = *(bool *)arg;
   dt_store *s;
   if (dt_store_connect(&s, "127.0.0.1", port, NULL, 10)) return 10;
   struct dt_comm_config cfg = DT_COMM_CONFIG_INIT;
@@ -188,6 +241,9 @@ static int child_conformance(int port, bool assigned) {
 static void test_forked_conformance(void **st) {
   for (int mode = 0; mode < 2; mode++) {
     int n = 3;
+    pid_t pids[3];
+    bool assigned = mode == 1;
+    int portw = fork_ranks(n, pids, child_conformance, &assigned);
     dt_store_server *srv;
     assert_int_equal(dt_store_server_start(&srv, "127.0.0.1", 0, NULL), DT_OK);
     int port = dt_store_server_port(srv);
@@ -195,20 +251,13 @@ static void test_forked_conformance(void **st) {
     assert_int_equal(dt_store_connect(&s, "127.0.0.1", port, NULL, 5), DT_OK);
     /* the launcher's part: the world size */
     assert_int_equal(dt_store_set(s, mode ? "assigned/size" : "forked/size", "3", 1, 5), DT_OK);
-    pid_t pids[3];
-    for (int r = 0; r < n; r++) {
-      pids[r] = fork();
-      if (pids[r] == 0) _exit(child_conformance(port, mode == 1));
-    }
+    send_port(portw, n, port);
     int ok = 0;
     for (int r = 0; r < n; r++) {
-      int stt;
-      /* bounded: children have 20 s deadlines on every call */
-      if (waitpid(pids[r], &stt, 0) == pids[r]) {
-        pids[r] = -1;
-        if (WIFEXITED(stt) && WEXITSTATUS(stt) == 0) ok++;
-        else fprintf(stderr, "child %d exit %d\n", r, WIFEXITED(stt) ? WEXITSTATUS(stt) : -1);
-      }
+      int stt = wait_child(pids[r], 30.0); /* children have 20 s deadlines on every call */
+      pids[r] = -1;
+      if (stt != -1 && WIFEXITED(stt) && WEXITSTATUS(stt) == 0) ok++;
+      else fprintf(stderr, "child %d exit %d\n", r, stt != -1 && WIFEXITED(stt) ? WEXITSTATUS(stt) : -1);
     }
     reap_all(pids, n);
     int64_t next = 0;
@@ -229,6 +278,13 @@ static dt_store *reopen(void) {
   if (g_port) dt_store_connect(&s, "127.0.0.1", g_port, NULL, 5);
   else dt_store_open_file(&s, g_dir);
   return s;
+}
+
+static void *late_setter(void *p) {
+  dt_store *cs = reopen(); /* a connection of its own */
+  *(int *)p = cs ? dt_store_set(cs, "late", "L", 1, 1) : -1;
+  dt_store_destroy(cs);
+  return NULL;
 }
 
 static void store_semantics(dt_store *s) {
@@ -269,16 +325,13 @@ static void store_semantics(dt_store *s) {
   assert_false(ex);
   assert_int_equal(dt_store_get(s, "c", v, sizeof v, &len, 0.05), DT_ETIMEDOUT);
   assert_int_equal(dt_store_set(s, "", "x", 1, 1), DT_EINVAL);
-  /* a value set by another process wakes a waiting get */
-  pid_t pid = fork();
-  if (pid == 0) {
-    dt_store *cs = reopen(); /* a connection of its own */
-    _exit(cs && dt_store_set(cs, "late", "L", 1, 1) == DT_OK ? 0 : 1);
-  }
+  /* a value set by another client wakes a waiting get */
+  pthread_t th;
+  int late_rc = -1;
+  pthread_create(&th, NULL, late_setter, &late_rc);
   assert_int_equal(dt_store_get(s, "late", v, sizeof v, &len, 5), DT_OK);
-  int stt;
-  assert_int_equal(waitpid(pid, &stt, 0), pid);
-  assert_true(WIFEXITED(stt) && WEXITSTATUS(stt) == 0);
+  pthread_join(th, NULL);
+  assert_int_equal(late_rc, DT_OK);
 }
 
 static void test_store_tcp(void **st) {
