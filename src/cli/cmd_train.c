@@ -6,20 +6,34 @@
  * terminal, one line per epoch otherwise, and a final line with test
  * accuracy and throughput.
  *
+ * With --workers N > 1 it loads and checks everything once, then forks N
+ * worker processes (they share the loaded data copy-on-write) that join
+ * through a TCP store on 127.0.0.1 (ephemeral port, fresh job token) with
+ * transport auto (shm on one host) and train data-parallel; rank 0 prints
+ * and writes the one summary.json. The parent only waits: when a worker
+ * fails or dies, the others get a grace period to report the lost rank and
+ * exit, then are SIGKILLed by pid; workers die with the parent
+ * (PR_SET_PDEATHSIG). `dtrain launch` and mpirun are not handled here yet.
+ *
  * Bad input of any kind (arguments, config, data files, model) ends with one
  * line on stderr and exit status 2 before anything is written; failures
  * during training give 1. It never writes summary.json itself.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/config.h"
+#include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
 
@@ -34,7 +48,7 @@ static void train_usage(FILE *f) {
           "  --set section.key=value  override one config key (repeatable), e.g.\n"
           "                           --set optim.lr=0.1 --set train.epochs=5\n"
           "  --out DIR                output directory (default runs/<date>-<time>)\n"
-          "  --workers N              worker processes (only 1 for now)\n"
+          "  --workers N              local worker processes, data parallel (docs/ddp.md)\n"
           "  -h, --help               this help\n"
           "\n"
           "Config keys and their defaults (docs/config.md explains each):\n");
@@ -103,6 +117,161 @@ static void on_epoch(void *ud, const dt_epoch_report *r) {
   fflush(stdout);
 }
 
+static void final_line(const dt_run_summary *s, const char *out) {
+  printf("test accuracy %.4f  test loss %.4f  %.0f samples/s  %.2f GFLOP/s  (%lld steps, %.1f s "
+         "training)  summary: %s/summary.json\n", s->test_accuracy, s->test_loss,
+         s->samples_per_second, s->gflops, (long long)s->steps, s->train_seconds, out);
+}
+
+/* ---- local workers ------------------------------------------------------------ */
+
+static void make_token(char *hex, size_t cap) {
+  unsigned char raw[16] = {0};
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ssize_t n = read(fd, raw, sizeof raw);
+    (void)n;
+    close(fd);
+  }
+  uint64_t t = (uint64_t)dt_now_ns() ^ ((uint64_t)getpid() << 32);
+  for (size_t i = 0; i < 8; i++) raw[i] ^= (unsigned char)(t >> (8 * i));
+  for (size_t i = 0; i < sizeof raw && 2 * i + 2 < cap; i++) snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+}
+
+/* One worker process: join the job, train, report. Returns its exit status. */
+static int worker_main(dt_engine *e, int r, int n, int port, const char *token, const char *out,
+                       const char *text, view *v) {
+  double timeout = (double)dt_param_int("DTRAIN_TIMEOUT", 60);
+  dt_store *st = NULL;
+  dt_comm *c = NULL;
+  struct dt_comm_config cc = DT_COMM_CONFIG_INIT;
+  cc.transport = dt_param_str("DTRAIN_TRANSPORT", "auto");
+  cc.rank = r;
+  cc.size = n;
+  cc.job = "train";
+  cc.token = token;
+  cc.timeout_s = timeout > 0 ? timeout : 60;
+  if (dt_store_connect(&st, "127.0.0.1", port, token, cc.timeout_s) < 0 ||
+      dt_comm_create(&c, st, &cc) < 0) {
+    fprintf(stderr, "dtrain: rank %d: joining the job: %s\n", r, dt_errmsg());
+    dt_store_destroy(st);
+    return DT_EXIT_FAIL;
+  }
+  dt_store_destroy(st);
+  int rc = dt_engine_set_comm(e, c);
+  dt_engine_hooks hooks = {NULL, NULL, NULL};
+  if (r == 0) hooks = (dt_engine_hooks){on_step, on_epoch, v};
+  dt_run_summary s;
+  if (rc == DT_OK) rc = dt_engine_run(e, out, text, &hooks, &s);
+  if (r == 0 && v->bar && v->drawn) fprintf(v->bar, "\r\033[K");
+  int status = DT_EXIT_OK;
+  if (rc < 0) {
+    const char *m = dt_errmsg();
+    /* messages from the engine already name this rank */
+    if (!strncmp(m, "rank ", 5)) fprintf(stderr, "dtrain: %s\n", m);
+    else fprintf(stderr, "dtrain: rank %d: %s\n", r, m);
+    status = rc == DT_EMISMATCH ? DT_EXIT_USAGE : DT_EXIT_FAIL;
+  } else if (r == 0) {
+    final_line(&s, out);
+  }
+  fflush(stdout);
+  fflush(stderr);
+  dt_comm_destroy(c);
+  return status;
+}
+
+/* Waits for every worker. After the first failure the rest get `grace`
+ * seconds to notice the lost peer and exit, then are killed. Returns the
+ * exit status of the job. */
+static int reap_workers(pid_t *pids, int n, double grace) {
+  int left = n, status = DT_EXIT_OK;
+  double kill_at = 0;
+  while (left > 0) {
+    int st;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p > 0) {
+      for (int r = 0; r < n; r++) {
+        if (pids[r] != p) continue;
+        pids[r] = 0;
+        left--;
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) break;
+        if (WIFSIGNALED(st))
+          fprintf(stderr, "dtrain: worker rank %d (pid %d) was killed by signal %d%s\n", r,
+                  (int)p, WTERMSIG(st), status ? "" : "; stopping the other workers");
+        if (status == DT_EXIT_OK) {
+          kill_at = dt_now() + grace;
+          status = WIFEXITED(st) && WEXITSTATUS(st) == DT_EXIT_USAGE ? DT_EXIT_USAGE
+                                                                     : DT_EXIT_FAIL;
+        }
+        break;
+      }
+      continue;
+    }
+    if (p < 0 && errno != EINTR) break;
+    if (status != DT_EXIT_OK && dt_now() > kill_at) {
+      for (int r = 0; r < n; r++)
+        if (pids[r] > 0) {
+          fprintf(stderr, "dtrain: worker rank %d (pid %d) did not exit within %.0f s; killing "
+                  "it\n", r, (int)pids[r], grace);
+          kill(pids[r], SIGKILL);
+        }
+      kill_at = dt_now() + 3600; /* report once; waitpid reaps them next */
+    }
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return status;
+}
+
+static int run_workers(dt_engine *e, int n, const char *out, const char *text, view *v) {
+  char token[40] = {0};
+  make_token(token, sizeof token);
+  dt_store_server *srv = NULL;
+  if (dt_store_server_start(&srv, "127.0.0.1", 0, token) < 0) {
+    fprintf(stderr, "dtrain: store: %s\n", dt_errmsg());
+    return DT_EXIT_FAIL;
+  }
+  int port = dt_store_server_port(srv);
+  pid_t *pids = calloc((size_t)n, sizeof *pids);
+  if (!pids) {
+    dt_store_server_stop(srv);
+    fprintf(stderr, "dtrain: out of memory\n");
+    return DT_EXIT_FAIL;
+  }
+  pid_t parent = getpid();
+  fflush(stdout);
+  fflush(stderr);
+  int started = 0;
+  for (int r = 0; r < n; r++) {
+    pid_t p = fork();
+    if (p == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(DT_EXIT_FAIL);
+      _exit(worker_main(e, r, n, port, token, out, text, v));
+    }
+    if (p < 0) {
+      fprintf(stderr, "dtrain: fork: %s\n", strerror(errno));
+      break;
+    }
+    pids[r] = p;
+    started++;
+  }
+  printf("workers:");
+  for (int r = 0; r < started; r++) printf(" rank %d pid %d%s", r, (int)pids[r], r + 1 < started ? "," : "");
+  printf("\n");
+  fflush(stdout);
+  int status = DT_EXIT_OK;
+  if (started < n) {
+    for (int r = 0; r < started; r++) kill(pids[r], SIGKILL);
+    status = DT_EXIT_FAIL;
+  }
+  int st = reap_workers(pids, started, (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8));
+  if (status == DT_EXIT_OK) status = st;
+  dt_store_server_stop(srv);
+  free(pids);
+  return status;
+}
+
 /* ---- the command ------------------------------------------------------------ */
 
 int dt__cmd_train(int argc, char **argv) {
@@ -161,12 +330,6 @@ int dt__cmd_train(int argc, char **argv) {
   }
   for (int i = 0; rc == DT_OK && i < nsets; i++) rc = dt_config_set(cfg, sets[i]);
   if (rc == DT_OK) rc = dt_config_validate(cfg);
-  if (rc == DT_OK && cfg->run.workers != 1) {
-    fprintf(stderr, "dtrain: %s%d: multiple workers are not yet supported (use 1)\n",
-            workers ? "--workers " : "dist.workers = ", cfg->run.workers);
-    free(cfg);
-    return DT_EXIT_USAGE;
-  }
   if (rc < 0) {
     fprintf(stderr, "dtrain: %s\n", dt_errmsg());
     free(cfg);
@@ -207,11 +370,21 @@ int dt__cmd_train(int argc, char **argv) {
   view v = {NULL, 0, 0};
   if (isatty(STDERR_FILENO)) v.bar = stderr;
   else if (isatty(STDOUT_FILENO)) v.bar = stdout;
-  printf("dtrain %s: %s, %zu parameters, %lld train / %lld test samples, %d epochs, batch %d "
+  char wk[48] = "";
+  if (cfg->run.workers > 1)
+    snprintf(wk, sizeof wk, " (global, %d workers)", cfg->run.workers);
+  printf("dtrain %s: %s, %zu parameters, %lld train / %lld test samples, %d epochs, batch %d%s "
          "-> %s\n", dt_version(), cfg->run.layers, dt_model_nparams(dt_engine_model(e)),
          (long long)dt_engine_train_samples(e), (long long)dt_engine_test_samples(e),
-         cfg->run.epochs, cfg->run.batch, out);
+         cfg->run.epochs, cfg->run.batch, wk, out);
   fflush(stdout);
+  if (cfg->run.workers > 1) {
+    int st = run_workers(e, cfg->run.workers, out, text, &v);
+    dt_engine_destroy(e);
+    free(text);
+    free(cfg);
+    return st;
+  }
   dt_engine_hooks hooks = {on_step, on_epoch, &v};
   dt_run_summary s;
   rc = dt_engine_run(e, out, text, &hooks, &s);
@@ -221,9 +394,7 @@ int dt__cmd_train(int argc, char **argv) {
     fprintf(stderr, "dtrain: %s\n", dt_errmsg());
     status = DT_EXIT_FAIL;
   } else {
-    printf("test accuracy %.4f  test loss %.4f  %.0f samples/s  %.2f GFLOP/s  (%lld steps, %.1f s "
-           "training)  summary: %s/summary.json\n", s.test_accuracy, s.test_loss,
-           s.samples_per_second, s.gflops, (long long)s.steps, s.train_seconds, out);
+    final_line(&s, out);
   }
   dt_engine_destroy(e);
   free(text);

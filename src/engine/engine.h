@@ -6,9 +6,16 @@
  * JSON record per epoch to DIR/events.jsonl and writes DIR/summary.json
  * atomically at the end.
  *
+ * With a communicator attached (dt_engine_set_comm, workers > 1) the loop
+ * is data parallel (docs/ddp.md): every epoch's global order comes from
+ * (seed, epoch), each global batch of train.batch samples is split into
+ * balanced contiguous slices, one per worker, so every worker runs exactly
+ * ceil(train_samples / batch) steps; gradients are averaged over the global
+ * batch through engine/ddp.h; evaluation is sharded and reduced; only rank
+ * 0 writes files.
+ *
  * It does not parse configs or arguments (that is the cli layer), does not
- * print (progress goes to caller hooks) and does not distribute work yet:
- * workers must be 1.
+ * print (progress goes to caller hooks) and does not start processes.
  */
 #ifndef DT_ENGINE_H
 #define DT_ENGINE_H
@@ -16,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "nn/nn.h"
 
 #define DT_CFG_PATH_MAX 1024
@@ -89,6 +97,18 @@ typedef struct dt_engine_hooks {
   void *ud;
 } dt_engine_hooks;
 
+/* One worker's share of a run (summary.json "per_worker"). */
+typedef struct dt_worker_stats {
+  double samples;                     /* samples this worker trained on */
+  double samples_per_second;          /* samples / its own train_seconds */
+  double train_seconds;
+  double compute_seconds;             /* train_seconds minus waiting for communication */
+  double comm_seconds;                /* communication thread busy in allreduce */
+  double comm_hidden;                 /* fraction of comm_seconds overlapped with compute */
+  double bytes_sent, bytes_received;
+} dt_worker_stats;
+#define DT_WORKER_STATS_FIELDS 8
+
 /* What summary.json holds. */
 typedef struct dt_run_summary {
   double test_accuracy, test_loss;
@@ -102,6 +122,8 @@ typedef struct dt_run_summary {
   size_t params;
   char params_sha256[65];
   char config_sha256[65];
+  int rank;                           /* this worker's rank (0 without a communicator) */
+  dt_worker_stats self;               /* this worker's numbers */
 } dt_run_summary;
 
 typedef struct dt_engine dt_engine;
@@ -112,6 +134,11 @@ typedef struct dt_engine dt_engine;
  * naming the file or layer. Nothing is written to disk. */
 int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg);
 void dt_engine_destroy(dt_engine *e); /* NULL is a no-op */
+
+/* Makes the engine one worker of a data-parallel job: c (borrowed, must
+ * outlive every later call) must have dist.workers ranks. dt_engine_run and
+ * dt_engine_evaluate then become collectives: every rank must call them. */
+int dt_engine_set_comm(dt_engine *e, dt_comm *c);
 
 /* Read-only views, valid for the engine's life. */
 const dt_model *dt_engine_model(const dt_engine *e);
@@ -126,7 +153,9 @@ int64_t dt_engine_test_samples(const dt_engine *e);
 int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
                   const dt_engine_hooks *hooks, dt_run_summary *sum);
 
-/* Evaluates the current model on the test set: mean loss and accuracy. */
+/* Evaluates the current model on the test set: mean loss and accuracy.
+ * With a communicator each rank evaluates a contiguous shard and the sums
+ * are allreduced, so every rank returns the same numbers. */
 int dt_engine_evaluate(dt_engine *e, double *loss, double *accuracy);
 
 /* SHA-256 of buf as 64 lowercase hex digits plus NUL. */

@@ -31,8 +31,8 @@ cfg dup '[train]\nbatch = 2\nbatch = 3\n'
 expect_bad duplicate "dup.ini:3: train.batch: given twice" train "$T/dup.ini"
 cfg nesterov '[optim]\nmomentum = 0\nnesterov = true\n'
 expect_bad nesterov "nesterov.ini:3: optim.nesterov" train "$T/nesterov.ini"
-cfg workers '[dist]\nworkers = 4\n'
-expect_bad workers_cfg "dist.workers = 4: multiple workers are not yet supported" train "$T/workers.ini"
+cfg workers '[dist]\nworkers = 0\n'
+expect_bad workers_cfg "workers.ini:2: dist.workers: must be in \\[1, 4096\\]" train "$T/workers.ini"
 
 expect_bad missing_config "config '$T/nope.ini': No such file" train "$T/nope.ini"
 expect_bad config_is_dir "config '$T'" train "$T"

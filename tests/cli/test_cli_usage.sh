@@ -18,7 +18,7 @@ expect_bad unknown_opt "unknown option '--bogus'" train --bogus
 "$DTRAIN" train --set >/dev/null 2>"$T/e"; rc=$?
 [ $rc -eq 2 ] && grep -q -- "--set: missing value" "$T/e" && pass || fail "--set without value: exit $rc"
 expect_bad two_configs "more than one CONFIG" train a.ini b.ini
-expect_bad workers_two "--workers 2: multiple workers are not yet supported" train --workers 2
+expect_bad workers_many "--workers '5000'" train --workers 5000
 expect_bad workers_bad "--workers 'x'" train --workers x
 expect_bad workers_zero "--workers '0'" train --workers=0
 finish

@@ -241,9 +241,13 @@ static void test_bad_input(void **state) {
   dt_engine_destroy(e);
 
   base_cfg(&c);
-  c.workers = 2;
-  assert_int_equal(dt_engine_create(&e, &c), DT_ENOTSUP);
+  c.workers = 2; /* fine to create, but running needs a communicator */
+  assert_int_equal(dt_engine_create(&e, &c), DT_OK);
+  char odir[300];
+  path(odir, sizeof odir, "no_comm");
+  assert_int_equal(dt_engine_run(e, odir, NULL, NULL, NULL), DT_EINVAL);
   assert_non_null(strstr(dt_errmsg(), "dist.workers = 2"));
+  dt_engine_destroy(e);
 
   /* an output path that is a file fails at run time, naming it */
   base_cfg(&c);

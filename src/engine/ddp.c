@@ -1,0 +1,298 @@
+/*
+ * ddp.c — bucketed, overlapped gradient allreduce for data parallelism.
+ *
+ * Buckets are contiguous spans of the flat gradient buffer, built walking
+ * the layers backwards (the order backward produces them) and closed once
+ * they hold DTRAIN_BUCKET_BYTES. Each bucket counts the layers it still
+ * waits for; the grad-ready callback of dt_model_backward decrements it and,
+ * at zero, queues the bucket for the communication thread, which scales it
+ * by n_local / n_global and sums it over all workers in place. After
+ * backward, dt_ddp_finish_step queues whatever is left (robust to a layer
+ * that never reported) and waits.
+ *
+ * The communication thread is the only user of the communicator during a
+ * step; it records the first error (with its message, since dt_errmsg is
+ * per thread) and skips the remaining buckets of that step, so the compute
+ * thread never waits on work that will not happen. Every allreduce has the
+ * communicator's deadline, so no wait here is unbounded.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "engine/ddp.h"
+#include "engine/engine.h"
+
+typedef struct bucket {
+  size_t off, n;  /* span in the gradient buffer (floats) */
+  int layers;     /* layers with parameters inside */
+  int pending;    /* of those, not yet reported this step */
+  int queued;
+} bucket;
+
+struct dt_ddp {
+  dt_model *model;
+  dt_comm *comm;
+  float *grads;
+  bucket *b;
+  int nb;
+  pthread_t thread;
+  int started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;       /* work queued, step begun, stop */
+  pthread_cond_t done_cv;  /* a bucket finished */
+  int *queue;              /* bucket indices in the order they became ready */
+  int qlen, qnext, ndone;
+  int stop;
+  float scale;
+  int err;
+  char errmsg[512];
+  dt_ddp_stats st;
+};
+
+static void enqueue_locked(dt_ddp *d, int i) {
+  if (d->b[i].queued) return;
+  d->b[i].queued = 1;
+  d->queue[d->qlen++] = i;
+  pthread_cond_signal(&d->cv);
+}
+
+static void *comm_main(void *arg) {
+  dt_ddp *d = arg;
+  pthread_mutex_lock(&d->mu);
+  for (;;) {
+    while (!d->stop && d->qnext >= d->qlen) pthread_cond_wait(&d->cv, &d->mu);
+    if (d->qnext >= d->qlen && d->stop) break;
+    int i = d->queue[d->qnext++];
+    int skip = d->err != 0;
+    float scale = d->scale;
+    pthread_mutex_unlock(&d->mu);
+    int rc = DT_OK;
+    double t0 = dt_now();
+    if (!skip) {
+      float *g = d->grads + d->b[i].off;
+      size_t n = d->b[i].n;
+      if (scale != 1.0f)
+        for (size_t j = 0; j < n; j++) g[j] *= scale;
+      rc = dt_comm_allreduce(d->comm, g, g, n, DT_F32, DT_OP_SUM);
+    }
+    double dt = dt_now() - t0;
+    pthread_mutex_lock(&d->mu);
+    d->st.comm_seconds += dt;
+    if (rc < 0 && !d->err) {
+      d->err = rc;
+      const char *m = dt_comm_errmsg(d->comm);
+      if (!m || !*m) m = dt_errmsg();
+      snprintf(d->errmsg, sizeof d->errmsg, "%s", m);
+    }
+    d->ndone++;
+    pthread_cond_broadcast(&d->done_cv);
+  }
+  pthread_mutex_unlock(&d->mu);
+  return NULL;
+}
+
+int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c) {
+  *out = NULL;
+  dt_ddp *d = calloc(1, sizeof *d);
+  if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
+  d->model = m;
+  d->comm = c;
+  d->grads = dt_model_grads(m);
+  int nl = dt_model_nlayers(m);
+  d->b = calloc((size_t)nl + 1, sizeof *d->b);
+  d->queue = calloc((size_t)nl + 1, sizeof *d->queue);
+  if (!d->b || !d->queue) {
+    free(d->b);
+    free(d->queue);
+    free(d);
+    return dt__seterr(DT_ENOMEM, "ddp: out of memory");
+  }
+  int64_t cap = dt_param_int("DTRAIN_BUCKET_BYTES", 1 << 20);
+  if (cap < 4) cap = 4;
+  /* Walk layers backwards; a bucket is [lo, hi) growing downwards. */
+  bucket *cur = NULL;
+  for (int i = nl - 1; i >= 0; i--) {
+    const dt_layer_info *li = dt_model_layer(m, i);
+    if (!li->nparams) continue;
+    if (cur && (int64_t)(cur->n * sizeof(float)) >= cap) cur = NULL;
+    if (!cur) {
+      cur = &d->b[d->nb++];
+      cur->off = li->param_off + li->nparams;
+      cur->n = 0;
+    }
+    /* layers are laid out in order, so this layer ends where the bucket begins */
+    cur->off = li->param_off;
+    cur->n += li->nparams;
+    cur->layers++;
+  }
+  d->st.nbuckets = d->nb;
+  pthread_mutex_init(&d->mu, NULL);
+  pthread_cond_init(&d->cv, NULL);
+  pthread_cond_init(&d->done_cv, NULL);
+  d->ndone = d->qlen = d->qnext = 0;
+  if (pthread_create(&d->thread, NULL, comm_main, d)) {
+    dt_ddp_destroy(d);
+    return dt__seterr(DT_ENOMEM, "ddp: cannot start the communication thread");
+  }
+  d->started = 1;
+  *out = d;
+  return DT_OK;
+}
+
+void dt_ddp_destroy(dt_ddp *d) {
+  if (!d) return;
+  if (d->started) {
+    pthread_mutex_lock(&d->mu);
+    d->stop = 1;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    pthread_join(d->thread, NULL);
+  }
+  pthread_mutex_destroy(&d->mu);
+  pthread_cond_destroy(&d->cv);
+  pthread_cond_destroy(&d->done_cv);
+  free(d->b);
+  free(d->queue);
+  free(d);
+}
+
+void dt_ddp_begin_step(dt_ddp *d, int n_local, int n_global) {
+  pthread_mutex_lock(&d->mu);
+  d->scale = n_global > 0 ? (float)n_local / (float)n_global : 0.0f;
+  d->qlen = d->qnext = d->ndone = 0;
+  d->err = 0;
+  d->errmsg[0] = '\0';
+  for (int i = 0; i < d->nb; i++) {
+    d->b[i].pending = d->b[i].layers;
+    d->b[i].queued = 0;
+  }
+  pthread_mutex_unlock(&d->mu);
+}
+
+void dt_ddp_grad_ready(void *ud, size_t off, size_t n) {
+  dt_ddp *d = ud;
+  if (!n) return;
+  pthread_mutex_lock(&d->mu);
+  for (int i = 0; i < d->nb; i++) {
+    bucket *b = &d->b[i];
+    if (off >= b->off && off < b->off + b->n) {
+      if (b->pending > 0 && --b->pending == 0) enqueue_locked(d, i);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&d->mu);
+}
+
+void dt_ddp_all_ready(dt_ddp *d) {
+  pthread_mutex_lock(&d->mu);
+  for (int i = 0; i < d->nb; i++) enqueue_locked(d, i);
+  pthread_mutex_unlock(&d->mu);
+}
+
+int dt_ddp_finish_step(dt_ddp *d) {
+  double t0 = dt_now();
+  pthread_mutex_lock(&d->mu);
+  for (int i = 0; i < d->nb; i++) enqueue_locked(d, i);
+  while (d->ndone < d->nb) pthread_cond_wait(&d->done_cv, &d->mu);
+  int rc = d->err;
+  d->st.exposed_seconds += dt_now() - t0;
+  d->st.steps++;
+  pthread_mutex_unlock(&d->mu);
+  if (rc < 0) return dt__seterr(rc, "gradient allreduce: %s", d->errmsg);
+  return DT_OK;
+}
+
+void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out) {
+  pthread_mutex_lock((pthread_mutex_t *)&d->mu);
+  *out = d->st;
+  pthread_mutex_unlock((pthread_mutex_t *)&d->mu);
+}
+
+/* ---- start-up checks ------------------------------------------------------- */
+
+static int comm_fail(dt_comm *c, int rc, const char *what) {
+  const char *m = dt_comm_errmsg(c);
+  return dt__seterr(rc, "%s: %s", what, m && *m ? m : dt_errmsg());
+}
+
+static int check_hash(dt_model *m, dt_comm *c, const char *what) {
+  int n = dt_comm_size(c);
+  char mine[65];
+  dt_sha256_hex(dt_model_params(m), dt_model_nparams(m) * sizeof(float), mine);
+  char *all = malloc((size_t)n * 64);
+  if (!all) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
+  int rc = dt_comm_allgather(c, mine, all, 64, DT_U8);
+  if (rc < 0) {
+    free(all);
+    return comm_fail(c, rc, what);
+  }
+  for (int r = 1; r < n; r++)
+    if (memcmp(all, all + (size_t)r * 64, 64)) {
+      rc = dt__seterr(DT_EMISMATCH, "%s: parameters of rank %d (sha256 %.16s...) differ from "
+                      "rank 0's (%.16s...)", what, r, all + (size_t)r * 64, all);
+      break;
+    }
+  free(all);
+  return rc;
+}
+
+int dt_ddp_broadcast_params(dt_model *m, dt_comm *c) {
+  int rc = dt_comm_broadcast(c, dt_model_params(m), dt_model_nparams(m), DT_F32, 0);
+  if (rc < 0) return comm_fail(c, rc, "parameter broadcast from rank 0");
+  if (dt_model_nbufs(m)) {
+    rc = dt_comm_broadcast(c, dt_model_bufs(m), dt_model_nbufs(m), DT_F32, 0);
+    if (rc < 0) return comm_fail(c, rc, "buffer broadcast from rank 0");
+  }
+  return check_hash(m, c, "parameter broadcast");
+}
+
+int dt_ddp_check_params(dt_model *m, dt_comm *c) {
+  return check_hash(m, c, "parameter check");
+}
+
+static const char *fp_diff(const dt_ddp_fingerprint *a, const dt_ddp_fingerprint *b, int r,
+                           char *buf, size_t cap) {
+#define NUM(f, key)                                                                 \
+  if (a->f != b->f) {                                                               \
+    snprintf(buf, cap, "%s = %lld on rank %d, %lld on rank 0", key, (long long)b->f, r,  \
+             (long long)a->f);                                                      \
+    return buf;                                                                     \
+  }
+  NUM(workers, "dist.workers")
+  NUM(batch, "train.batch")
+  NUM(epochs, "train.epochs")
+  NUM(seed, "train.seed")
+  if (memcmp(a->layers_sha, b->layers_sha, 32)) return "model.layers differ";
+  NUM(nparams, "parameter count")
+  NUM(train_n, "training samples")
+  NUM(test_n, "test samples")
+  if (memcmp(a->optim_sha, b->optim_sha, 32)) return "[optim]/[schedule] settings differ";
+  if (memcmp(a->config_sha, b->config_sha, 32)) return "the configuration text differs";
+#undef NUM
+  return NULL;
+}
+
+int dt_ddp_check_config(dt_comm *c, const dt_ddp_fingerprint *fp) {
+  int n = dt_comm_size(c);
+  dt_ddp_fingerprint *all = calloc((size_t)n, sizeof *all);
+  if (!all) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
+  int rc = dt_comm_allgather(c, fp, all, sizeof *fp, DT_U8);
+  if (rc < 0) {
+    free(all);
+    return comm_fail(c, rc, "config check");
+  }
+  char buf[160];
+  for (int r = 1; r < n; r++) {
+    const char *why = fp_diff(&all[0], &all[r], r, buf, sizeof buf);
+    if (why) {
+      rc = dt__seterr(DT_EMISMATCH, "config of rank %d differs from rank 0's (%s); every "
+                      "worker must run the same configuration", r, why);
+      break;
+    }
+  }
+  free(all);
+  return rc;
+}

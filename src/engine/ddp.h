@@ -1,0 +1,78 @@
+/*
+ * ddp.h — data-parallel gradient synchronisation for one model over one
+ * communicator: gradient buckets in reverse layer order, each allreduced on
+ * a communication thread as soon as backward has produced all of its
+ * gradients (so reduction overlaps the backward of earlier layers), the
+ * parameter broadcast from rank 0 with a SHA-256 check on every worker, and
+ * a check that every worker runs the same configuration.
+ *
+ * It does not own the model or the communicator, does not choose data
+ * shards (the engine does) and has no deterministic (bitwise, any-N) mode
+ * yet. While a step is in flight (between dt_ddp_begin_step and
+ * dt_ddp_finish_step) the communicator belongs to the communication thread;
+ * outside it the caller may use it.
+ *
+ * Knob: DTRAIN_BUCKET_BYTES (default 1 MiB) caps a bucket (a single layer
+ * larger than the cap is a bucket of its own).
+ */
+#ifndef DT_ENGINE_DDP_H
+#define DT_ENGINE_DDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "nn/nn.h"
+
+typedef struct dt_ddp dt_ddp;
+
+/* Time and traffic of the synchronisation so far. */
+typedef struct dt_ddp_stats {
+  double comm_seconds;    /* communication thread busy in allreduce */
+  double exposed_seconds; /* compute thread waiting for it after backward */
+  int64_t steps;
+  int nbuckets;
+} dt_ddp_stats;
+
+/* Builds buckets over m's gradient buffer and starts the communication
+ * thread. m and c must outlive the handle. */
+int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c);
+/* Stops the thread (waits for an in-flight step to drain). NULL is a no-op. */
+void dt_ddp_destroy(dt_ddp *d);
+
+/* Starts a step: this worker's gradients are the mean over n_local samples
+ * and the global batch has n_global samples; the reduced gradient is the
+ * global-batch mean (each bucket is scaled by n_local / n_global, then
+ * summed). */
+void dt_ddp_begin_step(dt_ddp *d, int n_local, int n_global);
+/* The dt_grad_ready_fn to hand to dt_model_backward (ud = the dt_ddp). */
+void dt_ddp_grad_ready(void *ud, size_t off, size_t n);
+/* Marks every bucket ready at once (a worker with no samples this step has
+ * zeroed its gradients and skipped backward). */
+void dt_ddp_all_ready(dt_ddp *d);
+/* Waits until every bucket is reduced. Returns DT_OK or the first error of
+ * the communication thread (message naming the peer, e.g. a lost rank). */
+int dt_ddp_finish_step(dt_ddp *d);
+
+void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out);
+
+/* Collective: rank 0's parameters (and non-trainable buffers) are copied to
+ * every worker, then every worker's SHA-256 of them is compared with rank
+ * 0's; a difference is DT_EMISMATCH naming the rank. */
+int dt_ddp_broadcast_params(dt_model *m, dt_comm *c);
+/* Collective: compares every worker's parameter hash with rank 0's
+ * (DT_EMISMATCH naming the first rank that differs). */
+int dt_ddp_check_params(dt_model *m, dt_comm *c);
+
+/* What must agree between workers, compared field by field so the error can
+ * name the key. */
+typedef struct dt_ddp_fingerprint {
+  int64_t batch, epochs, train_n, test_n, nparams, workers;
+  uint64_t seed;
+  uint8_t layers_sha[32], optim_sha[32], config_sha[32];
+} dt_ddp_fingerprint;
+/* Collective: DT_EMISMATCH naming the first rank (and key) whose fingerprint
+ * differs from rank 0's; every rank gets the same verdict. */
+int dt_ddp_check_config(dt_comm *c, const dt_ddp_fingerprint *fp);
+
+#endif /* DT_ENGINE_DDP_H */
