@@ -187,24 +187,30 @@ int dt__cmd_bench(int argc, char **argv) {
   }
   char token[40] = {0};
   make_token(token, sizeof token);
-  dt_store_server *srv = NULL;
-  if (dt_store_server_start(&srv, "127.0.0.1", 0, token)) {
-    fprintf(stderr, "dtrain bench: store: %s\n", dt_errmsg());
-    return DT_EXIT_FAIL;
-  }
-  int port = dt_store_server_port(srv);
   printf("# dtrain bench allreduce: %d ranks, transport %s, algo %s, %s %s\n", n, transport,
          dt_algo_name(bc.algo), dt_dtype_name(bc.dtype), dt_redop_name(bc.op));
   fflush(stdout);
   pid_t *pids = calloc((size_t)n, sizeof *pids);
-  if (!pids) {
-    dt_store_server_stop(srv);
+  int pfd[2];
+  if (!pids || pipe(pfd)) {
+    free(pids);
+    fprintf(stderr, "dtrain bench: out of resources\n");
     return DT_EXIT_FAIL;
   }
+  /* Fork while this process has one thread: the store server's thread must
+   * not exist yet, or a child could inherit a lock it holds. The children
+   * learn the store's port through the pipe. */
   int started = 0;
   for (int r = 0; r < n; r++) {
     pid_t p = fork();
-    if (p == 0) _exit(run_rank(r, n, port, token, transport, timeout, &bc));
+    if (p == 0) {
+      close(pfd[1]);
+      int port = 0;
+      ssize_t got = read(pfd[0], &port, sizeof port);
+      _exit(got == (ssize_t)sizeof port && port > 0
+                ? run_rank(r, n, port, token, transport, timeout, &bc)
+                : 1);
+    }
     if (p < 0) {
       fprintf(stderr, "dtrain bench: fork: %s\n", strerror(errno));
       break;
@@ -212,9 +218,19 @@ int dt__cmd_bench(int argc, char **argv) {
     pids[r] = p;
     started++;
   }
-  int bad = started < n;
-  if (bad)
-    for (int r = 0; r < started; r++) kill(pids[r], SIGKILL);
+  close(pfd[0]);
+  dt_store_server *srv = NULL;
+  int port = 0;
+  if (started == n && dt_store_server_start(&srv, "127.0.0.1", 0, token) == DT_OK)
+    port = dt_store_server_port(srv);
+  else if (started == n)
+    fprintf(stderr, "dtrain bench: store: %s\n", dt_errmsg());
+  for (int r = 0; r < started; r++) {
+    ssize_t w = write(pfd[1], &port, sizeof port); /* port 0 tells children to quit */
+    (void)w;
+  }
+  close(pfd[1]);
+  int bad = started < n || port == 0;
   bad |= reap(pids, started, 10.0);
   dt_store_server_stop(srv);
   free(pids);
