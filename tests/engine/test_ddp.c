@@ -1,0 +1,290 @@
+/*
+ * test_ddp.c — data-parallel training through the engine, with worker
+ * processes forked by the test and joined through a file store:
+ *   - equivalence: 2 and 3 workers with global batch B end with the
+ *     parameters of 1 worker with batch B (same seed, 51 steps of an MLP
+ *     with dropout, the last global batch a single sample so some workers
+ *     get none) to 1e-5 relative, and every worker holds the same bytes;
+ *   - a worker whose config differs (batch, model) is refused at start on
+ *     every rank with DT_EMISMATCH naming rank 1 and the key.
+ * Every child is waited for with a deadline and SIGKILLed past it.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "comm/comm.h"
+#include "core/core.h"
+#include "engine/engine.h"
+
+static char tmpdir[256];
+
+static void path(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", tmpdir, name); }
+
+/* n samples of 3 classes in 6 dimensions with deterministic jitter. */
+static void write_csv(const char *file, int n, uint64_t seed) {
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fprintf(f, "label,a,b,c,d,e,g\n");
+  for (int i = 0; i < n; i++) {
+    int k = i % 3;
+    float j[6];
+    dt_rng_uniform(j, 6, -1.5f, 1.5f, seed, DT_RNG_USER, (uint64_t)i);
+    fprintf(f, "%d", k);
+    for (int d = 0; d < 6; d++) fprintf(f, ",%.5f", (d / 2 == k ? 1.0f : 0.0f) + j[d]);
+    fprintf(f, "\n");
+  }
+  fclose(f);
+}
+
+static void base_cfg(dt_run_cfg *c, int workers) {
+  dt_run_cfg_defaults(c);
+  snprintf(c->layers, sizeof c->layers, "linear(32) relu dropout(0.2) linear(16) relu linear(3)");
+  c->format = DT_FMT_CSV;
+  path(c->train_images, sizeof c->train_images, "train.csv");
+  path(c->test_images, sizeof c->test_images, "test.csv");
+  c->train_labels[0] = c->test_labels[0] = '\0';
+  c->label_col = 0;
+  c->epochs = 1;
+  c->batch = 32;
+  c->optim.lr = 0.05f;
+  c->workers = workers;
+}
+
+/* Child body: returns the exit status; on failure the message goes to
+ * <tmp>/<tag>_<rank>.err. */
+static int child(const dt_run_cfg *c, int rank, const char *tag) {
+  char errp[400], outd[400], parp[400], sdir[400];
+  snprintf(errp, sizeof errp, "%s/%s_%d.err", tmpdir, tag, rank);
+  snprintf(outd, sizeof outd, "%s/%s_run", tmpdir, tag);
+  snprintf(parp, sizeof parp, "%s/%s_%d.params", tmpdir, tag, rank);
+  snprintf(sdir, sizeof sdir, "%s/%s_store", tmpdir, tag);
+  dt_engine *e = NULL;
+  dt_store *s = NULL;
+  dt_comm *comm = NULL;
+  int rc = dt_engine_create(&e, c);
+  if (rc == DT_OK && c->workers > 1) {
+    struct dt_comm_config cc = DT_COMM_CONFIG_INIT;
+    cc.transport = "auto";
+    cc.rank = rank;
+    cc.size = c->workers;
+    cc.job = tag;
+    cc.timeout_s = 20;
+    rc = dt_store_open_file(&s, sdir);
+    if (rc == DT_OK) rc = dt_comm_create(&comm, s, &cc);
+    if (rc == DT_OK) rc = dt_engine_set_comm(e, comm);
+  }
+  dt_run_summary sum;
+  if (rc == DT_OK) rc = dt_engine_run(e, outd, "cfg", NULL, &sum);
+  if (rc == DT_OK) {
+    FILE *f = fopen(parp, "wb");
+    const dt_model *m = dt_engine_model(e);
+    size_t n = dt_model_nparams(m);
+    if (!f || fwrite(dt_model_params((dt_model *)m), sizeof(float), n, f) != n) rc = DT_EIO;
+    if (f) fclose(f);
+    snprintf(parp, sizeof parp, "%s/%s_%d.acc", tmpdir, tag, rank);
+    f = fopen(parp, "w");
+    if (!f || fprintf(f, "%.17g\n", sum.test_accuracy) < 0) rc = DT_EIO;
+    if (f) fclose(f);
+  } else {
+    FILE *f = fopen(errp, "w");
+    if (f) {
+      fprintf(f, "%s\n", dt_errmsg());
+      fclose(f);
+    }
+  }
+  dt_comm_destroy(comm);
+  dt_store_destroy(s);
+  dt_engine_destroy(e);
+  return rc == DT_OK ? 0 : rc == DT_EMISMATCH ? 3 : 1;
+}
+
+/* Forks one child per config and waits (deadline 50 s, then SIGKILL).
+ * status[r] = exit status, or -1 if killed. */
+static void run_job(const dt_run_cfg *cfgs, int n, const char *tag, int *status) {
+  pid_t pids[8];
+  fflush(NULL);
+  for (int r = 0; r < n; r++) {
+    pid_t p = fork();
+    assert_true(p >= 0);
+    if (p == 0) _exit(child(&cfgs[r], r, tag));
+    pids[r] = p;
+    status[r] = -2;
+  }
+  double deadline = dt_now() + 50;
+  int left = n;
+  while (left > 0) {
+    for (int r = 0; r < n; r++) {
+      if (status[r] != -2) continue;
+      int st;
+      pid_t p = waitpid(pids[r], &st, WNOHANG);
+      if (p == pids[r]) {
+        status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        left--;
+      }
+    }
+    if (left && dt_now() > deadline) {
+      for (int r = 0; r < n; r++)
+        if (status[r] == -2) kill(pids[r], SIGKILL);
+      for (int r = 0; r < n; r++)
+        if (status[r] == -2) {
+          waitpid(pids[r], NULL, 0);
+          status[r] = -1;
+        }
+      fail_msg("job %s: workers still running after 50 s", tag);
+    }
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static float *read_params(const char *tag, int rank, size_t *n) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.params", tmpdir, tag, rank);
+  FILE *f = fopen(p, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  float *v = malloc((size_t)len);
+  assert_non_null(v);
+  assert_int_equal(fread(v, 1, (size_t)len, f), (size_t)len);
+  fclose(f);
+  *n = (size_t)len / sizeof(float);
+  return v;
+}
+
+static double read_acc(const char *tag, int rank) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.acc", tmpdir, tag, rank);
+  FILE *f = fopen(p, "r");
+  assert_non_null(f);
+  double a = -1;
+  assert_int_equal(fscanf(f, "%lf", &a), 1);
+  fclose(f);
+  return a;
+}
+
+static void read_err(const char *tag, int rank, char *buf, size_t cap) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.err", tmpdir, tag, rank);
+  buf[0] = '\0';
+  FILE *f = fopen(p, "r");
+  if (!f) return;
+  size_t k = fread(buf, 1, cap - 1, f);
+  buf[k] = '\0';
+  fclose(f);
+}
+
+static void test_equivalence(void **state) {
+  (void)state;
+  dt_run_cfg one;
+  base_cfg(&one, 1);
+  int st[4];
+  run_job(&one, 1, "ref", st);
+  assert_int_equal(st[0], 0);
+  size_t n0;
+  float *ref = read_params("ref", 0, &n0);
+  for (int N = 2; N <= 3; N++) {
+    dt_run_cfg cfgs[3];
+    for (int r = 0; r < N; r++) base_cfg(&cfgs[r], N);
+    char tag[16];
+    snprintf(tag, sizeof tag, "eq%d", N);
+    run_job(cfgs, N, tag, st);
+    for (int r = 0; r < N; r++) {
+      char msg[600];
+      read_err(tag, r, msg, sizeof msg);
+      if (st[r] != 0) fail_msg("%d workers: rank %d exit %d: %s", N, r, st[r], msg);
+    }
+    size_t n;
+    float *p0 = read_params(tag, 0, &n);
+    assert_int_equal(n, n0);
+    double num = 0, den = 0, maxd = 0;
+    for (size_t i = 0; i < n; i++) {
+      double d = (double)p0[i] - (double)ref[i];
+      num += d * d;
+      den += (double)ref[i] * ref[i];
+      if (fabs(d) > maxd) maxd = fabs(d);
+    }
+    double rel = sqrt(num / den);
+    printf("# %d workers vs 1: relative difference %.3g, max abs %.3g\n", N, rel, maxd);
+    assert_true(rel < 1e-5);
+    /* every worker holds the same bytes and reports the same test accuracy */
+    double acc0 = read_acc(tag, 0);
+    assert_true(fabs(acc0 - read_acc("ref", 0)) < 0.02);
+    for (int r = 1; r < N; r++) {
+      size_t m;
+      float *pr = read_params(tag, r, &m);
+      assert_int_equal(m, n);
+      assert_memory_equal(pr, p0, n * sizeof(float));
+      free(pr);
+      assert_true(read_acc(tag, r) == acc0);
+    }
+    free(p0);
+  }
+  free(ref);
+}
+
+static void expect_mismatch(const char *tag, dt_run_cfg *cfgs, const char *key) {
+  int st[2];
+  run_job(cfgs, 2, tag, st);
+  for (int r = 0; r < 2; r++) {
+    char msg[600];
+    read_err(tag, r, msg, sizeof msg);
+    if (st[r] != 3) fail_msg("%s: rank %d exit %d (want 3, DT_EMISMATCH): %s", tag, r, st[r], msg);
+    if (!strstr(msg, "rank 1") || !strstr(msg, key))
+      fail_msg("%s: rank %d message '%s' does not name rank 1 and '%s'", tag, r, msg, key);
+  }
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_run/summary.json", tmpdir, tag);
+  assert_int_not_equal(access(p, F_OK), 0);
+}
+
+static void test_config_mismatch(void **state) {
+  (void)state;
+  dt_run_cfg cfgs[2];
+  base_cfg(&cfgs[0], 2);
+  base_cfg(&cfgs[1], 2);
+  cfgs[1].batch = 16;
+  expect_mismatch("mm_batch", cfgs, "train.batch");
+  base_cfg(&cfgs[1], 2);
+  snprintf(cfgs[1].layers, sizeof cfgs[1].layers, "linear(8) relu linear(3)");
+  expect_mismatch("mm_model", cfgs, "model.layers");
+}
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_test_ddp_XXXXXX");
+  if (!mkdtemp(tmpdir)) return -1;
+  char p[300];
+  path(p, sizeof p, "train.csv");
+  write_csv(p, 32 * 50 + 1, 7); /* 51 steps; the last global batch holds 1 sample */
+  path(p, sizeof p, "test.csv");
+  write_csv(p, 301, 8);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_equivalence),
+      cmocka_unit_test(test_config_mismatch),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
