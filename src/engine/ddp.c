@@ -46,6 +46,7 @@ struct dt_ddp {
   int *queue;              /* bucket indices in the order they became ready */
   int qlen, qnext, ndone;
   int stop;
+  int overlap;             /* 0: no thread, buckets reduced in finish_step */
   float scale;
   int err;
   char errmsg[512];
@@ -133,6 +134,11 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c) {
   pthread_cond_init(&d->cv, NULL);
   pthread_cond_init(&d->done_cv, NULL);
   d->ndone = d->qlen = d->qnext = 0;
+  d->overlap = dt_param_int("DTRAIN_DDP_OVERLAP", 1) != 0;
+  if (!d->overlap) {
+    *out = d;
+    return DT_OK;
+  }
   if (pthread_create(&d->thread, NULL, comm_main, d)) {
     dt_ddp_destroy(d);
     return dt__seterr(DT_ENOMEM, "ddp: cannot start the communication thread");
@@ -174,7 +180,7 @@ void dt_ddp_begin_step(dt_ddp *d, int n_local, int n_global) {
 
 void dt_ddp_grad_ready(void *ud, size_t off, size_t n) {
   dt_ddp *d = ud;
-  if (!n) return;
+  if (!n || !d->overlap) return;
   pthread_mutex_lock(&d->mu);
   for (int i = 0; i < d->nb; i++) {
     bucket *b = &d->b[i];
@@ -187,12 +193,38 @@ void dt_ddp_grad_ready(void *ud, size_t off, size_t n) {
 }
 
 void dt_ddp_all_ready(dt_ddp *d) {
+  if (!d->overlap) return;
   pthread_mutex_lock(&d->mu);
   for (int i = 0; i < d->nb; i++) enqueue_locked(d, i);
   pthread_mutex_unlock(&d->mu);
 }
 
+/* Without overlap: every bucket on the calling thread, in queue order. */
+static int finish_inline(dt_ddp *d) {
+  double t0 = dt_now();
+  int rc = DT_OK;
+  for (int i = 0; i < d->nb && rc == DT_OK; i++) {
+    float *g = d->grads + d->b[i].off;
+    size_t n = d->b[i].n;
+    if (d->scale != 1.0f)
+      for (size_t j = 0; j < n; j++) g[j] *= d->scale;
+    rc = dt_comm_allreduce(d->comm, g, g, n, DT_F32, DT_OP_SUM);
+  }
+  double dt = dt_now() - t0;
+  pthread_mutex_lock(&d->mu);
+  d->st.comm_seconds += dt;
+  d->st.exposed_seconds += dt;
+  d->st.steps++;
+  pthread_mutex_unlock(&d->mu);
+  if (rc < 0) {
+    const char *m = dt_comm_errmsg(d->comm);
+    return dt__seterr(rc, "gradient allreduce: %s", m && *m ? m : dt_errmsg());
+  }
+  return DT_OK;
+}
+
 int dt_ddp_finish_step(dt_ddp *d) {
+  if (!d->overlap) return finish_inline(d);
   double t0 = dt_now();
   pthread_mutex_lock(&d->mu);
   for (int i = 0; i < d->nb; i++) enqueue_locked(d, i);

@@ -4,7 +4,10 @@
  *   - equivalence: 2 and 3 workers with global batch B end with the
  *     parameters of 1 worker with batch B (same seed, 51 steps of an MLP
  *     with dropout, the last global batch a single sample so some workers
- *     get none) to 1e-5 relative, and every worker holds the same bytes;
+ *     get none) to 1e-5 relative, and every worker holds the same bytes and
+ *     reports the same test accuracy — with one bucket, with a bucket per
+ *     layer (overlapped on the communication thread) and without the
+ *     thread (DTRAIN_DDP_OVERLAP=0);
  *   - a worker whose config differs (batch, model) is refused at start on
  *     every rank with DT_EMISMATCH naming rank 1 and the key.
  * Every child is waited for with a deadline and SIGKILLed past it.
@@ -195,12 +198,21 @@ static void test_equivalence(void **state) {
   assert_int_equal(st[0], 0);
   size_t n0;
   float *ref = read_params("ref", 0, &n0);
-  for (int N = 2; N <= 3; N++) {
+  /* 2 workers, default buckets (one here); 3 workers with 256-byte buckets
+   * (one per layer: the overlapped path); 2 workers without the thread */
+  static const struct { int n; const char *bucket, *overlap; } runs[] = {
+      {2, NULL, NULL}, {3, "256", NULL}, {2, "256", "0"}};
+  for (int k = 0; k < 3; k++) {
+    int N = runs[k].n;
     dt_run_cfg cfgs[3];
     for (int r = 0; r < N; r++) base_cfg(&cfgs[r], N);
     char tag[16];
-    snprintf(tag, sizeof tag, "eq%d", N);
+    snprintf(tag, sizeof tag, "eq%d", k);
+    if (runs[k].bucket) setenv("DTRAIN_BUCKET_BYTES", runs[k].bucket, 1);
+    if (runs[k].overlap) setenv("DTRAIN_DDP_OVERLAP", runs[k].overlap, 1);
     run_job(cfgs, N, tag, st);
+    unsetenv("DTRAIN_BUCKET_BYTES");
+    unsetenv("DTRAIN_DDP_OVERLAP");
     for (int r = 0; r < N; r++) {
       char msg[600];
       read_err(tag, r, msg, sizeof msg);
@@ -217,7 +229,9 @@ static void test_equivalence(void **state) {
       if (fabs(d) > maxd) maxd = fabs(d);
     }
     double rel = sqrt(num / den);
-    printf("# %d workers vs 1: relative difference %.3g, max abs %.3g\n", N, rel, maxd);
+    printf("# %d workers (buckets %s, overlap %s) vs 1: relative difference %.3g, max abs %.3g\n",
+           N, runs[k].bucket ? runs[k].bucket : "default", runs[k].overlap ? "off" : "on", rel,
+           maxd);
     assert_true(rel < 1e-5);
     /* every worker holds the same bytes and reports the same test accuracy */
     double acc0 = read_acc(tag, 0);
