@@ -8,9 +8,13 @@
  * and tell their messages apart by a context id in the high 32 bits of the
  * transport tag. Every collective runs between coll_begin and coll_end: the
  * call gets a sequence number, a deadline and a fingerprint (sequence,
- * collective, op, dtype, count, root) that goes out as a 32-byte message
- * ahead of the first data message to each peer and is checked on the first
- * message from each peer. A mismatch, a lost peer or an expired deadline
+ * collective, op, dtype, count, root) that rides in the first message to
+ * each peer and is checked on the first message from each peer. That first
+ * message always has the same length (FP_MSG: the 32-byte fingerprint and
+ * up to FP_INL bytes of the data, the rest following as a second message),
+ * so ranks in different collectives still exchange it without a length
+ * error and learn each other's call; a small collective thus costs one
+ * message per peer, not two. A mismatch, a lost peer or an expired deadline
  * inside a collective aborts the whole world (every transport tells its
  * peers), so every rank returns the same error and message instead of
  * hanging. Not here: algorithms (algo/), algorithm choice (tuning.c),
@@ -31,6 +35,8 @@
 
 #define MAX_TP 4
 #define FP_LEN 32
+#define FP_INL 256                /* data bytes carried with the fingerprint */
+#define FP_MSG (FP_LEN + FP_INL) /* length of every first message */
 #define FP_MAGIC 0x50465444u /* "DTFP" */
 #define TAG_COLL 0xc0000001u /* library tag for collective traffic */
 
@@ -40,6 +46,8 @@ struct comm_req {
   int fp_check;     /* member whose fingerprint recv must be checked, or -1 */
   int fp_send;      /* member whose fingerprint send must complete, or -1 */
   int used;
+  void *inl_dst;    /* receive: where the data inside the fingerprint message goes */
+  size_t inl_len;
 };
 _Static_assert(sizeof(struct comm_req) <= sizeof(dt_comm_req), "dt_comm_req too small");
 
@@ -83,7 +91,8 @@ struct dt_comm {
   struct fp cur;
   uint8_t fp_out[FP_LEN];
   uint8_t *fp_sent, *fp_posted; /* per member */
-  uint8_t (*fp_in)[FP_LEN];
+  uint8_t (*fp_in)[FP_MSG];
+  uint8_t (*fp_obuf)[FP_MSG];   /* per member: fingerprint + inline data sent */
   struct comm_req *fp_sreq, *fp_rreq;
   void *scratch[4];
   size_t scratch_cap[4];
@@ -237,12 +246,13 @@ static dt_comm *comm_alloc(struct world *w, int size) {
   c->host = calloc((size_t)size, sizeof *c->host);
   c->fp_sent = calloc((size_t)size, 1);
   c->fp_posted = calloc((size_t)size, 1);
-  c->fp_in = calloc((size_t)size, FP_LEN);
+  c->fp_in = calloc((size_t)size, FP_MSG);
+  c->fp_obuf = calloc((size_t)size, FP_MSG);
   c->fp_sreq = calloc((size_t)size, sizeof *c->fp_sreq);
   c->fp_rreq = calloc((size_t)size, sizeof *c->fp_rreq);
-  if (!c->wr || !c->host || !c->fp_sent || !c->fp_posted || !c->fp_in || !c->fp_sreq || !c->fp_rreq) {
+  if (!c->wr || !c->host || !c->fp_sent || !c->fp_posted || !c->fp_in || !c->fp_obuf || !c->fp_sreq || !c->fp_rreq) {
     free(c->wr), free(c->host), free(c->fp_sent), free(c->fp_posted), free(c->fp_in);
-    free(c->fp_sreq), free(c->fp_rreq), free(c);
+    free(c->fp_obuf), free(c->fp_sreq), free(c->fp_rreq), free(c);
     return NULL;
   }
   c->timeout = 60.0;
@@ -468,7 +478,7 @@ void dt_comm_destroy(dt_comm *c) {
   for (int i = 0; i < 4; i++) dt_free(c->scratch[i]);
   struct world *w = c->w;
   free(c->wr), free(c->host), free(c->fp_sent), free(c->fp_posted), free(c->fp_in);
-  free(c->fp_sreq), free(c->fp_rreq);
+  free(c->fp_obuf), free(c->fp_sreq), free(c->fp_rreq);
   free(c);
   world_release(w);
 }
@@ -564,30 +574,50 @@ static int fp_check(dt_comm *c, int p) {
   return cerr(c, DT_EMISMATCH, "%s", msg);
 }
 
+/* A request that moves no bytes of its own: its data rode in the
+ * fingerprint message, whose request the caller attaches. */
+static void inline_req(dt_comm *c, int peer, struct comm_req *r) {
+  memset(r, 0, sizeof *r);
+  r->peer = peer;
+  r->fp_check = r->fp_send = -1;
+  r->used = 1;
+  r->tp.peer = c->wr[peer];
+  r->tp.status = 1;
+}
+
 int dt__coll_isend(dt_comm *c, int peer, const void *buf, size_t bytes, dt_comm_req *req) {
   uint64_t tag = (uint64_t)c->ctxid << 32 | TAG_COLL;
-  int fs = -1;
-  if (peer >= 0 && peer < c->size && !c->fp_sent[peer]) {
-    DT_CHECK(post(c, peer, tag, c->fp_out, FP_LEN, DT_TP_SEND, &c->fp_sreq[peer]));
+  struct comm_req *r = (struct comm_req *)req;
+  if (peer >= 0 && peer < c->size && peer != c->rank && !c->fp_sent[peer]) {
+    /* First message to peer: fingerprint + the first FP_INL data bytes. */
+    size_t inl = bytes < FP_INL ? bytes : FP_INL;
+    memcpy(c->fp_obuf[peer], c->fp_out, FP_LEN);
+    if (inl) memcpy(c->fp_obuf[peer] + FP_LEN, buf, inl);
+    DT_CHECK(post(c, peer, tag, c->fp_obuf[peer], FP_MSG, DT_TP_SEND, &c->fp_sreq[peer]));
     c->fp_sent[peer] = 1;
-    fs = peer;
+    if (bytes > inl) DT_CHECK(post(c, peer, tag, (uint8_t *)buf + inl, bytes - inl, DT_TP_SEND, r));
+    else inline_req(c, peer, r);
+    r->fp_send = peer;
+    return DT_OK;
   }
-  DT_CHECK(post(c, peer, tag, (void *)buf, bytes, DT_TP_SEND, (struct comm_req *)req));
-  ((struct comm_req *)req)->fp_send = fs;
-  return DT_OK;
+  return post(c, peer, tag, (void *)buf, bytes, DT_TP_SEND, r);
 }
 
 int dt__coll_irecv(dt_comm *c, int peer, void *buf, size_t bytes, dt_comm_req *req) {
   uint64_t tag = (uint64_t)c->ctxid << 32 | TAG_COLL;
-  int fc = -1;
-  if (peer >= 0 && peer < c->size && !c->fp_posted[peer]) {
-    DT_CHECK(post(c, peer, tag, c->fp_in[peer], FP_LEN, DT_TP_RECV, &c->fp_rreq[peer]));
+  struct comm_req *r = (struct comm_req *)req;
+  if (peer >= 0 && peer < c->size && peer != c->rank && !c->fp_posted[peer]) {
+    size_t inl = bytes < FP_INL ? bytes : FP_INL;
+    DT_CHECK(post(c, peer, tag, c->fp_in[peer], FP_MSG, DT_TP_RECV, &c->fp_rreq[peer]));
     c->fp_posted[peer] = 1;
-    fc = peer;
+    if (bytes > inl) DT_CHECK(post(c, peer, tag, (uint8_t *)buf + inl, bytes - inl, DT_TP_RECV, r));
+    else inline_req(c, peer, r);
+    r->fp_check = peer;
+    r->inl_dst = buf;
+    r->inl_len = inl;
+    return DT_OK;
   }
-  DT_CHECK(post(c, peer, tag, buf, bytes, DT_TP_RECV, (struct comm_req *)req));
-  ((struct comm_req *)req)->fp_check = fc;
-  return DT_OK;
+  return post(c, peer, tag, buf, bytes, DT_TP_RECV, r);
 }
 
 static void cancel_pending(dt_comm *c, struct dt_tp_req **v, int n) {
@@ -666,6 +696,7 @@ int dt_comm_waitall(dt_comm *c, dt_comm_req *reqs, int n) {
     struct comm_req *r = (struct comm_req *)&reqs[i];
     if (r->used && r->fp_check >= 0 && c->fp_rreq[r->fp_check].tp.status == 1) {
       fprc = fp_check(c, r->fp_check);
+      if (fprc == DT_OK && r->inl_len) memcpy(r->inl_dst, c->fp_in[r->fp_check] + FP_LEN, r->inl_len);
       r->fp_check = -1;
     }
   }

@@ -269,6 +269,11 @@ static int body_stale(int rank, int size) {
 
 typedef int (*body_fn)(int rank, int size);
 
+/* Every rank this test forked: segments are counted by creator pid, so
+ * other shm tests running at the same time (ctest -j) do not count. */
+static pid_t all_pids[1024];
+static int nall_pids;
+
 /* Forks size ranks running body; kill_last: SIGKILL the last rank once every
  * rank waits. Returns after every child is reaped (killing stragglers by pid
  * after 30 s). */
@@ -279,6 +284,7 @@ static void run(int size, body_fn body, bool kill_last, int *rcs) {
   for (int r = 0; r < size; r++) {
     pids[r] = fork();
     assert_true(pids[r] >= 0);
+    if (pids[r] > 0 && nall_pids < 1024) all_pids[nall_pids++] = pids[r];
     if (pids[r] == 0) {
       /* cmocka's handlers must not run a second test suite in the child. */
       signal(SIGSEGV, SIG_DFL);
@@ -324,7 +330,14 @@ static int count_segments(void) {
   struct dirent *e;
   char pat[32];
   snprintf(pat, sizeof pat, "dtshm-");
-  while (d && (e = readdir(d))) n += !strncmp(e->d_name, pat, strlen(pat));
+  while (d && (e = readdir(d))) {
+    unsigned long long jh, nonce;
+    int rank, pid;
+    if (strncmp(e->d_name, pat, strlen(pat)) ||
+        sscanf(e->d_name + strlen(pat), "%16llx-%d-%d-%16llx", &jh, &rank, &pid, &nonce) != 4)
+      continue;
+    for (int i = 0; i < nall_pids; i++) n += all_pids[i] == pid;
+  }
   if (d) closedir(d);
   return n;
 }
