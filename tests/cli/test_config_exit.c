@@ -108,9 +108,9 @@ static void test_usage(void **state) {
   char *a1[] = {"dtrain", "train", "/nonexistent/c.ini", NULL};
   assert_int_equal(run(err, sizeof err, 3, a1), 2);
   assert_non_null(strstr(err, "config '/nonexistent/c.ini': No such file or directory"));
-  char *a2[] = {"dtrain", "train", "--workers", "3", NULL};
+  char *a2[] = {"dtrain", "train", "--workers", "0", NULL};
   assert_int_equal(run(err, sizeof err, 4, a2), 2);
-  assert_non_null(strstr(err, "not yet supported"));
+  assert_non_null(strstr(err, "--workers '0': expects a positive integer"));
   char *a3[] = {"dtrain", NULL};
   assert_int_equal(run(err, sizeof err, 1, a3), 2);
   char *a4[] = {"dtrain", "train", "--out", NULL};
