@@ -134,7 +134,9 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c) {
   pthread_cond_init(&d->cv, NULL);
   pthread_cond_init(&d->done_cv, NULL);
   d->ndone = d->qlen = d->qnext = 0;
-  d->overlap = dt_param_int("DTRAIN_DDP_OVERLAP", 1) != 0;
+  /* one bucket is ready only when backward ends: nothing to overlap, so
+   * skip the thread hand-off */
+  d->overlap = dt_param_int("DTRAIN_DDP_OVERLAP", 1) != 0 && d->nb > 1;
   if (!d->overlap) {
     *out = d;
     return DT_OK;

@@ -3,7 +3,8 @@
 # SIGKILLed mid-training (after the first epoch record): the job must end
 # within 10 s with a non-zero status, a message naming the lost rank, no
 # summary.json and no worker left running. Done once killing rank 1 and once
-# killing rank 0 (the one that writes files). Every process this test starts
+# killing rank 0 (the one that writes files), with gradients reduced on the
+# communication thread and on the compute thread. Every process this test starts
 # is killed and reaped by pid on exit.
 . "$(dirname "$0")/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -21,7 +22,7 @@ elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'
 
 one() {
   local victim=$1 out="$T/run$1"
-  "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=100000 \
+  DTRAIN_BUCKET_BYTES=$2 "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=100000 \
     --set data.limit_train=1000 --set data.limit_test=200 --out "$out" \
     >"$T/out$victim" 2>"$T/err$victim" </dev/null &
   local parent=$!
@@ -67,6 +68,6 @@ one() {
   [ ! -e "$out/summary.json" ] && pass || fail "victim $victim: summary.json written"
 }
 
-one 1
-one 0
+one 1 65536    # several buckets: the survivor is in the communication thread
+one 0 1048576  # one bucket: reduced on the compute thread
 finish

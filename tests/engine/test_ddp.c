@@ -198,8 +198,9 @@ static void test_equivalence(void **state) {
   assert_int_equal(st[0], 0);
   size_t n0;
   float *ref = read_params("ref", 0, &n0);
-  /* 2 workers, default buckets (one here); 3 workers with 256-byte buckets
-   * (one per layer: the overlapped path); 2 workers without the thread */
+  /* 2 workers, default buckets (one here, reduced without the thread); 3
+   * workers with 256-byte buckets (one per layer: the overlapped path); 2
+   * workers with per-layer buckets but the thread turned off */
   static const struct { int n; const char *bucket, *overlap; } runs[] = {
       {2, NULL, NULL}, {3, "256", NULL}, {2, "256", "0"}};
   for (int k = 0; k < 3; k++) {
