@@ -25,7 +25,7 @@
  * 20, 0 when oversubscribed), DTRAIN_SHM_LIVE_MS (pidfd poll period, 2),
  * DTRAIN_SHM_BIND (bind the driving thread to core rank % ncpu when there
  * are no more ranks than cores and nothing pinned it yet, as mpirun does;
- * default 1).
+ * default 1), DTRAIN_SHM_PREFAULT (map every ring page at init, 1).
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
@@ -165,6 +165,26 @@ static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/* Maps (and allocates) [p, p + n) now instead of page by page on first
+ * use, then writes every page once (adding 0 to its first word, atomically:
+ * the contents do not change and a peer polling that word sees no race).
+ * A first touch costs ~15-30 us here (a paravirtual guest fills its shadow
+ * page tables lazily, even for pages madvise already mapped), and a fresh
+ * 1 MiB ring takes ~3000 small messages to cover: measured, the first lap
+ * ran small allreduces at ~3 us instead of ~0.9 us. Only for memory this
+ * process writes and no other process writes at the same place: its own
+ * new inbox, its own ring in a peer's inbox. Best effort. */
+static void prefault(void *p, size_t n) {
+  if (!n || !dt_param_int("DTRAIN_SHM_PREFAULT", 1)) return;
+  (void)madvise(p, n, MADV_POPULATE_WRITE); /* EINVAL before Linux 5.14: the loop does it */
+  for (size_t off = 0; off < n; off += 4096)
+    __atomic_fetch_add((uint64_t *)((uint8_t *)p + off), 0, __ATOMIC_RELAXED);
 }
 
 static uint64_t round_rec(uint64_t n) { return (n + DT_SHM_REC - 1) & ~(uint64_t)(DT_SHM_REC - 1); }
@@ -854,6 +874,7 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
     free(ctx);
     return rc;
   }
+  prefault(ctx->base, ctx->map_len); /* no peer has it yet */
   struct dt_shm_hdr *hd = ctx->base;
   hd->version = DT_SHM_VERSION;
   hd->rank = in->rank;
@@ -954,6 +975,8 @@ static int shm_connect(struct dt_tp_ctx *ctx, const struct dt_tp_peer *peer, int
   ep->tx = (struct dt_shm_ring *)((uint8_t *)base + ph->rings_off + ph->ring_stride * ctx->rank);
   ep->rx = (struct dt_shm_ring *)((uint8_t *)ctx->base + ctx->hdr->rings_off +
                                   ctx->hdr->ring_stride * peer->rank);
+  /* our ring in the peer's inbox (page-aligned: rings_off and stride are) */
+  prefault(ep->tx, (size_t)ph->ring_stride);
   ep->mask = ph->ring_bytes - 1;
   ep->rx_mask = ctx->ring_bytes - 1;
   ep->tx_head = atomic_load(&ep->tx->head);
