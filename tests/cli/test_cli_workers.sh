@@ -35,6 +35,9 @@ for n in 2 3; do
     [ -n "$v" ] && pass || fail "$n workers: summary lacks $k"
   done
   awk -v s="$(json_num "$S" bytes_sent)" 'BEGIN{exit !(s > 3000000)}' && pass || fail "$n workers: bytes_sent $(json_num "$S" bytes_sent)"
+  awk -v h="$(json_num "$S" comm_hidden_fraction)" -v c="$(json_num "$S" compute_seconds)" \
+    -v m="$(json_num "$S" comm_seconds)" 'BEGIN{exit !(h >= 0 && h <= 1 && c > 0 && m > 0)}' && pass ||
+    fail "$n workers: comm_hidden_fraction/compute_seconds/comm_seconds out of range"
   [ "$(json_str "$S" transport)" = shm ] && pass || fail "$n workers: transport $(json_str "$S" transport)"
   [ "$(wc -l <"$T/w$n/events.jsonl")" -eq 1 ] && pass || fail "$n workers: events.jsonl lines"
   [ "$(grep -c '^test accuracy' "$T/out$n")" = 1 ] && pass || fail "$n workers: final line count"
