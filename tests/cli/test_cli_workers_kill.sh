@@ -31,7 +31,7 @@ one() {
   local t0 ok=0
   t0=$(now)
   while elapsed_ok "$t0" "$(now)" 40; do
-    if [ -s "$out/events.jsonl" ]; then ok=1; break; fi
+    if [ -s "$out/events.jsonl" ] && grep -q '^workers:' "$T/out$victim"; then ok=1; break; fi
     kill -0 "$parent" 2>/dev/null || break
     sleep 0.05
   done
