@@ -226,27 +226,30 @@ static int reap_workers(pid_t *pids, int n, double grace) {
 static int run_workers(dt_engine *e, int n, const char *out, const char *text, view *v) {
   char token[40] = {0};
   make_token(token, sizeof token);
-  dt_store_server *srv = NULL;
-  if (dt_store_server_start(&srv, "127.0.0.1", 0, token) < 0) {
-    fprintf(stderr, "dtrain: store: %s\n", dt_errmsg());
-    return DT_EXIT_FAIL;
-  }
-  int port = dt_store_server_port(srv);
   pid_t *pids = calloc((size_t)n, sizeof *pids);
-  if (!pids) {
-    dt_store_server_stop(srv);
-    fprintf(stderr, "dtrain: out of memory\n");
+  int pfd[2];
+  if (!pids || pipe(pfd)) {
+    free(pids);
+    fprintf(stderr, "dtrain: out of resources\n");
     return DT_EXIT_FAIL;
   }
   pid_t parent = getpid();
   fflush(stdout);
   fflush(stderr);
+  /* Fork while this process has one thread: the store server's thread must
+   * not exist yet, or a child could inherit a lock it holds (OpenSSL's,
+   * say). The workers learn the store's port through the pipe; port 0 (or
+   * the parent's death, which closes the pipe) tells them to quit. */
   int started = 0;
   for (int r = 0; r < n; r++) {
     pid_t p = fork();
     if (p == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(DT_EXIT_FAIL);
+      close(pfd[1]);
+      int port = 0;
+      ssize_t got = read(pfd[0], &port, sizeof port);
+      close(pfd[0]);
+      if (getppid() != parent || got != (ssize_t)sizeof port || port <= 0) _exit(DT_EXIT_FAIL);
       _exit(worker_main(e, r, n, port, token, out, text, v));
     }
     if (p < 0) {
@@ -256,15 +259,24 @@ static int run_workers(dt_engine *e, int n, const char *out, const char *text, v
     pids[r] = p;
     started++;
   }
+  close(pfd[0]);
+  dt_store_server *srv = NULL;
+  int port = 0;
+  if (started == n && dt_store_server_start(&srv, "127.0.0.1", 0, token) == DT_OK)
+    port = dt_store_server_port(srv);
+  else if (started == n)
+    fprintf(stderr, "dtrain: store: %s\n", dt_errmsg());
   printf("workers:");
-  for (int r = 0; r < started; r++) printf(" rank %d pid %d%s", r, (int)pids[r], r + 1 < started ? "," : "");
+  for (int r = 0; r < started; r++)
+    printf(" rank %d pid %d%s", r, (int)pids[r], r + 1 < started ? "," : "");
   printf("\n");
   fflush(stdout);
-  int status = DT_EXIT_OK;
-  if (started < n) {
-    for (int r = 0; r < started; r++) kill(pids[r], SIGKILL);
-    status = DT_EXIT_FAIL;
+  for (int r = 0; r < started; r++) {
+    ssize_t w = write(pfd[1], &port, sizeof port);
+    (void)w;
   }
+  close(pfd[1]);
+  int status = started < n || port == 0 ? DT_EXIT_FAIL : DT_EXIT_OK;
   int st = reap_workers(pids, started, (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8));
   if (status == DT_EXIT_OK) status = st;
   dt_store_server_stop(srv);
