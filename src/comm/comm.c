@@ -678,26 +678,38 @@ int dt_comm_waitall(dt_comm *c, dt_comm_req *reqs, int n) {
     v = malloc((size_t)cap * sizeof *v);
     if (!v) return cerr(c, DT_ENOMEM, "comm: out of memory");
   }
-  int m = 0;
+  /* pending or already failed (a failure must be reported, not skipped);
+   * fingerprint receives first */
+  int m = 0, nfp;
+  for (int i = 0; i < n; i++) {
+    struct comm_req *r = (struct comm_req *)&reqs[i];
+    if (r->used && r->fp_check >= 0 && c->fp_rreq[r->fp_check].tp.status != 1) v[m++] = &c->fp_rreq[r->fp_check].tp;
+  }
+  nfp = m;
   for (int i = 0; i < n; i++) {
     struct comm_req *r = (struct comm_req *)&reqs[i];
     if (!r->used) continue;
-    /* pending or already failed (a failure must be reported, not skipped) */
-    if (r->fp_check >= 0 && c->fp_rreq[r->fp_check].tp.status != 1) v[m++] = &c->fp_rreq[r->fp_check].tp;
     if (r->fp_send >= 0 && c->fp_sreq[r->fp_send].tp.status != 1) v[m++] = &c->fp_sreq[r->fp_send].tp;
     if (r->tp.status != 1) v[m++] = &r->tp;
   }
   int64_t deadline = c->in_coll ? c->deadline_ns : dt_now_ns() + (int64_t)(c->timeout * 1e9);
   char err[DT_TP_ERR_MAX] = "";
-  int rc = wait_list(c, v, m, deadline, err);
-  /* Fingerprints first: a mismatch explains any error that follows it. */
-  int fprc = DT_OK;
-  for (int i = 0; i < n && fprc == DT_OK; i++) {
-    struct comm_req *r = (struct comm_req *)&reqs[i];
-    if (r->used && r->fp_check >= 0 && c->fp_rreq[r->fp_check].tp.status == 1) {
-      fprc = fp_check(c, r->fp_check);
-      if (fprc == DT_OK && r->inl_len) memcpy(r->inl_dst, c->fp_in[r->fp_check] + FP_LEN, r->inl_len);
-      r->fp_check = -1;
+  /* Fingerprints first: a mismatch explains any error that follows it, and
+   * a peer in another collective may never send the rest we wait for (its
+   * whole message fit in the fingerprint's), so check them before waiting
+   * for anything else. Transports progress every request while waiting. */
+  int rc = DT_OK, fprc = DT_OK;
+  for (int phase = 0; phase < 2 && rc == DT_OK && fprc == DT_OK; phase++) {
+    /* phase 0 also checks fingerprints that had arrived before the wait */
+    if (phase == 1) rc = wait_list(c, v, m, deadline, err);
+    else if (nfp > 0 && nfp < m) rc = wait_list(c, v, nfp, deadline, err);
+    for (int i = 0; i < n && fprc == DT_OK; i++) {
+      struct comm_req *r = (struct comm_req *)&reqs[i];
+      if (r->used && r->fp_check >= 0 && c->fp_rreq[r->fp_check].tp.status == 1) {
+        fprc = fp_check(c, r->fp_check);
+        if (fprc == DT_OK && r->inl_len) memcpy(r->inl_dst, c->fp_in[r->fp_check] + FP_LEN, r->inl_len);
+        r->fp_check = -1;
+      }
     }
   }
   if (rc < 0 || fprc < 0) cancel_pending(c, v, m);
