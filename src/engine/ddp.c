@@ -111,7 +111,7 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c) {
     free(d);
     return dt__seterr(DT_ENOMEM, "ddp: out of memory");
   }
-  int64_t cap = dt_param_int("DTRAIN_BUCKET_BYTES", 1 << 20);
+  int64_t cap = dt_param_int("DTRAIN_BUCKET_BYTES", 128 << 10);
   if (cap < 4) cap = 4;
   /* Walk layers backwards; a bucket is [lo, hi) growing downwards. */
   bucket *cur = NULL;

@@ -12,7 +12,7 @@
  * dt_ddp_finish_step) the communicator belongs to the communication thread;
  * outside it the caller may use it.
  *
- * Knobs: DTRAIN_BUCKET_BYTES (default 1 MiB) caps a bucket (a single layer
+ * Knobs: DTRAIN_BUCKET_BYTES (default 128 KiB) caps a bucket (a single layer
  * larger than the cap is a bucket of its own); DTRAIN_DDP_OVERLAP=0 runs
  * without the thread (every bucket reduced in dt_ddp_finish_step).
  */
