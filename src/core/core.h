@@ -100,5 +100,7 @@ void dt_rng_permutation(int64_t *perm, int64_t n, uint64_t seed, uint32_t stream
 /* ---- checksums --------------------------------------------------------- */
 
 uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t len);
+/* SHA-256 of buf as 64 lowercase hex digits plus NUL (OpenSSL libcrypto). */
+void dt_sha256_hex(const void *buf, size_t len, char out[65]);
 
 #endif /* DT_CORE_H */

@@ -11,7 +11,7 @@
  * (seed, epoch), each global batch of train.batch samples is split into
  * balanced contiguous slices, one per worker, so every worker runs exactly
  * ceil(train_samples / batch) steps; gradients are averaged over the global
- * batch through engine/ddp.h; evaluation is sharded and reduced; only rank
+ * batch through parallel/ddp.h; evaluation is sharded and reduced; only rank
  * 0 writes files.
  *
  * It does not parse configs or arguments (that is the cli layer), does not
@@ -158,8 +158,6 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
  * are allreduced, so every rank returns the same numbers. */
 int dt_engine_evaluate(dt_engine *e, double *loss, double *accuracy);
 
-/* SHA-256 of buf as 64 lowercase hex digits plus NUL. */
-void dt_sha256_hex(const void *buf, size_t len, char out[65]);
 
 /* mkdir -p; DT_EIO naming the path on failure. */
 int dt_mkdirs(const char *path);

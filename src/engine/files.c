@@ -1,12 +1,11 @@
 /*
  * files.c — small file-system and hashing helpers of the engine: mkdir -p,
  * atomic whole-file writes (temporary file, fsync, rename, directory fsync,
- * Redis style) and SHA-256 through OpenSSL's libcrypto. They report errors
+ * Redis style). They report errors
  * naming the path; they never retry or print.
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -14,22 +13,6 @@
 
 #include "core/core.h"
 #include "engine/engine.h"
-
-void dt_sha256_hex(const void *buf, size_t len, char out[65]) {
-  unsigned char md[32];
-  unsigned int mdlen = 0;
-  if (!EVP_Digest(buf, len, md, &mdlen, EVP_sha256(), NULL) || mdlen != 32) {
-    memset(out, '0', 64); /* only on a broken libcrypto */
-    out[64] = '\0';
-    return;
-  }
-  static const char hex[] = "0123456789abcdef";
-  for (int i = 0; i < 32; i++) {
-    out[2 * i] = hex[md[i] >> 4];
-    out[2 * i + 1] = hex[md[i] & 15];
-  }
-  out[64] = '\0';
-}
 
 int dt_mkdirs(const char *path) {
   char p[DT_CFG_PATH_MAX];

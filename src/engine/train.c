@@ -20,7 +20,7 @@
 
 #include "core/core.h"
 #include "data/data.h"
-#include "engine/ddp.h"
+#include "parallel/ddp.h"
 #include "engine/engine.h"
 #include "tensor/tensor.h"
 

@@ -22,8 +22,7 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "engine/ddp.h"
-#include "engine/engine.h"
+#include "parallel/ddp.h"
 
 typedef struct bucket {
   size_t off, n;  /* span in the gradient buffer (floats) */
