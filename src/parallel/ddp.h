@@ -16,8 +16,8 @@
  * larger than the cap is a bucket of its own); DTRAIN_DDP_OVERLAP=0 runs
  * without the thread (every bucket reduced in dt_ddp_finish_step).
  */
-#ifndef DT_ENGINE_DDP_H
-#define DT_ENGINE_DDP_H
+#ifndef DT_PARALLEL_DDP_H
+#define DT_PARALLEL_DDP_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -76,4 +76,4 @@ typedef struct dt_ddp_fingerprint {
  * differs from rank 0's; every rank gets the same verdict. */
 int dt_ddp_check_config(dt_comm *c, const dt_ddp_fingerprint *fp);
 
-#endif /* DT_ENGINE_DDP_H */
+#endif /* DT_PARALLEL_DDP_H */
