@@ -1,23 +1,17 @@
 /*
- * cmd_bench.c — `dtrain bench allreduce`: forks N local ranks (one process
- * each), joins them through a TCP store on 127.0.0.1 with a fresh job token,
- * and prints rank 0's nccl-tests style table (dt_comm_bench_allreduce):
+ * cmd_bench.c — `dtrain bench allreduce`: runs N local ranks as one job
+ * (local_job.c: one process each, a TCP store on 127.0.0.1, a fresh job
+ * token) and prints rank 0's nccl-tests style table (dt_comm_bench_allreduce):
  * bytes, count, time_us, algbw and busbw = algbw * 2(n-1)/n, and a check of
  * the result at every size.
  *
  * It measures one host only; across hosts, use `dtrain launch` (later) or
- * mpirun with --transport mpi. Every child is stopped by pid: if one fails,
- * the others get a grace period to report the lost peer, then SIGKILL.
+ * mpirun with --transport mpi.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cli/cli.h"
 #include "comm/comm.h"
@@ -54,21 +48,17 @@ static int parse_bytes(const char *s, size_t *out) {
   return 0;
 }
 
-static void make_token(char *hex, size_t cap) {
-  unsigned char raw[16] = {0};
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    ssize_t n = read(fd, raw, sizeof raw);
-    (void)n;
-    close(fd);
-  }
-  uint64_t t = (uint64_t)dt_now_ns() ^ ((uint64_t)getpid() << 32);
-  for (size_t i = 0; i < 8; i++) raw[i] ^= (unsigned char)(t >> (8 * i));
-  for (size_t i = 0; i < sizeof raw && 2 * i + 2 < cap; i++) snprintf(hex + 2 * i, 3, "%02x", raw[i]);
-}
+struct bench_args {
+  const char *transport;
+  double timeout;
+  const struct dt_comm_bench_config *bc;
+};
 
-static int run_rank(int r, int n, int port, const char *token, const char *transport,
-                    double timeout, const struct dt_comm_bench_config *bc) {
+static int run_rank(int r, int n, int port, const char *token, void *arg) {
+  const struct bench_args *a = arg;
+  const char *transport = a->transport;
+  double timeout = a->timeout;
+  const struct dt_comm_bench_config *bc = a->bc;
   dt_store *s = NULL;
   dt_comm *c = NULL;
   struct dt_comm_config cfg = DT_COMM_CONFIG_INIT;
@@ -89,38 +79,6 @@ static int run_rank(int r, int n, int port, const char *token, const char *trans
   fflush(stdout);
   dt_comm_destroy(c);
   return rc ? 1 : 0;
-}
-
-/* Waits for every child; after the first failure the rest get `grace`
- * seconds to notice the lost peer and exit, then are killed. */
-static int reap(pid_t *pids, int n, double grace) {
-  int left = n, bad = 0;
-  double kill_at = 0;
-  while (left > 0) {
-    int st;
-    pid_t p = waitpid(-1, &st, WNOHANG);
-    if (p > 0) {
-      for (int r = 0; r < n; r++)
-        if (pids[r] == p) {
-          pids[r] = 0;
-          left--;
-          if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-            if (WIFSIGNALED(st)) fprintf(stderr, "dtrain bench: rank %d killed by signal %d\n", r, WTERMSIG(st));
-            if (!bad) kill_at = dt_now() + grace;
-            bad = 1;
-          }
-        }
-      continue;
-    }
-    if (p < 0 && errno != EINTR) break;
-    if (bad && dt_now() > kill_at) {
-      for (int r = 0; r < n; r++)
-        if (pids[r] > 0) kill(pids[r], SIGKILL);
-    }
-    struct timespec ts = {0, 20 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  return bad;
 }
 
 int dt__cmd_bench(int argc, char **argv) {
@@ -185,54 +143,8 @@ int dt__cmd_bench(int argc, char **argv) {
     fprintf(stderr, "dtrain bench: need --min <= --max <= 4G (got %zu, %zu)\n", bc.min_bytes, bc.max_bytes);
     return DT_EXIT_USAGE;
   }
-  char token[40] = {0};
-  make_token(token, sizeof token);
   printf("# dtrain bench allreduce: %d ranks, transport %s, algo %s, %s %s\n", n, transport,
          dt_algo_name(bc.algo), dt_dtype_name(bc.dtype), dt_redop_name(bc.op));
-  fflush(stdout);
-  pid_t *pids = calloc((size_t)n, sizeof *pids);
-  int pfd[2];
-  if (!pids || pipe(pfd)) {
-    free(pids);
-    fprintf(stderr, "dtrain bench: out of resources\n");
-    return DT_EXIT_FAIL;
-  }
-  /* Fork while this process has one thread: the store server's thread must
-   * not exist yet, or a child could inherit a lock it holds. The children
-   * learn the store's port through the pipe. */
-  int started = 0;
-  for (int r = 0; r < n; r++) {
-    pid_t p = fork();
-    if (p == 0) {
-      close(pfd[1]);
-      int port = 0;
-      ssize_t got = read(pfd[0], &port, sizeof port);
-      _exit(got == (ssize_t)sizeof port && port > 0
-                ? run_rank(r, n, port, token, transport, timeout, &bc)
-                : 1);
-    }
-    if (p < 0) {
-      fprintf(stderr, "dtrain bench: fork: %s\n", strerror(errno));
-      break;
-    }
-    pids[r] = p;
-    started++;
-  }
-  close(pfd[0]);
-  dt_store_server *srv = NULL;
-  int port = 0;
-  if (started == n && dt_store_server_start(&srv, "127.0.0.1", 0, token) == DT_OK)
-    port = dt_store_server_port(srv);
-  else if (started == n)
-    fprintf(stderr, "dtrain bench: store: %s\n", dt_errmsg());
-  for (int r = 0; r < started; r++) {
-    ssize_t w = write(pfd[1], &port, sizeof port); /* port 0 tells children to quit */
-    (void)w;
-  }
-  close(pfd[1]);
-  int bad = started < n || port == 0;
-  bad |= reap(pids, started, 10.0);
-  dt_store_server_stop(srv);
-  free(pids);
-  return bad ? DT_EXIT_FAIL : DT_EXIT_OK;
+  struct bench_args args = {transport, timeout, &bc};
+  return dt__local_job_run(n, run_rank, &args, 10.0, 0);
 }

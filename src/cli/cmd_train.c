@@ -6,7 +6,7 @@
  * terminal, one line per epoch otherwise, and a final line with test
  * accuracy and throughput.
  *
- * With --workers N > 1 it loads and checks everything once, then forks N
+ * With --workers N > 1 it loads and checks everything once, then forks N (local_job.c)
  * worker processes (they share the loaded data copy-on-write) that join
  * through a TCP store on 127.0.0.1 (ephemeral port, fresh job token) with
  * transport auto (shm on one host) and train data-parallel; rank 0 prints
@@ -20,14 +20,10 @@
  * during training give 1. It never writes summary.json itself.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -125,19 +121,6 @@ static void final_line(const dt_run_summary *s, const char *out) {
 
 /* ---- local workers ------------------------------------------------------------ */
 
-static void make_token(char *hex, size_t cap) {
-  unsigned char raw[16] = {0};
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    ssize_t n = read(fd, raw, sizeof raw);
-    (void)n;
-    close(fd);
-  }
-  uint64_t t = (uint64_t)dt_now_ns() ^ ((uint64_t)getpid() << 32);
-  for (size_t i = 0; i < 8; i++) raw[i] ^= (unsigned char)(t >> (8 * i));
-  for (size_t i = 0; i < sizeof raw && 2 * i + 2 < cap; i++) snprintf(hex + 2 * i, 3, "%02x", raw[i]);
-}
-
 /* One worker process: join the job, train, report. Returns its exit status. */
 static int worker_main(dt_engine *e, int r, int n, int port, const char *token, const char *out,
                        const char *text, view *v) {
@@ -180,108 +163,21 @@ static int worker_main(dt_engine *e, int r, int n, int port, const char *token, 
   return status;
 }
 
-/* Waits for every worker. After the first failure the rest get `grace`
- * seconds to notice the lost peer and exit, then are killed. Returns the
- * exit status of the job. */
-static int reap_workers(pid_t *pids, int n, double grace) {
-  int left = n, status = DT_EXIT_OK;
-  double kill_at = 0;
-  while (left > 0) {
-    int st;
-    pid_t p = waitpid(-1, &st, WNOHANG);
-    if (p > 0) {
-      for (int r = 0; r < n; r++) {
-        if (pids[r] != p) continue;
-        pids[r] = 0;
-        left--;
-        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) break;
-        if (WIFSIGNALED(st))
-          fprintf(stderr, "dtrain: worker rank %d (pid %d) was killed by signal %d%s\n", r,
-                  (int)p, WTERMSIG(st), status ? "" : "; stopping the other workers");
-        if (status == DT_EXIT_OK) {
-          kill_at = dt_now() + grace;
-          status = WIFEXITED(st) && WEXITSTATUS(st) == DT_EXIT_USAGE ? DT_EXIT_USAGE
-                                                                     : DT_EXIT_FAIL;
-        }
-        break;
-      }
-      continue;
-    }
-    if (p < 0 && errno != EINTR) break;
-    if (status != DT_EXIT_OK && dt_now() > kill_at) {
-      for (int r = 0; r < n; r++)
-        if (pids[r] > 0) {
-          fprintf(stderr, "dtrain: worker rank %d (pid %d) did not exit within %.0f s; killing "
-                  "it\n", r, (int)pids[r], grace);
-          kill(pids[r], SIGKILL);
-        }
-      kill_at = dt_now() + 3600; /* report once; waitpid reaps them next */
-    }
-    struct timespec ts = {0, 20 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  return status;
+struct worker_args {
+  dt_engine *e;
+  const char *out, *text;
+  view *v;
+};
+
+static int run_worker(int r, int n, int port, const char *token, void *arg) {
+  struct worker_args *w = arg;
+  return worker_main(w->e, r, n, port, token, w->out, w->text, w->v);
 }
 
 static int run_workers(dt_engine *e, int n, const char *out, const char *text, view *v) {
-  char token[40] = {0};
-  make_token(token, sizeof token);
-  pid_t *pids = calloc((size_t)n, sizeof *pids);
-  int pfd[2];
-  if (!pids || pipe(pfd)) {
-    free(pids);
-    fprintf(stderr, "dtrain: out of resources\n");
-    return DT_EXIT_FAIL;
-  }
-  pid_t parent = getpid();
-  fflush(stdout);
-  fflush(stderr);
-  /* Fork while this process has one thread: the store server's thread must
-   * not exist yet, or a child could inherit a lock it holds (OpenSSL's,
-   * say). The workers learn the store's port through the pipe; port 0 (or
-   * the parent's death, which closes the pipe) tells them to quit. */
-  int started = 0;
-  for (int r = 0; r < n; r++) {
-    pid_t p = fork();
-    if (p == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      close(pfd[1]);
-      int port = 0;
-      ssize_t got = read(pfd[0], &port, sizeof port);
-      close(pfd[0]);
-      if (getppid() != parent || got != (ssize_t)sizeof port || port <= 0) _exit(DT_EXIT_FAIL);
-      _exit(worker_main(e, r, n, port, token, out, text, v));
-    }
-    if (p < 0) {
-      fprintf(stderr, "dtrain: fork: %s\n", strerror(errno));
-      break;
-    }
-    pids[r] = p;
-    started++;
-  }
-  close(pfd[0]);
-  dt_store_server *srv = NULL;
-  int port = 0;
-  if (started == n && dt_store_server_start(&srv, "127.0.0.1", 0, token) == DT_OK)
-    port = dt_store_server_port(srv);
-  else if (started == n)
-    fprintf(stderr, "dtrain: store: %s\n", dt_errmsg());
-  printf("workers:");
-  for (int r = 0; r < started; r++)
-    printf(" rank %d pid %d%s", r, (int)pids[r], r + 1 < started ? "," : "");
-  printf("\n");
-  fflush(stdout);
-  for (int r = 0; r < started; r++) {
-    ssize_t w = write(pfd[1], &port, sizeof port);
-    (void)w;
-  }
-  close(pfd[1]);
-  int status = started < n || port == 0 ? DT_EXIT_FAIL : DT_EXIT_OK;
-  int st = reap_workers(pids, started, (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8));
-  if (status == DT_EXIT_OK) status = st;
-  dt_store_server_stop(srv);
-  free(pids);
-  return status;
+  struct worker_args w = {e, out, text, v};
+  return dt__local_job_run(n, run_worker, &w,
+                           (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8), 1);
 }
 
 /* ---- the command ------------------------------------------------------------ */
