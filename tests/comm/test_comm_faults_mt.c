@@ -97,7 +97,10 @@ struct abort_arg {
 
 static void *aborter(void *p) {
   struct abort_arg *a = p;
-  while (!a->target || atomic_load(&a->waiting) < 1) sched_yield();
+  /* Fire only when all 3 ranks have created their communicators and are in
+   * their bodies: an abort while a peer is still connecting fails that
+   * peer's dt_comm_create instead, which is not what this test is about. */
+  while (!a->target || atomic_load(&a->waiting) < 3) sched_yield();
   dt_comm_abort(a->target, DT_EABORTED, "stopped by test thread");
   atomic_store(&a->fired, 1);
   return NULL;
@@ -116,6 +119,7 @@ static int abort_body(dt_comm *c, void *arg, char *fail, size_t cap) {
     rc = dt_comm_recv(c, 0, 5, &x, sizeof x);
     while (!atomic_load(&a->fired)) sched_yield(); /* c must outlive the aborter's call */
   } else {
+    atomic_fetch_add(&a->waiting, 1);
     rc = dt_comm_allreduce(c, buf, buf, 4, DT_F32, DT_OP_SUM);
   }
   if (rc != DT_EABORTED) return FAIL("rc %d (%s)", rc, dt_errmsg());
