@@ -42,6 +42,8 @@ typedef struct key {
 static const char *const fmt_names[] = {"idx", "csv", "npy", NULL};
 static const char *const opt_names[] = {"sgd", "adamw", NULL};
 static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
+static const char *const transport_names[] = {"auto", "shm", "tcp", "mpi", NULL};
+static const char *const reduce_names[] = {"avg", "sum", NULL};
 
 #define OFF(f) offsetof(dt_run_cfg, f)
 #define BIG 1e18
@@ -77,6 +79,13 @@ static const key keys[] = {
     {"schedule", "gamma", K_FLOAT, OFF(sched.gamma), 0, 1, R_LO_OPEN, NULL},
     {"schedule", "min_lr", K_FLOAT, OFF(sched.min_lr), 0, 1e6, 0, NULL},
     {"dist", "workers", K_INT, OFF(workers), 1, 4096, 0, NULL},
+    {"dist", "transport", K_ENUM, OFF(transport), 0, 0, 0, transport_names},
+    {"dist", "bucket_bytes", K_I64, OFF(bucket_bytes), 1024, 1 << 30, 0, NULL},
+    {"dist", "reduce", K_ENUM, OFF(reduce), 0, 0, 0, reduce_names},
+    {"dist", "scale_lr", K_BOOL, OFF(scale_lr), 0, 1, 0, NULL},
+    {"dist", "base_batch", K_INT, OFF(base_batch), 1, 65536, 0, NULL},
+    {"dist", "deterministic", K_BOOL, OFF(deterministic), 0, 1, 0, NULL},
+    {"dist", "micro_batch", K_INT, OFF(micro_batch), 1, 65536, 0, NULL},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 _Static_assert(sizeof keys / sizeof keys[0] <= DT_CONFIG_MAX_KEYS, "too many keys");

@@ -30,6 +30,12 @@
 #define DT_CFG_SPEC_MAX 2048
 
 enum dt_data_format { DT_FMT_IDX, DT_FMT_CSV, DT_FMT_NPY };
+/* dist.transport: how workers talk (auto: shm inside a host, tcp between). */
+enum dt_dist_transport { DT_DIST_AUTO, DT_DIST_SHM, DT_DIST_TCP, DT_DIST_MPI };
+/* dist.reduce: the synchronised gradient is the global-batch mean (avg) or
+ * the sum of every worker's own mean (sum, N times larger with N equal
+ * slices — what frameworks that sum instead of average do). */
+enum dt_dist_reduce { DT_DIST_AVG, DT_DIST_SUM };
 
 /* The default data: Debian's dataset-fashion-mnist package. */
 #define DT_FASHION_DIR "/usr/share/datasets/fashion-mnist"
@@ -65,6 +71,13 @@ typedef struct dt_run_cfg {
   dt_sched_cfg sched;
   /* [dist] */
   int workers;
+  int transport;                       /* enum dt_dist_transport */
+  int64_t bucket_bytes;                /* gradient bucket cap */
+  int reduce;                          /* enum dt_dist_reduce */
+  int scale_lr;                        /* linear scaling rule: lr x batch / base_batch */
+  int base_batch;                      /* the batch optim.lr was tuned for */
+  int deterministic;                   /* bitwise-identical params for any worker count */
+  int micro_batch;                     /* deterministic mode: samples per micro-shard */
 } dt_run_cfg;
 
 void dt_run_cfg_defaults(dt_run_cfg *cfg);

@@ -40,4 +40,11 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   s.min_lr = 0.0f;
   c->sched = s;
   c->workers = 1;
+  c->transport = DT_DIST_AUTO;
+  c->bucket_bytes = 128 << 10; /* measured: docs/ddp.md */
+  c->reduce = DT_DIST_AVG;
+  c->scale_lr = 0;
+  c->base_batch = 64;
+  c->deterministic = 0;
+  c->micro_batch = 8;
 }

@@ -78,6 +78,17 @@ static int load_split(dt_dataset *ds, const dt_run_cfg *c, const char *xkey, con
   return DT_OK;
 }
 
+/* The schedule's base rate is optim.lr, or with dist.scale_lr the linear
+ * scaling rule (Goyal et al.): optim.lr x train.batch / dist.base_batch,
+ * reached through schedule.warmup_steps of linear warm-up when set. */
+static void set_schedule(dt_engine *e) {
+  const dt_run_cfg *c = &e->cfg;
+  e->sched = c->sched;
+  e->sched.base_lr = c->optim.lr;
+  if (c->scale_lr) e->sched.base_lr *= (float)c->batch / (float)c->base_batch;
+  e->sched.total_steps = e->steps_per_epoch * c->epochs;
+}
+
 int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg) {
   *out = NULL;
   if (cfg->workers < 1)
@@ -138,9 +149,7 @@ int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg) {
       goto fail;
     }
     e->steps_per_epoch = (e->train.n + cfg->batch - 1) / cfg->batch;
-    e->sched = cfg->sched;
-    e->sched.base_lr = cfg->optim.lr;
-    e->sched.total_steps = e->steps_per_epoch * cfg->epochs;
+    set_schedule(e);
     *out = e;
     return DT_OK;
   }
@@ -153,9 +162,7 @@ int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg) {
   DT_CHECK_GOTO(dt_loader_create(&e->loader, &e->train, &lc), rc, fail);
   e->steps_per_epoch = dt_loader_batches(e->loader);
 
-  e->sched = cfg->sched;
-  e->sched.base_lr = cfg->optim.lr;
-  e->sched.total_steps = e->steps_per_epoch * cfg->epochs;
+  set_schedule(e);
   *out = e;
   return DT_OK;
 fail:
@@ -594,7 +601,7 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
     if (!ev) return dt__seterr(DT_EIO, "'%s': %s", events_path, strerror(errno));
   }
   dt_ddp *ddp = NULL;
-  rc = dt_ddp_create(&ddp, e->model, e->comm);
+  rc = dt_ddp_create(&ddp, e->model, e->comm, c->bucket_bytes);
   if (rc < 0) {
     if (ev) fclose(ev);
     return rc;
@@ -628,7 +635,10 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
         e->ybuf[j] = e->train.y[si];
       }
       lr = dt_sched_lr(&e->sched, step);
-      dt_ddp_begin_step(ddp, n, bg);
+      /* avg: scale by n / bg, so the sum is the global-batch mean; sum:
+       * every worker's own mean, summed */
+      if (c->reduce == DT_DIST_SUM) dt_ddp_begin_step(ddp, n > 0, 1);
+      else dt_ddp_begin_step(ddp, n, bg);
       float loss = 0;
       int nc = 0;
       if (n > 0) {

@@ -94,7 +94,7 @@ static void *comm_main(void *arg) {
   return NULL;
 }
 
-int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c) {
+int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
   *out = NULL;
   dt_ddp *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
@@ -110,7 +110,7 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c) {
     free(d);
     return dt__seterr(DT_ENOMEM, "ddp: out of memory");
   }
-  int64_t cap = dt_param_int("DTRAIN_BUCKET_BYTES", 128 << 10);
+  int64_t cap = bucket_bytes > 0 ? bucket_bytes : 128 << 10;
   if (cap < 4) cap = 4;
   /* Walk layers backwards; a bucket is [lo, hi) growing downwards. */
   bucket *cur = NULL;

@@ -12,7 +12,7 @@
  * dt_ddp_finish_step) the communicator belongs to the communication thread;
  * outside it the caller may use it.
  *
- * Knobs: DTRAIN_BUCKET_BYTES (default 128 KiB) caps a bucket (a single layer
+ * Knobs: the bucket cap (dist.bucket_bytes, default 128 KiB; a single layer
  * larger than the cap is a bucket of its own); DTRAIN_DDP_OVERLAP=0 runs
  * without the thread (every bucket reduced in dt_ddp_finish_step).
  */
@@ -35,9 +35,10 @@ typedef struct dt_ddp_stats {
   int nbuckets;
 } dt_ddp_stats;
 
-/* Builds buckets over m's gradient buffer and starts the communication
- * thread. m and c must outlive the handle. */
-int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c);
+/* Builds buckets of at most bucket_bytes (dist.bucket_bytes; <= 0: 128 KiB)
+ * over m's gradient buffer and starts the communication thread. m and c must
+ * outlive the handle. */
+int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes);
 /* Stops the thread (waits for an in-flight step to drain). NULL is a no-op. */
 void dt_ddp_destroy(dt_ddp *d);
 

@@ -22,7 +22,8 @@ elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'
 
 one() {
   local victim=$1 out="$T/run$1"
-  DTRAIN_BUCKET_BYTES=$2 "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=100000 \
+  "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=100000 \
+    --set dist.bucket_bytes=$2 \
     --set data.limit_train=1000 --set data.limit_test=200 --out "$out" \
     >"$T/out$victim" 2>"$T/err$victim" </dev/null &
   local parent=$!

@@ -206,13 +206,14 @@ static void test_equivalence(void **state) {
   for (int k = 0; k < 3; k++) {
     int N = runs[k].n;
     dt_run_cfg cfgs[3];
-    for (int r = 0; r < N; r++) base_cfg(&cfgs[r], N);
+    for (int r = 0; r < N; r++) {
+      base_cfg(&cfgs[r], N);
+      if (runs[k].bucket) cfgs[r].bucket_bytes = atoi(runs[k].bucket);
+    }
     char tag[16];
     snprintf(tag, sizeof tag, "eq%d", k);
-    if (runs[k].bucket) setenv("DTRAIN_BUCKET_BYTES", runs[k].bucket, 1);
     if (runs[k].overlap) setenv("DTRAIN_DDP_OVERLAP", runs[k].overlap, 1);
     run_job(cfgs, N, tag, st);
-    unsetenv("DTRAIN_BUCKET_BYTES");
     unsetenv("DTRAIN_DDP_OVERLAP");
     for (int r = 0; r < N; r++) {
       char msg[600];
