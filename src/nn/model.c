@@ -80,6 +80,7 @@ struct dt_model {
   int first_param;        /* first layer with parameters (n if none) */
   size_t nparams, nbufs;
   float *params, *grads, *bufs;
+  float *own_grads;       /* the grads allocated here (grads may be borrowed) */
   float *acts;            /* one arena for outputs, masks and statistics */
   int32_t *iacts;         /* one arena for maxpool argmax and codes */
   float *dbuf[2];         /* activation-gradient ping-pong, max_batch * max_elems */
@@ -105,7 +106,7 @@ static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 void dt_model_destroy(dt_model *m) {
   if (!m) return;
   dt_free(m->params);
-  dt_free(m->grads);
+  dt_free(m->own_grads);
   dt_free(m->bufs);
   dt_free(m->acts);
   dt_free(m->iacts);
@@ -194,7 +195,7 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
 
   /* Pass 2: allocate once and lay the pointers into the arenas. */
   m->params = dt_calloc((m->nparams ? m->nparams : 1) * sizeof(float));
-  m->grads = dt_calloc((m->nparams ? m->nparams : 1) * sizeof(float));
+  m->grads = m->own_grads = dt_calloc((m->nparams ? m->nparams : 1) * sizeof(float));
   m->bufs = dt_calloc((m->nbufs ? m->nbufs : 1) * sizeof(float));
   m->acts = dt_alloc((nacts ? nacts : 1) * sizeof(float));
   m->iacts = dt_alloc((niacts ? niacts : 1) * sizeof(int32_t));
@@ -288,6 +289,19 @@ void dt_model_init(dt_model *m, uint64_t seed) {
 size_t dt_model_nparams(const dt_model *m) { return m->nparams; }
 float *dt_model_params(dt_model *m) { return m->params; }
 float *dt_model_grads(dt_model *m) { return m->grads; }
+
+void dt_model_set_grads(dt_model *m, float *grads) {
+  if (!grads) grads = m->own_grads;
+  if (grads == m->grads) return;
+  memcpy(grads, m->grads, m->nparams * sizeof(float));
+  for (int i = 0; i < m->n; i++) {
+    layer *l = &m->L[i];
+    if (!l->s.info.nparams) continue;
+    l->db = grads + (l->db - m->grads);
+    l->dw = grads + (l->dw - m->grads);
+  }
+  m->grads = grads;
+}
 size_t dt_model_nbufs(const dt_model *m) { return m->nbufs; }
 float *dt_model_bufs(dt_model *m) { return m->bufs; }
 int dt_model_nlayers(const dt_model *m) { return m->n; }

@@ -51,6 +51,11 @@ void dt_model_init(dt_model *m, uint64_t seed);
 size_t dt_model_nparams(const dt_model *m);
 float *dt_model_params(dt_model *m);
 float *dt_model_grads(dt_model *m);
+/* Moves the gradient buffer to caller memory of dt_model_nparams floats,
+ * 64-byte aligned (e.g. a shared-memory window peers can read); the current
+ * gradients are copied. NULL moves it back to the model's own buffer. The
+ * caller's memory must outlive its use; the model never frees it. */
+void dt_model_set_grads(dt_model *m, float *grads);
 size_t dt_model_nbufs(const dt_model *m);
 float *dt_model_bufs(dt_model *m);
 int dt_model_nlayers(const dt_model *m);

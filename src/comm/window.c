@@ -1,0 +1,377 @@
+/*
+ * window.c — shared-memory windows and their one-pass allreduce (window.h
+ * has the protocol). Each rank's segment is a 4 KiB header (one cache line
+ * per word peers poll) followed by the data; segments are POSIX shm objects
+ * named /dtrain-win-<pid>-<nonce>, unlinked as soon as every rank has mapped
+ * them (a crash before that leaves a name behind; creation sweeps names
+ * whose pid is gone).
+ */
+#define _GNU_SOURCE
+#include "comm/window.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/core.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+#define WIN_PREFIX "dtrain-win-"
+#define HDR_BYTES 4096
+
+struct span_fp {
+  uint64_t off, count;
+  float scale;
+  uint32_t seq;
+};
+
+struct win_hdr {
+  _Alignas(64) _Atomic uint32_t ready; /* last call this rank entered */
+  _Alignas(64) _Atomic uint32_t done;  /* last call this rank finished */
+  _Alignas(64) _Atomic uint32_t sleepers; /* peers asleep on ready/done */
+  _Atomic uint32_t aborted;
+  char why[256];
+  struct span_fp fp[2]; /* by seq parity: a peer is never two calls ahead */
+  uint64_t nonce;
+  int32_t pid;
+};
+_Static_assert(sizeof(struct win_hdr) <= HDR_BYTES, "window header too big");
+
+struct dt_comm_window {
+  dt_comm *c;
+  int rank, size;
+  size_t bytes, map_len;
+  struct win_hdr **hdr; /* per rank */
+  float **data;         /* per rank */
+  int *pidfd;           /* per rank, -1 for self or unknown */
+  int32_t *pid;
+  uint32_t seq;
+  _Atomic int aborted;
+  int spin;
+  int64_t live_ns;
+  uint64_t written, read;
+};
+
+static int futex_wait(_Atomic uint32_t *w, uint32_t val, int64_t ns) {
+  struct timespec ts = {ns / 1000000000, ns % 1000000000};
+  return (int)syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *w) {
+  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+static void seg_name(char *buf, size_t cap, int32_t pid, uint64_t nonce) {
+  snprintf(buf, cap, "/" WIN_PREFIX "%d-%016llx", (int)pid, (unsigned long long)nonce);
+}
+
+/* Unlinks window segments left by processes that no longer exist. */
+static void sweep_stale(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, WIN_PREFIX, sizeof WIN_PREFIX - 1)) continue;
+    long pid = strtol(e->d_name + sizeof WIN_PREFIX - 1, NULL, 10);
+    if (pid > 0 && kill((pid_t)pid, 0) < 0 && errno == ESRCH) {
+      char n[300];
+      snprintf(n, sizeof n, "/%s", e->d_name);
+      shm_unlink(n);
+    }
+  }
+  closedir(d);
+}
+
+static void *map_seg(const char *name, size_t len, int create) {
+  int fd = shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC : O_RDWR | O_CLOEXEC,
+                    0600);
+  if (fd < 0) return NULL;
+  struct stat st;
+  if (create ? ftruncate(fd, (off_t)len) < 0 : fstat(fd, &st) < 0 || (size_t)st.st_size != len) {
+    close(fd);
+    if (create) shm_unlink(name);
+    return NULL;
+  }
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    if (create) shm_unlink(name);
+    return NULL;
+  }
+  return p;
+}
+
+void dt_comm_window_destroy(dt_comm_window *w) {
+  if (!w) return;
+  for (int q = 0; q < w->size; q++) {
+    if (w->hdr && w->hdr[q]) munmap(w->hdr[q], w->map_len);
+    if (w->pidfd && w->pidfd[q] >= 0) close(w->pidfd[q]);
+  }
+  free(w->hdr);
+  free(w->data);
+  free(w->pidfd);
+  free(w->pid);
+  free(w);
+}
+
+/* Collective verdict: every rank learns whether all ranks passed ok. */
+static int all_ok(dt_comm *c, int ok, int *all) {
+  int32_t v = ok;
+  DT_CHECK(dt_comm_allreduce(c, &v, &v, 1, DT_I32, DT_OP_MIN));
+  *all = v;
+  return DT_OK;
+}
+
+int dt_comm_window_create(dt_comm *c, size_t bytes, dt_comm_window **out) {
+  *out = NULL;
+  int n = dt_comm_size(c), r = dt_comm_rank(c);
+  struct dt_comm_topo topo;
+  dt_comm_topology(c, &topo);
+  if (topo.nhosts != 1)
+    return dt__seterr(DT_ENOTSUP, "window: ranks on %d hosts", topo.nhosts);
+  if (!dt_param_int("DTRAIN_WINDOW", 1)) return dt__seterr(DT_ENOTSUP, "window: disabled");
+  dt_comm_window *w = calloc(1, sizeof *w);
+  int rc = DT_ENOMEM;
+  if (!w) return dt__seterr(DT_ENOMEM, "window: out of memory");
+  w->c = c;
+  w->rank = r;
+  w->size = n;
+  w->bytes = bytes;
+  w->map_len = HDR_BYTES + ((bytes + 4095) & ~(size_t)4095);
+  w->hdr = calloc((size_t)n, sizeof *w->hdr);
+  w->data = calloc((size_t)n, sizeof *w->data);
+  w->pidfd = malloc((size_t)n * sizeof *w->pidfd);
+  w->pid = calloc((size_t)n, sizeof *w->pid);
+  int64_t *info = calloc(2 * (size_t)n, sizeof *info);
+  if (!w->hdr || !w->data || !w->pidfd || !w->pid || !info) goto nomem;
+  for (int q = 0; q < n; q++) w->pidfd[q] = -1;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  /* ranks x 2 threads (compute + communication) on fewer cores: spinning
+   * takes the core from the thread we wait for */
+  w->spin = (int)dt_param_int("DTRAIN_WINDOW_SPIN", 2L * n > cores ? 64 : 4000);
+  w->live_ns = 2000000;
+
+  sweep_stale();
+  uint64_t nonce = 0;
+  if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) nonce = (uint64_t)dt_now_ns();
+  char name[96];
+  int32_t me = (int32_t)getpid();
+  seg_name(name, sizeof name, me, nonce);
+  void *mine = map_seg(name, w->map_len, 1);
+  if (mine) {
+    w->hdr[r] = mine;
+    w->hdr[r]->nonce = nonce;
+    w->hdr[r]->pid = me;
+  }
+  int ok = mine != NULL, all;
+  info[2 * r] = me;
+  info[2 * r + 1] = (int64_t)nonce;
+  if ((rc = all_ok(c, ok, &all)) < 0 ||
+      (rc = dt_comm_allgather(c, info + 2 * r, info, 2, DT_I64)) < 0)
+    goto fail_unlink;
+  if (!all) {
+    rc = dt__seterr(DT_ENOTSUP, "window: a rank cannot create a shared segment");
+    goto fail_unlink;
+  }
+  ok = 1;
+  for (int q = 0; q < n && ok; q++) {
+    if (q == r) continue;
+    char qn[96];
+    seg_name(qn, sizeof qn, (int32_t)info[2 * q], (uint64_t)info[2 * q + 1]);
+    w->hdr[q] = map_seg(qn, w->map_len, 0);
+    /* same name but another machine's /dev/shm would not carry the nonce */
+    ok = w->hdr[q] && w->hdr[q]->nonce == (uint64_t)info[2 * q + 1];
+  }
+  rc = all_ok(c, ok, &all);
+  shm_unlink(name); /* every rank has tried to map it */
+  if (rc < 0) goto fail;
+  if (!all) {
+    rc = dt__seterr(DT_ENOTSUP, "window: a rank cannot map its peers' segments");
+    goto fail;
+  }
+  for (int q = 0; q < n; q++) {
+    w->data[q] = (float *)((char *)w->hdr[q] + HDR_BYTES);
+    w->pid[q] = (int32_t)info[2 * q];
+    if (q != r && w->pid[q] != me) w->pidfd[q] = (int)syscall(SYS_pidfd_open, w->pid[q], 0);
+  }
+  free(info);
+  *out = w;
+  return DT_OK;
+nomem:
+  rc = dt__seterr(DT_ENOMEM, "window: out of memory");
+  goto fail;
+fail_unlink:
+  if (w->hdr && w->hdr[r]) shm_unlink(name);
+fail:
+  free(info);
+  dt_comm_window_destroy(w);
+  return rc;
+}
+
+void *dt_comm_window_base(dt_comm_window *w) { return w->data[w->rank]; }
+
+void dt_comm_window_abort(dt_comm_window *w, const char *why) {
+  struct win_hdr *h = w->hdr[w->rank];
+  if (!atomic_exchange(&w->aborted, 1)) {
+    snprintf(h->why, sizeof h->why, "%s", why ? why : "aborted");
+    atomic_store(&h->aborted, 1);
+  }
+  futex_wake(&h->ready);
+  futex_wake(&h->done);
+}
+
+void dt_comm_window_bytes(const dt_comm_window *w, uint64_t *written, uint64_t *read) {
+  if (written) *written = w->written;
+  if (read) *read = w->read;
+}
+
+static int peer_gone(dt_comm_window *w, int q) {
+  if (w->pidfd[q] >= 0) {
+    struct pollfd p = {w->pidfd[q], POLLIN, 0};
+    return poll(&p, 1, 0) > 0;
+  }
+  return w->pid[q] != (int32_t)getpid() && kill(w->pid[q], 0) < 0 && errno == ESRCH;
+}
+
+/* Waits until rank q's word (ready or done) reaches seq. */
+static int wait_word(dt_comm_window *w, int q, int which, uint32_t seq, int64_t deadline) {
+  struct win_hdr *h = w->hdr[q];
+  _Atomic uint32_t *word = which ? &h->done : &h->ready;
+  const char *what = which ? "finish" : "join";
+  for (int i = 0; i < w->spin; i++) {
+    if ((int32_t)(atomic_load_explicit(word, memory_order_acquire) - seq) >= 0) return DT_OK;
+    cpu_relax();
+  }
+  int64_t next_live = 0;
+  for (;;) {
+    uint32_t v = atomic_load(word);
+    if ((int32_t)(v - seq) >= 0) return DT_OK;
+    if (atomic_load(&w->aborted))
+      return dt__seterr(DT_EABORTED, "window allreduce #%u: aborted (%s)", seq,
+                        w->hdr[w->rank]->why);
+    if (atomic_load(&h->aborted))
+      return dt__seterr(DT_EABORTED, "window allreduce #%u: rank %d gave up: %s", seq, q, h->why);
+    int64_t now = dt_now_ns();
+    if (now >= deadline)
+      return dt__seterr(DT_ETIMEDOUT, "window allreduce #%u: rank %d did not %s the call within "
+                        "%.0f s", seq, q, what, dt_comm_timeout(w->c));
+    if (now >= next_live) {
+      if (peer_gone(w, q))
+        return dt__seterr(DT_EPEERLOST, "window allreduce #%u: rank %d (pid %d) exited", seq, q,
+                          (int)w->pid[q]);
+      next_live = now + w->live_ns;
+    }
+    atomic_fetch_add(&h->sleepers, 1);
+    if (atomic_load(word) == v) futex_wait(word, v, w->live_ns);
+    atomic_fetch_sub(&h->sleepers, 1);
+  }
+}
+
+static void post(struct win_hdr *h, _Atomic uint32_t *word, uint32_t seq) {
+  atomic_store(word, seq);
+  if (atomic_load(&h->sleepers)) futex_wake(word);
+}
+
+/* dst[i] = sum_q s[q] * src[q][i] over n ranks, in rank order. */
+static void reduce_block(float *restrict dst, float *const *src, const float *s, int n, size_t k) {
+  if (n == 2) {
+    const float *restrict a = src[0], *restrict b = src[1];
+    float s0 = s[0], s1 = s[1];
+    for (size_t i = 0; i < k; i++) dst[i] = s0 * a[i] + s1 * b[i];
+    return;
+  }
+  float acc[512];
+  for (size_t j = 0; j < k; j += 512) {
+    size_t m = k - j < 512 ? k - j : 512;
+    const float *a = src[0] + j;
+    for (size_t i = 0; i < m; i++) acc[i] = s[0] * a[i];
+    for (int q = 1; q < n; q++) {
+      const float *b = src[q] + j;
+      float sq = s[q];
+      for (size_t i = 0; i < m; i++) acc[i] += sq * b[i];
+    }
+    memcpy(dst + j, acc, m * sizeof(float));
+  }
+}
+
+int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, float scale) {
+  int n = w->size, r = w->rank;
+  if (off % 4 || off + count * 4 > w->bytes || off + count * 4 < off)
+    return dt__seterr(DT_EINVAL, "window allreduce: span [%zu, +%zu floats) outside the %zu-byte "
+                      "window", off, count, w->bytes);
+  if (atomic_load(&w->aborted))
+    return dt__seterr(DT_EABORTED, "window allreduce: aborted (%s)", w->hdr[r]->why);
+  uint32_t seq = ++w->seq;
+  struct win_hdr *me = w->hdr[r];
+  me->fp[seq & 1] = (struct span_fp){off, count, scale, seq};
+  post(me, &me->ready, seq);
+  int64_t deadline = dt_now_ns() + (int64_t)(dt_comm_timeout(w->c) * 1e9);
+  float scales[64], *sv = n <= 64 ? scales : malloc((size_t)n * sizeof *sv);
+  float *stack_src[64], **src = n <= 64 ? stack_src : malloc((size_t)n * sizeof *src);
+  int rc = DT_OK;
+  if (!sv || !src) {
+    rc = dt__seterr(DT_ENOMEM, "window allreduce: out of memory");
+    goto out;
+  }
+  for (int q = 0; q < n; q++) {
+    if (q != r && (rc = wait_word(w, q, 0, seq, deadline)) < 0) goto out;
+    const struct span_fp *f = &w->hdr[q]->fp[seq & 1];
+    if (f->seq != seq || f->off != off || f->count != count) {
+      rc = dt__seterr(DT_EMISMATCH, "window allreduce #%u: rank %d reduces floats [%llu, +%llu) "
+                      "but rank %d reduces [%zu, +%zu)", seq, q, (unsigned long long)f->off / 4,
+                      (unsigned long long)f->count, r, off / 4, count);
+      goto out;
+    }
+    sv[q] = f->scale;
+  }
+  /* slice r of the span, in whole cache lines so no two ranks write one */
+  size_t per = ((count + (size_t)n * 16 - 1) / ((size_t)n * 16)) * 16;
+  size_t lo = (size_t)r * per < count ? (size_t)r * per : count;
+  size_t hi = lo + per < count ? lo + per : count;
+  size_t base = off / 4;
+  enum { BLOCK = 4096 }; /* floats: 16 KiB stays in L1 while copied out */
+  for (size_t j = lo; j < hi; j += BLOCK) {
+    size_t k = hi - j < BLOCK ? hi - j : BLOCK;
+    for (int q = 0; q < n; q++) src[q] = w->data[q] + base + j;
+    float *dst = w->data[r] + base + j;
+    reduce_block(dst, src, sv, n, k);
+    for (int q = 0; q < n; q++)
+      if (q != r) memcpy(w->data[q] + base + j, dst, k * sizeof(float));
+  }
+  w->read += (uint64_t)(n - 1) * (hi - lo) * 4;
+  w->written += (uint64_t)(n - 1) * (hi - lo) * 4;
+  post(me, &me->done, seq);
+  for (int q = 0; q < n; q++)
+    if (q != r && (rc = wait_word(w, q, 1, seq, deadline)) < 0) goto out;
+out:
+  if (sv != scales) free(sv);
+  if (src != stack_src) free(src);
+  if (rc < 0) {
+    /* peers must not wait for a rank that left the protocol */
+    dt_comm_window_abort(w, dt_errmsg());
+  }
+  return rc;
+}

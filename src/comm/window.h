@@ -1,0 +1,62 @@
+/*
+ * window.h — shared-memory windows: memory each rank allocates and every
+ * other rank of the same host maps, so a collective on it needs no message
+ * at all. Used for data-parallel gradients (src/parallel/ddp.c): the
+ * gradient buffer lives in a window, and an allreduce of a span of it is one
+ * pass per rank — rank r sums slice r of the span over every rank's window
+ * (each contribution multiplied by its owner's scale, so the averaging pass
+ * is fused too) and writes the sum into slice r of every window. Compared
+ * with a ring through transport buffers there is no staging copy, no extra
+ * scaling pass and no system call on the data path, which is what matters
+ * on a 2-core machine where reduction time is compute time.
+ *
+ * Synchronisation per call: every rank publishes (sequence, span, scale) in
+ * its header and bumps `ready`; waits for every peer's `ready` (the span
+ * must agree: DT_EMISMATCH otherwise, naming both ranks); reduces its slice;
+ * bumps `done`; waits for every peer's `done`. Waits spin briefly, then
+ * sleep on a futex; each has the communicator's deadline (DT_ETIMEDOUT
+ * naming the peer), notices a dead peer through its pidfd (DT_EPEERLOST
+ * naming the rank) and a peer that gave up (DT_EABORTED with its reason).
+ *
+ * Not here: other dtypes or operations (f32 sum only, what ddp needs), and
+ * ranks on several hosts (dt_comm_window_create returns DT_ENOTSUP; the
+ * caller then uses dt_comm_allreduce). Knob: DTRAIN_WINDOW=0 disables
+ * windows (must be the same on every rank: the decision is collective).
+ */
+#ifndef DT_COMM_WINDOW_H
+#define DT_COMM_WINDOW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+
+typedef struct dt_comm_window dt_comm_window;
+
+/* Collective over c: every rank gets `bytes` (zeroed, 4096-byte aligned) of
+ * memory that every other rank maps too. DT_ENOTSUP (same verdict on every
+ * rank) when c spans several hosts, windows are disabled or a segment cannot
+ * be created or mapped; other errors are communication failures. c must
+ * outlive the window. */
+int dt_comm_window_create(dt_comm *c, size_t bytes, dt_comm_window **out);
+/* Unmaps every segment. Not collective; NULL is a no-op. */
+void dt_comm_window_destroy(dt_comm_window *w);
+/* This rank's memory. */
+void *dt_comm_window_base(dt_comm_window *w);
+
+/* Collective over the window's ranks: the float span [off, off + count*4)
+ * of every rank's window becomes sum over ranks q of scale_q * span_q, the
+ * same bits on every rank. off must be a multiple of 4; every rank must
+ * name the same span (its own scale may differ). Not thread-safe against
+ * other calls on the same window. */
+int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, float scale);
+
+/* Makes this rank's pending and later window calls fail with DT_EABORTED;
+ * peers waiting for this rank fail too, with `why` in their message. Any
+ * thread. */
+void dt_comm_window_abort(dt_comm_window *w, const char *why);
+
+/* Bytes this rank read from and wrote into other ranks' windows. */
+void dt_comm_window_bytes(const dt_comm_window *w, uint64_t *written, uint64_t *read);
+
+#endif /* DT_COMM_WINDOW_H */

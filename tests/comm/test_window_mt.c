@@ -1,0 +1,180 @@
+/*
+ * test_window_mt.c — shared-memory windows (src/comm/window.h) with ranks as
+ * threads: the scaled one-pass allreduce against a reference summed in rank
+ * order, for 1..5 and 8 ranks, counts 0, 1, 7, 1023 and 1M+3 at odd
+ * offsets, every rank ending with the same bits; ranks naming different
+ * spans get DT_EMISMATCH naming both; a rank that never calls gives its
+ * peers DT_ETIMEDOUT naming it; a rank that aborts wakes its peers with its
+ * reason; a window over ranks on two (pretend) hosts is DT_ENOTSUP on every
+ * rank. Peer death across processes is covered end to end by
+ * tests/cli/test_cli_workers_kill.sh (data-parallel gradients use windows).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "comm_test_util.h"
+#include "comm/window.h"
+
+#define FAIL(...) (snprintf(fail, cap, __VA_ARGS__), -1)
+
+/* Input of rank r at element i: a few bits of mantissa so sums round. */
+static float win_val(int r, size_t i) { return (float)((int)((r * 131 + i * 17) % 1001) - 500) / 7.0f; }
+static float win_scale(int r) { return 1.0f / (float)(r + 3); }
+
+struct sizes_arg {
+  size_t off_floats, count;
+};
+
+static int sizes_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  const struct sizes_arg *a = arg;
+  int r = dt_comm_rank(c), n = dt_comm_size(c);
+  size_t total = a->off_floats + a->count + 5;
+  dt_comm_window *w;
+  int rc = dt_comm_window_create(c, total * sizeof(float), &w);
+  if (rc < 0) return FAIL("create: %s", dt_errmsg());
+  float *x = dt_comm_window_base(w);
+  for (size_t i = 0; i < total; i++) x[i] = win_val(r, i);
+  /* twice: the second call reuses the other fingerprint slot */
+  for (int rep = 0; rep < 2 && rc == DT_OK; rep++) {
+    if (rep)
+      for (size_t i = 0; i < total; i++) x[i] = win_val(r, i);
+    rc = dt_comm_window_allreduce_f32(w, a->off_floats * 4, a->count, win_scale(r));
+  }
+  if (rc < 0) {
+    snprintf(fail, cap, "allreduce: %s", dt_errmsg());
+    dt_comm_window_destroy(w);
+    return rc;
+  }
+  int bad = 0;
+  for (size_t i = 0; i < total && !bad; i++) {
+    float want;
+    if (i < a->off_floats || i >= a->off_floats + a->count) {
+      want = win_val(r, i); /* outside the span: untouched */
+    } else {
+      /* the library sums s_q * x_q in rank order; with n == 2 it may fuse
+       * into one FMA, so allow the last bit of a few rounding steps */
+      double ref = 0;
+      for (int q = 0; q < n; q++) ref += (double)win_scale(q) * (double)win_val(q, i);
+      want = (float)ref;
+      if (fabsf(x[i] - want) <= 4e-6f * (1.0f + fabsf(want))) continue;
+    }
+    if (x[i] != want) bad = FAIL("n=%d count %zu: element %zu is %.9g, want %.9g", n, a->count, i,
+                                 (double)x[i], (double)want);
+  }
+  /* the span holds the same bits on every rank: compare checksums */
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = a->off_floats; i < a->off_floats + a->count; i++) {
+    uint32_t u;
+    memcpy(&u, &x[i], 4);
+    h = (h ^ u) * 1099511628211ull;
+  }
+  uint64_t hmin = h, hmax = h;
+  if (dt_comm_allreduce(c, &hmin, &hmin, 1, DT_I64, DT_OP_MIN) < 0 ||
+      dt_comm_allreduce(c, &hmax, &hmax, 1, DT_I64, DT_OP_MAX) < 0)
+    bad = FAIL("checksum allreduce: %s", dt_errmsg());
+  else if (hmin != hmax)
+    bad = FAIL("n=%d count %zu: ranks hold different bits", n, a->count);
+  dt_comm_window_destroy(w);
+  return bad;
+}
+
+static void test_sizes(void **s) {
+  (void)s;
+  static const int ns[] = {1, 2, 3, 4, 5, 8};
+  static const size_t counts[] = {0, 1, 7, 1023, (1u << 20) + 3};
+  for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+    for (size_t j = 0; j < sizeof counts / sizeof counts[0]; j++) {
+      struct sizes_arg a = {j % 2 ? 3 : 0, counts[j]};
+      if (ns[k] == 8 && counts[j] > 2000) continue; /* 8 threads x 4 MiB: slow under TSan */
+      assert_int_equal(run_ranks("inproc", ns[k], 20.0, sizes_body, &a, NULL, NULL), 0);
+    }
+}
+
+/* ---- failures ----------------------------------------------------------- */
+
+struct fault_arg {
+  int kind; /* 0 mismatch, 1 silent rank, 2 abort */
+};
+
+static int fault_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  const struct fault_arg *a = arg;
+  int r = dt_comm_rank(c);
+  dt_comm_window *w;
+  if (dt_comm_window_create(c, 4096, &w) < 0) return FAIL("create: %s", dt_errmsg());
+  dt_comm_set_timeout(c, 1.0);
+  int rc;
+  if (a->kind == 0) {
+    rc = dt_comm_window_allreduce_f32(w, 0, r == 1 ? 11 : 10, 1.0f);
+  } else if (a->kind == 1) {
+    rc = r == 1 ? DT_OK : dt_comm_window_allreduce_f32(w, 0, 10, 1.0f);
+  } else {
+    if (r == 1) dt_comm_window_abort(w, "rank 1 stops here");
+    rc = dt_comm_window_allreduce_f32(w, 0, 10, 1.0f);
+  }
+  snprintf(fail, cap, "%s", rc < 0 ? dt_errmsg() : "");
+  /* every thread leaves the window protocol before anyone unmaps */
+  dt_comm_set_timeout(c, 20.0);
+  dt_comm_barrier(c);
+  dt_comm_window_destroy(w);
+  return rc;
+}
+
+static void test_faults(void **s) {
+  (void)s;
+  for (int kind = 0; kind < 3; kind++) {
+    struct fault_arg a = {kind};
+    int rcs[3];
+    char msgs[3][512];
+    double t0 = dt_now();
+    run_ranks("inproc", 3, 20.0, fault_body, &a, rcs, msgs);
+    double el = dt_now() - t0;
+    for (int r = 0; r < 3; r++) {
+      if (kind == 1 && r == 1) {
+        assert_int_equal(rcs[r], DT_OK);
+        continue;
+      }
+      fprintf(stderr, "# kind %d rank %d: rc %d: %s\n", kind, r, rcs[r], msgs[r]);
+      if (kind == 0) {
+        assert_int_equal(rcs[r], DT_EMISMATCH);
+        assert_non_null(strstr(msgs[r], "+11"));
+        assert_non_null(strstr(msgs[r], "+10"));
+      } else if (kind == 1) {
+        assert_int_equal(rcs[r], DT_ETIMEDOUT);
+        assert_non_null(strstr(msgs[r], "rank 1"));
+      } else {
+        assert_int_equal(rcs[r], DT_EABORTED);
+        if (r != 1) assert_non_null(strstr(msgs[r], "rank 1 stops here"));
+      }
+    }
+    assert_true(el < 10.0);
+  }
+}
+
+static int hosts_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  (void)arg;
+  dt_comm_window *w = NULL;
+  int rc = dt_comm_window_create(c, 4096, &w);
+  if (rc != DT_ENOTSUP) return FAIL("window over 2 hosts: rc %d, want DT_ENOTSUP", rc);
+  return w ? FAIL("window handle returned with DT_ENOTSUP") : 0;
+}
+
+static void test_two_hosts(void **s) {
+  (void)s;
+  g_host_mod = 2;
+  int bad = run_ranks("inproc", 4, 20.0, hosts_body, NULL, NULL, NULL);
+  g_host_mod = 0;
+  assert_int_equal(bad, 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sizes),
+      cmocka_unit_test(test_faults),
+      cmocka_unit_test(test_two_hosts),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
