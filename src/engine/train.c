@@ -21,25 +21,10 @@
 #include "core/core.h"
 #include "data/data.h"
 #include "parallel/ddp.h"
+#include "parallel/fixsum.h"
 #include "engine/engine.h"
+#include "engine/engine_int.h"
 #include "tensor/tensor.h"
-
-struct dt_engine {
-  dt_run_cfg cfg;
-  dt_dataset train, test;
-  dt_model *model;
-  dt_optim *optim;
-  dt_loader *loader;
-  dt_sched_cfg sched;
-  int64_t steps_per_epoch;
-  float mean, std; /* normalisation applied (0, 1 if none) */
-  /* data parallel (workers > 1) */
-  dt_comm *comm;
-  int rank, nranks;
-  int64_t *order;    /* the epoch's global order */
-  float *xbuf;       /* this worker's slice of a global batch */
-  int32_t *ybuf;
-};
 
 static const char *const fmt_name[] = {"idx", "csv", "npy"};
 
@@ -138,9 +123,15 @@ int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg) {
   dt_model_init(e->model, cfg->seed);
   DT_CHECK_GOTO(dt_optim_create(&e->optim, &cfg->optim, dt_model_nparams(e->model)), rc, fail);
 
-  if (cfg->workers > 1) {
+  if (cfg->deterministic && cfg->micro_batch < 1) {
+    rc = dt__seterr(DT_EINVAL, "dist.micro_batch = %d: expects at least 1", cfg->micro_batch);
+    goto fail;
+  }
+  if (cfg->workers > 1 || cfg->deterministic) {
     /* Data parallel: the engine slices global batches itself (no loader
-     * thread, so the engine may be created before the workers fork). */
+     * thread, so the engine may be created before the workers fork).
+     * Deterministic mode takes this path with one worker too, so one
+     * worker cuts micro-shards exactly as N do. */
     e->order = dt_alloc((size_t)e->train.n * sizeof *e->order);
     e->xbuf = dt_alloc((size_t)cfg->batch * (size_t)e->train.dim * sizeof(float));
     e->ybuf = dt_alloc((size_t)cfg->batch * sizeof(int32_t));
@@ -206,6 +197,7 @@ static int comm_err(dt_engine *e, int rc, const char *what) {
 }
 
 int dt_engine_evaluate(dt_engine *e, double *loss, double *accuracy) {
+  if (e->cfg.deterministic) return dt__det_evaluate(e, loss, accuracy);
   int B = e->cfg.batch;
   double loss_sum = 0;
   int64_t correct = 0;
@@ -386,7 +378,8 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
 
 int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
                   const dt_engine_hooks *hooks, dt_run_summary *sum) {
-  if (e->comm && e->nranks > 1) return run_dist(e, out_dir, config_text, hooks, sum);
+  if ((e->comm && e->nranks > 1) || (e->cfg.deterministic && e->cfg.workers == 1))
+    return run_dist(e, out_dir, config_text, hooks, sum);
   if (!e->loader)
     return dt__seterr(DT_EINVAL, "dist.workers = %d: the engine needs a communicator "
                       "(dt_engine_set_comm) to train with several workers", e->cfg.workers);
@@ -520,6 +513,8 @@ static void fingerprint(const dt_engine *e, const char *config_text, dt_ddp_fing
   fp->nparams = (int64_t)dt_model_nparams(e->model);
   fp->workers = c->workers;
   fp->seed = c->seed;
+  fp->deterministic = c->deterministic;
+  fp->micro_batch = c->deterministic ? c->micro_batch : 0;
   char hex[65];
   unsigned char raw[32];
   /* hex to raw keeps the struct small and fixed */
@@ -568,6 +563,37 @@ static void my_slice(const dt_engine *e, int64_t k, int64_t *lo, int64_t *hi, in
   *hi = start + g * (e->rank + 1) / e->nranks;
 }
 
+/* One data-parallel step outside deterministic mode: this worker's slice
+ * of global batch k through forward and backward, gradients reduced through
+ * ddp (averaged over the global batch, or summed with dist.reduce = sum). */
+static int slice_step(dt_engine *e, dt_ddp *ddp, int64_t k, int64_t step, int *n_out, int *bg,
+                      int *nc, float *loss) {
+  const dt_run_cfg *c = &e->cfg;
+  const int64_t dim = e->train.dim;
+  int64_t lo, hi;
+  my_slice(e, k, &lo, &hi, bg);
+  int n = (int)(hi - lo);
+  *n_out = n;
+  for (int64_t j = 0; j < n; j++) {
+    int64_t si = e->order[lo + j];
+    memcpy(e->xbuf + j * dim, e->train.x + si * dim, (size_t)dim * sizeof(float));
+    e->ybuf[j] = e->train.y[si];
+  }
+  /* avg: scale by n / bg, so the sum is the global-batch mean; sum:
+   * every worker's own mean, summed */
+  if (c->reduce == DT_DIST_SUM) dt_ddp_begin_step(ddp, n > 0, 1);
+  else dt_ddp_begin_step(ddp, n, *bg);
+  if (n > 0) {
+    dt_step_ctx ctx = {1, c->seed, (uint64_t)step, lo};
+    dt_model_forward(e->model, e->xbuf, n, &ctx);
+    *loss = dt_model_backward(e->model, e->ybuf, n, nc, dt_ddp_grad_ready, ddp);
+  } else {
+    memset(dt_model_grads(e->model), 0, dt_model_nparams(e->model) * sizeof(float));
+    dt_ddp_all_ready(ddp);
+  }
+  return dt_ddp_finish_step(ddp);
+}
+
 static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
                     const dt_engine_hooks *hooks, dt_run_summary *sum) {
   const dt_run_cfg *c = &e->cfg;
@@ -581,13 +607,18 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
   const char *ctext = config_text ? config_text : "";
   dt_sha256_hex(ctext, strlen(ctext), s.config_sha256);
 
-  /* Start-up: same config everywhere, then rank 0's parameters. */
-  dt_ddp_fingerprint fp;
-  fingerprint(e, config_text, &fp);
-  rc = dt_ddp_check_config(e->comm, &fp);
-  if (rc < 0) return dt__preerr(rc, "rank %d", e->rank);
-  rc = dt_ddp_broadcast_params(e->model, e->comm);
-  if (rc < 0) return dt__preerr(rc, "rank %d", e->rank);
+  /* Start-up: same config everywhere, then rank 0's parameters. (No
+   * communicator: deterministic mode with one worker.) */
+  dt_comm *comm = e->comm;
+  const int det = c->deterministic;
+  if (comm) {
+    dt_ddp_fingerprint fp;
+    fingerprint(e, config_text, &fp);
+    rc = dt_ddp_check_config(comm, &fp);
+    if (rc < 0) return dt__preerr(rc, "rank %d", e->rank);
+    rc = dt_ddp_broadcast_params(e->model, comm);
+    if (rc < 0) return dt__preerr(rc, "rank %d", e->rank);
+  }
 
   FILE *ev = NULL;
   if (lead) {
@@ -601,19 +632,19 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
     if (!ev) return dt__seterr(DT_EIO, "'%s': %s", events_path, strerror(errno));
   }
   dt_ddp *ddp = NULL;
-  rc = dt_ddp_create(&ddp, e->model, e->comm, c->bucket_bytes);
+  rc = det ? dt_ddp_create_det(&ddp, e->model, comm, c->bucket_bytes)
+           : dt_ddp_create(&ddp, e->model, comm, c->bucket_bytes);
   if (rc < 0) {
     if (ev) fclose(ev);
     return rc;
   }
   uint64_t sent0 = 0, recv0 = 0;
-  dt_comm_bytes(e->comm, &sent0, &recv0);
+  if (comm) dt_comm_bytes(comm, &sent0, &recv0);
 
   double t_start = dt_now(), train_seconds = 0;
   int64_t step = 0, samples_total = 0, global_total = 0;
   float *params = dt_model_params(e->model);
   float *grads = dt_model_grads(e->model);
-  const int64_t dim = e->train.dim;
   dt_progress p = {0};
   p.epochs = c->epochs;
   p.steps_per_epoch = e->steps_per_epoch;
@@ -622,34 +653,23 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
   for (int epoch = 1; epoch <= c->epochs; epoch++) {
     dt_epoch_order(e->order, e->train.n, c->seed, (uint64_t)(epoch - 1), c->shuffle);
     double t_epoch = 0, loss_sum = 0;
-    int64_t seen = 0, gseen = 0, correct = 0;
+    int64_t seen = 0, gseen = 0, correct = 0, loss_fix = 0;
     for (int64_t k = 0; k < e->steps_per_epoch; k++) {
       double t0 = dt_now();
-      int64_t lo, hi;
-      int bg;
-      my_slice(e, k, &lo, &hi, &bg);
-      int n = (int)(hi - lo);
-      for (int64_t j = 0; j < n; j++) {
-        int64_t si = e->order[lo + j];
-        memcpy(e->xbuf + j * dim, e->train.x + si * dim, (size_t)dim * sizeof(float));
-        e->ybuf[j] = e->train.y[si];
-      }
-      lr = dt_sched_lr(&e->sched, step);
-      /* avg: scale by n / bg, so the sum is the global-batch mean; sum:
-       * every worker's own mean, summed */
-      if (c->reduce == DT_DIST_SUM) dt_ddp_begin_step(ddp, n > 0, 1);
-      else dt_ddp_begin_step(ddp, n, bg);
       float loss = 0;
-      int nc = 0;
-      if (n > 0) {
-        dt_step_ctx ctx = {1, c->seed, (uint64_t)step, lo};
-        dt_model_forward(e->model, e->xbuf, n, &ctx);
-        loss = dt_model_backward(e->model, e->ybuf, n, &nc, dt_ddp_grad_ready, ddp);
+      int nc = 0, n = 0, bg = 0;
+      lr = dt_sched_lr(&e->sched, step);
+      if (det) {
+        dt__det_step_out o;
+        rc = dt__det_step(e, ddp, k, step, &o);
+        n = o.n;
+        bg = o.global;
+        nc = o.correct;
+        loss_fix += o.loss_fix;
+        loss = o.loss_bad ? NAN : n ? (float)(ldexp((double)o.loss_fix, -DT_FIX_BITS) / n) : 0;
       } else {
-        memset(grads, 0, dt_model_nparams(e->model) * sizeof(float));
-        dt_ddp_all_ready(ddp);
+        rc = slice_step(e, ddp, k, step, &n, &bg, &nc, &loss);
       }
-      rc = dt_ddp_finish_step(ddp);
       if (rc < 0) {
         dt__preerr(rc, "rank %d: epoch %d step %lld", e->rank, epoch, (long long)step + 1);
         goto done;
@@ -681,14 +701,25 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
     train_seconds += t_epoch;
     samples_total += seen;
     global_total += gseen;
-    /* the epoch's train numbers over all workers; time: the slowest worker */
+    /* the epoch's train numbers over all workers; time: the slowest worker.
+     * Deterministic mode sums the loss in fixed point (int64), so the
+     * reported train loss has the same bits for any worker count. */
     double v[4] = {loss_sum, (double)correct, (double)seen, 0};
+    int64_t vi[3] = {loss_fix, correct, seen};
     double tmax = t_epoch;
-    rc = dt_comm_allreduce(e->comm, v, v, 3, DT_F64, DT_OP_SUM);
-    if (rc == DT_OK) rc = dt_comm_allreduce(e->comm, &tmax, &tmax, 1, DT_F64, DT_OP_MAX);
-    if (rc < 0) {
-      rc = comm_err(e, rc, "epoch statistics");
-      goto done;
+    if (comm) {
+      rc = det ? dt_comm_allreduce(comm, vi, vi, 3, DT_I64, DT_OP_SUM)
+               : dt_comm_allreduce(comm, v, v, 3, DT_F64, DT_OP_SUM);
+      if (rc == DT_OK) rc = dt_comm_allreduce(comm, &tmax, &tmax, 1, DT_F64, DT_OP_MAX);
+      if (rc < 0) {
+        rc = comm_err(e, rc, "epoch statistics");
+        goto done;
+      }
+    }
+    if (det) {
+      v[0] = ldexp((double)vi[0], -DT_FIX_BITS);
+      v[1] = (double)vi[1];
+      v[2] = (double)vi[2];
     }
     dt_epoch_report r;
     memset(&r, 0, sizeof r);
@@ -710,15 +741,17 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
   }
 
   /* Every worker must end with the same parameters. */
-  rc = dt_ddp_check_params(e->model, e->comm);
-  if (rc < 0) {
-    dt__preerr(rc, "rank %d", e->rank);
-    goto done;
+  if (comm) {
+    rc = dt_ddp_check_params(e->model, comm);
+    if (rc < 0) {
+      dt__preerr(rc, "rank %d", e->rank);
+      goto done;
+    }
   }
   dt_ddp_stats st;
   dt_ddp_get_stats(ddp, &st);
   uint64_t sent = 0, recv = 0;
-  dt_comm_bytes(e->comm, &sent, &recv);
+  if (comm) dt_comm_bytes(comm, &sent, &recv);
   dt_worker_stats me;
   me.samples = (double)samples_total;
   me.train_seconds = train_seconds;
@@ -734,7 +767,8 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
     rc = dt__seterr(DT_ENOMEM, "summary: out of memory");
     goto done;
   }
-  rc = dt_comm_allgather(e->comm, &me, all, DT_WORKER_STATS_FIELDS, DT_F64);
+  all[0] = me;
+  if (comm) rc = dt_comm_allgather(comm, &me, all, DT_WORKER_STATS_FIELDS, DT_F64);
   if (rc < 0) {
     free(all);
     rc = comm_err(e, rc, "summary statistics");
@@ -760,7 +794,8 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
     if (fsync(fileno(ev))) {
       /* best effort */
     }
-    rc = write_summary(out_dir, e, &s, all, e->nranks);
+    /* one worker without a communicator: the summary of a 1-worker run */
+    rc = write_summary(out_dir, e, &s, comm ? all : NULL, comm ? e->nranks : 0);
   }
   free(all);
   if (rc == DT_OK && sum) *sum = s;

@@ -10,12 +10,28 @@
  * backward, dt_ddp_finish_step queues whatever is left (robust to a layer
  * that never reported) and waits.
  *
+ * Deterministic mode (dt_ddp_create_det, docs/ddp.md "Deterministic
+ * mode"): the engine runs forward/backward once per fixed micro-shard; the
+ * grad-ready callback turns each layer's gradient into fixed point
+ * (parallel/fixsum.h) and adds it to an int64 accumulator on the compute
+ * thread, and during the worker's last micro-shard it also counts buckets,
+ * so the int64 allreduce of a bucket still overlaps the rest of backward.
+ * After its allreduce a bucket is turned back into floats (the same
+ * expression on every rank). The accumulator starts with a head — the
+ * buffer sums (batch-norm running statistics, one term per micro-shard)
+ * and a count of values that left the fixed-point range — which travels
+ * with the bucket holding the first layer (the last one queued), so an
+ * overflow on any rank is seen by every rank in the same step at no extra
+ * collective. With no communicator (one worker) nothing is sent: the same
+ * sums, the same conversion, the same bits.
+ *
  * The communication thread is the only user of the communicator during a
  * step; it records the first error (with its message, since dt_errmsg is
  * per thread) and skips the remaining buckets of that step, so the compute
  * thread never waits on work that will not happen. Every allreduce has the
  * communicator's deadline, so no wait here is unbounded.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +39,7 @@
 
 #include "core/core.h"
 #include "parallel/ddp.h"
+#include "parallel/fixsum.h"
 
 typedef struct bucket {
   size_t off, n;  /* span in the gradient buffer (floats) */
@@ -50,11 +67,66 @@ struct dt_ddp {
   int err;
   char errmsg[512];
   dt_ddp_stats st;
+  /* deterministic mode */
+  int det;
+  size_t nparams, nbufs, head; /* head = nbufs + 1 (the overflow count) */
+  int64_t *acc;                /* head, then nparams gradient sums */
+  float *bufs, *bufs0;         /* the model's buffers; their value at step start */
+  double gw;                   /* 1: gradients weigh 1 per micro-shard (reduce sum) */
+  double w;                    /* weight of the current micro-shard's gradients */
+  double divisor, n_global, bound;
+  int shard, first, last;      /* micro-shards begun this step; the current one is
+                                  the worker's first (store, not add) / last */
+  size_t nbad, bad_index;      /* this rank's out-of-range values this step */
+  float bad_value;
+  int64_t overflow_total;      /* over all ranks, from the head's allreduce */
 };
+
+/* Deterministic mode: fixed point of a span of the current gradients (or,
+ * for the head, of the buffers) into the accumulator. Compute thread only. */
+static void det_add(dt_ddp *d, int64_t *acc, const float *x, size_t n, double w, size_t base) {
+  size_t first = 0;
+  size_t bad = dt_fix_add(acc, x, n, w, d->bound, d->first, &first);
+  if (bad) {
+    if (!d->nbad) {
+      d->bad_index = base + first;
+      d->bad_value = x[first];
+    }
+    d->nbad += bad;
+  }
+}
+
+/* Allreduce of bucket i (in place) and, in deterministic mode, conversion
+ * back to floats. Returns the allreduce's status. */
+static int reduce_bucket(dt_ddp *d, int i, float scale) {
+  float *g = d->grads + d->b[i].off;
+  size_t n = d->b[i].n;
+  if (!d->det) {
+    if (scale != 1.0f)
+      for (size_t j = 0; j < n; j++) g[j] *= scale;
+    return dt_comm_allreduce(d->comm, g, g, n, DT_F32, DT_OP_SUM);
+  }
+  int with_head = i == d->nb - 1;
+  int64_t *a = d->acc + d->head + d->b[i].off;
+  int64_t *lo = with_head ? d->acc : a;
+  size_t len = (size_t)(a + n - lo);
+  if (d->comm && len) {
+    int rc = dt_comm_allreduce(d->comm, lo, lo, len, DT_I64, DT_OP_SUM);
+    if (rc < 0) return rc;
+  }
+  dt_fix_to_float(g, a, n, d->divisor);
+  if (with_head) {
+    d->overflow_total = d->acc[d->nbufs];
+    if (d->nbufs) dt_fix_to_float(d->bufs, d->acc, d->nbufs, d->n_global);
+  }
+  return DT_OK;
+}
 
 static void enqueue_locked(dt_ddp *d, int i) {
   if (d->b[i].queued) return;
   d->b[i].queued = 1;
+  /* the head rides with the last bucket: every value is converted by now */
+  if (d->det && i == d->nb - 1) d->acc[d->nbufs] = (int64_t)d->nbad;
   d->queue[d->qlen++] = i;
   pthread_cond_signal(&d->cv);
 }
@@ -71,13 +143,7 @@ static void *comm_main(void *arg) {
     pthread_mutex_unlock(&d->mu);
     int rc = DT_OK;
     double t0 = dt_now();
-    if (!skip) {
-      float *g = d->grads + d->b[i].off;
-      size_t n = d->b[i].n;
-      if (scale != 1.0f)
-        for (size_t j = 0; j < n; j++) g[j] *= scale;
-      rc = dt_comm_allreduce(d->comm, g, g, n, DT_F32, DT_OP_SUM);
-    }
+    if (!skip) rc = reduce_bucket(d, i, scale);
     double dt = dt_now() - t0;
     pthread_mutex_lock(&d->mu);
     d->st.comm_seconds += dt;
@@ -94,7 +160,7 @@ static void *comm_main(void *arg) {
   return NULL;
 }
 
-int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
+static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, int det) {
   *out = NULL;
   dt_ddp *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
@@ -104,9 +170,20 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
   int nl = dt_model_nlayers(m);
   d->b = calloc((size_t)nl + 1, sizeof *d->b);
   d->queue = calloc((size_t)nl + 1, sizeof *d->queue);
-  if (!d->b || !d->queue) {
+  d->det = det;
+  if (det) {
+    d->nparams = dt_model_nparams(m);
+    d->nbufs = dt_model_nbufs(m);
+    d->head = d->nbufs + 1;
+    d->bufs = dt_model_bufs(m);
+    d->acc = calloc(d->head + d->nparams, sizeof *d->acc);
+    d->bufs0 = malloc((d->nbufs ? d->nbufs : 1) * sizeof *d->bufs0);
+  }
+  if (!d->b || !d->queue || (det && (!d->acc || !d->bufs0))) {
     free(d->b);
     free(d->queue);
+    free(d->acc);
+    free(d->bufs0);
     free(d);
     return dt__seterr(DT_ENOMEM, "ddp: out of memory");
   }
@@ -128,6 +205,7 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
     cur->n += li->nparams;
     cur->layers++;
   }
+  if (det && d->nb == 0) d->nb = 1; /* no parameters: one empty bucket carries the head */
   d->st.nbuckets = d->nb;
   pthread_mutex_init(&d->mu, NULL);
   pthread_cond_init(&d->cv, NULL);
@@ -135,7 +213,7 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
   d->ndone = d->qlen = d->qnext = 0;
   /* one bucket is ready only when backward ends: nothing to overlap, so
    * skip the thread hand-off */
-  d->overlap = dt_param_int("DTRAIN_DDP_OVERLAP", 1) != 0 && d->nb > 1;
+  d->overlap = dt_param_int("DTRAIN_DDP_OVERLAP", 1) != 0 && d->nb > 1 && c;
   if (!d->overlap) {
     *out = d;
     return DT_OK;
@@ -147,6 +225,18 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
   d->started = 1;
   *out = d;
   return DT_OK;
+}
+
+int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
+  if (!c) {
+    *out = NULL;
+    return dt__seterr(DT_EINVAL, "ddp: a communicator is needed outside deterministic mode");
+  }
+  return create(out, m, c, bucket_bytes, 0);
+}
+
+int dt_ddp_create_det(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
+  return create(out, m, c, bucket_bytes, 1);
 }
 
 void dt_ddp_destroy(dt_ddp *d) {
@@ -163,12 +253,12 @@ void dt_ddp_destroy(dt_ddp *d) {
   pthread_cond_destroy(&d->done_cv);
   free(d->b);
   free(d->queue);
+  free(d->acc);
+  free(d->bufs0);
   free(d);
 }
 
-void dt_ddp_begin_step(dt_ddp *d, int n_local, int n_global) {
-  pthread_mutex_lock(&d->mu);
-  d->scale = n_global > 0 ? (float)n_local / (float)n_global : 0.0f;
+static void reset_locked(dt_ddp *d) {
   d->qlen = d->qnext = d->ndone = 0;
   d->err = 0;
   d->errmsg[0] = '\0';
@@ -176,12 +266,51 @@ void dt_ddp_begin_step(dt_ddp *d, int n_local, int n_global) {
     d->b[i].pending = d->b[i].layers;
     d->b[i].queued = 0;
   }
+}
+
+void dt_ddp_begin_step(dt_ddp *d, int n_local, int n_global) {
+  pthread_mutex_lock(&d->mu);
+  d->scale = n_global > 0 ? (float)n_local / (float)n_global : 0.0f;
+  reset_locked(d);
   pthread_mutex_unlock(&d->mu);
+}
+
+void dt_ddp_begin_step_det(dt_ddp *d, int64_t n_global, int64_t shards_global, int sum) {
+  pthread_mutex_lock(&d->mu);
+  reset_locked(d);
+  d->gw = sum ? 1.0 : 0.0;
+  d->divisor = sum ? 1.0 : (double)n_global;
+  d->n_global = (double)n_global;
+  d->bound = dt_fix_bound(shards_global);
+  d->shard = d->first = d->last = 0;
+  d->nbad = d->bad_index = 0;
+  d->bad_value = 0;
+  d->overflow_total = 0;
+  if (d->nbufs) memcpy(d->bufs0, d->bufs, d->nbufs * sizeof *d->bufs);
+  pthread_mutex_unlock(&d->mu);
+}
+
+void dt_ddp_det_shard(dt_ddp *d, int n, int last) {
+  d->first = d->shard++ == 0;
+  if (d->nbufs) {
+    /* this micro-shard's forward moved the running statistics from bufs0:
+     * keep its result (weighted by its samples) and start the next one
+     * from bufs0 again, so no micro-shard sees another's update */
+    det_add(d, d->acc, d->bufs, d->nbufs, (double)n, d->nparams);
+    memcpy(d->bufs, d->bufs0, d->nbufs * sizeof *d->bufs);
+  }
+  d->w = d->gw != 0 ? d->gw : (double)n;
+  d->last = last;
 }
 
 void dt_ddp_grad_ready(void *ud, size_t off, size_t n) {
   dt_ddp *d = ud;
-  if (!n || !d->overlap) return;
+  if (!n) return;
+  if (d->det) {
+    det_add(d, d->acc + d->head + off, d->grads + off, n, d->w, off);
+    if (!d->last) return;
+  }
+  if (!d->overlap) return;
   pthread_mutex_lock(&d->mu);
   for (int i = 0; i < d->nb; i++) {
     bucket *b = &d->b[i];
@@ -194,23 +323,37 @@ void dt_ddp_grad_ready(void *ud, size_t off, size_t n) {
 }
 
 void dt_ddp_all_ready(dt_ddp *d) {
+  /* deterministic: no micro-shard here, so this worker adds zeros */
+  if (d->det && d->shard == 0) memset(d->acc, 0, (d->head + d->nparams) * sizeof *d->acc);
   if (!d->overlap) return;
   pthread_mutex_lock(&d->mu);
   for (int i = 0; i < d->nb; i++) enqueue_locked(d, i);
   pthread_mutex_unlock(&d->mu);
 }
 
+/* Deterministic mode, after the head's allreduce: every rank knows how many
+ * values left the fixed-point range anywhere, so all fail in the same step. */
+static int det_verdict(dt_ddp *d) {
+  if (!d->det || d->overflow_total == 0) return DT_OK;
+  char here[160] = "";
+  if (d->nbad && d->bad_index < d->nparams)
+    snprintf(here, sizeof here, "; here: parameter %zu, micro-shard gradient %g", d->bad_index,
+             (double)d->bad_value);
+  else if (d->nbad)
+    snprintf(here, sizeof here, "; here: running statistic %zu = %g", d->bad_index - d->nparams,
+             (double)d->bad_value);
+  return dt__seterr(DT_ERANGE, "deterministic mode: %lld gradient or running-statistics value(s) "
+                    "left the fixed-point range (|value x samples| > %.3g, or not finite)%s; "
+                    "training diverged? try a smaller optim.lr",
+                    (long long)d->overflow_total, ldexp(d->bound, -DT_FIX_BITS), here);
+}
+
 /* Without overlap: every bucket on the calling thread, in queue order. */
 static int finish_inline(dt_ddp *d) {
   double t0 = dt_now();
   int rc = DT_OK;
-  for (int i = 0; i < d->nb && rc == DT_OK; i++) {
-    float *g = d->grads + d->b[i].off;
-    size_t n = d->b[i].n;
-    if (d->scale != 1.0f)
-      for (size_t j = 0; j < n; j++) g[j] *= d->scale;
-    rc = dt_comm_allreduce(d->comm, g, g, n, DT_F32, DT_OP_SUM);
-  }
+  if (d->det) d->acc[d->nbufs] = (int64_t)d->nbad;
+  for (int i = 0; i < d->nb && rc == DT_OK; i++) rc = reduce_bucket(d, i, d->scale);
   double dt = dt_now() - t0;
   pthread_mutex_lock(&d->mu);
   d->st.comm_seconds += dt;
@@ -221,7 +364,7 @@ static int finish_inline(dt_ddp *d) {
     const char *m = dt_comm_errmsg(d->comm);
     return dt__seterr(rc, "gradient allreduce: %s", m && *m ? m : dt_errmsg());
   }
-  return DT_OK;
+  return det_verdict(d);
 }
 
 int dt_ddp_finish_step(dt_ddp *d) {
@@ -235,7 +378,7 @@ int dt_ddp_finish_step(dt_ddp *d) {
   d->st.steps++;
   pthread_mutex_unlock(&d->mu);
   if (rc < 0) return dt__seterr(rc, "gradient allreduce: %s", d->errmsg);
-  return DT_OK;
+  return det_verdict(d);
 }
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out) {
@@ -296,6 +439,8 @@ static const char *fp_diff(const dt_ddp_fingerprint *a, const dt_ddp_fingerprint
   }
   NUM(workers, "dist.workers")
   NUM(batch, "train.batch")
+  NUM(deterministic, "dist.deterministic")
+  NUM(micro_batch, "dist.micro_batch")
   NUM(epochs, "train.epochs")
   NUM(seed, "train.seed")
   if (memcmp(a->layers_sha, b->layers_sha, 32)) return "model.layers differ";

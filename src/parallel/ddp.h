@@ -6,9 +6,14 @@
  * parameter broadcast from rank 0 with a SHA-256 check on every worker, and
  * a check that every worker runs the same configuration.
  *
- * It does not own the model or the communicator, does not choose data
- * shards (the engine does) and has no deterministic (bitwise, any-N) mode
- * yet. While a step is in flight (between dt_ddp_begin_step and
+ * Deterministic mode (dt_ddp_create_det): gradients of fixed micro-shards
+ * are summed in fixed point (parallel/fixsum.h) and allreduced as int64, so
+ * the reduced gradient has the same bits for any number of workers, any
+ * transport and any algorithm; batch-norm running statistics are combined
+ * the same way; one worker needs no communicator.
+ *
+ * It does not own the model or the communicator and does not choose data
+ * shards or micro-shards (the engine does). While a step is in flight (between dt_ddp_begin_step and
  * dt_ddp_finish_step) the communicator belongs to the communication thread;
  * outside it the caller may use it.
  *
@@ -58,6 +63,29 @@ int dt_ddp_finish_step(dt_ddp *d);
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out);
 
+/* ---- deterministic mode ------------------------------------------------------
+ * Per step: dt_ddp_begin_step_det; for each of this worker's micro-shards
+ * (in order): forward, dt_ddp_det_shard, dt_model_backward with
+ * dt_ddp_grad_ready; a worker with none calls dt_ddp_all_ready instead;
+ * then dt_ddp_finish_step, after which the gradient buffer holds the
+ * reduced gradient and the model's buffers the combined running statistics,
+ * bit-identical on every rank. */
+
+/* Like dt_ddp_create; c may be NULL (one worker: nothing is sent). */
+int dt_ddp_create_det(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes);
+/* The global batch has n_global samples in shards_global micro-shards (over
+ * all workers). sum = 0: the gradient is the global-batch mean (sum over
+ * samples / n_global); sum = 1: the sum of every micro-shard's mean. Saves
+ * the model's buffers: every micro-shard's forward starts from them. */
+void dt_ddp_begin_step_det(dt_ddp *d, int64_t n_global, int64_t shards_global, int sum);
+/* After the forward of a micro-shard of n samples, before its backward:
+ * adds the running statistics that forward produced (weight n) and restores
+ * the saved buffers; last != 0 on this worker's last micro-shard of the step
+ * (its backward hands buckets to the communication thread). */
+void dt_ddp_det_shard(dt_ddp *d, int n, int last);
+/* dt_ddp_finish_step returns DT_ERANGE on every rank when any rank had a
+ * value beyond the fixed-point range (dt_fix_bound) or not finite. */
+
 /* Collective: rank 0's parameters (and non-trainable buffers) are copied to
  * every worker, then every worker's SHA-256 of them is compared with rank
  * 0's; a difference is DT_EMISMATCH naming the rank. */
@@ -70,6 +98,7 @@ int dt_ddp_check_params(dt_model *m, dt_comm *c);
  * name the key. */
 typedef struct dt_ddp_fingerprint {
   int64_t batch, epochs, train_n, test_n, nparams, workers;
+  int64_t deterministic, micro_batch;
   uint64_t seed;
   uint8_t layers_sha[32], optim_sha[32], config_sha[32];
 } dt_ddp_fingerprint;

@@ -1,0 +1,47 @@
+/*
+ * fixsum.h — exact, order-independent sums of float vectors in fixed point,
+ * the arithmetic of deterministic data parallelism (dist.deterministic).
+ *
+ * A float x with weight w becomes the int64 round(x * w * 2^DT_FIX_BITS)
+ * (round half to even); such integers are added with plain int64 addition,
+ * which is associative, so any grouping of the same terms — any number of
+ * workers, any allreduce algorithm, any transport — gives the same bits.
+ * The sum turns back into floats as (double)sum * (2^-DT_FIX_BITS / divisor),
+ * the same expression on every rank.
+ *
+ * Why 2^32: gradients of a micro-shard are float32 sums of at most
+ * micro_batch samples; 2^-32 (2.3e-10) absolute resolution is at or below
+ * float32's own rounding for every value above 2^-9 and far below the
+ * noise of SGD, while |x * w| may reach 2^30 / terms before the int64 sum
+ * of all terms of a step could overflow (see dt_fix_bound). A value beyond
+ * the bound (or NaN) is never wrapped: dt_fix_add reports it and adds 0.
+ *
+ * It does not communicate (parallel/ddp.c allreduces the int64 sums) and
+ * keeps no state: the caller owns every buffer.
+ */
+#ifndef DT_PARALLEL_FIXSUM_H
+#define DT_PARALLEL_FIXSUM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DT_FIX_BITS 32
+
+/* The largest |x * w * 2^DT_FIX_BITS| one term may have when at most
+ * `terms` terms are summed: min(2^62 / terms, 2^51). 2^62 keeps the int64
+ * sum (and the allreduce's partial sums, which hold fewer terms) from
+ * overflowing; 2^51 lets the rounding use the exact 1.5*2^52 trick. */
+double dt_fix_bound(int64_t terms);
+
+/* acc[i] (+)= round(x[i] * w * 2^DT_FIX_BITS) for i < n; store != 0
+ * overwrites acc instead of adding. Returns the number of values whose
+ * scaled magnitude exceeds bound or that are not finite; those add 0 (and
+ * *first_bad, if not NULL, gets the index of the first). */
+size_t dt_fix_add(int64_t *restrict acc, const float *restrict x, size_t n, double w,
+                  double bound, int store, size_t *first_bad);
+
+/* out[i] = (float)((double)acc[i] * (2^-DT_FIX_BITS / divisor)). */
+void dt_fix_to_float(float *restrict out, const int64_t *restrict acc, size_t n,
+                     double divisor);
+
+#endif /* DT_PARALLEL_FIXSUM_H */
