@@ -18,12 +18,16 @@ static void usage(FILE *f) {
           "\n"
           "commands:\n"
           "  train [CONFIG] [--set section.key=value ...] [--out DIR] [--workers N]\n"
-          "        train a model (no CONFIG: the built-in CNN on Fashion-MNIST)\n"
+          "        train a model (no CONFIG: the built-in CNN on Fashion-MNIST);\n"
+          "        under mpirun/srun every process is one rank (docs/launch.md)\n"
+          "  launch [--nnodes M] [--node-rank I] [--rdzv HOST:PORT] [--nproc-per-node K]\n"
+          "         -- train CONFIG ...\n"
+          "        this node's share of a multi-node job (run on every node)\n"
           "  bench allreduce [--workers N] [--transport T] [--algo A] [--min B] [--max B]\n"
           "        allreduce bandwidth between local worker processes (nccl-tests columns)\n"
           "\n"
           "options:\n"
-          "  -h, --help     this help (dtrain train --help for the train options)\n"
+          "  -h, --help     this help (dtrain train --help, dtrain launch --help)\n"
           "  -V, --version  print the version\n"
           "\n"
           "Exit status: 0 success, 1 runtime failure, 2 bad input or usage.\n"
@@ -46,6 +50,9 @@ int dt_cli_main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "train")) {
     return dt__cmd_train(argc - 1, argv + 1);
+  }
+  if (!strcmp(cmd, "launch")) {
+    return dt__cmd_launch(argc - 1, argv + 1);
   }
   if (!strcmp(cmd, "bench")) {
     return dt__cmd_bench(argc - 1, argv + 1);

@@ -54,8 +54,10 @@ struct bench_args {
   const struct dt_comm_bench_config *bc;
 };
 
-static int run_rank(int r, int n, int port, const char *token, void *arg) {
+static int run_rank(const struct dt__worker *w, void *arg) {
   const struct bench_args *a = arg;
+  int r = w->rank, n = w->size, port = w->store_port;
+  const char *token = w->token;
   const char *transport = a->transport;
   double timeout = a->timeout;
   const struct dt_comm_bench_config *bc = a->bc;

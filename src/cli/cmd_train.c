@@ -19,7 +19,9 @@
  * line on stderr and exit status 2 before anything is written; failures
  * during training give 1. It never writes summary.json itself.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,33 +121,46 @@ static void final_line(const dt_run_summary *s, const char *out) {
          s->samples_per_second, s->gflops, (long long)s->steps, s->train_seconds, out);
 }
 
-/* ---- local workers ------------------------------------------------------------ */
+/* ---- workers ------------------------------------------------------------------ */
 
-/* One worker process: join the job, train, report. Returns its exit status. */
-static int worker_main(dt_engine *e, int r, int n, int port, const char *token, const char *out,
-                       const char *text, view *v) {
-  double timeout = (double)dt_param_int("DTRAIN_TIMEOUT", 60);
-  dt_store *st = NULL;
-  dt_comm *c = NULL;
-  struct dt_comm_config cc = DT_COMM_CONFIG_INIT;
-  cc.transport = dt_param_str("DTRAIN_TRANSPORT", "auto");
-  cc.rank = r;
-  cc.size = n;
-  cc.job = "train";
-  cc.token = token;
-  cc.timeout_s = timeout > 0 ? timeout : 60;
-  if (dt_store_connect(&st, "127.0.0.1", port, token, cc.timeout_s) < 0 ||
-      dt_comm_create(&c, st, &cc) < 0) {
-    fprintf(stderr, "dtrain: rank %d: joining the job: %s\n", r, dt_errmsg());
-    dt_store_destroy(st);
-    return DT_EXIT_FAIL;
+struct worker_args {
+  dt_engine *e;
+  const char *out, *text;
+  const char *transport; /* "auto", "shm", "tcp" or "mpi" */
+  double timeout;
+  int describe;          /* rank 0 prints which transport reaches which rank */
+  view *v;
+};
+
+/* "1 shm, 2-3 tcp": the transport rank 0 uses to each peer, in runs. */
+static void describe_links(const dt_comm *c) {
+  struct dt_comm_topo t;
+  if (dt_comm_topology(c, &t) < 0) return;
+  int n = dt_comm_size(c);
+  printf("comm: %d ranks on %d host%s; rank 0 reaches", n, t.nhosts, t.nhosts == 1 ? "" : "s");
+  for (int p = 1; p < n;) {
+    const char *name = dt_comm_transport_name(c, p);
+    int q = p;
+    while (q + 1 < n && !strcmp(dt_comm_transport_name(c, q + 1), name)) q++;
+    if (q == p) printf("%s rank %d over %s", p > 1 ? "," : "", p, name);
+    else printf("%s ranks %d-%d over %s", p > 1 ? "," : "", p, q, name);
+    p = q + 1;
   }
-  dt_store_destroy(st);
-  int rc = dt_engine_set_comm(e, c);
+  printf("\n");
+  fflush(stdout);
+}
+
+/* Trains as rank r of communicator c (this process's only job from here);
+ * returns the exit status. Takes c. */
+static int train_on(const struct worker_args *a, dt_comm *c) {
+  int r = dt_comm_rank(c);
+  view *v = a->v;
+  if (r == 0 && a->describe) describe_links(c);
+  int rc = dt_engine_set_comm(a->e, c);
   dt_engine_hooks hooks = {NULL, NULL, NULL};
   if (r == 0) hooks = (dt_engine_hooks){on_step, on_epoch, v};
   dt_run_summary s;
-  if (rc == DT_OK) rc = dt_engine_run(e, out, text, &hooks, &s);
+  if (rc == DT_OK) rc = dt_engine_run(a->e, a->out, a->text, &hooks, &s);
   if (r == 0 && v->bar && v->drawn) fprintf(v->bar, "\r\033[K");
   int status = DT_EXIT_OK;
   if (rc < 0) {
@@ -155,7 +170,7 @@ static int worker_main(dt_engine *e, int r, int n, int port, const char *token, 
     else fprintf(stderr, "dtrain: rank %d: %s\n", r, m);
     status = rc == DT_EMISMATCH ? DT_EXIT_USAGE : DT_EXIT_FAIL;
   } else if (r == 0) {
-    final_line(&s, out);
+    final_line(&s, a->out);
   }
   fflush(stdout);
   fflush(stderr);
@@ -163,26 +178,168 @@ static int worker_main(dt_engine *e, int r, int n, int port, const char *token, 
   return status;
 }
 
-struct worker_args {
-  dt_engine *e;
-  const char *out, *text;
-  view *v;
-};
-
-static int run_worker(int r, int n, int port, const char *token, void *arg) {
-  struct worker_args *w = arg;
-  return worker_main(w->e, r, n, port, token, w->out, w->text, w->v);
+static void comm_config(struct dt_comm_config *cc, const struct worker_args *a, int rank,
+                        int size, const char *token) {
+  *cc = (struct dt_comm_config)DT_COMM_CONFIG_INIT;
+  cc->transport = a->transport;
+  cc->rank = rank;
+  cc->size = size;
+  cc->job = "train";
+  cc->token = token && *token ? token : NULL;
+  cc->timeout_s = a->timeout;
+  cc->host_id = dt_param_str("DTRAIN_HOST_ID", NULL);
 }
 
-static int run_workers(dt_engine *e, int n, const char *out, const char *text, view *v) {
-  struct worker_args w = {e, out, text, v};
-  return dt__local_job_run(n, run_worker, &w,
-                           (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8), 1);
+/* One forked worker (--workers or launch): join through the TCP store. */
+static int run_worker(const struct dt__worker *w, void *arg) {
+  const struct worker_args *a = arg;
+  dt_store *st = NULL;
+  dt_comm *c = NULL;
+  struct dt_comm_config cc;
+  comm_config(&cc, a, w->rank, w->size, w->token);
+  cc.bind_addr = w->bind_addr;
+  if (w->host_id && !cc.host_id) cc.host_id = w->host_id;
+  if (dt_store_connect(&st, w->store_host, w->store_port, w->token, cc.timeout_s) < 0 ||
+      dt_comm_create(&c, st, &cc) < 0) {
+    fprintf(stderr, "dtrain: rank %d: joining the job: %s\n", w->rank, dt_errmsg());
+    dt_store_destroy(st);
+    return DT_EXIT_FAIL;
+  }
+  dt_store_destroy(st);
+  return train_on(a, c);
+}
+
+/* ---- ranks started by mpirun / srun ------------------------------------------------ */
+
+/* Removes a store directory and its files (file store: one level). */
+static void remove_store_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *de;
+    char path[PATH_MAX];
+    while ((de = readdir(d)))
+      if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        unlink(path);
+      }
+    closedir(d);
+  }
+  rmdir(dir);
+}
+
+/* This process is rank ew->rank of ew->size, started by an external
+ * launcher. The ranks meet through a TCP store served by rank 0 at
+ * DTRAIN_RDZV (any number of hosts; DTRAIN_JOB_TOKEN needed) or, without
+ * it, a file store in DTRAIN_RDZV_DIR (default /tmp/dtrain-rdzv-UID-JOBID;
+ * one host, or a directory every host shares). */
+static int run_external(const struct dt__env_world *ew, const struct worker_args *a) {
+  const char *rdzv = dt_param_str("DTRAIN_RDZV", NULL);
+  const char *bind_env = dt_param_str("DTRAIN_BIND_ADDR", NULL);
+  char host[256], ip[64] = "", bind[64] = "127.0.0.1", dir[PATH_MAX] = "";
+  int port = 0;
+  const char *token = "";
+  dt_store_server *srv = NULL;
+  dt_store *st = NULL;
+  dt_comm *c = NULL;
+  struct dt_comm_config cc;
+  if (rdzv && *rdzv) {
+    if (dt__parse_hostport("DTRAIN_RDZV", rdzv, host, sizeof host, &port, 0) < 0)
+      return DT_EXIT_USAGE;
+    if (dt__resolve_ipv4(host, ip, sizeof ip) < 0) {
+      fprintf(stderr, "dtrain: DTRAIN_RDZV '%s': cannot resolve '%s' to an IPv4 address\n", rdzv,
+              host);
+      return DT_EXIT_USAGE;
+    }
+    if (!(token = dt__job_token(1, "a job that meets at DTRAIN_RDZV"))) return DT_EXIT_USAGE;
+    if (dt__route_addr(ip, bind, sizeof bind) < 0) snprintf(bind, sizeof bind, "127.0.0.1");
+  } else {
+    const char *d = dt_param_str("DTRAIN_RDZV_DIR", "/tmp");
+    if (ew->jobid[0]) {
+      snprintf(dir, sizeof dir, "%s/dtrain-rdzv-%u-%s", d && *d ? d : "/tmp", (unsigned)getuid(),
+               ew->jobid);
+    } else {
+      fprintf(stderr, "dtrain: %s started %d ranks but gave no job id to meet by: set "
+              "DTRAIN_RDZV=HOST:PORT (rank 0 serves the rendezvous there)\n", ew->source,
+              ew->size);
+      return DT_EXIT_USAGE;
+    }
+    if (!(token = dt__job_token(0, NULL))) return DT_EXIT_USAGE;
+    struct stat sb;
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+      fprintf(stderr, "dtrain: rank %d: rendezvous directory %s: %s\n", ew->rank, dir,
+              strerror(errno));
+      return DT_EXIT_FAIL;
+    }
+    if (lstat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode) || sb.st_uid != getuid()) {
+      fprintf(stderr, "dtrain: rank %d: rendezvous directory %s is not a directory of this "
+              "user\n", ew->rank, dir);
+      return DT_EXIT_FAIL;
+    }
+  }
+  if (bind_env && *bind_env) snprintf(bind, sizeof bind, "%s", bind_env);
+  comm_config(&cc, a, ew->rank, ew->size, token);
+  cc.bind_addr = bind;
+  int rc = DT_OK;
+  if (port) {
+    if (ew->rank == 0) rc = dt_store_server_start(&srv, ip, port, token);
+    if (rc == DT_OK) rc = dt_store_connect(&st, host, port, token, a->timeout);
+  } else {
+    rc = dt_store_open_file(&st, dir);
+    /* without DTRAIN_JOB_TOKEN the tcp links of this job use a fresh secret
+     * that rank 0 leaves in the (private) rendezvous directory */
+    char tok[40] = {0};
+    size_t tl = 0;
+    if (rc == DT_OK && !*token && strcmp(a->transport, "mpi")) {
+      if (ew->rank == 0) {
+        dt__make_token(tok, sizeof tok);
+        rc = dt_store_set(st, "train/token", tok, strlen(tok), a->timeout);
+      } else {
+        rc = dt_store_get(st, "train/token", tok, sizeof tok - 1, &tl, a->timeout);
+        tok[tl < sizeof tok ? tl : sizeof tok - 1] = '\0';
+      }
+      if (rc == DT_OK) {
+        static char tokbuf[40];
+        memcpy(tokbuf, tok, sizeof tokbuf);
+        cc.token = tokbuf;
+      }
+    }
+  }
+  if (rc == DT_OK) rc = dt_comm_create(&c, st, &cc);
+  /* once everyone has joined, nobody reads the store again */
+  if (rc == DT_OK) rc = dt_comm_barrier(c);
+  if (rc < 0) {
+    fprintf(stderr, "dtrain: rank %d (%s %s=%d): joining the job: %s\n", ew->rank, ew->source,
+            ew->rank_var, ew->rank, dt_errmsg());
+    dt_comm_destroy(c);
+    dt_store_destroy(st);
+    dt_store_server_stop(srv);
+    return DT_EXIT_FAIL;
+  }
+  dt_store_destroy(st);
+  dt_store_server_stop(srv);
+  if (dir[0] && ew->rank == 0) remove_store_dir(dir);
+  return train_on(a, c);
 }
 
 /* ---- the command ------------------------------------------------------------ */
 
-int dt__cmd_train(int argc, char **argv) {
+int dt__cmd_train(int argc, char **argv) { return dt__cmd_train_launch(argc, argv, NULL); }
+
+/* The transport: dist.transport, unless DTRAIN_TRANSPORT overrides it. */
+static const char *pick_transport(const dt_config *cfg) {
+  static const char *const names[] = {"auto", "shm", "tcp", "mpi"};
+  const char *env = dt_param_str("DTRAIN_TRANSPORT", NULL);
+  if (env && *env) {
+    for (int i = 0; i < 4; i++)
+      if (!strcmp(env, names[i])) return names[i];
+    fprintf(stderr, "dtrain: DTRAIN_TRANSPORT '%s': expects auto, shm, tcp or mpi\n", env);
+    return NULL;
+  }
+  int t = cfg->run.transport;
+  return names[t >= 0 && t < 4 ? t : 0];
+}
+
+int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   const char *config_path = NULL, *out = NULL;
   const char *sets[256];
   int nsets = 0, workers = 0;
@@ -225,6 +382,22 @@ int dt__cmd_train(int argc, char **argv) {
     }
   }
 
+  /* Who starts the ranks: `dtrain launch` (L), an external launcher (mpirun,
+   * srun: rank and size in the environment), or this command (--workers). */
+  struct dt__env_world ew = {0};
+  int ext = L ? 0 : dt__env_world(&ew);
+  if (ext < 0) return DT_EXIT_USAGE;
+  if (ext && ew.size == 1) ext = 0; /* a world of one: an ordinary run */
+  if (L && workers)
+    return bad("--workers: not with dtrain launch (the world is --nnodes x --nproc-per-node)%s",
+               "");
+  if (ext && workers) {
+    fprintf(stderr, "dtrain: --workers %d: this process is already rank %d of %d started by %s "
+            "(%s); use one or the other\n", workers, ew.rank, ew.size, ew.source, ew.size_var);
+    return DT_EXIT_USAGE;
+  }
+  int world = L ? L->nnodes * L->nproc : ext ? ew.size : 0;
+
   /* Configuration: defaults, file, --workers, --set in order, validation. */
   dt_config *cfg = malloc(sizeof *cfg);
   if (!cfg) return bad("%s", "out of memory");
@@ -242,6 +415,30 @@ int dt__cmd_train(int argc, char **argv) {
     fprintf(stderr, "dtrain: %s\n", dt_errmsg());
     free(cfg);
     return rc == DT_ENOMEM ? DT_EXIT_FAIL : DT_EXIT_USAGE;
+  }
+  /* Launched jobs: dist.workers is the world size (the workers compare it
+   * in their config check); a config that says otherwise is refused. */
+  if (world) {
+    const char *by = L ? "dtrain launch" : ew.source;
+    if (cfg->run.workers != 1 && cfg->run.workers != world) {
+      fprintf(stderr, "dtrain: dist.workers = %d, but %s started a world of %d ranks (leave "
+              "dist.workers at 1 or set it to %d)\n", cfg->run.workers, by, world, world);
+      free(cfg);
+      return DT_EXIT_USAGE;
+    }
+    cfg->run.workers = world;
+  }
+  const char *transport = pick_transport(cfg);
+  if (!transport) {
+    free(cfg);
+    return DT_EXIT_USAGE;
+  }
+  if (!strcmp(transport, "mpi") && !ext && cfg->run.workers > 1) {
+    fprintf(stderr, "dtrain: dist.transport = mpi needs the ranks started by mpirun or srun "
+            "(%s forks its own workers: use auto, shm or tcp)\n",
+            L ? "dtrain launch" : "--workers");
+    free(cfg);
+    return DT_EXIT_USAGE;
   }
   size_t need = dt_config_dump(cfg, NULL, 0);
   char *text = malloc(need + 1);
@@ -266,8 +463,10 @@ int dt__cmd_train(int argc, char **argv) {
     default_out_dir(outbuf, sizeof outbuf);
     out = outbuf;
   }
+  /* Only the process (node) where rank 0 runs writes anything. */
+  int has_rank0 = L ? L->node_rank == 0 : ext ? ew.rank == 0 : 1;
   /* An output directory that cannot be made is bad input too. */
-  rc = dt_mkdirs(out);
+  rc = has_rank0 ? dt_mkdirs(out) : DT_OK;
   if (rc < 0) {
     fprintf(stderr, "dtrain: --out: %s\n", dt_errmsg());
     dt_engine_destroy(e);
@@ -278,16 +477,57 @@ int dt__cmd_train(int argc, char **argv) {
   view v = {NULL, 0, 0};
   if (isatty(STDERR_FILENO)) v.bar = stderr;
   else if (isatty(STDOUT_FILENO)) v.bar = stdout;
-  char wk[48] = "";
-  if (cfg->run.workers > 1)
+  char wk[96] = "";
+  if (L && L->nnodes > 1)
+    snprintf(wk, sizeof wk, " (global, %d workers: %d nodes x %d)", cfg->run.workers, L->nnodes,
+             L->nproc);
+  else if (ext)
+    snprintf(wk, sizeof wk, " (global, %d workers started by %s)", cfg->run.workers, ew.source);
+  else if (cfg->run.workers > 1)
     snprintf(wk, sizeof wk, " (global, %d workers)", cfg->run.workers);
-  printf("dtrain %s: %s, %zu parameters, %lld train / %lld test samples, %d epochs, batch %d%s "
-         "-> %s\n", dt_version(), cfg->run.layers, dt_model_nparams(dt_engine_model(e)),
-         (long long)dt_engine_train_samples(e), (long long)dt_engine_test_samples(e),
-         cfg->run.epochs, cfg->run.batch, wk, out);
+  if (has_rank0)
+    printf("dtrain %s: %s, %zu parameters, %lld train / %lld test samples, %d epochs, batch %d%s "
+           "-> %s\n", dt_version(), cfg->run.layers, dt_model_nparams(dt_engine_model(e)),
+           (long long)dt_engine_train_samples(e), (long long)dt_engine_test_samples(e),
+           cfg->run.epochs, cfg->run.batch, wk, out);
+  else if (L && L->nproc == 1)
+    printf("dtrain %s: node %d of %d, rank %d of %d (rank 0, on node 0, reports)\n",
+           dt_version(), L->node_rank, L->nnodes, L->node_rank, cfg->run.workers);
+  else if (L)
+    printf("dtrain %s: node %d of %d, ranks %d-%d of %d (rank 0, on node 0, reports)\n",
+           dt_version(), L->node_rank, L->nnodes, L->node_rank * L->nproc,
+           L->node_rank * L->nproc + L->nproc - 1, cfg->run.workers);
   fflush(stdout);
-  if (cfg->run.workers > 1) {
-    int st = run_workers(e, cfg->run.workers, out, text, &v);
+  double timeout = (double)dt_param_int("DTRAIN_TIMEOUT", 60);
+  struct worker_args wa = {e, out, text, transport, timeout > 0 ? timeout : 60, L || ext, &v};
+  if (L || ext || cfg->run.workers > 1) {
+    int st;
+    if (ext) {
+      st = run_external(&ew, &wa);
+    } else if (L) {
+      char hid[320], hn[256] = "localhost";
+      gethostname(hn, sizeof hn - 1);
+      snprintf(hid, sizeof hid, "%s/launch-node-%d", hn, L->node_rank);
+      struct dt__job j = {0};
+      j.nlocal = L->nproc;
+      j.rank0 = L->node_rank * L->nproc;
+      j.world = cfg->run.workers;
+      j.node = L->node_rank;
+      j.nnodes = L->nnodes;
+      j.serve_addr = L->node_rank == 0 ? L->rdzv_ip : NULL;
+      j.rdzv_host = L->rdzv_ip;
+      j.rdzv_port = L->rdzv_port;
+      j.token = L->token;
+      j.bind_addr = L->bind_addr;
+      j.host_id = hid;
+      j.timeout = wa.timeout;
+      j.grace = (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8);
+      j.print_pids = 1;
+      st = dt__job_run(&j, run_worker, &wa);
+    } else {
+      st = dt__local_job_run(cfg->run.workers, run_worker, &wa,
+                             (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8), 1);
+    }
     dt_engine_destroy(e);
     free(text);
     free(cfg);
