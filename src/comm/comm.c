@@ -378,7 +378,7 @@ int dt_comm_create(dt_comm **out, dt_store *store, const struct dt_comm_config *
   }
   size_t rl = (size_t)snprintf(rec, reccap, "%s\n", host_id);
   struct dt_tp_init ti = {rank, size, job, cfg.bind_addr ? cfg.bind_addr : "127.0.0.1", host_id,
-                          toklen ? tok : NULL, toklen, cfg.nconn > 0 ? cfg.nconn : 1, timeout};
+                          toklen ? tok : NULL, toklen, cfg.nconn > 0 ? cfg.nconn : 0, timeout};
   for (int i = 0; i < ncand; i++) {
     char addr[DT_TP_ADDR_MAX] = "";
     rc = cand[i]->init(&ti, &w->tctx[w->ntp], addr);
@@ -410,8 +410,11 @@ int dt_comm_create(dt_comm **out, dt_store *store, const struct dt_comm_config *
     double left = (double)(deadline - dt_now_ns()) / 1e9;
     rc = dt_store_get(store, key, prec, sizeof prec - 1, &len, left > 0.001 ? left : 0.001);
     if (rc < 0) {
+      /* dt_errmsg() is the buffer dt__seterr writes: copy it first */
+      char why[256];
+      snprintf(why, sizeof why, "%s", dt_errmsg());
       dt__seterr(rc, "comm: rank %d: rank %d of job %s did not join before the deadline (%s)", rank,
-                 p, job, dt_errmsg());
+                 p, job, why);
       goto fail;
     }
     prec[len] = '\0';
