@@ -313,6 +313,7 @@ static int run_external(const struct dt__env_world *ew, const struct worker_args
     dt_comm_destroy(c);
     dt_store_destroy(st);
     dt_store_server_stop(srv);
+    if (dir[0] && ew->rank == 0) remove_store_dir(dir);
     return DT_EXIT_FAIL;
   }
   dt_store_destroy(st);
