@@ -15,6 +15,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -64,7 +65,8 @@ struct dt_comm_window {
   int32_t *pid;
   uint32_t seq;
   _Atomic int aborted;
-  int spin;
+  int64_t spin_ns; /* spin this long before sleeping on the futex */
+  int yield;       /* sched_yield while spinning (more threads than cores) */
   int64_t live_ns;
   uint64_t written, read;
 };
@@ -171,7 +173,8 @@ int dt_comm_window_create(dt_comm *c, size_t bytes, dt_comm_window **out) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   /* ranks x 2 threads (compute + communication) on fewer cores: spinning
    * takes the core from the thread we wait for */
-  w->spin = (int)dt_param_int("DTRAIN_WINDOW_SPIN", 2L * n > cores ? 64 : 4000);
+  w->spin_ns = dt_param_int("DTRAIN_WINDOW_SPIN_US", 1000) * 1000;
+  w->yield = (int)dt_param_int("DTRAIN_WINDOW_YIELD", 2L * n > cores);
   w->live_ns = 2000000;
 
   sweep_stale();
@@ -186,14 +189,22 @@ int dt_comm_window_create(dt_comm *c, size_t bytes, dt_comm_window **out) {
     w->hdr[r]->nonce = nonce;
     w->hdr[r]->pid = me;
   }
-  int ok = mine != NULL, all;
+  /* only where the job already chose shared memory: a forced tcp or mpi
+   * transport is honoured */
+  int ok = mine != NULL;
+  for (int q = 0; q < n && ok; q++) {
+    const char *t = dt_comm_transport_name(c, q);
+    ok = q == r || !strcmp(t, "shm") || !strcmp(t, "inproc");
+  }
+  int all;
   info[2 * r] = me;
   info[2 * r + 1] = (int64_t)nonce;
   if ((rc = all_ok(c, ok, &all)) < 0 ||
       (rc = dt_comm_allgather(c, info + 2 * r, info, 2, DT_I64)) < 0)
     goto fail_unlink;
   if (!all) {
-    rc = dt__seterr(DT_ENOTSUP, "window: a rank cannot create a shared segment");
+    rc = dt__seterr(DT_ENOTSUP, "window: a rank cannot create a shared segment or talks to a "
+                    "peer over a transport other than shm");
     goto fail_unlink;
   }
   ok = 1;
@@ -261,9 +272,14 @@ static int wait_word(dt_comm_window *w, int q, int which, uint32_t seq, int64_t 
   struct win_hdr *h = w->hdr[q];
   _Atomic uint32_t *word = which ? &h->done : &h->ready;
   const char *what = which ? "finish" : "join";
-  for (int i = 0; i < w->spin; i++) {
+  /* spin (yielding the core to a runnable thread when oversubscribed) for
+   * up to spin_ns, then sleep */
+  int64_t spin_end = w->spin_ns > 0 ? dt_now_ns() + w->spin_ns : 0;
+  for (int i = 0; spin_end; i++) {
     if ((int32_t)(atomic_load_explicit(word, memory_order_acquire) - seq) >= 0) return DT_OK;
-    cpu_relax();
+    if (w->yield) sched_yield();
+    else cpu_relax();
+    if ((i & 63) == 63 && dt_now_ns() >= spin_end) break;
   }
   int64_t next_live = 0;
   for (;;) {

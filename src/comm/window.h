@@ -35,8 +35,9 @@ typedef struct dt_comm_window dt_comm_window;
 
 /* Collective over c: every rank gets `bytes` (zeroed, 4096-byte aligned) of
  * memory that every other rank maps too. DT_ENOTSUP (same verdict on every
- * rank) when c spans several hosts, windows are disabled or a segment cannot
- * be created or mapped; other errors are communication failures. c must
+ * rank) when c spans several hosts, some rank reaches a peer over a
+ * transport other than shm (or inproc), windows are disabled or a segment
+ * cannot be created or mapped; other errors are communication failures. c must
  * outlive the window. */
 int dt_comm_window_create(dt_comm *c, size_t bytes, dt_comm_window **out);
 /* Unmaps every segment. Not collective; NULL is a no-op. */
