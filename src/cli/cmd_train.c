@@ -19,6 +19,7 @@
  * line on stderr and exit status 2 before anything is written; failures
  * during training give 1. It never writes summary.json itself.
  */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -227,43 +228,67 @@ static void remove_store_dir(const char *dir) {
   rmdir(dir);
 }
 
-/* This process is rank ew->rank of ew->size, started by an external
- * launcher. The ranks meet through a TCP store served by rank 0 at
- * DTRAIN_RDZV (any number of hosts; DTRAIN_JOB_TOKEN needed) or, without
- * it, a file store in DTRAIN_RDZV_DIR (default /tmp/dtrain-rdzv-UID-JOBID;
- * one host, or a directory every host shares). */
-static int run_external(const struct dt__env_world *ew, const struct worker_args *a) {
+/* How the ranks of an external launcher meet: a TCP store served by rank 0
+ * at DTRAIN_RDZV (any number of hosts; DTRAIN_JOB_TOKEN needed) or, without
+ * it, a file store in DTRAIN_RDZV_DIR/dtrain-rdzv-UID-JOBID (default under
+ * /tmp: one host, or a directory every host shares). */
+struct ext_plan {
+  char host[256], ip[64], bind[64], dir[PATH_MAX];
+  int port;            /* 0: file store in dir */
+  const char *token;   /* "" = none given */
+};
+
+/* Reads the environment; bad input is printed, returns the exit status. */
+static int ext_prepare(const struct dt__env_world *ew, struct ext_plan *p) {
   const char *rdzv = dt_param_str("DTRAIN_RDZV", NULL);
   const char *bind_env = dt_param_str("DTRAIN_BIND_ADDR", NULL);
-  char host[256], ip[64] = "", bind[64] = "127.0.0.1", dir[PATH_MAX] = "";
-  int port = 0;
-  const char *token = "";
-  dt_store_server *srv = NULL;
-  dt_store *st = NULL;
-  dt_comm *c = NULL;
-  struct dt_comm_config cc;
+  memset(p, 0, sizeof *p);
+  snprintf(p->bind, sizeof p->bind, "127.0.0.1");
   if (rdzv && *rdzv) {
-    if (dt__parse_hostport("DTRAIN_RDZV", rdzv, host, sizeof host, &port, 0) < 0)
+    if (dt__parse_hostport("DTRAIN_RDZV", rdzv, p->host, sizeof p->host, &p->port, 0) < 0)
       return DT_EXIT_USAGE;
-    if (dt__resolve_ipv4(host, ip, sizeof ip) < 0) {
+    if (dt__resolve_ipv4(p->host, p->ip, sizeof p->ip) < 0) {
       fprintf(stderr, "dtrain: DTRAIN_RDZV '%s': cannot resolve '%s' to an IPv4 address\n", rdzv,
-              host);
+              p->host);
       return DT_EXIT_USAGE;
     }
-    if (!(token = dt__job_token(1, "a job that meets at DTRAIN_RDZV"))) return DT_EXIT_USAGE;
-    if (dt__route_addr(ip, bind, sizeof bind) < 0) snprintf(bind, sizeof bind, "127.0.0.1");
+    if (!(p->token = dt__job_token(1, "a job that meets at DTRAIN_RDZV"))) return DT_EXIT_USAGE;
+    if (dt__route_addr(p->ip, p->bind, sizeof p->bind) < 0)
+      snprintf(p->bind, sizeof p->bind, "127.0.0.1");
   } else {
     const char *d = dt_param_str("DTRAIN_RDZV_DIR", "/tmp");
-    if (ew->jobid[0]) {
-      snprintf(dir, sizeof dir, "%s/dtrain-rdzv-%u-%s", d && *d ? d : "/tmp", (unsigned)getuid(),
-               ew->jobid);
-    } else {
+    if (!ew->jobid[0]) {
       fprintf(stderr, "dtrain: %s started %d ranks but gave no job id to meet by: set "
               "DTRAIN_RDZV=HOST:PORT (rank 0 serves the rendezvous there)\n", ew->source,
               ew->size);
       return DT_EXIT_USAGE;
     }
-    if (!(token = dt__job_token(0, NULL))) return DT_EXIT_USAGE;
+    snprintf(p->dir, sizeof p->dir, "%s/dtrain-rdzv-%u-%s", d && *d ? d : "/tmp",
+             (unsigned)getuid(), ew->jobid);
+    if (!(p->token = dt__job_token(0, NULL))) return DT_EXIT_USAGE;
+  }
+  if (bind_env && *bind_env) {
+    struct in_addr ia;
+    if (inet_pton(AF_INET, bind_env, &ia) != 1) {
+      fprintf(stderr, "dtrain: DTRAIN_BIND_ADDR '%s': expects an IPv4 address of this "
+              "machine\n", bind_env);
+      return DT_EXIT_USAGE;
+    }
+    snprintf(p->bind, sizeof p->bind, "%s", bind_env);
+  }
+  return DT_EXIT_OK;
+}
+
+/* This process is rank ew->rank of ew->size, started by an external
+ * launcher: meet as planned, then train. */
+static int run_external(const struct dt__env_world *ew, const struct ext_plan *p,
+                        const struct worker_args *a) {
+  const char *dir = p->dir, *token = p->token;
+  dt_store_server *srv = NULL;
+  dt_store *st = NULL;
+  dt_comm *c = NULL;
+  struct dt_comm_config cc;
+  if (!p->port) {
     struct stat sb;
     if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
       fprintf(stderr, "dtrain: rank %d: rendezvous directory %s: %s\n", ew->rank, dir,
@@ -276,18 +301,17 @@ static int run_external(const struct dt__env_world *ew, const struct worker_args
       return DT_EXIT_FAIL;
     }
   }
-  if (bind_env && *bind_env) snprintf(bind, sizeof bind, "%s", bind_env);
   comm_config(&cc, a, ew->rank, ew->size, token);
-  cc.bind_addr = bind;
+  cc.bind_addr = p->bind;
   int rc = DT_OK;
-  if (port) {
-    if (ew->rank == 0) rc = dt_store_server_start(&srv, ip, port, token);
-    if (rc == DT_OK) rc = dt_store_connect(&st, host, port, token, a->timeout);
+  char tok[40] = {0};
+  if (p->port) {
+    if (ew->rank == 0) rc = dt_store_server_start(&srv, p->ip, p->port, token);
+    if (rc == DT_OK) rc = dt_store_connect(&st, p->host, p->port, token, a->timeout);
   } else {
     rc = dt_store_open_file(&st, dir);
     /* without DTRAIN_JOB_TOKEN the tcp links of this job use a fresh secret
      * that rank 0 leaves in the (private) rendezvous directory */
-    char tok[40] = {0};
     size_t tl = 0;
     if (rc == DT_OK && !*token && strcmp(a->transport, "mpi")) {
       if (ew->rank == 0) {
@@ -297,11 +321,7 @@ static int run_external(const struct dt__env_world *ew, const struct worker_args
         rc = dt_store_get(st, "train/token", tok, sizeof tok - 1, &tl, a->timeout);
         tok[tl < sizeof tok ? tl : sizeof tok - 1] = '\0';
       }
-      if (rc == DT_OK) {
-        static char tokbuf[40];
-        memcpy(tokbuf, tok, sizeof tokbuf);
-        cc.token = tokbuf;
-      }
+      if (rc == DT_OK) cc.token = tok;
     }
   }
   if (rc == DT_OK) rc = dt_comm_create(&c, st, &cc);
@@ -313,12 +333,12 @@ static int run_external(const struct dt__env_world *ew, const struct worker_args
     dt_comm_destroy(c);
     dt_store_destroy(st);
     dt_store_server_stop(srv);
-    if (dir[0] && ew->rank == 0) remove_store_dir(dir);
+      if (!p->port && ew->rank == 0) remove_store_dir(dir);
     return DT_EXIT_FAIL;
   }
   dt_store_destroy(st);
   dt_store_server_stop(srv);
-  if (dir[0] && ew->rank == 0) remove_store_dir(dir);
+  if (!p->port && ew->rank == 0) remove_store_dir(dir);
   return train_on(a, c);
 }
 
@@ -434,6 +454,11 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
     free(cfg);
     return DT_EXIT_USAGE;
   }
+  struct ext_plan plan;
+  if (ext && (rc = ext_prepare(&ew, &plan)) != DT_EXIT_OK) {
+    free(cfg);
+    return rc;
+  }
   if (!strcmp(transport, "mpi") && !ext && cfg->run.workers > 1) {
     fprintf(stderr, "dtrain: dist.transport = mpi needs the ranks started by mpirun or srun "
             "(%s forks its own workers: use auto, shm or tcp)\n",
@@ -504,7 +529,7 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   if (L || ext || cfg->run.workers > 1) {
     int st;
     if (ext) {
-      st = run_external(&ew, &wa);
+      st = run_external(&ew, &plan, &wa);
     } else if (L) {
       char hid[320], hn[256] = "localhost";
       gethostname(hn, sizeof hn - 1);
