@@ -8,12 +8,21 @@
  *
  * With --workers N > 1 it loads and checks everything once, then forks N (local_job.c)
  * worker processes (they share the loaded data copy-on-write) that join
- * through a TCP store on 127.0.0.1 (ephemeral port, fresh job token) with
- * transport auto (shm on one host) and train data-parallel; rank 0 prints
+ * through a TCP store on 127.0.0.1 (ephemeral port, fresh job token) over
+ * dist.transport (default auto: shm on one host) and train data-parallel; rank 0 prints
  * and writes the one summary.json. The parent only waits: when a worker
  * fails or dies, the others get a grace period to report the lost rank and
  * exit, then are SIGKILLed by pid; workers die with the parent
- * (PR_SET_PDEATHSIG). `dtrain launch` and mpirun are not handled here yet.
+ * (PR_SET_PDEATHSIG). The transport is dist.transport unless
+ * DTRAIN_TRANSPORT overrides it.
+ *
+ * Launched jobs (docs/launch.md): under `dtrain launch` (cmd_launch.c) the
+ * same path forks this node's workers with their global ranks, node 0
+ * serving the rendezvous; under mpirun or srun (rank and size in the
+ * environment) this process is one rank and meets the others through a
+ * store served by rank 0 at DTRAIN_RDZV or a private file store named
+ * after the launcher's job id. Either way dist.workers becomes the world
+ * size, and only rank 0 prints and writes.
  *
  * Bad input of any kind (arguments, config, data files, model) ends with one
  * line on stderr and exit status 2 before anything is written; failures
@@ -49,6 +58,12 @@ static void train_usage(FILE *f) {
           "  --out DIR                output directory (default runs/<date>-<time>)\n"
           "  --workers N              local worker processes, data parallel (docs/ddp.md)\n"
           "  -h, --help               this help\n"
+          "\n"
+          "Across machines: dtrain launch ... -- train CONFIG (dtrain launch --help), or\n"
+          "mpirun -n N dtrain train CONFIG --set dist.transport=mpi (also srun): every\n"
+          "process is one rank, dist.workers becomes the world size (docs/launch.md).\n"
+          "DTRAIN_TRANSPORT overrides dist.transport; DTRAIN_TIMEOUT (seconds, default\n"
+          "60) bounds every blocking step.\n"
           "\n"
           "Config keys and their defaults (docs/config.md explains each):\n");
   char buf[DT_CFG_SPEC_MAX + 64];

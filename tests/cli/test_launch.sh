@@ -82,7 +82,10 @@ DTRAIN_NPROC_PER_NODE=2 "$DTRAIN" launch -- train "$CFG" "${SHORT[@]}" --out "$T
   >"$T/e2.out" 2>"$T/e2.err" </dev/null && [ "$(json_num "$T/e2/summary.json" workers)" = 2 ] &&
   pass || fail "(a) DTRAIN_NPROC_PER_NODE=2: $(cat "$T/e2.err")"
 
-# ---- (c) bad input ------------------------------------------------------------
+# ---- (c) usage and bad input ------------------------------------------------------
+out=$("$DTRAIN" launch --help) && grep -q -- '--nproc-per-node K' <<<"$out" && grep -q DTRAIN_JOB_TOKEN <<<"$out" &&
+  pass || fail "launch --help: '$out'"
+"$DTRAIN" --help | grep -q '^  launch ' && pass || fail "dtrain --help does not list launch"
 P=$(free_port)
 export DTRAIN_JOB_TOKEN="$TOKEN"
 L2=(launch --nnodes 2 --rdzv "127.0.0.1:$P")
