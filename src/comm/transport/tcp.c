@@ -1,35 +1,46 @@
 /*
- * tcp.c — the TCP transport: one non-blocking, TCP_NODELAY connection per
- * peer with large socket buffers, driven by epoll from the caller's thread
- * (no progress thread: on a 2-core machine a thread hand-off costs more than
- * it hides). Sends and receives progress together (full duplex), receives
- * land straight in the user's buffer when posted in time, and frames that
- * arrive early are buffered per (peer, tag) in order.
+ * tcp.c — the TCP transport: `nconn` non-blocking, TCP_NODELAY connections
+ * ("lanes") per peer, driven by epoll from the caller's thread (no progress
+ * thread: on a 2-core machine a thread hand-off costs more than it hides).
+ * Sends and receives progress together on every lane (full duplex),
+ * receives land straight in the user's buffer when posted in time, and
+ * frames that arrive early are buffered per (lane, tag) in order.
  *
- * Connections: the higher rank dials the lower rank's listening socket.
- * Handshake (every frame a validated struct dt_frame_hdr, control payloads
- * bounded by DT_FRAME_CTRL_MAX):
- *   dialer   -> HELLO {job hash, from, to, nonce_d}
+ * Striping: a message of at least DTRAIN_TCP_STRIPE_MIN bytes (default
+ * 256 KiB) is cut into up to nconn contiguous parts of at least 64 KiB
+ * (64-byte aligned; part i on lane i), each an ordinary frame with the
+ * message's tag; smaller messages use lane 0. Both sides derive the split
+ * from the exact length and the endpoint's lane count, so per-lane FIFO
+ * matching keeps the per (peer, tag) order of whole messages. A part that
+ * fails (wrong length, cancel) cancels its siblings and fails the message.
+ *
+ * Connections: the higher rank dials the lower rank's listening socket,
+ * once per lane; the acceptor adopts the dialer's lane count (1..16) and
+ * the endpoint exists once every lane has passed the handshake (lanes wait
+ * outside epoll until then). Handshake, on every lane (every frame a
+ * validated struct dt_frame_hdr, control payloads bounded):
+ *   dialer   -> HELLO {job hash, from, to, lane, nlanes, nonce_d}
  *   acceptor -> HELLO {nonce_a, HMAC(token, "dt-tcp-acc", nonce_d, nonce_a)}
  *   dialer   -> AUTH  {HMAC(token, "dt-tcp-dial", nonce_a, nonce_d)}
  *   acceptor -> AUTH_OK
  * The listening socket is served for the communicator's whole life, so a
  * stranger (wrong token, random bytes, truncated or oversized frames) is
  * turned away with a logged reason at any time without disturbing the job.
- * A frame failing validation on an established connection, an EOF or a
- * reset without a prior BYE means the peer is lost: the context aborts with
+ * A frame failing validation on an established lane, an EOF or a reset
+ * without a prior BYE means the peer is lost: the context aborts with
  * DT_EPEERLOST naming it and sends ABORT frames to every other peer.
  * Liveness: TCP keepalive (2 s idle, 1 s probes, 3 misses) turns a
  * silently vanished host on an idle connection into DT_EPEERLOST (with data
  * in flight, set DTRAIN_TCP_USER_TIMEOUT_MS or rely on the deadline); a
  * process that dies is seen at once through its FIN or RST. A live but
  * hung process is caught by the caller's deadline instead.
- * Knobs: DTRAIN_TCP_BUFFER (SO_SNDBUF/SO_RCVBUF, default: kernel
- * autotuning), DTRAIN_TCP_KEEPIDLE, DTRAIN_TCP_USER_TIMEOUT_MS,
- * DTRAIN_TCP_SPIN_US (poll, yielding the core, this long before sleeping in
- * epoll_wait; default 0: no measurable gain on a shared 2-core host).
- * Not here: several connections per peer (nconn is accepted but 1 is used),
- * TLS, IPv6 listening.
+ * Knobs: DTRAIN_TCP_NCONN (lanes when the config says 0; default
+ * TCP_NCONN_DEFAULT, measured in docs/comm.md), DTRAIN_TCP_STRIPE_MIN,
+ * DTRAIN_TCP_BUFFER (SO_SNDBUF/SO_RCVBUF, default: kernel autotuning),
+ * DTRAIN_TCP_KEEPIDLE, DTRAIN_TCP_USER_TIMEOUT_MS, DTRAIN_TCP_SPIN_US
+ * (poll, yielding the core, this long before sleeping in epoll_wait;
+ * default 0: no measurable gain on a shared 2-core host).
+ * Not here: TLS, IPv6 listening.
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
@@ -53,6 +64,20 @@
 enum { K_LISTEN = 1, K_WAKE, K_EP, K_PEND };
 
 #define DEFER_MIN (64 * 1024) /* early frames at least this large wait in the socket */
+#define MAX_LANES 16
+#define PART_MIN (64 * 1024)   /* smallest part of a striped message */
+#define TCP_NCONN_DEFAULT 2
+
+/* A striped message: the user's request and one internal request per part.
+ * A part's priv[4] points back here; the parent's priv[5] points here
+ * (0 for a message sent whole). */
+struct stripe {
+  struct stripe *next, *prev; /* the endpoint's list of live stripes */
+  struct dt_tp_req *parent;
+  int nparts, left, rc;
+  bool posting;               /* parts are being posted: do not finish yet */
+  struct dt_tp_req part[];
+};
 
 struct umsg { /* a frame that arrived before its receive was posted */
   struct umsg *next;
@@ -62,10 +87,16 @@ struct umsg { /* a frame that arrived before its receive was posted */
   uint8_t *data;
 };
 
+/* One lane (connection) to a peer. The endpoint handed to comm.c is lane
+ * 0 (the head), which also owns the lane array and the live stripes. */
 struct dt_tp_ep {
   int kind; /* K_EP */
   struct dt_tp_ctx *x;
   int fd, peer;
+  int lane, nlanes;
+  struct dt_tp_ep *head;          /* lane 0 */
+  struct dt_tp_ep **lanes;        /* head only: [nlanes] */
+  struct stripe *stripes;         /* head only */
   bool dead, bye, want_out;
   bool deferred;                  /* a large early frame waits in the socket */
   /* send side */
@@ -94,6 +125,7 @@ struct pend {
   int fd;
   enum pstate st;
   int peer;           /* dialer: target; acceptor: claimed rank once known */
+  int lane, nlanes;
   uint8_t nonce_me[DT_AUTH_NONCE_LEN], nonce_peer[DT_AUTH_NONCE_LEN];
   uint8_t in[DT_FRAME_HDR_LEN + 128];
   size_t in_got;
@@ -113,7 +145,11 @@ struct dt_tp_ctx {
   size_t token_len;
   int bufsize;
   int64_t spin_ns;      /* DTRAIN_TCP_SPIN_US */
-  struct dt_tp_ep **ep; /* per peer */
+  struct dt_tp_ep **ep; /* per peer: the head lane, once every lane is up */
+  struct dt_tp_ep ***build; /* per peer: lanes that passed the handshake so far */
+  int *build_n;         /* per peer: lane count of build[peer] */
+  int nconn;            /* lanes this rank dials */
+  size_t stripe_min;
   struct pend *pend;
   _Atomic int abort_rc;
   char abort_msg[DT_TP_ERR_MAX];
@@ -157,28 +193,135 @@ static void ep_watch(struct dt_tp_ctx *x, struct dt_tp_ep *e, bool out) {
   e->want_out = out;
 }
 
+/* ---- stripes ----------------------------------------------------------- */
+
+static struct stripe *stripe_of_part(struct dt_tp_req *r) { return (struct stripe *)(uintptr_t)r->priv[4]; }
+static struct stripe *stripe_of_parent(struct dt_tp_req *r) { return (struct stripe *)(uintptr_t)r->priv[5]; }
+
+/* How a message of len bytes is cut for an endpoint with nlanes lanes. */
+static int stripe_parts(const struct dt_tp_ctx *x, int nlanes, size_t len, size_t *per) {
+  if (nlanes < 2 || len < x->stripe_min || len < 2 * PART_MIN) return 1;
+  size_t n = len / PART_MIN;
+  if (n > (size_t)nlanes) n = (size_t)nlanes;
+  *per = ((len + n - 1) / n + 63) & ~(size_t)63;
+  while (n > 1 && (n - 1) * *per >= len) n--; /* every part non-empty */
+  return (int)n;
+}
+
+static struct stripe *stripe_new(struct dt_tp_ep *h, struct dt_tp_req *r, int n, size_t per) {
+  struct stripe *st = calloc(1, sizeof *st + (size_t)n * sizeof st->part[0]);
+  if (!st) return NULL;
+  st->parent = r;
+  st->nparts = st->left = n;
+  for (int i = 0; i < n; i++) {
+    struct dt_tp_req *q = &st->part[i];
+    size_t off = (size_t)i * per;
+    q->buf = (uint8_t *)r->buf + off;
+    q->len = r->len - off < per ? r->len - off : per;
+    q->tag = r->tag;
+    q->peer = r->peer;
+    q->kind = r->kind;
+    q->priv[4] = (uint64_t)(uintptr_t)st;
+  }
+  st->next = h->stripes;
+  if (h->stripes) h->stripes->prev = st;
+  h->stripes = st;
+  r->priv[5] = (uint64_t)(uintptr_t)st;
+  return st;
+}
+
+/* Unlinks and frees st, then reports rc (1 or an error) on the parent —
+ * last, since the caller may reuse the parent as soon as it sees it. */
+static void stripe_finish(struct dt_tp_ep *h, struct stripe *st, int rc) {
+  struct dt_tp_req *r = st->parent;
+  if (st->prev) st->prev->next = st->next;
+  else h->stripes = st->next;
+  if (st->next) st->next->prev = st->prev;
+  free(st);
+  r->priv[5] = 0;
+  if (rc == 1) r->done = r->len;
+  if (r->status == 0) r->status = rc;
+}
+
+static void lane_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r);
+
+/* A part failed: cancel the siblings still queued, fail the message. */
+static void stripe_fail(struct dt_tp_ep *h, struct stripe *st, int rc) {
+  if (!st->rc) st->rc = rc;
+  for (int i = 0; i < st->nparts; i++)
+    if (st->part[i].status == 0 && st->part[i].ep) lane_cancel(h->x, &st->part[i]);
+  if (!st->posting) stripe_finish(h, st, st->rc);
+}
+
+/* Sets the outcome of a queued request: a plain one directly, a part
+ * through its stripe. */
+static void req_set(struct dt_tp_req *r, int st) {
+  struct stripe *sp = stripe_of_part(r);
+  if (!sp) {
+    r->status = st;
+    return;
+  }
+  if (r->status != 0) return;
+  r->status = st;
+  struct dt_tp_ep *h = r->ep->head;
+  if (st < 0) {
+    stripe_fail(h, sp, st);
+    return;
+  }
+  if (--sp->left == 0 && !sp->posting) stripe_finish(h, sp, sp->rc ? sp->rc : 1);
+}
+
+/* Fails every request queued on every lane of the endpoint and every
+ * stripe (the endpoint is lost, aborted or closed). */
 static void fail_ep_reqs(struct dt_tp_ep *e, int rc) {
-  for (struct dt_tp_req *r = e->sq, *n; r; r = n) n = r->next, r->status = rc;
-  for (struct dt_tp_req *r = e->rq, *n; r; r = n) n = r->next, r->status = rc;
-  if (e->cur_req && e->cur_req->status == 0) e->cur_req->status = rc;
-  e->sq = e->sq_tail = e->rq = e->rq_tail = NULL;
-  e->cur_req = NULL;
+  struct dt_tp_ep *h = e->head;
+  for (int i = 0; i < h->nlanes; i++) {
+    struct dt_tp_ep *l = h->lanes[i];
+    for (struct dt_tp_req *r = l->sq, *n; r; r = n) n = r->next, r->status = rc;
+    for (struct dt_tp_req *r = l->rq, *n; r; r = n) n = r->next, r->status = rc;
+    if (l->cur_req && l->cur_req->status == 0) l->cur_req->status = rc;
+    l->sq = l->sq_tail = l->rq = l->rq_tail = NULL;
+    l->cur_req = NULL;
+  }
+  for (struct stripe *st = h->stripes, *nx; st; st = nx) {
+    nx = st->next;
+    if (st->posting) { /* finished by its poster */
+      if (!st->rc) st->rc = rc;
+      continue;
+    }
+    stripe_finish(h, st, rc);
+  }
 }
 
 static void do_abort_locked(struct dt_tp_ctx *x, int rc, const char *why);
 static void recv_progress(struct dt_tp_ep *e);
 
-/* The peer behind e is gone (or spoke garbage). */
+/* The peer behind lane e is gone (or spoke garbage): every lane dies. */
 static void ep_lost(struct dt_tp_ep *e, const char *why) {
   struct dt_tp_ctx *x = e->x;
+  struct dt_tp_ep *h = e->head;
   if (e->dead) return;
-  e->dead = true;
-  epoll_ctl(x->efd, EPOLL_CTL_DEL, e->fd, NULL);
-  if (e->bye) { /* it said goodbye: only its own pending requests fail */
-    fail_ep_reqs(e, DT_ECLOSED);
+  if (e->bye) {
+    /* It said goodbye on this lane: the lane's stream is over (everything
+     * sent on it was read before the BYE), but other lanes may still hold
+     * data sent before the close; only requests on this lane fail. */
+    e->dead = true;
+    epoll_ctl(x->efd, EPOLL_CTL_DEL, e->fd, NULL);
+    struct dt_tp_req *q = e->sq, *r = e->rq, *cur = e->cur_req;
+    e->sq = e->sq_tail = e->rq = e->rq_tail = NULL;
+    e->cur_req = NULL;
+    for (struct dt_tp_req *n; q; q = n) n = q->next, req_set(q, DT_ECLOSED);
+    for (struct dt_tp_req *n; r; r = n) n = r->next, req_set(r, DT_ECLOSED);
+    if (cur && cur->status == 0) req_set(cur, DT_ECLOSED);
     return;
   }
-  fail_ep_reqs(e, DT_EPEERLOST);
+  for (int i = 0; i < h->nlanes; i++) {
+    struct dt_tp_ep *l = h->lanes[i];
+    if (l->dead) continue;
+    l->dead = true;
+    epoll_ctl(x->efd, EPOLL_CTL_DEL, l->fd, NULL);
+  }
+  fail_ep_reqs(h, DT_EPEERLOST);
   if (atomic_load(&x->abort_rc)) return; /* already failing for another reason */
   char m[DT_TP_ERR_MAX];
   snprintf(m, sizeof m, "rank %d lost: %s", e->peer, why);
@@ -231,7 +374,7 @@ static void send_progress(struct dt_tp_ep *e) {
       e->sq = r->next;
       if (!e->sq) e->sq_tail = NULL;
       e->s_hdr_done = 0;
-      r->status = 1;
+      req_set(r, 1);
     }
   }
   if (e->want_out && !e->sq && !e->dead) ep_watch(x, e, false);
@@ -255,7 +398,7 @@ static void finish_frame(struct dt_tp_ep *e) {
   if (e->cur.type == DT_FRAME_DATA) {
     if (e->cur_req) {
       e->cur_req->done = e->cur_req->len;
-      e->cur_req->status = 1;
+      req_set(e->cur_req, 1);
     } else if (e->cur_u) {
       e->cur_u->complete = true;
     }
@@ -314,12 +457,13 @@ static int start_frame(struct dt_tp_ep *e) {
       else e->rq = r->next;
       if (e->rq_tail == r) e->rq_tail = prev;
       if (r->len != e->cur.len) {
-        r->status = DT_EPROTO;
         snprintf(x->err_last, sizeof x->err_last,
-                 "rank %d sent %llu bytes for tag 0x%llx, %zu expected", e->peer,
-                 (unsigned long long)e->cur.len, (unsigned long long)e->cur.tag, r->len);
+                 "rank %d sent %llu bytes for tag 0x%llx, %zu expected%s", e->peer,
+                 (unsigned long long)e->cur.len, (unsigned long long)e->cur.tag, r->len,
+                 stripe_of_part(r) ? " (one part of a striped message)" : "");
         e->discard = true;
         e->target = x->discard_buf;
+        req_set(r, DT_EPROTO);
       } else {
         e->cur_req = r;
         e->target = r->buf;
@@ -442,19 +586,45 @@ static bool write_frame(int fd, uint8_t type, const void *pl, size_t len) {
   return send(fd, buf, DT_FRAME_HDR_LEN + len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)(DT_FRAME_HDR_LEN + len);
 }
 
-static int make_ep(struct dt_tp_ctx *x, int fd, int peer) {
+/* A lane passed the handshake: keep it (outside epoll, so nothing is read
+ * from it before its endpoint exists) until the peer's last lane arrives,
+ * then make the endpoint. */
+static int lane_ready(struct dt_tp_ctx *x, int fd, int peer, int lane, int nlanes) {
+  if (!x->build[peer]) {
+    x->build[peer] = calloc((size_t)nlanes, sizeof **x->build);
+    if (!x->build[peer]) return DT_ENOMEM;
+    x->build_n[peer] = nlanes;
+  }
   struct dt_tp_ep *e = calloc(1, sizeof *e);
   if (!e) return DT_ENOMEM;
   e->kind = K_EP;
   e->x = x;
   e->fd = fd;
   e->peer = peer;
-  struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = e}};
-  if (epoll_ctl(x->efd, EPOLL_CTL_ADD, fd, &ev)) {
-    free(e);
-    return DT_EIO;
+  e->lane = lane;
+  e->nlanes = nlanes;
+  struct dt_tp_ep **b = x->build[peer];
+  b[lane] = e;
+  for (int i = 0; i < nlanes; i++)
+    if (!b[i]) return DT_OK;
+  struct dt_tp_ep *h = b[0];
+  h->lanes = b;
+  x->build[peer] = NULL;
+  x->build_n[peer] = 0;
+  for (int i = 0; i < nlanes; i++) {
+    b[i]->head = h;
+    struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = b[i]}};
+    if (epoll_ctl(x->efd, EPOLL_CTL_ADD, b[i]->fd, &ev)) {
+      for (int j = 0; j < nlanes; j++) {
+        if (j < i) epoll_ctl(x->efd, EPOLL_CTL_DEL, b[j]->fd, NULL);
+        close(b[j]->fd);
+        free(b[j]);
+      }
+      free(b);
+      return DT_EIO;
+    }
   }
-  x->ep[peer] = e;
+  x->ep[peer] = h;
   return DT_OK;
 }
 
@@ -487,7 +657,7 @@ static int pend_read(struct pend *p, uint8_t want_type, size_t want_len, char *w
   return 1;
 }
 
-#define HELLO_D_LEN (8 + 4 + 4 + DT_AUTH_NONCE_LEN)
+#define HELLO_D_LEN (8 + 4 + 4 + 2 + 2 + DT_AUTH_NONCE_LEN)
 #define HELLO_A_LEN (DT_AUTH_NONCE_LEN + DT_AUTH_MAC_LEN)
 
 static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
@@ -506,10 +676,13 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
     }
     uint8_t pl[HELLO_D_LEN];
     int32_t from = x->rank, to = p->peer;
+    uint16_t lane = (uint16_t)p->lane, nl = (uint16_t)p->nlanes;
     memcpy(pl, &x->job_hash, 8);
     memcpy(pl + 8, &from, 4);
     memcpy(pl + 12, &to, 4);
-    memcpy(pl + 16, p->nonce_me, DT_AUTH_NONCE_LEN);
+    memcpy(pl + 16, &lane, 2);
+    memcpy(pl + 18, &nl, 2);
+    memcpy(pl + 20, p->nonce_me, DT_AUTH_NONCE_LEN);
     if (!write_frame(p->fd, DT_FRAME_HELLO, pl, sizeof pl)) {
       p->fail_rc = DT_EAGAIN;
       snprintf(p->fail, sizeof p->fail, "handshake write failed");
@@ -553,9 +726,9 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
       snprintf(p->fail, sizeof p->fail, "rank %d rejected our job token: %s", p->peer, why);
       return;
     }
-    int fd = p->fd, peer = p->peer;
+    int fd = p->fd, peer = p->peer, lane = p->lane, nl = p->nlanes;
     pend_remove(x, p, false);
-    if (make_ep(x, fd, peer) < 0) close(fd);
+    if (lane_ready(x, fd, peer, lane, nl) < 0) close(fd);
     return;
   }
   case P_ACC_WAIT_HELLO: {
@@ -565,17 +738,27 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
     uint8_t *pl = p->in + DT_FRAME_HDR_LEN;
     uint64_t jh;
     int32_t from, to;
+    uint16_t lane, nl;
     memcpy(&jh, pl, 8);
     memcpy(&from, pl + 8, 4);
     memcpy(&to, pl + 12, 4);
+    memcpy(&lane, pl + 16, 2);
+    memcpy(&nl, pl + 18, 2);
     if (jh != x->job_hash) { pend_reject(x, p, "different job"); return; }
     if (to != x->rank || from <= x->rank || from >= x->size) {
       snprintf(why, sizeof why, "bad ranks in hello (from %d to %d)", from, to);
       pend_reject(x, p, why);
       return;
     }
+    if (nl < 1 || nl > MAX_LANES || lane >= nl) {
+      snprintf(why, sizeof why, "bad lane in hello (%u of %u)", lane, nl);
+      pend_reject(x, p, why);
+      return;
+    }
     p->peer = from;
-    memcpy(p->nonce_peer, pl + 16, DT_AUTH_NONCE_LEN);
+    p->lane = lane;
+    p->nlanes = nl;
+    memcpy(p->nonce_peer, pl + 20, DT_AUTH_NONCE_LEN);
     uint8_t out[HELLO_A_LEN];
     memcpy(out, p->nonce_me, DT_AUTH_NONCE_LEN);
     dt__auth_mac(x->token, x->token_len, "dt-tcp-acc", p->nonce_peer, p->nonce_me, out + DT_AUTH_NONCE_LEN);
@@ -594,15 +777,22 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
       pend_reject(x, p, why);
       return;
     }
-    if (x->ep[p->peer]) { /* live or lost: a rank connects once per communicator */
-      snprintf(why, sizeof why, "rank %d is already connected", p->peer);
+    struct dt_tp_ep **b = x->build[p->peer];
+    if (x->ep[p->peer] || (b && b[p->lane])) { /* live or lost: a rank connects once per communicator */
+      snprintf(why, sizeof why, "rank %d is already connected (lane %d)", p->peer, p->lane);
+      pend_reject(x, p, why);
+      return;
+    }
+    if (b && x->build_n[p->peer] != p->nlanes) {
+      snprintf(why, sizeof why, "rank %d changed its lane count (%d, then %d)", p->peer,
+               x->build_n[p->peer], p->nlanes);
       pend_reject(x, p, why);
       return;
     }
     if (!write_frame(p->fd, DT_FRAME_AUTH_OK, NULL, 0)) { pend_reject(x, p, "write failed"); return; }
-    int fd = p->fd, peer = p->peer;
+    int fd = p->fd, peer = p->peer, lane = p->lane, nl = p->nlanes;
     pend_remove(x, p, false);
-    if (make_ep(x, fd, peer) < 0) close(fd);
+    if (lane_ready(x, fd, peer, lane, nl) < 0) close(fd);
     return;
   }
   }
@@ -679,6 +869,14 @@ static void ctx_free(struct dt_tp_ctx *x) {
   if (x->efd >= 0) close(x->efd);
   if (x->wfd >= 0) close(x->wfd);
   while (x->pend) pend_remove(x, x->pend, true);
+  for (int p = 0; x->build && p < x->size; p++) {
+    if (!x->build[p]) continue;
+    for (int i = 0; i < x->build_n[p]; i++)
+      if (x->build[p][i]) close(x->build[p][i]->fd), free(x->build[p][i]);
+    free(x->build[p]);
+  }
+  free(x->build);
+  free(x->build_n);
   free(x->ep);
   free(x->token);
   free(x->discard_buf);
@@ -698,10 +896,16 @@ static int tcp_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   x->job_hash = hash_str(in->job ? in->job : "");
   x->bufsize = (int)dt_param_int("DTRAIN_TCP_BUFFER", 0);
   x->spin_ns = dt_param_int("DTRAIN_TCP_SPIN_US", 0) * 1000;
+  int nconn = in->nconn > 0 ? in->nconn : (int)dt_param_int("DTRAIN_TCP_NCONN", TCP_NCONN_DEFAULT);
+  x->nconn = nconn < 1 ? 1 : nconn > MAX_LANES ? MAX_LANES : nconn;
+  int64_t smin = dt_param_int("DTRAIN_TCP_STRIPE_MIN", 256 * 1024);
+  x->stripe_min = smin < 2 * PART_MIN ? 2 * PART_MIN : (size_t)smin;
   x->ep = calloc((size_t)in->size, sizeof *x->ep);
+  x->build = calloc((size_t)in->size, sizeof *x->build);
+  x->build_n = calloc((size_t)in->size, sizeof *x->build_n);
   x->token = malloc(in->token_len + 1);
   x->discard_buf = malloc(65536);
-  if (!x->ep || !x->token || !x->discard_buf) {
+  if (!x->ep || !x->build || !x->build_n || !x->token || !x->discard_buf) {
     ctx_free(x);
     return dt__seterr(DT_ENOMEM, "tcp: out of memory");
   }
@@ -741,7 +945,8 @@ static bool tcp_can_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *p) {
   return p->addr && strchr(p->addr, ':') != NULL;
 }
 
-static int dial_start(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, struct pend **out, char *err) {
+static int dial_start(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int lane, struct pend **out,
+                      char *err) {
   char host[64];
   const char *colon = strrchr(peer->addr, ':');
   size_t hl = (size_t)(colon - peer->addr);
@@ -763,6 +968,8 @@ static int dial_start(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, struct
   p->kind = K_PEND;
   p->fd = fd;
   p->peer = peer->rank;
+  p->lane = lane;
+  p->nlanes = x->nconn;
   p->st = P_DIAL_CONNECTING;
   snprintf(p->who, sizeof p->who, "%s", peer->addr);
   dt__auth_random(p->nonce_me, sizeof p->nonce_me);
@@ -790,9 +997,9 @@ static bool pend_alive(struct dt_tp_ctx *x, struct pend *p) {
 static int tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64_t deadline,
                        struct dt_tp_ep **out, char *err) {
   pthread_mutex_lock(&x->mu);
-  struct pend *p = NULL;
+  struct pend *p[MAX_LANES] = {0};
+  double retry_at[MAX_LANES] = {0};
   int rc = DT_OK;
-  double retry_at = 0;
   for (;;) {
     if (x->ep[peer->rank] && !x->ep[peer->rank]->dead) break;
     if (atomic_load(&x->abort_rc)) {
@@ -800,25 +1007,27 @@ static int tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64
       snprintf(err, DT_TP_ERR_MAX, "%s", x->abort_msg);
       break;
     }
-    if (peer->rank < x->rank) { /* we dial */
-      if (p && pend_alive(x, p) && p->fail_rc) {
-        if (p->fail_rc != DT_EAGAIN) {
-          rc = p->fail_rc;
-          snprintf(err, DT_TP_ERR_MAX, "%s", p->fail);
-          pend_remove(x, p, true);
-          break;
+    if (peer->rank < x->rank) { /* we dial, once per lane */
+      for (int i = 0; i < x->nconn && rc == DT_OK; i++) {
+        struct dt_tp_ep **b = x->build[peer->rank];
+        if (b && b[i]) continue; /* this lane is up */
+        if (p[i] && pend_alive(x, p[i]) && p[i]->fail_rc) {
+          if (p[i]->fail_rc != DT_EAGAIN) {
+            rc = p[i]->fail_rc;
+            snprintf(err, DT_TP_ERR_MAX, "%s", p[i]->fail);
+            break;
+          }
+          snprintf(err, DT_TP_ERR_MAX, "%s (%s)", p[i]->fail, peer->addr);
+          pend_remove(x, p[i], true);
+          p[i] = NULL;
+          retry_at[i] = dt_now() + 0.01;
         }
-        snprintf(err, DT_TP_ERR_MAX, "%s (%s)", p->fail, peer->addr);
-        pend_remove(x, p, true);
-        p = NULL;
-        retry_at = dt_now() + 0.01;
+        if (p[i] && !pend_alive(x, p[i])) p[i] = NULL; /* it became a lane or died */
+        if (!p[i] && !(x->ep[peer->rank] && !x->ep[peer->rank]->dead) && dt_now() >= retry_at[i])
+          rc = dial_start(x, peer, i, &p[i], err);
       }
-      if (p && !pend_alive(x, p)) p = NULL; /* it became an endpoint (checked above) or died */
-      if (!p && dt_now() >= retry_at) {
-        rc = dial_start(x, peer, &p, err);
-        if (rc < 0) break;
-        continue;
-      }
+      if (rc < 0) break;
+      if (x->ep[peer->rank] && !x->ep[peer->rank]->dead) break;
     }
     int64_t left = deadline - dt_now_ns();
     if (left <= 0) {
@@ -834,37 +1043,35 @@ static int tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64
     int ms = (int)(left / 1000000) + 1;
     progress(x, ms > 10 ? 10 : ms);
   }
-  if (rc < 0 && p && pend_alive(x, p)) pend_remove(x, p, true);
+  for (int i = 0; i < MAX_LANES; i++)
+    if (rc < 0 && p[i] && pend_alive(x, p[i])) pend_remove(x, p[i], true);
   if (rc == DT_OK) *out = x->ep[peer->rank];
   pthread_mutex_unlock(&x->mu);
   return rc;
 }
 
-static int tcp_isend(struct dt_tp_ep *e, struct dt_tp_req *r) {
+/* Queues r (a whole message or one part) on lane e. Called with x->mu. */
+static void lane_isend(struct dt_tp_ep *e, struct dt_tp_req *r) {
   struct dt_tp_ctx *x = e->x;
-  pthread_mutex_lock(&x->mu);
   int arc = atomic_load(&x->abort_rc);
-  if (e->dead || arc) {
-    r->status = arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST;
-    pthread_mutex_unlock(&x->mu);
-    return r->status;
-  }
   r->ep = e;
   r->done = 0;
   r->next = NULL;
+  if (e->dead || arc) {
+    req_set(r, arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST);
+    return;
+  }
   struct dt_frame_hdr h = {DT_FRAME_MAGIC, DT_FRAME_VERSION, DT_FRAME_DATA, 0, r->tag, r->len};
   dt__frame_encode(&h, (uint8_t *)r->priv);
   if (e->sq_tail) e->sq_tail->next = r;
   else e->sq = r;
   e->sq_tail = r;
   if (e->sq == r) send_progress(e); /* eager attempt: small messages leave now */
-  pthread_mutex_unlock(&x->mu);
-  return DT_OK;
 }
 
-static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
+/* Posts receive r (a whole message or one part) on lane e. */
+static void lane_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
   struct dt_tp_ctx *x = e->x;
-  pthread_mutex_lock(&x->mu);
   int arc = atomic_load(&x->abort_rc);
   r->ep = e;
   r->done = 0;
@@ -876,15 +1083,17 @@ static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
     if (prev) prev->next = u->next;
     else e->uq = u->next;
     if (e->uq_tail == u) e->uq_tail = prev;
+    int st = 0;
     if (u->len != r->len) {
-      r->status = DT_EPROTO;
-      snprintf(x->err_last, sizeof x->err_last, "rank %d sent %zu bytes for tag 0x%llx, %zu expected",
-               e->peer, u->len, (unsigned long long)r->tag, r->len);
+      st = DT_EPROTO;
+      snprintf(x->err_last, sizeof x->err_last, "rank %d sent %zu bytes for tag 0x%llx, %zu expected%s",
+               e->peer, u->len, (unsigned long long)r->tag, r->len,
+               stripe_of_part(r) ? " (one part of a striped message)" : "");
       if (!u->complete) { e->discard = true; e->target = x->discard_buf; e->cur_u = NULL; }
     } else if (u->complete) {
       if (u->len) memcpy(r->buf, u->data, u->len);
       r->done = r->len;
-      r->status = 1;
+      st = 1;
     } else { /* still arriving: continue straight into the user's buffer */
       memcpy(r->buf, u->data, u->got);
       e->cur_u = NULL;
@@ -893,49 +1102,90 @@ static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
     }
     free(u->data);
     free(u);
-    pthread_mutex_unlock(&x->mu);
-    return DT_OK;
+    if (st) req_set(r, st);
+    return;
   }
   if (e->dead || arc) {
-    r->status = arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST;
-    pthread_mutex_unlock(&x->mu);
-    return r->status;
+    req_set(r, arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST);
+    return;
   }
   if (e->deferred) {
     if (r->tag == e->cur.tag) { /* the waiting frame is ours: read it in place */
       e->deferred = false;
       if (r->len != e->cur.len) {
-        r->status = DT_EPROTO;
-        snprintf(x->err_last, sizeof x->err_last, "rank %d sent %llu bytes for tag 0x%llx, %zu expected",
-                 e->peer, (unsigned long long)e->cur.len, (unsigned long long)r->tag, r->len);
+        snprintf(x->err_last, sizeof x->err_last, "rank %d sent %llu bytes for tag 0x%llx, %zu expected%s",
+                 e->peer, (unsigned long long)e->cur.len, (unsigned long long)r->tag, r->len,
+                 stripe_of_part(r) ? " (one part of a striped message)" : "");
         e->discard = true;
         e->target = x->discard_buf;
+        req_set(r, DT_EPROTO);
       } else {
         e->cur_req = r;
         e->target = r->buf;
       }
       ep_watch(x, e, e->want_out);
       recv_progress(e);
-      pthread_mutex_unlock(&x->mu);
-      return DT_OK;
+      return;
     }
     if (undefer(e) < 0) {
-      r->status = DT_EPEERLOST;
-      pthread_mutex_unlock(&x->mu);
-      return r->status;
+      req_set(r, DT_EPEERLOST);
+      return;
     }
   }
   if (e->rq_tail) e->rq_tail->next = r;
   else e->rq = r;
   e->rq_tail = r;
+}
+
+/* Posts a send or receive on endpoint h (the head lane): whole on lane 0,
+ * or as parts over the lanes. */
+static int post(struct dt_tp_ep *h, struct dt_tp_req *r, bool send) {
+  struct dt_tp_ctx *x = h->x;
+  pthread_mutex_lock(&x->mu);
+  r->priv[4] = r->priv[5] = 0;
+  r->ep = h;
+  r->done = 0;
+  r->next = NULL;
+  size_t per = 0;
+  int n = stripe_parts(x, h->nlanes, r->len, &per);
+  if (n == 1 || atomic_load(&x->abort_rc)) {
+    if (send) lane_isend(h, r);
+    else lane_irecv(h, r);
+  } else {
+    struct stripe *st = stripe_new(h, r, n, per);
+    if (!st) {
+      pthread_mutex_unlock(&x->mu);
+      r->status = DT_ENOMEM;
+      return dt__seterr(DT_ENOMEM, "tcp: out of memory");
+    }
+    st->posting = true;
+    for (int i = 0; i < n && !st->rc; i++) {
+      if (send) lane_isend(h->lanes[i], &st->part[i]);
+      else lane_irecv(h->lanes[i], &st->part[i]);
+    }
+    st->posting = false;
+    if (st->rc) stripe_fail(h, st, st->rc);
+    else if (st->left == 0) stripe_finish(h, st, 1);
+  }
+  int s = r->status;
   pthread_mutex_unlock(&x->mu);
-  return DT_OK;
+  return s < 0 && s != DT_EPROTO ? s : DT_OK; /* a wrong length is reported by wait */
+}
+
+static int tcp_isend(struct dt_tp_ep *e, struct dt_tp_req *r) { return post(e, r, true); }
+static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) { return post(e, r, false); }
+
+/* Pushes queued sends on every lane of r's endpoint. */
+static void send_progress_all(struct dt_tp_req *r) {
+  struct dt_tp_ep *h = r->ep->head;
+  for (int i = 0; i < h->nlanes; i++)
+    if (h->lanes[i]->sq) send_progress(h->lanes[i]);
 }
 
 static int tcp_test(struct dt_tp_ctx *x, struct dt_tp_req *r) {
   pthread_mutex_lock(&x->mu);
   if (r->status == 0) {
-    if (r->kind == DT_TP_SEND && r->ep) send_progress(r->ep);
+    if (r->kind == DT_TP_SEND && r->ep) send_progress_all(r);
     progress(x, 0);
   }
   int s = r->status;
@@ -996,8 +1246,8 @@ out:
   return rc;
 }
 
-static void tcp_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
-  pthread_mutex_lock(&x->mu);
+/* Takes r (a whole message or one part) off its lane. Called with x->mu. */
+static void lane_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
   struct dt_tp_ep *e = r->ep;
   if (e && r->status == 0) {
     struct dt_tp_req **q = r->kind == DT_TP_SEND ? &e->sq : &e->rq;
@@ -1020,6 +1270,19 @@ static void tcp_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
     }
   }
   if (r->status == 0) r->status = DT_EABORTED;
+}
+
+static void tcp_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
+  pthread_mutex_lock(&x->mu);
+  struct stripe *st = stripe_of_parent(r);
+  if (st && r->status == 0) {
+    for (int i = 0; i < st->nparts; i++)
+      if (st->part[i].status == 0 && st->part[i].ep) lane_cancel(x, &st->part[i]);
+    stripe_finish(r->ep->head, st, DT_EABORTED);
+  } else if (!st) {
+    lane_cancel(x, r);
+  }
+  if (r->status == 0) r->status = DT_EABORTED;
   pthread_mutex_unlock(&x->mu);
 }
 
@@ -1036,8 +1299,12 @@ static void do_abort_locked(struct dt_tp_ctx *x, int rc, const char *why) {
   if (ml >= DT_TP_ERR_MAX) ml = DT_TP_ERR_MAX - 1;
   for (int p = 0; p < x->size; p++) {
     struct dt_tp_ep *e = x->ep[p];
-    if (!e || e->dead) continue;
-    if (!send_ctrl(e, DT_FRAME_ABORT, m, 4 + (size_t)ml)) shutdown(e->fd, SHUT_WR);
+    if (!e) continue;
+    /* any idle lane carries the message; if none is idle, the peer sees EOF */
+    bool told = false;
+    for (int i = 0; i < e->nlanes && !told; i++) told = send_ctrl(e->lanes[i], DT_FRAME_ABORT, m, 4 + (size_t)ml);
+    if (!told)
+      for (int i = 0; i < e->nlanes; i++) shutdown(e->lanes[i]->fd, SHUT_WR);
     fail_ep_reqs(e, atomic_load(&x->abort_rc));
   }
   uint64_t one = 1;
@@ -1055,22 +1322,37 @@ static void tcp_abort(struct dt_tp_ctx *x, int rc, const char *why) {
 static void tcp_close(struct dt_tp_ep *e) {
   struct dt_tp_ctx *x = e->x;
   pthread_mutex_lock(&x->mu);
-  if (!e->dead) {
-    /* flush what is queued (bounded), then say goodbye */
-    double until = dt_now() + 1.0;
-    while (e->sq && !e->dead && dt_now() < until) {
-      send_progress(e);
-      if (e->sq) progress(x, 1);
+  struct dt_tp_ep *h = e->head;
+  /* flush what is queued (bounded), then say goodbye on every lane */
+  double until = dt_now() + 1.0;
+  for (;;) {
+    bool busy = false;
+    for (int i = 0; i < h->nlanes; i++) {
+      struct dt_tp_ep *l = h->lanes[i];
+      if (!l->dead && l->sq) send_progress(l);
+      busy |= !l->dead && l->sq != NULL;
     }
-    if (!e->dead) send_ctrl(e, DT_FRAME_BYE, NULL, 0);
-    epoll_ctl(x->efd, EPOLL_CTL_DEL, e->fd, NULL);
+    if (!busy || dt_now() >= until) break;
+    progress(x, 1);
   }
-  fail_ep_reqs(e, DT_ECLOSED);
-  for (struct umsg *u = e->uq, *n; u; u = n) n = u->next, free(u->data), free(u);
-  free(e->ctrl);
-  close(e->fd);
-  if (x->ep[e->peer] == e) x->ep[e->peer] = NULL;
-  free(e);
+  for (int i = 0; i < h->nlanes; i++) {
+    struct dt_tp_ep *l = h->lanes[i];
+    if (l->dead) continue;
+    send_ctrl(l, DT_FRAME_BYE, NULL, 0);
+    epoll_ctl(x->efd, EPOLL_CTL_DEL, l->fd, NULL);
+  }
+  fail_ep_reqs(h, DT_ECLOSED);
+  if (x->ep[h->peer] == h) x->ep[h->peer] = NULL;
+  struct dt_tp_ep **lanes = h->lanes;
+  int n = h->nlanes;
+  for (int i = 0; i < n; i++) {
+    struct dt_tp_ep *l = lanes[i];
+    for (struct umsg *u = l->uq, *nx; u; u = nx) nx = u->next, free(u->data), free(u);
+    free(l->ctrl);
+    close(l->fd);
+    free(l);
+  }
+  free(lanes);
   pthread_mutex_unlock(&x->mu);
 }
 
