@@ -760,8 +760,8 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
   me.comm_seconds = st.comm_seconds;
   double h = st.comm_seconds > 0 ? 1.0 - st.exposed_seconds / st.comm_seconds : 0;
   me.comm_hidden = h < 0 ? 0 : h > 1 ? 1 : h;
-  me.bytes_sent = (double)(sent - sent0);
-  me.bytes_received = (double)(recv - recv0);
+  me.bytes_sent = (double)(sent - sent0 + st.window_written);
+  me.bytes_received = (double)(recv - recv0 + st.window_read);
   dt_worker_stats *all = calloc((size_t)e->nranks, sizeof *all);
   if (!all) {
     rc = dt__seterr(DT_ENOMEM, "summary: out of memory");

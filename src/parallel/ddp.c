@@ -3,7 +3,7 @@
  *
  * Buckets are contiguous spans of the flat gradient buffer, built walking
  * the layers backwards (the order backward produces them) and closed once
- * they hold DTRAIN_BUCKET_BYTES. Each bucket counts the layers it still
+ * they hold dist.bucket_bytes. Each bucket counts the layers it still
  * waits for; the grad-ready callback of dt_model_backward decrements it and,
  * at zero, queues the bucket for the communication thread, which scales it
  * by n_local / n_global and sums it over all workers in place. After
@@ -25,6 +25,11 @@
  * collective. With no communicator (one worker) nothing is sent: the same
  * sums, the same conversion, the same bits.
  *
+ * Ranks that share a host over shm keep the gradient buffer in a shared
+ * window (comm/window.h): a bucket's "allreduce" is then one pass in which
+ * each rank sums its slice over every rank's window, scale included, and
+ * writes it back everywhere — no staging copies, no separate scaling pass.
+ *
  * The communication thread is the only user of the communicator during a
  * step; it records the first error (with its message, since dt_errmsg is
  * per thread) and skips the remaining buckets of that step, so the compute
@@ -37,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/window.h"
 #include "core/core.h"
 #include "parallel/ddp.h"
 #include "parallel/fixsum.h"
@@ -51,6 +57,7 @@ typedef struct bucket {
 struct dt_ddp {
   dt_model *model;
   dt_comm *comm;
+  dt_comm_window *win;     /* the gradients live here when ranks share a host */
   float *grads;
   bucket *b;
   int nb;
@@ -101,6 +108,8 @@ static void det_add(dt_ddp *d, int64_t *acc, const float *x, size_t n, double w,
 static int reduce_bucket(dt_ddp *d, int i, float scale) {
   float *g = d->grads + d->b[i].off;
   size_t n = d->b[i].n;
+  if (!d->det && d->win)
+    return dt_comm_window_allreduce_f32(d->win, d->b[i].off * sizeof(float), n, scale);
   if (!d->det) {
     if (scale != 1.0f)
       for (size_t j = 0; j < n; j++) g[j] *= scale;
@@ -120,6 +129,12 @@ static int reduce_bucket(dt_ddp *d, int i, float scale) {
     if (d->nbufs) dt_fix_to_float(d->bufs, d->acc, d->nbufs, d->n_global);
   }
   return DT_OK;
+}
+
+/* The message of reduce_bucket's failure, on the thread that saw it. */
+static const char *reduce_errmsg(dt_ddp *d) {
+  const char *m = d->win || !d->comm ? NULL : dt_comm_errmsg(d->comm);
+  return m && *m ? m : dt_errmsg();
 }
 
 static void enqueue_locked(dt_ddp *d, int i) {
@@ -149,9 +164,7 @@ static void *comm_main(void *arg) {
     d->st.comm_seconds += dt;
     if (rc < 0 && !d->err) {
       d->err = rc;
-      const char *m = dt_comm_errmsg(d->comm);
-      if (!m || !*m) m = dt_errmsg();
-      snprintf(d->errmsg, sizeof d->errmsg, "%s", m);
+      snprintf(d->errmsg, sizeof d->errmsg, "%s", reduce_errmsg(d));
     }
     d->ndone++;
     pthread_cond_broadcast(&d->done_cv);
@@ -210,6 +223,22 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
   pthread_mutex_init(&d->mu, NULL);
   pthread_cond_init(&d->cv, NULL);
   pthread_cond_init(&d->done_cv, NULL);
+  /* Ranks on one host talking shm: the gradients move into a shared window
+   * and each bucket is reduced in one pass over it, with the averaging
+   * scale fused in (comm/window.h). Otherwise (other hosts, a forced tcp
+   * or mpi transport, DTRAIN_WINDOW=0, deterministic mode's integer sums)
+   * the transport's allreduce. */
+  size_t np = dt_model_nparams(m);
+  if (!det && c && dt_comm_size(c) > 1 && np) {
+    int rc = dt_comm_window_create(c, np * sizeof(float), &d->win);
+    if (rc == DT_OK) {
+      dt_model_set_grads(m, dt_comm_window_base(d->win));
+      d->grads = dt_model_grads(m);
+    } else if (rc != DT_ENOTSUP) {
+      dt_ddp_destroy(d);
+      return dt__preerr(rc, "ddp: gradient window");
+    }
+  }
   d->ndone = d->qlen = d->qnext = 0;
   /* one bucket is ready only when backward ends: nothing to overlap, so
    * skip the thread hand-off */
@@ -251,6 +280,10 @@ void dt_ddp_destroy(dt_ddp *d) {
   pthread_mutex_destroy(&d->mu);
   pthread_cond_destroy(&d->cv);
   pthread_cond_destroy(&d->done_cv);
+  if (d->win) {
+    dt_model_set_grads(d->model, NULL);
+    dt_comm_window_destroy(d->win);
+  }
   free(d->b);
   free(d->queue);
   free(d->acc);
@@ -360,10 +393,7 @@ static int finish_inline(dt_ddp *d) {
   d->st.exposed_seconds += dt;
   d->st.steps++;
   pthread_mutex_unlock(&d->mu);
-  if (rc < 0) {
-    const char *m = dt_comm_errmsg(d->comm);
-    return dt__seterr(rc, "gradient allreduce: %s", m && *m ? m : dt_errmsg());
-  }
+  if (rc < 0) return dt__seterr(rc, "gradient allreduce: %s", reduce_errmsg(d));
   return det_verdict(d);
 }
 
@@ -384,6 +414,7 @@ int dt_ddp_finish_step(dt_ddp *d) {
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out) {
   pthread_mutex_lock((pthread_mutex_t *)&d->mu);
   *out = d->st;
+  if (d->win) dt_comm_window_bytes(d->win, &out->window_written, &out->window_read);
   pthread_mutex_unlock((pthread_mutex_t *)&d->mu);
 }
 

@@ -38,6 +38,7 @@ typedef struct dt_ddp_stats {
   double exposed_seconds; /* compute thread waiting for it after backward */
   int64_t steps;
   int nbuckets;
+  uint64_t window_written, window_read; /* bytes moved through a shared window */
 } dt_ddp_stats;
 
 /* Builds buckets of at most bucket_bytes (dist.bucket_bytes; <= 0: 128 KiB)
