@@ -14,10 +14,10 @@
  * matching keeps the per (peer, tag) order of whole messages. A part that
  * fails (wrong length, cancel) cancels its siblings and fails the message.
  *
- * Connections: the higher rank dials the lower rank's listening socket,
- * once per lane; the acceptor adopts the dialer's lane count (1..16) and
- * the endpoint exists once every lane has passed the handshake (lanes wait
- * outside epoll until then). Handshake, on every lane (every frame a
+ * Connections (made in tcp_handshake.c): the higher rank dials the lower
+ * rank's listening socket, once per lane; the acceptor adopts the dialer's
+ * lane count (1..16) and the endpoint exists once every lane has passed
+ * the handshake (lanes wait outside epoll until then). Handshake, on every lane (every frame a
  * validated struct dt_frame_hdr, control payloads bounded):
  *   dialer   -> HELLO {job hash, from, to, lane, nlanes, nonce_d}
  *   acceptor -> HELLO {nonce_a, HMAC(token, "dt-tcp-acc", nonce_d, nonce_a)}
@@ -44,6 +44,7 @@
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
+#include "comm/transport/tcp_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -61,130 +62,12 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-enum { K_LISTEN = 1, K_WAKE, K_EP, K_PEND };
-
-#define DEFER_MIN (64 * 1024) /* early frames at least this large wait in the socket */
-#define MAX_LANES 16
-#define PART_MIN (64 * 1024)   /* smallest part of a striped message */
-#define TCP_NCONN_DEFAULT 2
-
-/* A striped message: the user's request and one internal request per part.
- * A part's priv[4] points back here; the parent's priv[5] points here
- * (0 for a message sent whole). */
-struct stripe {
-  struct stripe *next, *prev; /* the endpoint's list of live stripes */
-  struct dt_tp_req *parent;
-  int nparts, left, rc;
-  bool posting;               /* parts are being posted: do not finish yet */
-  struct dt_tp_req part[];
-};
-
-struct umsg { /* a frame that arrived before its receive was posted */
-  struct umsg *next;
-  uint64_t tag;
-  size_t len, got;
-  bool complete;
-  uint8_t *data;
-};
-
-/* One lane (connection) to a peer. The endpoint handed to comm.c is lane
- * 0 (the head), which also owns the lane array and the live stripes. */
-struct dt_tp_ep {
-  int kind; /* K_EP */
-  struct dt_tp_ctx *x;
-  int fd, peer;
-  int lane, nlanes;
-  struct dt_tp_ep *head;          /* lane 0 */
-  struct dt_tp_ep **lanes;        /* head only: [nlanes] */
-  struct stripe *stripes;         /* head only */
-  bool dead, bye, want_out;
-  bool deferred;                  /* a large early frame waits in the socket */
-  /* send side */
-  struct dt_tp_req *sq, *sq_tail;
-  size_t s_hdr_done; /* bytes of the head request's header already sent */
-  /* receive side */
-  struct dt_tp_req *rq, *rq_tail; /* posted receives */
-  struct umsg *uq, *uq_tail;
-  uint8_t hdr[DT_FRAME_HDR_LEN];
-  size_t hdr_got;
-  struct dt_frame_hdr cur;        /* frame being read (hdr complete) */
-  bool in_payload;
-  uint8_t *target;                /* where payload goes */
-  size_t got;
-  struct dt_tp_req *cur_req;      /* matched receive, or NULL */
-  struct umsg *cur_u;             /* buffered frame, or NULL */
-  uint8_t *ctrl;                  /* control payload */
-  bool discard;                   /* payload for a failed receive: drop it */
-};
-
-enum pstate { P_DIAL_CONNECTING, P_DIAL_WAIT_HELLO, P_DIAL_WAIT_OK, P_ACC_WAIT_HELLO, P_ACC_WAIT_AUTH };
-
-struct pend {
-  int kind; /* K_PEND */
-  struct pend *next;
-  int fd;
-  enum pstate st;
-  int peer;           /* dialer: target; acceptor: claimed rank once known */
-  int lane, nlanes;
-  uint8_t nonce_me[DT_AUTH_NONCE_LEN], nonce_peer[DT_AUTH_NONCE_LEN];
-  uint8_t in[DT_FRAME_HDR_LEN + 128];
-  size_t in_got;
-  double deadline;
-  char who[64];
-  int fail_rc;        /* dialer: error to report */
-  char fail[200];
-};
-
-struct dt_tp_ctx {
-  int kind_listen, kind_wake; /* epoll tags (K_LISTEN, K_WAKE) */
-  pthread_mutex_t mu;
-  int rank, size;
-  int lfd, efd, wfd;
-  uint64_t job_hash;
-  uint8_t *token;
-  size_t token_len;
-  int bufsize;
-  int64_t spin_ns;      /* DTRAIN_TCP_SPIN_US */
-  struct dt_tp_ep **ep; /* per peer: the head lane, once every lane is up */
-  struct dt_tp_ep ***build; /* per peer: lanes that passed the handshake so far */
-  int *build_n;         /* per peer: lane count of build[peer] */
-  int nconn;            /* lanes this rank dials */
-  size_t stripe_min;
-  struct pend *pend;
-  _Atomic int abort_rc;
-  char abort_msg[DT_TP_ERR_MAX];
-  char err_last[DT_TP_ERR_MAX];
-  uint8_t *discard_buf;
-};
-
 /* ---- helpers ----------------------------------------------------------- */
 
 static uint64_t hash_str(const char *s) {
   uint64_t h = 1469598103934665603ull;
   for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
   return h;
-}
-
-static void set_sock_opts(int fd, int bufsize) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  /* A host that vanishes without a FIN (power loss, partition) must still
-   * become DT_EPEERLOST within seconds: keepalive probes after 2 s idle,
-   * every second, 3 misses. TCP_USER_TIMEOUT (unacknowledged data) is off
-   * by default: newer kernels also apply it to zero-window probing, which
-   * would kill a healthy connection whose receiver computes for a while
-   * without reading (large early frames deliberately wait in the socket). */
-  int idle = (int)dt_param_int("DTRAIN_TCP_KEEPIDLE", 2), intvl = 1, cnt = 3;
-  unsigned int uto = (unsigned int)dt_param_int("DTRAIN_TCP_USER_TIMEOUT_MS", 0);
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-  if (uto) setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
-  if (bufsize > 0) {
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufsize, sizeof bufsize);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsize, sizeof bufsize);
-  }
 }
 
 static void ep_watch(struct dt_tp_ctx *x, struct dt_tp_ep *e, bool out) {
@@ -560,274 +443,11 @@ static int undefer(struct dt_tp_ep *e) {
   return 0;
 }
 
-/* ---- handshake --------------------------------------------------------- */
-
-static void pend_remove(struct dt_tp_ctx *x, struct pend *p, bool close_fd) {
-  for (struct pend **pp = &x->pend; *pp; pp = &(*pp)->next)
-    if (*pp == p) {
-      *pp = p->next;
-      break;
-    }
-  epoll_ctl(x->efd, EPOLL_CTL_DEL, p->fd, NULL);
-  if (close_fd) close(p->fd);
-  free(p);
-}
-
-static void pend_reject(struct dt_tp_ctx *x, struct pend *p, const char *why) {
-  DT_LOG_WARN("tcp: rank %d: rejected connection from %s: %s", x->rank, p->who, why);
-  pend_remove(x, p, true);
-}
-
-static bool write_frame(int fd, uint8_t type, const void *pl, size_t len) {
-  uint8_t buf[DT_FRAME_HDR_LEN + 256];
-  struct dt_frame_hdr h = {DT_FRAME_MAGIC, DT_FRAME_VERSION, type, 0, 0, len};
-  dt__frame_encode(&h, buf);
-  if (len) memcpy(buf + DT_FRAME_HDR_LEN, pl, len);
-  return send(fd, buf, DT_FRAME_HDR_LEN + len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)(DT_FRAME_HDR_LEN + len);
-}
-
-/* A lane passed the handshake: keep it (outside epoll, so nothing is read
- * from it before its endpoint exists) until the peer's last lane arrives,
- * then make the endpoint. */
-static int lane_ready(struct dt_tp_ctx *x, int fd, int peer, int lane, int nlanes) {
-  if (!x->build[peer]) {
-    x->build[peer] = calloc((size_t)nlanes, sizeof **x->build);
-    if (!x->build[peer]) return DT_ENOMEM;
-    x->build_n[peer] = nlanes;
-  }
-  struct dt_tp_ep *e = calloc(1, sizeof *e);
-  if (!e) return DT_ENOMEM;
-  e->kind = K_EP;
-  e->x = x;
-  e->fd = fd;
-  e->peer = peer;
-  e->lane = lane;
-  e->nlanes = nlanes;
-  struct dt_tp_ep **b = x->build[peer];
-  b[lane] = e;
-  for (int i = 0; i < nlanes; i++)
-    if (!b[i]) return DT_OK;
-  struct dt_tp_ep *h = b[0];
-  h->lanes = b;
-  x->build[peer] = NULL;
-  x->build_n[peer] = 0;
-  for (int i = 0; i < nlanes; i++) {
-    b[i]->head = h;
-    struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = b[i]}};
-    if (epoll_ctl(x->efd, EPOLL_CTL_ADD, b[i]->fd, &ev)) {
-      for (int j = 0; j < nlanes; j++) {
-        if (j < i) epoll_ctl(x->efd, EPOLL_CTL_DEL, b[j]->fd, NULL);
-        close(b[j]->fd);
-        free(b[j]);
-      }
-      free(b);
-      return DT_EIO;
-    }
-  }
-  x->ep[peer] = h;
-  return DT_OK;
-}
-
-/* Reads exactly one frame (header + payload <= 128 bytes) into p->in.
- * Returns 1 when complete, 0 if more is needed, -1 on error (reason in why). */
-static int pend_read(struct pend *p, uint8_t want_type, size_t want_len, char *why) {
-  for (;;) {
-    size_t need = p->in_got < DT_FRAME_HDR_LEN ? DT_FRAME_HDR_LEN : DT_FRAME_HDR_LEN + want_len;
-    if (p->in_got == need) break;
-    ssize_t r = recv(p->fd, p->in + p->in_got, need - p->in_got, MSG_DONTWAIT);
-    if (r == 0) { snprintf(why, 128, "connection closed during handshake"); return -1; }
-    if (r < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-      if (errno == EINTR) continue;
-      snprintf(why, 128, "handshake read: %s", strerror(errno));
-      return -1;
-    }
-    p->in_got += (size_t)r;
-    if (p->in_got == DT_FRAME_HDR_LEN) {
-      struct dt_frame_hdr h;
-      if (dt__frame_decode(p->in, &h, why) < 0) return -1;
-      if (h.type != want_type || h.len != want_len) {
-        snprintf(why, 128, "unexpected handshake frame (type %u, %llu bytes)", h.type,
-                 (unsigned long long)h.len);
-        return -1;
-      }
-    }
-  }
-  p->in_got = 0;
-  return 1;
-}
-
-#define HELLO_D_LEN (8 + 4 + 4 + 2 + 2 + DT_AUTH_NONCE_LEN)
-#define HELLO_A_LEN (DT_AUTH_NONCE_LEN + DT_AUTH_MAC_LEN)
-
-static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
-  char why[128];
-  int r;
-  switch (p->st) {
-  case P_DIAL_CONNECTING: {
-    int err = 0;
-    socklen_t el = sizeof err;
-    getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &err, &el);
-    if (err == EINPROGRESS || err == EALREADY) return;
-    if (err) { /* not listening yet: retry in the connect loop */
-      p->fail_rc = DT_EAGAIN;
-      snprintf(p->fail, sizeof p->fail, "connect: %s", strerror(err));
-      return;
-    }
-    uint8_t pl[HELLO_D_LEN];
-    int32_t from = x->rank, to = p->peer;
-    uint16_t lane = (uint16_t)p->lane, nl = (uint16_t)p->nlanes;
-    memcpy(pl, &x->job_hash, 8);
-    memcpy(pl + 8, &from, 4);
-    memcpy(pl + 12, &to, 4);
-    memcpy(pl + 16, &lane, 2);
-    memcpy(pl + 18, &nl, 2);
-    memcpy(pl + 20, p->nonce_me, DT_AUTH_NONCE_LEN);
-    if (!write_frame(p->fd, DT_FRAME_HELLO, pl, sizeof pl)) {
-      p->fail_rc = DT_EAGAIN;
-      snprintf(p->fail, sizeof p->fail, "handshake write failed");
-      return;
-    }
-    p->st = P_DIAL_WAIT_HELLO;
-    struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = p}};
-    epoll_ctl(x->efd, EPOLL_CTL_MOD, p->fd, &ev);
-    return;
-  }
-  case P_DIAL_WAIT_HELLO: {
-    r = pend_read(p, DT_FRAME_HELLO, HELLO_A_LEN, why);
-    if (r == 0) return;
-    if (r < 0) {
-      p->fail_rc = DT_EAUTH;
-      snprintf(p->fail, sizeof p->fail, "rank %d refused the handshake (wrong job token or job?): %s", p->peer, why);
-      return;
-    }
-    uint8_t *pl = p->in + DT_FRAME_HDR_LEN, mac[DT_AUTH_MAC_LEN];
-    memcpy(p->nonce_peer, pl, DT_AUTH_NONCE_LEN);
-    dt__auth_mac(x->token, x->token_len, "dt-tcp-acc", p->nonce_me, p->nonce_peer, mac);
-    if (!dt__auth_equal(mac, pl + DT_AUTH_NONCE_LEN, DT_AUTH_MAC_LEN)) {
-      p->fail_rc = DT_EAUTH;
-      snprintf(p->fail, sizeof p->fail, "rank %d failed to prove the job token", p->peer);
-      return;
-    }
-    dt__auth_mac(x->token, x->token_len, "dt-tcp-dial", p->nonce_peer, p->nonce_me, mac);
-    if (!write_frame(p->fd, DT_FRAME_AUTH, mac, sizeof mac)) {
-      p->fail_rc = DT_EPEERLOST;
-      snprintf(p->fail, sizeof p->fail, "handshake write to rank %d failed", p->peer);
-      return;
-    }
-    p->st = P_DIAL_WAIT_OK;
-    return;
-  }
-  case P_DIAL_WAIT_OK: {
-    r = pend_read(p, DT_FRAME_AUTH_OK, 0, why);
-    if (r == 0) return;
-    if (r < 0) {
-      p->fail_rc = DT_EAUTH;
-      snprintf(p->fail, sizeof p->fail, "rank %d rejected our job token: %s", p->peer, why);
-      return;
-    }
-    int fd = p->fd, peer = p->peer, lane = p->lane, nl = p->nlanes;
-    pend_remove(x, p, false);
-    if (lane_ready(x, fd, peer, lane, nl) < 0) close(fd);
-    return;
-  }
-  case P_ACC_WAIT_HELLO: {
-    r = pend_read(p, DT_FRAME_HELLO, HELLO_D_LEN, why);
-    if (r == 0) return;
-    if (r < 0) { pend_reject(x, p, why); return; }
-    uint8_t *pl = p->in + DT_FRAME_HDR_LEN;
-    uint64_t jh;
-    int32_t from, to;
-    uint16_t lane, nl;
-    memcpy(&jh, pl, 8);
-    memcpy(&from, pl + 8, 4);
-    memcpy(&to, pl + 12, 4);
-    memcpy(&lane, pl + 16, 2);
-    memcpy(&nl, pl + 18, 2);
-    if (jh != x->job_hash) { pend_reject(x, p, "different job"); return; }
-    if (to != x->rank || from <= x->rank || from >= x->size) {
-      snprintf(why, sizeof why, "bad ranks in hello (from %d to %d)", from, to);
-      pend_reject(x, p, why);
-      return;
-    }
-    if (nl < 1 || nl > MAX_LANES || lane >= nl) {
-      snprintf(why, sizeof why, "bad lane in hello (%u of %u)", lane, nl);
-      pend_reject(x, p, why);
-      return;
-    }
-    p->peer = from;
-    p->lane = lane;
-    p->nlanes = nl;
-    memcpy(p->nonce_peer, pl + 20, DT_AUTH_NONCE_LEN);
-    uint8_t out[HELLO_A_LEN];
-    memcpy(out, p->nonce_me, DT_AUTH_NONCE_LEN);
-    dt__auth_mac(x->token, x->token_len, "dt-tcp-acc", p->nonce_peer, p->nonce_me, out + DT_AUTH_NONCE_LEN);
-    if (!write_frame(p->fd, DT_FRAME_HELLO, out, sizeof out)) { pend_reject(x, p, "write failed"); return; }
-    p->st = P_ACC_WAIT_AUTH;
-    return;
-  }
-  case P_ACC_WAIT_AUTH: {
-    r = pend_read(p, DT_FRAME_AUTH, DT_AUTH_MAC_LEN, why);
-    if (r == 0) return;
-    if (r < 0) { pend_reject(x, p, why); return; }
-    uint8_t mac[DT_AUTH_MAC_LEN];
-    dt__auth_mac(x->token, x->token_len, "dt-tcp-dial", p->nonce_me, p->nonce_peer, mac);
-    if (!dt__auth_equal(mac, p->in + DT_FRAME_HDR_LEN, DT_AUTH_MAC_LEN)) {
-      snprintf(why, sizeof why, "wrong job token (HMAC mismatch) claiming rank %d", p->peer);
-      pend_reject(x, p, why);
-      return;
-    }
-    struct dt_tp_ep **b = x->build[p->peer];
-    if (x->ep[p->peer] || (b && b[p->lane])) { /* live or lost: a rank connects once per communicator */
-      snprintf(why, sizeof why, "rank %d is already connected (lane %d)", p->peer, p->lane);
-      pend_reject(x, p, why);
-      return;
-    }
-    if (b && x->build_n[p->peer] != p->nlanes) {
-      snprintf(why, sizeof why, "rank %d changed its lane count (%d, then %d)", p->peer,
-               x->build_n[p->peer], p->nlanes);
-      pend_reject(x, p, why);
-      return;
-    }
-    if (!write_frame(p->fd, DT_FRAME_AUTH_OK, NULL, 0)) { pend_reject(x, p, "write failed"); return; }
-    int fd = p->fd, peer = p->peer, lane = p->lane, nl = p->nlanes;
-    pend_remove(x, p, false);
-    if (lane_ready(x, fd, peer, lane, nl) < 0) close(fd);
-    return;
-  }
-  }
-}
-
-static void accept_all(struct dt_tp_ctx *x) {
-  for (;;) {
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof sa;
-    int fd = accept4(x->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
-    struct pend *p = calloc(1, sizeof *p);
-    if (!p) { close(fd); continue; }
-    p->kind = K_PEND;
-    p->fd = fd;
-    p->st = P_ACC_WAIT_HELLO;
-    p->peer = -1;
-    p->deadline = dt_now() + 10.0;
-    char ip[32] = "?";
-    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
-    snprintf(p->who, sizeof p->who, "%s:%d", ip, ntohs(sa.sin_port));
-    dt__auth_random(p->nonce_me, sizeof p->nonce_me);
-    set_sock_opts(fd, x->bufsize);
-    struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = p}};
-    epoll_ctl(x->efd, EPOLL_CTL_ADD, fd, &ev);
-    p->next = x->pend;
-    x->pend = p;
-  }
-}
-
 /* ---- the progress engine ----------------------------------------------- */
 
 /* One round: wait up to timeout_ms for events and handle them. Called with
  * x->mu held; drops it while blocked in epoll_wait. */
-static void progress(struct dt_tp_ctx *x, int timeout_ms) {
+void dt__tcp_progress(struct dt_tp_ctx *x, int timeout_ms) {
   struct epoll_event evs[64];
   if (timeout_ms) pthread_mutex_unlock(&x->mu);
   int n = epoll_wait(x->efd, evs, 64, timeout_ms);
@@ -836,7 +456,7 @@ static void progress(struct dt_tp_ctx *x, int timeout_ms) {
     int kind = *(int *)evs[i].data.ptr;
     uint32_t ev = evs[i].events;
     if (kind == K_LISTEN) {
-      accept_all(x);
+      dt__tcp_accept_all(x);
     } else if (kind == K_WAKE) {
       uint64_t v;
       ssize_t rr = read(x->wfd, &v, sizeof v);
@@ -851,14 +471,14 @@ static void progress(struct dt_tp_ctx *x, int timeout_ms) {
       struct pend *p = evs[i].data.ptr;
       bool still = false;
       for (struct pend *q = x->pend; q; q = q->next) still |= q == p;
-      if (still) pend_event(x, p);
+      if (still) dt__tcp_pend_event(x, p);
     }
   }
   /* handshakes that take too long from strangers */
   double now = dt_now();
   for (struct pend *p = x->pend, *nx; p; p = nx) {
     nx = p->next;
-    if (p->st >= P_ACC_WAIT_HELLO && now > p->deadline) pend_reject(x, p, "handshake timed out");
+    if (p->st >= P_ACC_WAIT_HELLO && now > p->deadline) dt__tcp_pend_reject(x, p, "handshake timed out");
   }
 }
 
@@ -868,7 +488,7 @@ static void ctx_free(struct dt_tp_ctx *x) {
   if (x->lfd >= 0) close(x->lfd);
   if (x->efd >= 0) close(x->efd);
   if (x->wfd >= 0) close(x->wfd);
-  while (x->pend) pend_remove(x, x->pend, true);
+  while (x->pend) dt__tcp_pend_remove(x, x->pend, true);
   for (int p = 0; x->build && p < x->size; p++) {
     if (!x->build[p]) continue;
     for (int i = 0; i < x->build_n[p]; i++)
@@ -943,111 +563,6 @@ static int tcp_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
 
 static bool tcp_can_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *p) {
   return p->addr && strchr(p->addr, ':') != NULL;
-}
-
-static int dial_start(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int lane, struct pend **out,
-                      char *err) {
-  char host[64];
-  const char *colon = strrchr(peer->addr, ':');
-  size_t hl = (size_t)(colon - peer->addr);
-  if (hl >= sizeof host) { snprintf(err, DT_TP_ERR_MAX, "bad address %s", peer->addr); return DT_EINVAL; }
-  memcpy(host, peer->addr, hl);
-  host[hl] = '\0';
-  struct sockaddr_in sa = {0};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)atoi(colon + 1));
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-    snprintf(err, DT_TP_ERR_MAX, "bad address %s", peer->addr);
-    return DT_EINVAL;
-  }
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) { snprintf(err, DT_TP_ERR_MAX, "socket: %s", strerror(errno)); return DT_EIO; }
-  set_sock_opts(fd, x->bufsize);
-  struct pend *p = calloc(1, sizeof *p);
-  if (!p) { close(fd); return DT_ENOMEM; }
-  p->kind = K_PEND;
-  p->fd = fd;
-  p->peer = peer->rank;
-  p->lane = lane;
-  p->nlanes = x->nconn;
-  p->st = P_DIAL_CONNECTING;
-  snprintf(p->who, sizeof p->who, "%s", peer->addr);
-  dt__auth_random(p->nonce_me, sizeof p->nonce_me);
-  p->next = x->pend;
-  x->pend = p;
-  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
-  struct epoll_event ev = {EPOLLOUT | EPOLLIN | EPOLLRDHUP, {.ptr = p}};
-  epoll_ctl(x->efd, EPOLL_CTL_ADD, fd, &ev);
-  if (rc < 0 && errno != EINPROGRESS) {
-    p->fail_rc = DT_EAGAIN;
-    snprintf(p->fail, sizeof p->fail, "connect: %s", strerror(errno));
-  } else if (rc == 0) {
-    pend_event(x, p);
-  }
-  *out = p;
-  return DT_OK;
-}
-
-static bool pend_alive(struct dt_tp_ctx *x, struct pend *p) {
-  for (struct pend *q = x->pend; q; q = q->next)
-    if (q == p) return true;
-  return false;
-}
-
-static int tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64_t deadline,
-                       struct dt_tp_ep **out, char *err) {
-  pthread_mutex_lock(&x->mu);
-  struct pend *p[MAX_LANES] = {0};
-  double retry_at[MAX_LANES] = {0};
-  int rc = DT_OK;
-  for (;;) {
-    if (x->ep[peer->rank] && !x->ep[peer->rank]->dead) break;
-    if (atomic_load(&x->abort_rc)) {
-      rc = atomic_load(&x->abort_rc);
-      snprintf(err, DT_TP_ERR_MAX, "%s", x->abort_msg);
-      break;
-    }
-    if (peer->rank < x->rank) { /* we dial, once per lane */
-      for (int i = 0; i < x->nconn && rc == DT_OK; i++) {
-        struct dt_tp_ep **b = x->build[peer->rank];
-        if (b && b[i]) continue; /* this lane is up */
-        if (p[i] && pend_alive(x, p[i]) && p[i]->fail_rc) {
-          if (p[i]->fail_rc != DT_EAGAIN) {
-            rc = p[i]->fail_rc;
-            snprintf(err, DT_TP_ERR_MAX, "%s", p[i]->fail);
-            break;
-          }
-          snprintf(err, DT_TP_ERR_MAX, "%s (%s)", p[i]->fail, peer->addr);
-          pend_remove(x, p[i], true);
-          p[i] = NULL;
-          retry_at[i] = dt_now() + 0.01;
-        }
-        if (p[i] && !pend_alive(x, p[i])) p[i] = NULL; /* it became a lane or died */
-        if (!p[i] && !(x->ep[peer->rank] && !x->ep[peer->rank]->dead) && dt_now() >= retry_at[i])
-          rc = dial_start(x, peer, i, &p[i], err);
-      }
-      if (rc < 0) break;
-      if (x->ep[peer->rank] && !x->ep[peer->rank]->dead) break;
-    }
-    int64_t left = deadline - dt_now_ns();
-    if (left <= 0) {
-      rc = DT_ETIMEDOUT;
-      if (!err[0]) snprintf(err, DT_TP_ERR_MAX, "rank %d did not connect before the deadline", peer->rank);
-      else {
-        char tmp[DT_TP_ERR_MAX];
-        snprintf(tmp, sizeof tmp, "deadline expired connecting to rank %d: %s", peer->rank, err);
-        memcpy(err, tmp, DT_TP_ERR_MAX);
-      }
-      break;
-    }
-    int ms = (int)(left / 1000000) + 1;
-    progress(x, ms > 10 ? 10 : ms);
-  }
-  for (int i = 0; i < MAX_LANES; i++)
-    if (rc < 0 && p[i] && pend_alive(x, p[i])) pend_remove(x, p[i], true);
-  if (rc == DT_OK) *out = x->ep[peer->rank];
-  pthread_mutex_unlock(&x->mu);
-  return rc;
 }
 
 /* Queues r (a whole message or one part) on lane e. Called with x->mu. */
@@ -1186,7 +701,7 @@ static int tcp_test(struct dt_tp_ctx *x, struct dt_tp_req *r) {
   pthread_mutex_lock(&x->mu);
   if (r->status == 0) {
     if (r->kind == DT_TP_SEND && r->ep) send_progress_all(r);
-    progress(x, 0);
+    dt__tcp_progress(x, 0);
   }
   int s = r->status;
   if (s == 0 && atomic_load(&x->abort_rc)) s = atomic_load(&x->abort_rc);
@@ -1230,7 +745,7 @@ static int tcp_wait(struct dt_tp_ctx *x, struct dt_tp_req **v, int n, int64_t de
     if (x->spin_ns > 0) { /* poll briefly before sleeping in epoll_wait */
       if (!spin_start) spin_start = dt_now_ns();
       if (dt_now_ns() - spin_start < x->spin_ns) {
-        progress(x, 0);
+        dt__tcp_progress(x, 0);
         pthread_mutex_unlock(&x->mu);
         sched_yield();
         pthread_mutex_lock(&x->mu);
@@ -1238,7 +753,7 @@ static int tcp_wait(struct dt_tp_ctx *x, struct dt_tp_req **v, int n, int64_t de
       }
     }
     int ms = (int)(left / 1000000) + 1;
-    progress(x, ms > 1000 ? 1000 : ms);
+    dt__tcp_progress(x, ms > 1000 ? 1000 : ms);
     spin_start = 0;
   }
 out:
@@ -1333,7 +848,7 @@ static void tcp_close(struct dt_tp_ep *e) {
       busy |= !l->dead && l->sq != NULL;
     }
     if (!busy || dt_now() >= until) break;
-    progress(x, 1);
+    dt__tcp_progress(x, 1);
   }
   for (int i = 0; i < h->nlanes; i++) {
     struct dt_tp_ep *l = h->lanes[i];
@@ -1369,5 +884,5 @@ static const char *tcp_abort_reason(struct dt_tp_ctx *x, int *rc) {
 }
 
 const struct dt_transport_ops dt__transport_tcp = {
-    "tcp", tcp_init, tcp_can_connect, tcp_connect, tcp_isend, tcp_irecv, tcp_test,
+    "tcp", tcp_init, tcp_can_connect, dt__tcp_connect, tcp_isend, tcp_irecv, tcp_test,
     tcp_wait, tcp_cancel, tcp_abort, tcp_close, tcp_finalize, tcp_abort_reason};
