@@ -596,6 +596,9 @@ int dt__coll_isend(dt_comm *c, int peer, const void *buf, size_t bytes, dt_comm_
     size_t inl = bytes < FP_INL ? bytes : FP_INL;
     memcpy(c->fp_obuf[peer], c->fp_out, FP_LEN);
     if (inl) memcpy(c->fp_obuf[peer] + FP_LEN, buf, inl);
+    /* zero padding, not stale bytes: a transport may leave trailing zeros
+     * off the wire (shm does for small messages) */
+    if (inl < FP_INL) memset(c->fp_obuf[peer] + FP_LEN + inl, 0, FP_INL - inl);
     DT_CHECK(post(c, peer, tag, c->fp_obuf[peer], FP_MSG, DT_TP_SEND, &c->fp_sreq[peer]));
     c->fp_sent[peer] = 1;
     if (bytes > inl) DT_CHECK(post(c, peer, tag, (uint8_t *)buf + inl, bytes - inl, DT_TP_SEND, r));

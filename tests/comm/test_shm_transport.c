@@ -8,7 +8,9 @@
  * are not mistaken for them; a peer killed with SIGKILL makes every survivor,
  * including one waiting on a third rank, fail with DT_EPEERLOST naming it
  * within 5 s; a receive nobody sends fails with DT_ETIMEDOUT at its deadline;
- * a length mismatch is DT_EPROTO; no segment is left in /dev/shm.
+ * a length mismatch is DT_EPROTO; small messages ending in zeros (sent
+ * without them) arrive whole, with the zeros, into a dirty buffer, whether
+ * the receive was posted before or after; no segment is left in /dev/shm.
  *
  * Every child is started and stopped (reaped, or killed by pid after the
  * test's deadline) by the test that forked it.
@@ -143,6 +145,73 @@ static int body_exchange(int rank, int size) {
 out:
   for (int i = 0; i < nmsg; i++) { free(sb[i]); free(rb[i]); }
   free(sb); free(rb); free(sr); free(rr); free(all);
+  teardown(size, ctx, eps);
+  return rc;
+}
+
+/* Messages whose tails are zero (the shm wire leaves such tails out): all
+ * zero, one leading byte, half data; around the 32-byte record size and the
+ * 512-byte trimming limit. Rank 0 posts its receives before sending, rank
+ * 1 after (its messages from rank 0 arrive unexpected); receive buffers
+ * start dirty; one extra message is received one byte too long. */
+static const size_t zlen[] = {1, 8, 9, 31, 32, 33, 64, 100, 288, 511, 512, 513, 600};
+#define NZ (sizeof zlen / sizeof zlen[0] * 3)
+
+static void zfill(uint8_t *p, size_t n, int v, int from) {
+  memset(p, 0, n);
+  if (v == 1) p[0] = (uint8_t)(from + 1);
+  if (v == 2)
+    for (size_t i = 0; i < n / 2; i++) p[i] = (uint8_t)(i * 7 + from + 1) | 1;
+}
+
+static int body_zeros(int rank, int size) {
+  struct dt_tp_ctx *ctx;
+  struct dt_tp_ep *eps[MAXR];
+  int rc = setup(rank, size, &ctx, eps);
+  if (rc) return rc;
+  int peer = 1 - rank;
+  static uint8_t sb[NZ + 1][640], rb[NZ + 1][640], want[640];
+  struct dt_tp_req sr[NZ + 1], rr[NZ + 1], *all[2 * NZ + 2];
+  int na = 0;
+  memset(rb, 0xAA, sizeof rb);
+  for (int pass = 0; pass < 2; pass++) {
+    if ((pass == 0) != (rank == 0)) { /* sends */
+      for (size_t k = 0; k < NZ; k++) {
+        zfill(sb[k], zlen[k / 3], (int)(k % 3), rank);
+        sr[k] = REQ(sb[k], zlen[k / 3], 11, peer, DT_TP_SEND);
+        if ((rc = T()->isend(eps[peer], &sr[k]))) goto out;
+        all[na++] = &sr[k];
+      }
+      sr[NZ] = REQ(sb[NZ], 288, 12, peer, DT_TP_SEND); /* zeros: trimmed to nothing */
+      memset(sb[NZ], 0, 288);
+      if ((rc = T()->isend(eps[peer], &sr[NZ]))) goto out;
+      all[na++] = &sr[NZ];
+    } else { /* receives */
+      for (size_t k = 0; k < NZ; k++) {
+        rr[k] = REQ(rb[k], zlen[k / 3], 11, peer, DT_TP_RECV);
+        if ((rc = T()->irecv(eps[peer], &rr[k]))) goto out;
+        all[na++] = &rr[k];
+      }
+    }
+  }
+  rc = T()->wait(ctx, all, na, dt_now_ns() + 20000000000ll, B->err[rank]);
+  if (rc) goto out;
+  for (size_t k = 0; k < NZ && !rc; k++) {
+    zfill(want, zlen[k / 3], (int)(k % 3), peer);
+    if (rr[k].status != 1 || memcmp(want, rb[k], zlen[k / 3]) || rb[k][zlen[k / 3]] != 0xAA) {
+      snprintf(B->err[rank], DT_TP_ERR_MAX, "rank %d: wrong data, %zu bytes variant %d", rank, zlen[k / 3],
+               (int)(k % 3));
+      rc = DT_ECORRUPT;
+    }
+  }
+  if (!rc) { /* a 288-byte message received as 289 bytes */
+    rr[NZ] = REQ(rb[NZ], 289, 12, peer, DT_TP_RECV);
+    struct dt_tp_req *one = &rr[NZ];
+    if ((rc = T()->irecv(eps[peer], one)) == DT_OK)
+      rc = T()->wait(ctx, &one, 1, dt_now_ns() + 20000000000ll, B->err[rank]);
+    rc = rc == DT_EPROTO ? DT_OK : (snprintf(B->err[rank], DT_TP_ERR_MAX, "mismatch gave %d", rc), DT_EIO);
+  }
+out:
   teardown(size, ctx, eps);
   return rc;
 }
@@ -400,6 +469,18 @@ static void killed_peer(void **state) {
   }
 }
 
+static void zero_tails(void **state) {
+  (void)state;
+  int rcs[MAXR];
+  for (int tiny = 0; tiny < 2; tiny++) {
+    if (tiny) setenv("DTRAIN_SHM_RING_BYTES", "4096", 1); /* records wrap around the ring */
+    run(2, body_zeros, false, rcs);
+    unsetenv("DTRAIN_SHM_RING_BYTES");
+    for (int r = 0; r < 2; r++)
+      if (rcs[r]) fail_msg("ring %s rank %d: %s (%s)", tiny ? "4 KiB" : "default", r, dt_strerror(rcs[r]), B->err[r]);
+  }
+}
+
 static void deadline(void **state) {
   (void)state;
   int rcs[MAXR];
@@ -426,7 +507,7 @@ int main(void) {
       cmocka_unit_test(exchange_sizes), cmocka_unit_test(exchange_ring_only),
       cmocka_unit_test(stale_payload_not_a_header),
       cmocka_unit_test(killed_peer),    cmocka_unit_test(deadline),
-      cmocka_unit_test(length_mismatch),
+      cmocka_unit_test(length_mismatch), cmocka_unit_test(zero_tails),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

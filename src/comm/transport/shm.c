@@ -189,6 +189,18 @@ static void prefault(void *p, size_t n) {
 
 static uint64_t round_rec(uint64_t n) { return (n + DT_SHM_REC - 1) & ~(uint64_t)(DT_SHM_REC - 1); }
 
+/* Length of p[0, n) without its trailing zero bytes. */
+static uint64_t zero_trim(const uint8_t *p, uint64_t n) {
+  while (n >= 8) {
+    uint64_t w;
+    memcpy(&w, p + n - 8, 8);
+    if (w) break;
+    n -= 8;
+  }
+  while (n && !p[n - 1]) n--;
+  return n;
+}
+
 static void req_finish(struct dt_tp_req *r, int rc) {
   r->next = NULL;
   r->status = rc < 0 ? rc : 1;
@@ -288,6 +300,17 @@ static void ep_fail_all(struct dt_tp_ep *ep, int rc) {
 static void ep_lost(struct dt_tp_ep *ep, const char *what) {
   struct dt_tp_ctx *ctx = ep->ctx;
   char why[DT_TP_ERR_MAX];
+  /* A peer that aborted (say, because a third rank died) and then left
+   * looks like a peer that vanished mid-message: its own reason wins, so
+   * every survivor names the rank that was really lost. */
+  int prc = atomic_load_explicit(&ep->phdr->abort_rc, memory_order_acquire);
+  if (prc) {
+    snprintf(why, sizeof why, "reported by rank %d: %.200s", ep->peer, ep->phdr->abort_msg);
+    ep->dead = true;
+    ep_fail_all(ep, prc);
+    shm_abort(ctx, prc, why);
+    return;
+  }
   snprintf(why, sizeof why, "shm: rank %d (pid %d) %s", ep->peer, (int)ep->pid, what);
   ep->dead = true;
   ep_fail_all(ep, DT_EPEERLOST);
@@ -403,6 +426,22 @@ static bool tx_progress(struct dt_tp_ep *ep) {
         continue;
       }
       if (sp < DT_SHM_REC) break;
+      /* A small message ending in zeros goes without them (DT_SHM_ZTAIL). */
+      uint64_t keep = r->len <= DT_SHM_ZTAIL_MAX ? zero_trim(r->buf, r->len) : r->len;
+      if (keep < r->len && sp - DT_SHM_REC >= round_rec(keep)) {
+        uint64_t at = ep->tx_head;
+        ep->tx_head += DT_SHM_REC;
+        if (keep) tx_put(ep, r->buf, keep);
+        ep->tx_head += round_rec(keep) - keep; /* padding: never read */
+        tx_header(ep, at, r->tag,
+                  r->len | (uint64_t)DT_SHM_EAGER << DT_SHM_KIND_SHIFT | DT_SHM_COMPLETE | DT_SHM_ZTAIL, keep);
+        moved = true;
+        ep->sq_head = r->next;
+        if (!ep->sq_head) ep->sq_tail = NULL;
+        r->done = r->len;
+        req_finish(r, 1);
+        continue;
+      }
       /* EAGER: as much payload as fits goes in before the header; the rest
        * streams, counted by the head. */
       uint64_t total = round_rec(r->len), n = sp - DT_SHM_REC;
@@ -621,7 +660,9 @@ static bool rx_progress(struct dt_tp_ep *ep) {
         }
         continue;
       }
-      if (kind != DT_SHM_EAGER || len > DT_FRAME_MAX_LEN) {
+      bool zt = (lenk & DT_SHM_ZTAIL) != 0;
+      if (kind != DT_SHM_EAGER || len > DT_FRAME_MAX_LEN ||
+          (zt && (aux >= len || len > DT_SHM_ZTAIL_MAX || !(lenk & DT_SHM_COMPLETE)))) {
         char what[128];
         snprintf(what, sizeof what, "sent a malformed record (kind %u, length %llu)", kind,
                  (unsigned long long)len);
@@ -649,6 +690,18 @@ static bool rx_progress(struct dt_tp_ep *ep) {
           return true;
         }
       }
+      if (zt) { /* complete and small: copy what is there, zero the rest */
+        uint8_t *dst = ep->rx_req ? ep->rx_req->buf : ep->rx_ux ? ep->rx_ux->data : NULL;
+        if (dst) {
+          rx_get(ep, tail, dst, aux);
+          memset(dst + aux, 0, len - aux);
+        }
+        ep->rx_total = ep->rx_off = round_rec(aux);
+        ep->rx_len = len;
+        tail += ep->rx_total;
+        if (ep->rx_req) ep->rx_req->done = len;
+        goto record_done;
+      }
     }
     /* A complete record is all there; a streaming one as far as the head. */
     uint64_t left = ep->rx_total - ep->rx_off, n = left;
@@ -673,6 +726,7 @@ static bool rx_progress(struct dt_tp_ep *ep) {
     ep->rx_off += n;
     moved = true;
     if (ep->rx_off == ep->rx_total) {
+    record_done:
       ep->rx_in_rec = false;
       if (ep->rx_req) req_finish(ep->rx_req, 1);
       if (ep->rx_ux) {

@@ -49,11 +49,19 @@ struct dt_shm_rec {
   _Atomic uint64_t seq;
   uint64_t tag;
   uint64_t lenk; /* payload length | kind << 56 | DT_SHM_COMPLETE */
-  uint64_t aux;  /* CMA: sender address; ACK: cookie | (uint64_t)(-rc) << 32 */
+  uint64_t aux;  /* CMA: sender address; ACK: cookie | (uint64_t)(-rc) << 32;
+                  * EAGER with DT_SHM_ZTAIL: payload bytes present */
 };
 #define DT_SHM_KIND_SHIFT 56
 #define DT_SHM_COMPLETE (1ull << 55) /* the whole payload was written with the header */
-#define DT_SHM_LEN_MASK ((1ull << 55) - 1)
+/* EAGER + COMPLETE only: the payload's trailing zero bytes were left out;
+ * aux holds how many bytes are present (< the length), the receiver fills
+ * the rest with zeros. Small collectives send a fixed-length first message
+ * (fingerprint + inline data, zero-padded), so this saves most of its
+ * cache lines. */
+#define DT_SHM_ZTAIL (1ull << 54)
+#define DT_SHM_ZTAIL_MAX 512        /* only messages up to this long are trimmed */
+#define DT_SHM_LEN_MASK ((1ull << 54) - 1)
 /* A CMA record is followed by 32 bytes whose first 4 hold the cookie. */
 _Static_assert(sizeof(struct dt_shm_rec) == DT_SHM_REC, "record header is 32 bytes");
 
