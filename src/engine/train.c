@@ -296,6 +296,8 @@ static int write_summary(const char *dir, const dt_engine *e, const dt_run_summa
   cJSON_AddStringToObject(o, "model", e->cfg.layers);
   cJSON_AddStringToObject(o, "config_sha256", s->config_sha256);
   cJSON_AddNumberToObject(o, "batch", e->cfg.batch);
+  cJSON_AddBoolToObject(o, "deterministic", e->cfg.deterministic != 0);
+  if (e->cfg.deterministic) cJSON_AddNumberToObject(o, "micro_batch", e->cfg.micro_batch);
   char seed[32];
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)e->cfg.seed);
   cJSON_AddStringToObject(o, "seed", seed);
