@@ -14,6 +14,12 @@
  * batch through parallel/ddp.h; evaluation is sharded and reduced; only rank
  * 0 writes files.
  *
+ * With dist.deterministic (docs/ddp.md) global batches are cut into fixed
+ * micro-shards of dist.micro_batch samples whose gradients are summed in
+ * fixed point, so the parameters, test loss and accuracy have the same bits
+ * for any worker count, transport and allreduce algorithm; one worker
+ * (no communicator) takes the same path.
+ *
  * It does not parse configs or arguments (that is the cli layer), does not
  * print (progress goes to caller hooks) and does not start processes.
  */

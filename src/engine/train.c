@@ -6,6 +6,11 @@
  * schedule), evaluates on the test set, appends events.jsonl records and
  * writes summary.json last, atomically.
  *
+ * With several workers (or in deterministic mode, even with one) the
+ * data-parallel loop runs instead: no loader thread, global batches cut from
+ * the epoch order, gradients reduced through parallel/ddp.h; deterministic
+ * mode's micro-shard step and evaluation live in train_det.c.
+ *
  * Timing: train_seconds counts only the step loop (waiting for a batch,
  * forward, backward, update); evaluation, data loading from disk and writing
  * files are excluded. It does not print; callers get hooks.
