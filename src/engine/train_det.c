@@ -22,10 +22,12 @@
 #include "engine/engine_int.h"
 #include "parallel/fixsum.h"
 
-/* Fixed point of loss x n (one term of an epoch's loss sum). */
-static int64_t loss_fix(float loss, int n, int *bad) {
+/* Fixed point of loss x n, one of at most `terms` terms of a sum (an
+ * epoch's train loss, the test loss): bounded so that the int64 sum cannot
+ * overflow; a larger or non-finite loss sets *bad and adds 0. */
+static int64_t loss_fix(float loss, int n, int64_t terms, int *bad) {
   int64_t q = 0;
-  if (dt_fix_add(&q, &loss, 1, (double)n, dt_fix_bound(1 << 11), 1, NULL)) *bad = 1;
+  if (dt_fix_add(&q, &loss, 1, (double)n, dt_fix_bound(terms), 1, NULL)) *bad = 1;
   return q;
 }
 
@@ -55,7 +57,8 @@ int dt__det_step(dt_engine *e, dt_ddp *ddp, int64_t k, int64_t step, dt__det_ste
     float loss = dt_model_backward(e->model, e->ybuf, n, &nc, dt_ddp_grad_ready, ddp);
     out->n += n;
     out->correct += nc;
-    out->loss_fix += loss_fix(loss, n, &out->loss_bad);
+    /* an epoch has at most steps_per_epoch x ceil(B / mb) micro-shards */
+    out->loss_fix += loss_fix(loss, n, e->steps_per_epoch * ((B + mb - 1) / mb), &out->loss_bad);
   }
   if (s0 == s1) dt_ddp_all_ready(ddp);
   return dt_ddp_finish_step(ddp);
@@ -76,7 +79,7 @@ int dt__det_evaluate(dt_engine *e, double *loss, double *accuracy) {
     dt_model_forward(e->model, e->test.x + i * e->test.dim, m, &ctx);
     int nc = 0;
     float l = dt_model_loss(e->model, e->test.y + i, m, &nc);
-    v[0] += loss_fix(l, m, &bad);
+    v[0] += loss_fix(l, m, C, &bad);
     v[1] += nc;
   }
   if (e->comm && e->nranks > 1) {
