@@ -84,6 +84,7 @@ struct dt_ddp {
   double divisor, n_global, bound;
   int shard, first, last;      /* micro-shards begun this step; the current one is
                                   the worker's first (store, not add) / last */
+  size_t reported;             /* gradient values converted this step */
   size_t nbad, bad_index;      /* this rank's out-of-range values this step */
   float bad_value;
   int64_t overflow_total;      /* over all ranks, from the head's allreduce */
@@ -316,7 +317,7 @@ void dt_ddp_begin_step_det(dt_ddp *d, int64_t n_global, int64_t shards_global, i
   d->n_global = (double)n_global;
   d->bound = dt_fix_bound(shards_global);
   d->shard = d->first = d->last = 0;
-  d->nbad = d->bad_index = 0;
+  d->nbad = d->bad_index = d->reported = 0;
   d->bad_value = 0;
   d->overflow_total = 0;
   if (d->nbufs) memcpy(d->bufs0, d->bufs, d->nbufs * sizeof *d->bufs);
@@ -341,6 +342,7 @@ void dt_ddp_grad_ready(void *ud, size_t off, size_t n) {
   if (!n) return;
   if (d->det) {
     det_add(d, d->acc + d->head + off, d->grads + off, n, d->w, off);
+    d->reported += n;
     if (!d->last) return;
   }
   if (!d->overlap) return;
@@ -367,7 +369,13 @@ void dt_ddp_all_ready(dt_ddp *d) {
 /* Deterministic mode, after the head's allreduce: every rank knows how many
  * values left the fixed-point range anywhere, so all fail in the same step. */
 static int det_verdict(dt_ddp *d) {
-  if (!d->det || d->overflow_total == 0) return DT_OK;
+  if (!d->det) return DT_OK;
+  /* a span backward never reported would hold the previous step's sums */
+  if (d->reported != d->nparams * (size_t)d->shard)
+    return dt__seterr(DT_EINVAL, "deterministic mode: backward reported %zu gradient values over "
+                      "%d micro-shard(s) of a model with %zu parameters", d->reported, d->shard,
+                      d->nparams);
+  if (d->overflow_total == 0) return DT_OK;
   char here[160] = "";
   if (d->nbad && d->bad_index < d->nparams)
     snprintf(here, sizeof here, "; here: parameter %zu, micro-shard gradient %g", d->bad_index,
