@@ -28,9 +28,8 @@
 #define DT_FIX_BITS 32
 
 /* The largest |x * w * 2^DT_FIX_BITS| one term may have when at most
- * `terms` terms are summed: min(2^62 / terms, 2^51). 2^62 keeps the int64
- * sum (and the allreduce's partial sums, which hold fewer terms) from
- * overflowing; 2^51 lets the rounding use the exact 1.5*2^52 trick. */
+ * `terms` terms are summed: 2^62 / terms, so neither the int64 sum nor any
+ * partial sum an allreduce algorithm forms (fewer terms) can overflow. */
 double dt_fix_bound(int64_t terms);
 
 /* acc[i] (+)= round(x[i] * w * 2^DT_FIX_BITS) for i < n; store != 0
