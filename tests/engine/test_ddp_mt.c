@@ -1,5 +1,5 @@
 /*
- * test_ddp.c — data-parallel training through the engine, with worker
+ * test_ddp_mt.c — data-parallel training through the engine, with worker
  * processes forked by the test and joined through a file store:
  *   - equivalence: 2 and 3 workers with global batch B end with the
  *     parameters of 1 worker with batch B (same seed, 51 steps of an MLP
@@ -11,6 +11,8 @@
  *   - a worker whose config differs (batch, model) is refused at start on
  *     every rank with DT_EMISMATCH naming rank 1 and the key.
  * Every child is waited for with a deadline and SIGKILLed past it.
+ * The forked workers run the communication thread and the shared gradient
+ * window, so the test is also built with TSan (the _mt suffix).
  */
 #include <math.h>
 #include <setjmp.h>
