@@ -4,9 +4,27 @@
  * unless the caller or DTRAIN_ALGO forced one. Thresholds are knobs:
  * DTRAIN_TREE_MAX_BYTES (recursive doubling below it, default 32 KiB) and
  * DTRAIN_RING_MIN_BYTES (ring above it, RHD between; default 1 MiB).
+ * On one oversubscribed host (more ranks than online cores) a power-of-two
+ * world keeps RHD up to DTRAIN_RING_MIN_OVERSUB_BYTES (default 32 MiB):
+ * the ring's 2(n-1) lock-step exchanges each wait for a neighbour to get a
+ * core, RHD's 2 log2(n) exchanges far fewer times (measured with 4 ranks on
+ * 2 cores, shm and tcp: docs/comm.md). Every input is the same on every
+ * rank (world size, bytes, topology, one host's core count), so all ranks
+ * pick the same algorithm.
  * Not here: the algorithms themselves.
  */
 #include "comm/algo/algo.h"
+
+#include <unistd.h>
+
+/* The smallest allreduce that uses the ring (when RHD would serve below). */
+static size_t ring_min_bytes(const dt_comm *c, const struct dt_comm_topo *topo) {
+  int n = dt_comm_size(c);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (topo->nhosts == 1 && cores > 0 && n > cores && (n & (n - 1)) == 0)
+    return (size_t)dt_param_int("DTRAIN_RING_MIN_OVERSUB_BYTES", 32 << 20);
+  return (size_t)dt_param_int("DTRAIN_RING_MIN_BYTES", 1 << 20);
+}
 
 dt_algo dt__tune_allreduce(const dt_comm *c, size_t bytes, dt_algo forced) {
   int n = dt_comm_size(c);
@@ -19,7 +37,7 @@ dt_algo dt__tune_allreduce(const dt_comm *c, size_t bytes, dt_algo forced) {
       bytes >= (size_t)dt_param_int("DTRAIN_HIER_MIN_BYTES", 64 * 1024))
     return DT_ALGO_HIER;
   if (bytes <= (size_t)dt_param_int("DTRAIN_TREE_MAX_BYTES", 32 * 1024)) return DT_ALGO_TREE;
-  if (n > 2 && bytes < (size_t)dt_param_int("DTRAIN_RING_MIN_BYTES", 1 << 20)) return DT_ALGO_RHD;
+  if (n > 2 && bytes < ring_min_bytes(c, &topo)) return DT_ALGO_RHD;
   return DT_ALGO_RING;
 }
 

@@ -18,7 +18,7 @@ enum { K_LISTEN = 1, K_WAKE, K_EP, K_PEND };
 #define DEFER_MIN (64 * 1024) /* early frames at least this large wait in the socket */
 #define MAX_LANES 16
 #define PART_MIN (64 * 1024)   /* smallest part of a striped message */
-#define TCP_NCONN_DEFAULT 2
+#define TCP_NCONN_DEFAULT 4
 
 /* A striped message: the user's request and one internal request per part.
  * A part's priv[4] points back here; the parent's priv[5] points here
