@@ -17,11 +17,13 @@
  * message per peer, not two. A mismatch, a lost peer or an expired deadline
  * inside a collective aborts the whole world (every transport tells its
  * peers), so every rank returns the same error and message instead of
- * hanging. Not here: algorithms (algo/), algorithm choice (tuning.c),
- * anything transport-specific (transport/).
+ * hanging. Not here: building and freeing communicators (comm_create.c),
+ * algorithms (algo/), algorithm choice (tuning.c), anything
+ * transport-specific (transport/).
  */
 #define _GNU_SOURCE
 #include "comm/algo/algo.h"
+#include "comm/comm_int.h"
 #include "comm/transport.h"
 
 #include <pthread.h>
@@ -32,74 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define MAX_TP 4
-#define FP_LEN 32
-#define FP_INL 256                /* data bytes carried with the fingerprint */
-#define FP_MSG (FP_LEN + FP_INL) /* length of every first message */
-#define FP_MAGIC 0x50465444u /* "DTFP" */
-#define TAG_COLL 0xc0000001u /* library tag for collective traffic */
-
-struct comm_req {
-  struct dt_tp_req tp;
-  int peer;         /* member rank */
-  int fp_check;     /* member whose fingerprint recv must be checked, or -1 */
-  int fp_send;      /* member whose fingerprint send must complete, or -1 */
-  int used;
-  void *inl_dst;    /* receive: where the data inside the fingerprint message goes */
-  size_t inl_len;
-};
-_Static_assert(sizeof(struct comm_req) <= sizeof(dt_comm_req), "dt_comm_req too small");
-
-struct world {
-  int refs;
-  int rank, size;
-  int ntp;
-  const struct dt_transport_ops *tops[MAX_TP];
-  struct dt_tp_ctx *tctx[MAX_TP];
-  int *tp_of;               /* transport index per peer (-1 self) */
-  struct dt_tp_ep **ep;     /* per peer */
-  char **host_id;           /* per rank */
-  _Atomic int aborted;
-  pthread_mutex_t amu; /* guards abort_msg / abort_rc */
-  char abort_msg[512];
-  int abort_rc;
-  _Atomic uint64_t sent, recvd;
-};
-
-struct fp {
-  uint64_t seq, count;
-  int32_t root, rank;
-  uint8_t coll, op, dtype;
-};
-
-struct dt_comm {
-  struct world *w;
-  dt_comm *parent;
-  int rank, size;
-  int *wr;                  /* member -> world rank */
-  int *host;                /* member -> host index */
-  int nhosts;
-  uint32_t ctxid;
-  uint32_t nsplit;
-  double timeout;
-  dt_algo algo;
-  /* current collective */
-  bool in_coll;
-  int64_t deadline_ns;
-  uint64_t seq;
-  struct fp cur;
-  uint8_t fp_out[FP_LEN];
-  uint8_t *fp_sent, *fp_posted; /* per member */
-  uint8_t (*fp_in)[FP_MSG];
-  uint8_t (*fp_obuf)[FP_MSG];   /* per member: fingerprint + inline data sent */
-  struct comm_req *fp_sreq, *fp_rreq;
-  void *scratch[4];
-  size_t scratch_cap[4];
-  dt_comm *host_comm, *leader_comm;
-  bool host_built;
-  char err[512];
-};
 
 /* ---- names ------------------------------------------------------------- */
 
@@ -116,19 +50,6 @@ int dt_algo_parse(const char *s, dt_algo *out) {
     if (!strcmp(s, algo_names[i])) return *out = (dt_algo)i, DT_OK;
   if (s && (!strcmp(s, "halving-doubling") || !strcmp(s, "rabenseifner"))) return *out = DT_ALGO_RHD, DT_OK;
   return dt__seterr(DT_EINVAL, "unknown algorithm '%s' (auto ring rhd tree hier direct)", s ? s : "(null)");
-}
-
-/* ---- transports -------------------------------------------------------- */
-
-const struct dt_transport_ops *dt__transport_find(const char *name) {
-  if (!name) return NULL;
-  if (!strcmp(name, "tcp")) return &dt__transport_tcp;
-  if (!strcmp(name, "inproc")) return &dt__transport_inproc;
-  if (!strcmp(name, "shm")) return &dt__transport_shm;
-#ifdef DT_WITH_MPI
-  if (!strcmp(name, "mpi")) return &dt__transport_mpi;
-#endif
-  return NULL;
 }
 
 /* ---- errors ------------------------------------------------------------ */
@@ -220,270 +141,6 @@ int dt_comm_topology(const dt_comm *c, struct dt_comm_topo *t) {
   }
   t->one_per_host_leader = t->local_rank == 0;
   return DT_OK;
-}
-
-/* ---- construction ------------------------------------------------------ */
-
-static void world_release(struct world *w) {
-  if (!w || --w->refs > 0) return;
-  for (int p = 0; p < w->size; p++)
-    if (w->ep && w->ep[p]) w->tops[w->tp_of[p]]->close(w->ep[p]);
-  for (int i = 0; i < w->ntp; i++) w->tops[i]->finalize(w->tctx[i]);
-  for (int p = 0; w->host_id && p < w->size; p++) free(w->host_id[p]);
-  free(w->host_id);
-  free(w->ep);
-  free(w->tp_of);
-  pthread_mutex_destroy(&w->amu);
-  free(w);
-}
-
-static dt_comm *comm_alloc(struct world *w, int size) {
-  dt_comm *c = calloc(1, sizeof *c);
-  if (!c) return NULL;
-  c->w = w;
-  c->size = size;
-  c->wr = calloc((size_t)size, sizeof *c->wr);
-  c->host = calloc((size_t)size, sizeof *c->host);
-  c->fp_sent = calloc((size_t)size, 1);
-  c->fp_posted = calloc((size_t)size, 1);
-  c->fp_in = calloc((size_t)size, FP_MSG);
-  c->fp_obuf = calloc((size_t)size, FP_MSG);
-  c->fp_sreq = calloc((size_t)size, sizeof *c->fp_sreq);
-  c->fp_rreq = calloc((size_t)size, sizeof *c->fp_rreq);
-  if (!c->wr || !c->host || !c->fp_sent || !c->fp_posted || !c->fp_in || !c->fp_obuf || !c->fp_sreq || !c->fp_rreq) {
-    free(c->wr), free(c->host), free(c->fp_sent), free(c->fp_posted), free(c->fp_in);
-    free(c->fp_obuf), free(c->fp_sreq), free(c->fp_rreq), free(c);
-    return NULL;
-  }
-  c->timeout = 60.0;
-  return c;
-}
-
-static void compute_hosts(dt_comm *c) {
-  c->nhosts = 0;
-  for (int r = 0; r < c->size; r++) {
-    c->host[r] = -1;
-    for (int q = 0; q < r; q++)
-      if (!strcmp(c->w->host_id[c->wr[q]], c->w->host_id[c->wr[r]])) {
-        c->host[r] = c->host[q];
-        break;
-      }
-    if (c->host[r] < 0) c->host[r] = c->nhosts++;
-  }
-}
-
-static void default_host_id(char *out, size_t cap) {
-  char hn[256] = "localhost", boot[64] = "";
-  gethostname(hn, sizeof hn - 1);
-  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-  if (f) {
-    if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
-    fclose(f);
-    boot[strcspn(boot, "\n")] = '\0';
-  }
-  snprintf(out, cap, "%s/%s", hn, boot);
-}
-
-/* Finds "name=addr" among the lines of a peer record. */
-static bool find_addr(const char *lines, const char *name, char *addr) {
-  size_t nl = strlen(name);
-  for (const char *l = lines; *l;) {
-    size_t len = strcspn(l, "\n");
-    if (len > nl && !strncmp(l, name, nl) && l[nl] == '=' && len - nl - 1 < DT_TP_ADDR_MAX) {
-      memcpy(addr, l + nl + 1, len - nl - 1);
-      addr[len - nl - 1] = '\0';
-      return true;
-    }
-    l += len;
-    if (*l) l++;
-  }
-  return false;
-}
-
-static int parse_transports(const char *spec, const struct dt_transport_ops **t, int *n) {
-  *n = 0;
-  if (!spec || !strcmp(spec, "auto")) {
-    t[(*n)++] = &dt__transport_shm;
-    t[(*n)++] = &dt__transport_tcp;
-    return DT_OK;
-  }
-  const struct dt_transport_ops *o = dt__transport_find(spec);
-  if (!o) return dt__seterr(DT_ENOTSUP, "comm: transport '%s' unknown or not built", spec);
-  t[(*n)++] = o;
-  return DT_OK;
-}
-
-int dt_comm_create(dt_comm **out, dt_store *store, const struct dt_comm_config *cfg_in) {
-  struct dt_comm_config cfg = DT_COMM_CONFIG_INIT;
-  if (cfg_in) cfg = *cfg_in;
-  *out = NULL;
-  if (!store) return dt__seterr(DT_EINVAL, "comm: no store");
-  const char *job = cfg.job ? cfg.job : "dtrain";
-  double timeout = cfg.timeout_s > 0 ? cfg.timeout_s : 60.0;
-  int64_t deadline = dt_now_ns() + (int64_t)(timeout * 1e9);
-  char key[DT_STORE_KEY_MAX];
-  int rc;
-
-  int size = cfg.size;
-  if (size <= 0) {
-    char buf[32] = {0};
-    size_t len;
-    snprintf(key, sizeof key, "%s/size", job);
-    rc = dt_store_get(store, key, buf, sizeof buf - 1, &len, timeout);
-    if (rc < 0) return dt__preerr(rc, "comm: world size of job %s", job);
-    size = atoi(buf);
-    if (size <= 0) return dt__seterr(DT_EINVAL, "comm: store key %s holds bad size '%s'", key, buf);
-  }
-  int rank = cfg.rank;
-  if (rank < 0) {
-    int64_t v;
-    snprintf(key, sizeof key, "%s/rank_next", job);
-    DT_CHECK(dt_store_add(store, key, 1, &v, timeout));
-    rank = (int)(v - 1);
-  }
-  if (rank >= size)
-    return dt__seterr(DT_EINVAL, "comm: rank %d out of range for world size %d (job %s)", rank, size, job);
-
-  const struct dt_transport_ops *cand[MAX_TP];
-  int ncand;
-  DT_CHECK(parse_transports(cfg.transport, cand, &ncand));
-  char host_id[256];
-  if (cfg.host_id) snprintf(host_id, sizeof host_id, "%s", cfg.host_id);
-  else default_host_id(host_id, sizeof host_id);
-  const uint8_t *tok;
-  size_t toklen;
-  dt__auth_token(cfg.token, &tok, &toklen);
-
-  struct world *w = calloc(1, sizeof *w);
-  if (!w) return dt__seterr(DT_ENOMEM, "comm: out of memory");
-  w->refs = 1;
-  pthread_mutex_init(&w->amu, NULL);
-  w->rank = rank;
-  w->size = size;
-  w->tp_of = calloc((size_t)size, sizeof *w->tp_of);
-  w->ep = calloc((size_t)size, sizeof *w->ep);
-  w->host_id = calloc((size_t)size, sizeof *w->host_id);
-  dt_comm *c = NULL;
-  char *rec = NULL;
-  if (!w->tp_of || !w->ep || !w->host_id) {
-    rc = dt__seterr(DT_ENOMEM, "comm: out of memory");
-    goto fail;
-  }
-  /* init transports, build our record "host_id\nname=addr\n..." */
-  size_t reccap = 256 + MAX_TP * (DT_TP_ADDR_MAX + 16);
-  rec = malloc(reccap);
-  if (!rec) {
-    rc = dt__seterr(DT_ENOMEM, "comm: out of memory");
-    goto fail;
-  }
-  size_t rl = (size_t)snprintf(rec, reccap, "%s\n", host_id);
-  struct dt_tp_init ti = {rank, size, job, cfg.bind_addr ? cfg.bind_addr : "127.0.0.1", host_id,
-                          toklen ? tok : NULL, toklen, cfg.nconn > 0 ? cfg.nconn : 0, timeout};
-  for (int i = 0; i < ncand; i++) {
-    char addr[DT_TP_ADDR_MAX] = "";
-    rc = cand[i]->init(&ti, &w->tctx[w->ntp], addr);
-    if (rc < 0) {
-      if (ncand > 1 && i < ncand - 1) { /* optional transport (auto): skip it */
-        DT_LOG_DEBUG("comm: transport %s unavailable: %s", cand[i]->name, dt_errmsg());
-        continue;
-      }
-      dt__preerr(rc, "comm: rank %d: transport %s", rank, cand[i]->name);
-      goto fail;
-    }
-    w->tops[w->ntp++] = cand[i];
-    rl += (size_t)snprintf(rec + rl, reccap - rl, "%s=%s\n", cand[i]->name, addr);
-  }
-  snprintf(key, sizeof key, "%s/addr/%d", job, rank);
-  DT_CHECK_GOTO(dt_store_set(store, key, rec, rl, timeout), rc, fail);
-
-  /* read every peer's record, connect in increasing rank order */
-  char prec[256 + MAX_TP * (DT_TP_ADDR_MAX + 16)];
-  for (int p = 0; p < size; p++) {
-    if (p == rank) {
-      w->host_id[p] = strdup(host_id);
-      w->tp_of[p] = -1;
-      if (!w->host_id[p]) { rc = dt__seterr(DT_ENOMEM, "comm: out of memory"); goto fail; }
-      continue;
-    }
-    size_t len;
-    snprintf(key, sizeof key, "%s/addr/%d", job, p);
-    double left = (double)(deadline - dt_now_ns()) / 1e9;
-    rc = dt_store_get(store, key, prec, sizeof prec - 1, &len, left > 0.001 ? left : 0.001);
-    if (rc < 0) {
-      /* dt_errmsg() is the buffer dt__seterr writes: copy it first */
-      char why[256];
-      snprintf(why, sizeof why, "%s", dt_errmsg());
-      dt__seterr(rc, "comm: rank %d: rank %d of job %s did not join before the deadline (%s)", rank,
-                 p, job, why);
-      goto fail;
-    }
-    prec[len] = '\0';
-    char *nl = strchr(prec, '\n');
-    if (!nl) { rc = dt__seterr(DT_EPROTO, "comm: bad address record for rank %d", p); goto fail; }
-    *nl = '\0';
-    w->host_id[p] = strdup(prec);
-    if (!w->host_id[p]) { rc = dt__seterr(DT_ENOMEM, "comm: out of memory"); goto fail; }
-    int chosen = -1;
-    for (int i = 0; i < w->ntp && chosen < 0; i++) {
-      char addr[DT_TP_ADDR_MAX];
-      if (!find_addr(nl + 1, w->tops[i]->name, addr)) continue;
-      struct dt_tp_peer peer = {p, w->host_id[p], addr};
-      if (!w->tops[i]->can_connect(w->tctx[i], &peer)) continue;
-      char err[DT_TP_ERR_MAX] = "";
-      rc = w->tops[i]->connect(w->tctx[i], &peer, deadline, &w->ep[p], err);
-      if (rc < 0) {
-        dt__seterr(rc, "comm: rank %d: cannot connect to rank %d over %s: %s", rank, p,
-                   w->tops[i]->name, err);
-        goto fail;
-      }
-      chosen = i;
-    }
-    if (chosen < 0) {
-      rc = dt__seterr(DT_ENOTSUP, "comm: rank %d: no transport reaches rank %d (host %s)", rank, p,
-                      w->host_id[p]);
-      goto fail;
-    }
-    w->tp_of[p] = chosen;
-  }
-  free(rec);
-  rec = NULL;
-  c = comm_alloc(w, size);
-  if (!c) { rc = dt__seterr(DT_ENOMEM, "comm: out of memory"); goto fail; }
-  c->rank = rank;
-  for (int r = 0; r < size; r++) c->wr[r] = r;
-  compute_hosts(c);
-  c->timeout = timeout;
-  c->ctxid = 1;
-  c->algo = cfg.algo;
-  const char *env_algo = dt_param_str("DTRAIN_ALGO", NULL);
-  if (env_algo && c->algo == DT_ALGO_AUTO) {
-    dt_algo a;
-    if (dt_algo_parse(env_algo, &a) == DT_OK) c->algo = a;
-    else DT_LOG_WARN("DTRAIN_ALGO=%s is not an algorithm; using auto", env_algo);
-  }
-  *out = c;
-  return DT_OK;
-fail:
-  free(rec);
-  {
-    char saved[512];
-    snprintf(saved, sizeof saved, "%s", dt_errmsg());
-    world_release(w);
-    dt__seterr(rc, "%s", saved);
-  }
-  return rc;
-}
-
-void dt_comm_destroy(dt_comm *c) {
-  if (!c) return;
-  dt_comm_destroy(c->host_comm);
-  dt_comm_destroy(c->leader_comm);
-  for (int i = 0; i < 4; i++) dt_free(c->scratch[i]);
-  struct world *w = c->w;
-  free(c->wr), free(c->host), free(c->fp_sent), free(c->fp_posted), free(c->fp_in);
-  free(c->fp_obuf), free(c->fp_sreq), free(c->fp_rreq);
-  free(c);
-  world_release(w);
 }
 
 /* ---- point-to-point core ----------------------------------------------- */
@@ -963,7 +620,7 @@ int dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
   }
   int n = 0;
   for (int r = 0; r < c->size; r++) n += all[2 * r] == color;
-  dt_comm *s = comm_alloc(c->w, n);
+  dt_comm *s = dt__comm_alloc(c->w, n);
   if (!s) {
     free(all);
     return cerr(c, DT_ENOMEM, "comm: out of memory");
@@ -994,7 +651,7 @@ int dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
   h *= 0xbf58476d1ce4e5b9ull;
   h ^= h >> 32;
   s->ctxid = (uint32_t)h ? (uint32_t)h : 2;
-  compute_hosts(s);
+  dt__comm_compute_hosts(s);
   *out = s;
   return DT_OK;
 }
