@@ -31,7 +31,10 @@ dt_algo dt__tune_allreduce(const dt_comm *c, size_t bytes, dt_algo forced) {
   struct dt_comm_topo topo;
   dt_comm_topology(c, &topo);
   if (forced == DT_ALGO_RING || forced == DT_ALGO_RHD || forced == DT_ALGO_TREE) return forced;
-  if (forced == DT_ALGO_HIER && topo.nhosts > 1) return forced;
+  /* hier needs several hosts with several ranks on some: with one rank per
+   * host its leaders' communicator (which inherits a communicator-wide
+   * forced algorithm) would be the same shape again, recursing forever */
+  if (forced == DT_ALGO_HIER && topo.nhosts > 1 && topo.nhosts < n) return forced;
   /* AUTO (or a forced algorithm that cannot serve allreduce) */
   if (topo.nhosts > 1 && topo.nhosts < n &&
       bytes >= (size_t)dt_param_int("DTRAIN_HIER_MIN_BYTES", 64 * 1024))

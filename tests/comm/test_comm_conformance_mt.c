@@ -257,6 +257,16 @@ static int hier_body(dt_comm *c, void *arg, char *fail, size_t cap) {
         if (memcmp(out, ref, hc[k] * dt_dtype_size(ty)))
           rc = FAIL("hier %s %s count %zu: wrong", dt_dtype_name(ty), dt_redop_name((dt_redop)op), hc[k]);
       }
+  /* forced for the whole communicator (sub-communicators inherit it), also
+   * with one rank per host, where hier cannot serve and tuning falls back */
+  dt_comm_set_algo(c, DT_ALGO_HIER);
+  for (size_t k = 0; k < 3 && !rc; k++, seed++) {
+    fill_input(in, hc[k], DT_F32, r, seed);
+    if (dt_comm_allreduce(c, in, out, hc[k], DT_F32, DT_OP_SUM))
+      rc = FAIL("comm-wide hier: %s", dt_errmsg());
+    reference(ref, hc[k], DT_F32, DT_OP_SUM, n, seed);
+    if (!rc && memcmp(out, ref, hc[k] * 4)) rc = FAIL("comm-wide hier count %zu: wrong", hc[k]);
+  }
   free(in), free(out), free(ref);
   return rc;
 }
