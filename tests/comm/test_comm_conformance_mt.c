@@ -242,6 +242,7 @@ static int hier_body(dt_comm *c, void *arg, char *fail, size_t cap) {
   dt_comm_topology(c, &t);
   if (t.nhosts != (n + hm - 1) / hm || t.host != r / hm || t.local_rank != r % hm)
     return FAIL("topology: nhosts %d host %d local %d", t.nhosts, t.host, t.local_rank);
+  dt_comm_set_algo(c, DT_ALGO_HIER);
   size_t maxb = 1023 * 8;
   uint8_t *in = malloc(maxb), *out = malloc(maxb), *ref = malloc(maxb);
   int rc = 0;
@@ -257,9 +258,9 @@ static int hier_body(dt_comm *c, void *arg, char *fail, size_t cap) {
         if (memcmp(out, ref, hc[k] * dt_dtype_size(ty)))
           rc = FAIL("hier %s %s count %zu: wrong", dt_dtype_name(ty), dt_redop_name((dt_redop)op), hc[k]);
       }
-  /* forced for the whole communicator (sub-communicators inherit it), also
-   * with one rank per host, where hier cannot serve and tuning falls back */
-  dt_comm_set_algo(c, DT_ALGO_HIER);
+  /* forced for the whole communicator (set first, so the sub-communicators
+   * hier creates inherit it), also with one rank per host, where hier
+   * cannot serve and tuning falls back */
   for (size_t k = 0; k < 3 && !rc; k++, seed++) {
     fill_input(in, hc[k], DT_F32, r, seed);
     if (dt_comm_allreduce(c, in, out, hc[k], DT_F32, DT_OP_SUM))
