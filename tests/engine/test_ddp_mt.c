@@ -1,7 +1,7 @@
 /*
  * test_ddp_mt.c — data-parallel training through the engine, with worker
  * processes forked by the test and joined through a file store:
- *   - equivalence: 2 and 3 workers with global batch B end with the
+ *   - equivalence: 2, 3 and 4 workers with global batch B end with the
  *     parameters of 1 worker with batch B (same seed, 51 steps of an MLP
  *     with dropout, the last global batch a single sample so some workers
  *     get none) to 1e-5 relative, and every worker holds the same bytes and
@@ -202,12 +202,13 @@ static void test_equivalence(void **state) {
   float *ref = read_params("ref", 0, &n0);
   /* 2 workers, default buckets (one here, reduced without the thread); 3
    * workers with 256-byte buckets (one per layer: the overlapped path); 2
-   * workers with per-layer buckets but the thread turned off */
+   * workers with per-layer buckets but the thread turned off; 4 workers,
+   * overlapped */
   static const struct { int n; const char *bucket, *overlap; } runs[] = {
-      {2, NULL, NULL}, {3, "256", NULL}, {2, "256", "0"}};
-  for (int k = 0; k < 3; k++) {
+      {2, NULL, NULL}, {3, "256", NULL}, {2, "256", "0"}, {4, "256", NULL}};
+  for (int k = 0; k < 4; k++) {
     int N = runs[k].n;
-    dt_run_cfg cfgs[3];
+    dt_run_cfg cfgs[4];
     for (int r = 0; r < N; r++) {
       base_cfg(&cfgs[r], N);
       if (runs[k].bucket) cfgs[r].bucket_bytes = atoi(runs[k].bucket);
