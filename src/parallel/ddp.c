@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/window.h"
 #include "core/core.h"
@@ -174,6 +175,23 @@ static void *comm_main(void *arg) {
   return NULL;
 }
 
+/* Whether a communication thread should reduce buckets while backward
+ * runs. DTRAIN_DDP_OVERLAP=1/0 decides; by default (-1) yes, except when
+ * the buckets go through a shared window and this host has fewer cores than
+ * 2 threads per worker: the window's reduction is CPU work, not waiting, so
+ * a thread can only take it from the compute thread, and the hand-offs cost
+ * more than they hide (MLP, 2 workers on 2 cores: 149-155k samples/s with
+ * the thread, 175-189k without; the CNN within noise either way). */
+static int overlap_pays(dt_ddp *d, dt_comm *c) {
+  int64_t v = dt_param_int("DTRAIN_DDP_OVERLAP", -1);
+  if (v >= 0) return v != 0;
+  if (!d->win) return 1;
+  struct dt_comm_topo t;
+  dt_comm_topology(c, &t);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return 2L * t.local_size <= cores;
+}
+
 static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, int det) {
   *out = NULL;
   dt_ddp *d = calloc(1, sizeof *d);
@@ -243,7 +261,7 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
   d->ndone = d->qlen = d->qnext = 0;
   /* one bucket is ready only when backward ends: nothing to overlap, so
    * skip the thread hand-off */
-  d->overlap = dt_param_int("DTRAIN_DDP_OVERLAP", 1) != 0 && d->nb > 1 && c;
+  d->overlap = d->nb > 1 && c && overlap_pays(d, c);
   if (!d->overlap) {
     *out = d;
     return DT_OK;

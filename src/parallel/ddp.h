@@ -19,7 +19,10 @@
  *
  * Knobs: the bucket cap (dist.bucket_bytes, default 128 KiB; a single layer
  * larger than the cap is a bucket of its own); DTRAIN_DDP_OVERLAP=0 runs
- * without the thread (every bucket reduced in dt_ddp_finish_step).
+ * without the thread (every bucket reduced in dt_ddp_finish_step), =1 with
+ * it; by default the thread runs unless the gradients are in a shared
+ * window on a host with fewer cores than 2 threads per worker (ddp.c says
+ * why).
  */
 #ifndef DT_PARALLEL_DDP_H
 #define DT_PARALLEL_DDP_H

@@ -22,8 +22,8 @@ elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'
 
 one() {
   local victim=$1 out="$T/run$1"
-  "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=100000 \
-    --set dist.bucket_bytes=$2 \
+  DTRAIN_DDP_OVERLAP=$3 "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 \
+    --set train.epochs=100000 --set dist.bucket_bytes=$2 \
     --set data.limit_train=1000 --set data.limit_test=200 --out "$out" \
     >"$T/out$victim" 2>"$T/err$victim" </dev/null &
   local parent=$!
@@ -69,6 +69,6 @@ one() {
   [ ! -e "$out/summary.json" ] && pass || fail "victim $victim: summary.json written"
 }
 
-one 1 65536    # several buckets: the survivor is in the communication thread
-one 0 1048576  # one bucket: reduced on the compute thread
+one 1 65536 1    # several buckets: the survivor is in the communication thread
+one 0 1048576 0  # one bucket: reduced on the compute thread
 finish
