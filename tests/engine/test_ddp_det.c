@@ -38,6 +38,7 @@
 #include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
+#include "fork_workers.h"
 
 static char tmpdir[256];
 
@@ -163,43 +164,21 @@ static int child(const job *j, int rank, const char *tag) {
   return rc == DT_OK ? 0 : rc == DT_EMISMATCH ? 3 : rc == DT_ERANGE ? 4 : 1;
 }
 
-/* Forks one child per rank and waits (deadline 60 s, then SIGKILL).
- * status[r] = exit status, 1000 + the signal that ended it, or -1 if it
- * was still running at the deadline. js[r] is rank r's job. */
+struct ranks_arg {
+  const job *js;
+  const char *tag;
+};
+
+static int ranks_child(void *arg, int r) {
+  const struct ranks_arg *a = arg;
+  return child(&a->js[r], r, a->tag);
+}
+
+/* One forked worker per rank (js[r] is rank r's job); status[r] as
+ * fork_workers reports it. */
 static void run_ranks(const job *js, int n, const char *tag, int *status) {
-  pid_t pids[8];
-  fflush(NULL);
-  for (int r = 0; r < n; r++) {
-    pid_t p = fork();
-    assert_true(p >= 0);
-    if (p == 0) _exit(child(&js[r], r, tag));
-    pids[r] = p;
-    status[r] = -2;
-  }
-  double deadline = dt_now() + 60;
-  int left = n;
-  while (left > 0) {
-    for (int r = 0; r < n; r++) {
-      if (status[r] != -2) continue;
-      int st;
-      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-        status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 1000 + WTERMSIG(st);
-        left--;
-      }
-    }
-    if (left && dt_now() > deadline) {
-      for (int r = 0; r < n; r++)
-        if (status[r] == -2) kill(pids[r], SIGKILL);
-      for (int r = 0; r < n; r++)
-        if (status[r] == -2) {
-          waitpid(pids[r], NULL, 0);
-          status[r] = -1;
-        }
-      fail_msg("job %s: workers still running after 60 s", tag);
-    }
-    struct timespec ts = {0, 5 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
+  struct ranks_arg a = {js, tag};
+  fork_workers(n, ranks_child, &a, 60, tag, status);
 }
 
 static void read_err(const char *tag, int rank, char *buf, size_t cap) {

@@ -31,6 +31,7 @@
 #include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
+#include "fork_workers.h"
 
 static char tmpdir[256];
 
@@ -114,43 +115,20 @@ static int child(const dt_run_cfg *c, int rank, const char *tag) {
   return rc == DT_OK ? 0 : rc == DT_EMISMATCH ? 3 : 1;
 }
 
-/* Forks one child per config and waits (deadline 50 s, then SIGKILL).
- * status[r] = exit status, or -1 if killed. */
+struct job_arg {
+  const dt_run_cfg *cfgs;
+  const char *tag;
+};
+
+static int job_child(void *arg, int r) {
+  const struct job_arg *a = arg;
+  return child(&a->cfgs[r], r, a->tag);
+}
+
+/* One forked worker per config; status[r] as fork_workers reports it. */
 static void run_job(const dt_run_cfg *cfgs, int n, const char *tag, int *status) {
-  pid_t pids[8];
-  fflush(NULL);
-  for (int r = 0; r < n; r++) {
-    pid_t p = fork();
-    assert_true(p >= 0);
-    if (p == 0) _exit(child(&cfgs[r], r, tag));
-    pids[r] = p;
-    status[r] = -2;
-  }
-  double deadline = dt_now() + 50;
-  int left = n;
-  while (left > 0) {
-    for (int r = 0; r < n; r++) {
-      if (status[r] != -2) continue;
-      int st;
-      pid_t p = waitpid(pids[r], &st, WNOHANG);
-      if (p == pids[r]) {
-        status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        left--;
-      }
-    }
-    if (left && dt_now() > deadline) {
-      for (int r = 0; r < n; r++)
-        if (status[r] == -2) kill(pids[r], SIGKILL);
-      for (int r = 0; r < n; r++)
-        if (status[r] == -2) {
-          waitpid(pids[r], NULL, 0);
-          status[r] = -1;
-        }
-      fail_msg("job %s: workers still running after 50 s", tag);
-    }
-    struct timespec ts = {0, 10 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
+  struct job_arg a = {cfgs, tag};
+  fork_workers(n, job_child, &a, 50, tag, status);
 }
 
 static float *read_params(const char *tag, int rank, size_t *n) {
