@@ -61,16 +61,23 @@ for model in a.models.split(","):
             det.append(sd)
             line += f"  deterministic {sd:8.0f}"
         print(line + " samples/s", flush=True)
+    # paired: the median of each round's own ratio (its runs were back to
+    # back, so slow spells of the shared machine cancel)
+    paired = statistics.median(b / a for a, b in zip(one, two))
+    paired_ddp = statistics.median(b / a for a, b in zip(tor, two))
     rows.append((model, statistics.median(one), statistics.median(two), statistics.median(tor),
-                 statistics.median(det) if det else None))
+                 statistics.median(det) if det else None, paired, paired_ddp))
 
 print()
-print(f"{'model':6} {'dtrain 1w':>10} {'dtrain 2w':>10} {'scaling':>8} {'torch ddp 2p':>13} "
-      f"{'vs ddp':>7}" + (f" {'det 2w':>9} {'det cost':>9}" if a.det else ""))
-for model, m1, m2, mt, md in rows:
-    line = f"{model:6} {m1:10.0f} {m2:10.0f} {m2/m1:7.2f}x {mt:13.0f} {m2/mt:6.2f}x"
+print(f"{'model':6} {'dtrain 1w':>10} {'dtrain 2w':>10} {'scaling':>8} {'paired':>7} "
+      f"{'torch ddp 2p':>13} {'vs ddp':>7} {'paired':>7}"
+      + (f" {'det 2w':>9} {'det cost':>9}" if a.det else ""))
+for model, m1, m2, mt, md, pr, prd in rows:
+    line = (f"{model:6} {m1:10.0f} {m2:10.0f} {m2/m1:7.2f}x {pr:6.2f}x {mt:13.0f} {m2/mt:6.2f}x "
+            f"{prd:6.2f}x")
     if md:
         line += f" {md:9.0f} {m2/md:8.2f}x"
     print(line)
 print(f"(samples/s, medians of {a.reps} rounds; 32 samples per worker/process per step;")
-print(" scaling = dtrain 2 workers / 1 worker; vs ddp = dtrain 2 workers / PyTorch DDP 2 processes)")
+print(" scaling = dtrain 2 workers / 1 worker; vs ddp = dtrain 2 workers / PyTorch DDP 2 processes;")
+print(" each as a ratio of the medians and, 'paired', as the median of every round's own ratio)")
