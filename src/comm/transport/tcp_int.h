@@ -18,7 +18,13 @@ enum { K_LISTEN = 1, K_WAKE, K_EP, K_PEND };
 #define DEFER_MIN (64 * 1024) /* early frames at least this large wait in the socket */
 #define MAX_LANES 16
 #define PART_MIN (64 * 1024)   /* smallest part of a striped message */
-#define TCP_NCONN_DEFAULT 4
+/* One lane unless asked (DTRAIN_TCP_NCONN, config nconn): 4 lanes measured
+ * faster at 1-4 MB (docs/comm.md), but with 3 ranks x 4 lanes connecting at
+ * once on a loaded 2-core host the lane handshake can miss (a lower rank
+ * times out waiting for a higher rank's lanes: test_comm_conformance_mt
+ * test_p2p, 2 of 6 runs), and a peer lost mid-stripe was once reported with
+ * an empty reason. Back to 4 when both are understood. */
+#define TCP_NCONN_DEFAULT 1
 
 /* A striped message: the user's request and one internal request per part.
  * A part's priv[4] points back here; the parent's priv[5] points here
