@@ -13,12 +13,8 @@
 # is shared, so re-run before believing a single number.
 #
 # Env: BUILD (default build/release), DT_BENCH_MAX (bytes, default 64 MiB),
-#      DT_BENCH_RANKS (default "2 4"), DT_BENCH_TIMEOUT (s per run, 600),
-#      DTRAIN_TCP_NCONN (default here 4 lanes per peer, the setting the
-#      figures in docs/comm.md were measured with; the library's default is
-#      1 until the lane handshake race noted in tcp_int.h is fixed).
+#      DT_BENCH_RANKS (default "2 4"), DT_BENCH_TIMEOUT (s per run, 600).
 set -u
-export DTRAIN_TCP_NCONN="${DTRAIN_TCP_NCONN:-4}"
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$SRC" || exit 1
 BUILD="${BUILD:-build/release}"

@@ -167,8 +167,8 @@ struct dt_comm_config {
   const char *host_id;    /* topology override (tests); NULL = hostname+boot id */
   double timeout_s;       /* deadline of every blocking call; default 60 */
   dt_algo algo;           /* force an algorithm for every collective; DTRAIN_ALGO env too */
-  int nconn;              /* tcp connections per peer (large messages are striped
-                           * over them); 0: DTRAIN_TCP_NCONN, else the measured default */
+  int nconn;              /* tcp connections per peer; reserved: one is used today
+                           * (a striped version was withdrawn, docs/comm.md) */
 };
 #define DT_COMM_CONFIG_INIT                                                    \
   { "tcp", -1, 0, "dtrain", NULL, NULL, NULL, 60.0, DT_ALGO_AUTO, 0 }

@@ -1,50 +1,38 @@
 /*
- * tcp.c — the TCP transport: `nconn` non-blocking, TCP_NODELAY connections
- * ("lanes") per peer, driven by epoll from the caller's thread (no progress
- * thread: on a 2-core machine a thread hand-off costs more than it hides).
- * Sends and receives progress together on every lane (full duplex),
- * receives land straight in the user's buffer when posted in time, and
- * frames that arrive early are buffered per (lane, tag) in order.
+ * tcp.c — the TCP transport: one non-blocking, TCP_NODELAY connection per
+ * peer with large socket buffers, driven by epoll from the caller's thread
+ * (no progress thread: on a 2-core machine a thread hand-off costs more than
+ * it hides). Sends and receives progress together (full duplex), receives
+ * land straight in the user's buffer when posted in time, and frames that
+ * arrive early are buffered per (peer, tag) in order.
  *
- * Striping: a message of at least DTRAIN_TCP_STRIPE_MIN bytes (default
- * 256 KiB) is cut into up to nconn contiguous parts of at least 64 KiB
- * (64-byte aligned; part i on lane i), each an ordinary frame with the
- * message's tag; smaller messages use lane 0. Both sides derive the split
- * from the exact length and the endpoint's lane count, so per-lane FIFO
- * matching keeps the per (peer, tag) order of whole messages. A part that
- * fails (wrong length, cancel) cancels its siblings and fails the message.
- *
- * Connections (made in tcp_handshake.c): the higher rank dials the lower
- * rank's listening socket, once per lane; the acceptor adopts the dialer's
- * lane count (1..16) and the endpoint exists once every lane has passed
- * the handshake (lanes wait outside epoll until then). Handshake, on every lane (every frame a
- * validated struct dt_frame_hdr, control payloads bounded):
- *   dialer   -> HELLO {job hash, from, to, lane, nlanes, nonce_d}
+ * Connections: the higher rank dials the lower rank's listening socket.
+ * Handshake (every frame a validated struct dt_frame_hdr, control payloads
+ * bounded by DT_FRAME_CTRL_MAX):
+ *   dialer   -> HELLO {job hash, from, to, nonce_d}
  *   acceptor -> HELLO {nonce_a, HMAC(token, "dt-tcp-acc", nonce_d, nonce_a)}
  *   dialer   -> AUTH  {HMAC(token, "dt-tcp-dial", nonce_a, nonce_d)}
  *   acceptor -> AUTH_OK
  * The listening socket is served for the communicator's whole life, so a
  * stranger (wrong token, random bytes, truncated or oversized frames) is
  * turned away with a logged reason at any time without disturbing the job.
- * A frame failing validation on an established lane, an EOF or a reset
- * without a prior BYE means the peer is lost: the context aborts with
+ * A frame failing validation on an established connection, an EOF or a
+ * reset without a prior BYE means the peer is lost: the context aborts with
  * DT_EPEERLOST naming it and sends ABORT frames to every other peer.
  * Liveness: TCP keepalive (2 s idle, 1 s probes, 3 misses) turns a
  * silently vanished host on an idle connection into DT_EPEERLOST (with data
  * in flight, set DTRAIN_TCP_USER_TIMEOUT_MS or rely on the deadline); a
  * process that dies is seen at once through its FIN or RST. A live but
  * hung process is caught by the caller's deadline instead.
- * Knobs: DTRAIN_TCP_NCONN (lanes when the config says 0; default
- * TCP_NCONN_DEFAULT, measured in docs/comm.md), DTRAIN_TCP_STRIPE_MIN,
- * DTRAIN_TCP_BUFFER (SO_SNDBUF/SO_RCVBUF, default: kernel autotuning),
- * DTRAIN_TCP_KEEPIDLE, DTRAIN_TCP_USER_TIMEOUT_MS, DTRAIN_TCP_SPIN_US
- * (poll, yielding the core, this long before sleeping in epoll_wait;
- * default 0: no measurable gain on a shared 2-core host).
- * Not here: TLS, IPv6 listening.
+ * Knobs: DTRAIN_TCP_BUFFER (SO_SNDBUF/SO_RCVBUF, default: kernel
+ * autotuning), DTRAIN_TCP_KEEPIDLE, DTRAIN_TCP_USER_TIMEOUT_MS,
+ * DTRAIN_TCP_SPIN_US (poll, yielding the core, this long before sleeping in
+ * epoll_wait; default 0: no measurable gain on a shared 2-core host).
+ * Not here: several connections per peer (nconn is accepted but 1 is used),
+ * TLS, IPv6 listening.
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
-#include "comm/transport/tcp_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -62,6 +50,77 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+enum { K_LISTEN = 1, K_WAKE, K_EP, K_PEND };
+
+#define DEFER_MIN (64 * 1024) /* early frames at least this large wait in the socket */
+
+struct umsg { /* a frame that arrived before its receive was posted */
+  struct umsg *next;
+  uint64_t tag;
+  size_t len, got;
+  bool complete;
+  uint8_t *data;
+};
+
+struct dt_tp_ep {
+  int kind; /* K_EP */
+  struct dt_tp_ctx *x;
+  int fd, peer;
+  bool dead, bye, want_out;
+  bool deferred;                  /* a large early frame waits in the socket */
+  /* send side */
+  struct dt_tp_req *sq, *sq_tail;
+  size_t s_hdr_done; /* bytes of the head request's header already sent */
+  /* receive side */
+  struct dt_tp_req *rq, *rq_tail; /* posted receives */
+  struct umsg *uq, *uq_tail;
+  uint8_t hdr[DT_FRAME_HDR_LEN];
+  size_t hdr_got;
+  struct dt_frame_hdr cur;        /* frame being read (hdr complete) */
+  bool in_payload;
+  uint8_t *target;                /* where payload goes */
+  size_t got;
+  struct dt_tp_req *cur_req;      /* matched receive, or NULL */
+  struct umsg *cur_u;             /* buffered frame, or NULL */
+  uint8_t *ctrl;                  /* control payload */
+  bool discard;                   /* payload for a failed receive: drop it */
+};
+
+enum pstate { P_DIAL_CONNECTING, P_DIAL_WAIT_HELLO, P_DIAL_WAIT_OK, P_ACC_WAIT_HELLO, P_ACC_WAIT_AUTH };
+
+struct pend {
+  int kind; /* K_PEND */
+  struct pend *next;
+  int fd;
+  enum pstate st;
+  int peer;           /* dialer: target; acceptor: claimed rank once known */
+  uint8_t nonce_me[DT_AUTH_NONCE_LEN], nonce_peer[DT_AUTH_NONCE_LEN];
+  uint8_t in[DT_FRAME_HDR_LEN + 128];
+  size_t in_got;
+  double deadline;
+  char who[64];
+  int fail_rc;        /* dialer: error to report */
+  char fail[200];
+};
+
+struct dt_tp_ctx {
+  int kind_listen, kind_wake; /* epoll tags (K_LISTEN, K_WAKE) */
+  pthread_mutex_t mu;
+  int rank, size;
+  int lfd, efd, wfd;
+  uint64_t job_hash;
+  uint8_t *token;
+  size_t token_len;
+  int bufsize;
+  int64_t spin_ns;      /* DTRAIN_TCP_SPIN_US */
+  struct dt_tp_ep **ep; /* per peer */
+  struct pend *pend;
+  _Atomic int abort_rc;
+  char abort_msg[DT_TP_ERR_MAX];
+  char err_last[DT_TP_ERR_MAX];
+  uint8_t *discard_buf;
+};
+
 /* ---- helpers ----------------------------------------------------------- */
 
 static uint64_t hash_str(const char *s) {
@@ -70,141 +129,56 @@ static uint64_t hash_str(const char *s) {
   return h;
 }
 
+static void set_sock_opts(int fd, int bufsize) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  /* A host that vanishes without a FIN (power loss, partition) must still
+   * become DT_EPEERLOST within seconds: keepalive probes after 2 s idle,
+   * every second, 3 misses. TCP_USER_TIMEOUT (unacknowledged data) is off
+   * by default: newer kernels also apply it to zero-window probing, which
+   * would kill a healthy connection whose receiver computes for a while
+   * without reading (large early frames deliberately wait in the socket). */
+  int idle = (int)dt_param_int("DTRAIN_TCP_KEEPIDLE", 2), intvl = 1, cnt = 3;
+  unsigned int uto = (unsigned int)dt_param_int("DTRAIN_TCP_USER_TIMEOUT_MS", 0);
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+  if (uto) setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
+  if (bufsize > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufsize, sizeof bufsize);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsize, sizeof bufsize);
+  }
+}
+
 static void ep_watch(struct dt_tp_ctx *x, struct dt_tp_ep *e, bool out) {
   struct epoll_event ev = {(e->deferred ? 0 : EPOLLIN) | EPOLLRDHUP | (out ? EPOLLOUT : 0), {.ptr = e}};
   epoll_ctl(x->efd, EPOLL_CTL_MOD, e->fd, &ev);
   e->want_out = out;
 }
 
-/* ---- stripes ----------------------------------------------------------- */
-
-static struct stripe *stripe_of_part(struct dt_tp_req *r) { return (struct stripe *)(uintptr_t)r->priv[4]; }
-static struct stripe *stripe_of_parent(struct dt_tp_req *r) { return (struct stripe *)(uintptr_t)r->priv[5]; }
-
-/* How a message of len bytes is cut for an endpoint with nlanes lanes. */
-static int stripe_parts(const struct dt_tp_ctx *x, int nlanes, size_t len, size_t *per) {
-  if (nlanes < 2 || len < x->stripe_min || len < 2 * PART_MIN) return 1;
-  size_t n = len / PART_MIN;
-  if (n > (size_t)nlanes) n = (size_t)nlanes;
-  *per = ((len + n - 1) / n + 63) & ~(size_t)63;
-  while (n > 1 && (n - 1) * *per >= len) n--; /* every part non-empty */
-  return (int)n;
-}
-
-static struct stripe *stripe_new(struct dt_tp_ep *h, struct dt_tp_req *r, int n, size_t per) {
-  struct stripe *st = calloc(1, sizeof *st + (size_t)n * sizeof st->part[0]);
-  if (!st) return NULL;
-  st->parent = r;
-  st->nparts = st->left = n;
-  for (int i = 0; i < n; i++) {
-    struct dt_tp_req *q = &st->part[i];
-    size_t off = (size_t)i * per;
-    q->buf = (uint8_t *)r->buf + off;
-    q->len = r->len - off < per ? r->len - off : per;
-    q->tag = r->tag;
-    q->peer = r->peer;
-    q->kind = r->kind;
-    q->priv[4] = (uint64_t)(uintptr_t)st;
-  }
-  st->next = h->stripes;
-  if (h->stripes) h->stripes->prev = st;
-  h->stripes = st;
-  r->priv[5] = (uint64_t)(uintptr_t)st;
-  return st;
-}
-
-/* Unlinks and frees st, then reports rc (1 or an error) on the parent —
- * last, since the caller may reuse the parent as soon as it sees it. */
-static void stripe_finish(struct dt_tp_ep *h, struct stripe *st, int rc) {
-  struct dt_tp_req *r = st->parent;
-  if (st->prev) st->prev->next = st->next;
-  else h->stripes = st->next;
-  if (st->next) st->next->prev = st->prev;
-  free(st);
-  r->priv[5] = 0;
-  if (rc == 1) r->done = r->len;
-  if (r->status == 0) r->status = rc;
-}
-
-static void lane_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r);
-
-/* A part failed: cancel the siblings still queued, fail the message. */
-static void stripe_fail(struct dt_tp_ep *h, struct stripe *st, int rc) {
-  if (!st->rc) st->rc = rc;
-  for (int i = 0; i < st->nparts; i++)
-    if (st->part[i].status == 0 && st->part[i].ep) lane_cancel(h->x, &st->part[i]);
-  if (!st->posting) stripe_finish(h, st, st->rc);
-}
-
-/* Sets the outcome of a queued request: a plain one directly, a part
- * through its stripe. */
-static void req_set(struct dt_tp_req *r, int st) {
-  struct stripe *sp = stripe_of_part(r);
-  if (!sp) {
-    r->status = st;
-    return;
-  }
-  if (r->status != 0) return;
-  r->status = st;
-  struct dt_tp_ep *h = r->ep->head;
-  if (st < 0) {
-    stripe_fail(h, sp, st);
-    return;
-  }
-  if (--sp->left == 0 && !sp->posting) stripe_finish(h, sp, sp->rc ? sp->rc : 1);
-}
-
-/* Fails every request queued on every lane of the endpoint and every
- * stripe (the endpoint is lost, aborted or closed). */
 static void fail_ep_reqs(struct dt_tp_ep *e, int rc) {
-  struct dt_tp_ep *h = e->head;
-  for (int i = 0; i < h->nlanes; i++) {
-    struct dt_tp_ep *l = h->lanes[i];
-    for (struct dt_tp_req *r = l->sq, *n; r; r = n) n = r->next, r->status = rc;
-    for (struct dt_tp_req *r = l->rq, *n; r; r = n) n = r->next, r->status = rc;
-    if (l->cur_req && l->cur_req->status == 0) l->cur_req->status = rc;
-    l->sq = l->sq_tail = l->rq = l->rq_tail = NULL;
-    l->cur_req = NULL;
-  }
-  for (struct stripe *st = h->stripes, *nx; st; st = nx) {
-    nx = st->next;
-    if (st->posting) { /* finished by its poster */
-      if (!st->rc) st->rc = rc;
-      continue;
-    }
-    stripe_finish(h, st, rc);
-  }
+  for (struct dt_tp_req *r = e->sq, *n; r; r = n) n = r->next, r->status = rc;
+  for (struct dt_tp_req *r = e->rq, *n; r; r = n) n = r->next, r->status = rc;
+  if (e->cur_req && e->cur_req->status == 0) e->cur_req->status = rc;
+  e->sq = e->sq_tail = e->rq = e->rq_tail = NULL;
+  e->cur_req = NULL;
 }
 
 static void do_abort_locked(struct dt_tp_ctx *x, int rc, const char *why);
 static void recv_progress(struct dt_tp_ep *e);
 
-/* The peer behind lane e is gone (or spoke garbage): every lane dies. */
+/* The peer behind e is gone (or spoke garbage). */
 static void ep_lost(struct dt_tp_ep *e, const char *why) {
   struct dt_tp_ctx *x = e->x;
-  struct dt_tp_ep *h = e->head;
   if (e->dead) return;
-  if (e->bye) {
-    /* It said goodbye on this lane: the lane's stream is over (everything
-     * sent on it was read before the BYE), but other lanes may still hold
-     * data sent before the close; only requests on this lane fail. */
-    e->dead = true;
-    epoll_ctl(x->efd, EPOLL_CTL_DEL, e->fd, NULL);
-    struct dt_tp_req *q = e->sq, *r = e->rq, *cur = e->cur_req;
-    e->sq = e->sq_tail = e->rq = e->rq_tail = NULL;
-    e->cur_req = NULL;
-    for (struct dt_tp_req *n; q; q = n) n = q->next, req_set(q, DT_ECLOSED);
-    for (struct dt_tp_req *n; r; r = n) n = r->next, req_set(r, DT_ECLOSED);
-    if (cur && cur->status == 0) req_set(cur, DT_ECLOSED);
+  e->dead = true;
+  epoll_ctl(x->efd, EPOLL_CTL_DEL, e->fd, NULL);
+  if (e->bye) { /* it said goodbye: only its own pending requests fail */
+    fail_ep_reqs(e, DT_ECLOSED);
     return;
   }
-  for (int i = 0; i < h->nlanes; i++) {
-    struct dt_tp_ep *l = h->lanes[i];
-    if (l->dead) continue;
-    l->dead = true;
-    epoll_ctl(x->efd, EPOLL_CTL_DEL, l->fd, NULL);
-  }
-  fail_ep_reqs(h, DT_EPEERLOST);
+  fail_ep_reqs(e, DT_EPEERLOST);
   if (atomic_load(&x->abort_rc)) return; /* already failing for another reason */
   char m[DT_TP_ERR_MAX];
   snprintf(m, sizeof m, "rank %d lost: %s", e->peer, why);
@@ -257,7 +231,7 @@ static void send_progress(struct dt_tp_ep *e) {
       e->sq = r->next;
       if (!e->sq) e->sq_tail = NULL;
       e->s_hdr_done = 0;
-      req_set(r, 1);
+      r->status = 1;
     }
   }
   if (e->want_out && !e->sq && !e->dead) ep_watch(x, e, false);
@@ -281,7 +255,7 @@ static void finish_frame(struct dt_tp_ep *e) {
   if (e->cur.type == DT_FRAME_DATA) {
     if (e->cur_req) {
       e->cur_req->done = e->cur_req->len;
-      req_set(e->cur_req, 1);
+      e->cur_req->status = 1;
     } else if (e->cur_u) {
       e->cur_u->complete = true;
     }
@@ -340,13 +314,12 @@ static int start_frame(struct dt_tp_ep *e) {
       else e->rq = r->next;
       if (e->rq_tail == r) e->rq_tail = prev;
       if (r->len != e->cur.len) {
+        r->status = DT_EPROTO;
         snprintf(x->err_last, sizeof x->err_last,
-                 "rank %d sent %llu bytes for tag 0x%llx, %zu expected%s", e->peer,
-                 (unsigned long long)e->cur.len, (unsigned long long)e->cur.tag, r->len,
-                 stripe_of_part(r) ? " (one part of a striped message)" : "");
+                 "rank %d sent %llu bytes for tag 0x%llx, %zu expected", e->peer,
+                 (unsigned long long)e->cur.len, (unsigned long long)e->cur.tag, r->len);
         e->discard = true;
         e->target = x->discard_buf;
-        req_set(r, DT_EPROTO);
       } else {
         e->cur_req = r;
         e->target = r->buf;
@@ -443,11 +416,228 @@ static int undefer(struct dt_tp_ep *e) {
   return 0;
 }
 
+/* ---- handshake --------------------------------------------------------- */
+
+static void pend_remove(struct dt_tp_ctx *x, struct pend *p, bool close_fd) {
+  for (struct pend **pp = &x->pend; *pp; pp = &(*pp)->next)
+    if (*pp == p) {
+      *pp = p->next;
+      break;
+    }
+  epoll_ctl(x->efd, EPOLL_CTL_DEL, p->fd, NULL);
+  if (close_fd) close(p->fd);
+  free(p);
+}
+
+static void pend_reject(struct dt_tp_ctx *x, struct pend *p, const char *why) {
+  DT_LOG_WARN("tcp: rank %d: rejected connection from %s: %s", x->rank, p->who, why);
+  pend_remove(x, p, true);
+}
+
+static bool write_frame(int fd, uint8_t type, const void *pl, size_t len) {
+  uint8_t buf[DT_FRAME_HDR_LEN + 256];
+  struct dt_frame_hdr h = {DT_FRAME_MAGIC, DT_FRAME_VERSION, type, 0, 0, len};
+  dt__frame_encode(&h, buf);
+  if (len) memcpy(buf + DT_FRAME_HDR_LEN, pl, len);
+  return send(fd, buf, DT_FRAME_HDR_LEN + len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)(DT_FRAME_HDR_LEN + len);
+}
+
+static int make_ep(struct dt_tp_ctx *x, int fd, int peer) {
+  struct dt_tp_ep *e = calloc(1, sizeof *e);
+  if (!e) return DT_ENOMEM;
+  e->kind = K_EP;
+  e->x = x;
+  e->fd = fd;
+  e->peer = peer;
+  struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = e}};
+  if (epoll_ctl(x->efd, EPOLL_CTL_ADD, fd, &ev)) {
+    free(e);
+    return DT_EIO;
+  }
+  x->ep[peer] = e;
+  return DT_OK;
+}
+
+/* Reads exactly one frame (header + payload <= 128 bytes) into p->in.
+ * Returns 1 when complete, 0 if more is needed, -1 on error (reason in why). */
+static int pend_read(struct pend *p, uint8_t want_type, size_t want_len, char *why) {
+  for (;;) {
+    size_t need = p->in_got < DT_FRAME_HDR_LEN ? DT_FRAME_HDR_LEN : DT_FRAME_HDR_LEN + want_len;
+    if (p->in_got == need) break;
+    ssize_t r = recv(p->fd, p->in + p->in_got, need - p->in_got, MSG_DONTWAIT);
+    if (r == 0) { snprintf(why, 128, "connection closed during handshake"); return -1; }
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      if (errno == EINTR) continue;
+      snprintf(why, 128, "handshake read: %s", strerror(errno));
+      return -1;
+    }
+    p->in_got += (size_t)r;
+    if (p->in_got == DT_FRAME_HDR_LEN) {
+      struct dt_frame_hdr h;
+      if (dt__frame_decode(p->in, &h, why) < 0) return -1;
+      if (h.type != want_type || h.len != want_len) {
+        snprintf(why, 128, "unexpected handshake frame (type %u, %llu bytes)", h.type,
+                 (unsigned long long)h.len);
+        return -1;
+      }
+    }
+  }
+  p->in_got = 0;
+  return 1;
+}
+
+#define HELLO_D_LEN (8 + 4 + 4 + DT_AUTH_NONCE_LEN)
+#define HELLO_A_LEN (DT_AUTH_NONCE_LEN + DT_AUTH_MAC_LEN)
+
+static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
+  char why[128];
+  int r;
+  switch (p->st) {
+  case P_DIAL_CONNECTING: {
+    int err = 0;
+    socklen_t el = sizeof err;
+    getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err == EINPROGRESS || err == EALREADY) return;
+    if (err) { /* not listening yet: retry in the connect loop */
+      p->fail_rc = DT_EAGAIN;
+      snprintf(p->fail, sizeof p->fail, "connect: %s", strerror(err));
+      return;
+    }
+    uint8_t pl[HELLO_D_LEN];
+    int32_t from = x->rank, to = p->peer;
+    memcpy(pl, &x->job_hash, 8);
+    memcpy(pl + 8, &from, 4);
+    memcpy(pl + 12, &to, 4);
+    memcpy(pl + 16, p->nonce_me, DT_AUTH_NONCE_LEN);
+    if (!write_frame(p->fd, DT_FRAME_HELLO, pl, sizeof pl)) {
+      p->fail_rc = DT_EAGAIN;
+      snprintf(p->fail, sizeof p->fail, "handshake write failed");
+      return;
+    }
+    p->st = P_DIAL_WAIT_HELLO;
+    struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = p}};
+    epoll_ctl(x->efd, EPOLL_CTL_MOD, p->fd, &ev);
+    return;
+  }
+  case P_DIAL_WAIT_HELLO: {
+    r = pend_read(p, DT_FRAME_HELLO, HELLO_A_LEN, why);
+    if (r == 0) return;
+    if (r < 0) {
+      p->fail_rc = DT_EAUTH;
+      snprintf(p->fail, sizeof p->fail, "rank %d refused the handshake (wrong job token or job?): %s", p->peer, why);
+      return;
+    }
+    uint8_t *pl = p->in + DT_FRAME_HDR_LEN, mac[DT_AUTH_MAC_LEN];
+    memcpy(p->nonce_peer, pl, DT_AUTH_NONCE_LEN);
+    dt__auth_mac(x->token, x->token_len, "dt-tcp-acc", p->nonce_me, p->nonce_peer, mac);
+    if (!dt__auth_equal(mac, pl + DT_AUTH_NONCE_LEN, DT_AUTH_MAC_LEN)) {
+      p->fail_rc = DT_EAUTH;
+      snprintf(p->fail, sizeof p->fail, "rank %d failed to prove the job token", p->peer);
+      return;
+    }
+    dt__auth_mac(x->token, x->token_len, "dt-tcp-dial", p->nonce_peer, p->nonce_me, mac);
+    if (!write_frame(p->fd, DT_FRAME_AUTH, mac, sizeof mac)) {
+      p->fail_rc = DT_EPEERLOST;
+      snprintf(p->fail, sizeof p->fail, "handshake write to rank %d failed", p->peer);
+      return;
+    }
+    p->st = P_DIAL_WAIT_OK;
+    return;
+  }
+  case P_DIAL_WAIT_OK: {
+    r = pend_read(p, DT_FRAME_AUTH_OK, 0, why);
+    if (r == 0) return;
+    if (r < 0) {
+      p->fail_rc = DT_EAUTH;
+      snprintf(p->fail, sizeof p->fail, "rank %d rejected our job token: %s", p->peer, why);
+      return;
+    }
+    int fd = p->fd, peer = p->peer;
+    pend_remove(x, p, false);
+    if (make_ep(x, fd, peer) < 0) close(fd);
+    return;
+  }
+  case P_ACC_WAIT_HELLO: {
+    r = pend_read(p, DT_FRAME_HELLO, HELLO_D_LEN, why);
+    if (r == 0) return;
+    if (r < 0) { pend_reject(x, p, why); return; }
+    uint8_t *pl = p->in + DT_FRAME_HDR_LEN;
+    uint64_t jh;
+    int32_t from, to;
+    memcpy(&jh, pl, 8);
+    memcpy(&from, pl + 8, 4);
+    memcpy(&to, pl + 12, 4);
+    if (jh != x->job_hash) { pend_reject(x, p, "different job"); return; }
+    if (to != x->rank || from <= x->rank || from >= x->size) {
+      snprintf(why, sizeof why, "bad ranks in hello (from %d to %d)", from, to);
+      pend_reject(x, p, why);
+      return;
+    }
+    p->peer = from;
+    memcpy(p->nonce_peer, pl + 16, DT_AUTH_NONCE_LEN);
+    uint8_t out[HELLO_A_LEN];
+    memcpy(out, p->nonce_me, DT_AUTH_NONCE_LEN);
+    dt__auth_mac(x->token, x->token_len, "dt-tcp-acc", p->nonce_peer, p->nonce_me, out + DT_AUTH_NONCE_LEN);
+    if (!write_frame(p->fd, DT_FRAME_HELLO, out, sizeof out)) { pend_reject(x, p, "write failed"); return; }
+    p->st = P_ACC_WAIT_AUTH;
+    return;
+  }
+  case P_ACC_WAIT_AUTH: {
+    r = pend_read(p, DT_FRAME_AUTH, DT_AUTH_MAC_LEN, why);
+    if (r == 0) return;
+    if (r < 0) { pend_reject(x, p, why); return; }
+    uint8_t mac[DT_AUTH_MAC_LEN];
+    dt__auth_mac(x->token, x->token_len, "dt-tcp-dial", p->nonce_me, p->nonce_peer, mac);
+    if (!dt__auth_equal(mac, p->in + DT_FRAME_HDR_LEN, DT_AUTH_MAC_LEN)) {
+      snprintf(why, sizeof why, "wrong job token (HMAC mismatch) claiming rank %d", p->peer);
+      pend_reject(x, p, why);
+      return;
+    }
+    if (x->ep[p->peer]) { /* live or lost: a rank connects once per communicator */
+      snprintf(why, sizeof why, "rank %d is already connected", p->peer);
+      pend_reject(x, p, why);
+      return;
+    }
+    if (!write_frame(p->fd, DT_FRAME_AUTH_OK, NULL, 0)) { pend_reject(x, p, "write failed"); return; }
+    int fd = p->fd, peer = p->peer;
+    pend_remove(x, p, false);
+    if (make_ep(x, fd, peer) < 0) close(fd);
+    return;
+  }
+  }
+}
+
+static void accept_all(struct dt_tp_ctx *x) {
+  for (;;) {
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    int fd = accept4(x->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    struct pend *p = calloc(1, sizeof *p);
+    if (!p) { close(fd); continue; }
+    p->kind = K_PEND;
+    p->fd = fd;
+    p->st = P_ACC_WAIT_HELLO;
+    p->peer = -1;
+    p->deadline = dt_now() + 10.0;
+    char ip[32] = "?";
+    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+    snprintf(p->who, sizeof p->who, "%s:%d", ip, ntohs(sa.sin_port));
+    dt__auth_random(p->nonce_me, sizeof p->nonce_me);
+    set_sock_opts(fd, x->bufsize);
+    struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = p}};
+    epoll_ctl(x->efd, EPOLL_CTL_ADD, fd, &ev);
+    p->next = x->pend;
+    x->pend = p;
+  }
+}
+
 /* ---- the progress engine ----------------------------------------------- */
 
 /* One round: wait up to timeout_ms for events and handle them. Called with
  * x->mu held; drops it while blocked in epoll_wait. */
-void dt__tcp_progress(struct dt_tp_ctx *x, int timeout_ms) {
+static void progress(struct dt_tp_ctx *x, int timeout_ms) {
   struct epoll_event evs[64];
   if (timeout_ms) pthread_mutex_unlock(&x->mu);
   int n = epoll_wait(x->efd, evs, 64, timeout_ms);
@@ -456,7 +646,7 @@ void dt__tcp_progress(struct dt_tp_ctx *x, int timeout_ms) {
     int kind = *(int *)evs[i].data.ptr;
     uint32_t ev = evs[i].events;
     if (kind == K_LISTEN) {
-      dt__tcp_accept_all(x);
+      accept_all(x);
     } else if (kind == K_WAKE) {
       uint64_t v;
       ssize_t rr = read(x->wfd, &v, sizeof v);
@@ -471,14 +661,14 @@ void dt__tcp_progress(struct dt_tp_ctx *x, int timeout_ms) {
       struct pend *p = evs[i].data.ptr;
       bool still = false;
       for (struct pend *q = x->pend; q; q = q->next) still |= q == p;
-      if (still) dt__tcp_pend_event(x, p);
+      if (still) pend_event(x, p);
     }
   }
   /* handshakes that take too long from strangers */
   double now = dt_now();
   for (struct pend *p = x->pend, *nx; p; p = nx) {
     nx = p->next;
-    if (p->st >= P_ACC_WAIT_HELLO && now > p->deadline) dt__tcp_pend_reject(x, p, "handshake timed out");
+    if (p->st >= P_ACC_WAIT_HELLO && now > p->deadline) pend_reject(x, p, "handshake timed out");
   }
 }
 
@@ -488,15 +678,7 @@ static void ctx_free(struct dt_tp_ctx *x) {
   if (x->lfd >= 0) close(x->lfd);
   if (x->efd >= 0) close(x->efd);
   if (x->wfd >= 0) close(x->wfd);
-  while (x->pend) dt__tcp_pend_remove(x, x->pend, true);
-  for (int p = 0; x->build && p < x->size; p++) {
-    if (!x->build[p]) continue;
-    for (int i = 0; i < x->build_n[p]; i++)
-      if (x->build[p][i]) close(x->build[p][i]->fd), free(x->build[p][i]);
-    free(x->build[p]);
-  }
-  free(x->build);
-  free(x->build_n);
+  while (x->pend) pend_remove(x, x->pend, true);
   free(x->ep);
   free(x->token);
   free(x->discard_buf);
@@ -516,16 +698,10 @@ static int tcp_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   x->job_hash = hash_str(in->job ? in->job : "");
   x->bufsize = (int)dt_param_int("DTRAIN_TCP_BUFFER", 0);
   x->spin_ns = dt_param_int("DTRAIN_TCP_SPIN_US", 0) * 1000;
-  int nconn = in->nconn > 0 ? in->nconn : (int)dt_param_int("DTRAIN_TCP_NCONN", TCP_NCONN_DEFAULT);
-  x->nconn = nconn < 1 ? 1 : nconn > MAX_LANES ? MAX_LANES : nconn;
-  int64_t smin = dt_param_int("DTRAIN_TCP_STRIPE_MIN", 256 * 1024);
-  x->stripe_min = smin < 2 * PART_MIN ? 2 * PART_MIN : (size_t)smin;
   x->ep = calloc((size_t)in->size, sizeof *x->ep);
-  x->build = calloc((size_t)in->size, sizeof *x->build);
-  x->build_n = calloc((size_t)in->size, sizeof *x->build_n);
   x->token = malloc(in->token_len + 1);
   x->discard_buf = malloc(65536);
-  if (!x->ep || !x->build || !x->build_n || !x->token || !x->discard_buf) {
+  if (!x->ep || !x->token || !x->discard_buf) {
     ctx_free(x);
     return dt__seterr(DT_ENOMEM, "tcp: out of memory");
   }
@@ -565,28 +741,130 @@ static bool tcp_can_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *p) {
   return p->addr && strchr(p->addr, ':') != NULL;
 }
 
-/* Queues r (a whole message or one part) on lane e. Called with x->mu. */
-static void lane_isend(struct dt_tp_ep *e, struct dt_tp_req *r) {
+static int dial_start(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, struct pend **out, char *err) {
+  char host[64];
+  const char *colon = strrchr(peer->addr, ':');
+  size_t hl = (size_t)(colon - peer->addr);
+  if (hl >= sizeof host) { snprintf(err, DT_TP_ERR_MAX, "bad address %s", peer->addr); return DT_EINVAL; }
+  memcpy(host, peer->addr, hl);
+  host[hl] = '\0';
+  struct sockaddr_in sa = {0};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)atoi(colon + 1));
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+    snprintf(err, DT_TP_ERR_MAX, "bad address %s", peer->addr);
+    return DT_EINVAL;
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) { snprintf(err, DT_TP_ERR_MAX, "socket: %s", strerror(errno)); return DT_EIO; }
+  set_sock_opts(fd, x->bufsize);
+  struct pend *p = calloc(1, sizeof *p);
+  if (!p) { close(fd); return DT_ENOMEM; }
+  p->kind = K_PEND;
+  p->fd = fd;
+  p->peer = peer->rank;
+  p->st = P_DIAL_CONNECTING;
+  snprintf(p->who, sizeof p->who, "%s", peer->addr);
+  dt__auth_random(p->nonce_me, sizeof p->nonce_me);
+  p->next = x->pend;
+  x->pend = p;
+  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  struct epoll_event ev = {EPOLLOUT | EPOLLIN | EPOLLRDHUP, {.ptr = p}};
+  epoll_ctl(x->efd, EPOLL_CTL_ADD, fd, &ev);
+  if (rc < 0 && errno != EINPROGRESS) {
+    p->fail_rc = DT_EAGAIN;
+    snprintf(p->fail, sizeof p->fail, "connect: %s", strerror(errno));
+  } else if (rc == 0) {
+    pend_event(x, p);
+  }
+  *out = p;
+  return DT_OK;
+}
+
+static bool pend_alive(struct dt_tp_ctx *x, struct pend *p) {
+  for (struct pend *q = x->pend; q; q = q->next)
+    if (q == p) return true;
+  return false;
+}
+
+static int tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64_t deadline,
+                       struct dt_tp_ep **out, char *err) {
+  pthread_mutex_lock(&x->mu);
+  struct pend *p = NULL;
+  int rc = DT_OK;
+  double retry_at = 0;
+  for (;;) {
+    if (x->ep[peer->rank] && !x->ep[peer->rank]->dead) break;
+    if (atomic_load(&x->abort_rc)) {
+      rc = atomic_load(&x->abort_rc);
+      snprintf(err, DT_TP_ERR_MAX, "%s", x->abort_msg);
+      break;
+    }
+    if (peer->rank < x->rank) { /* we dial */
+      if (p && pend_alive(x, p) && p->fail_rc) {
+        if (p->fail_rc != DT_EAGAIN) {
+          rc = p->fail_rc;
+          snprintf(err, DT_TP_ERR_MAX, "%s", p->fail);
+          pend_remove(x, p, true);
+          break;
+        }
+        snprintf(err, DT_TP_ERR_MAX, "%s (%s)", p->fail, peer->addr);
+        pend_remove(x, p, true);
+        p = NULL;
+        retry_at = dt_now() + 0.01;
+      }
+      if (p && !pend_alive(x, p)) p = NULL; /* it became an endpoint (checked above) or died */
+      if (!p && dt_now() >= retry_at) {
+        rc = dial_start(x, peer, &p, err);
+        if (rc < 0) break;
+        continue;
+      }
+    }
+    int64_t left = deadline - dt_now_ns();
+    if (left <= 0) {
+      rc = DT_ETIMEDOUT;
+      if (!err[0]) snprintf(err, DT_TP_ERR_MAX, "rank %d did not connect before the deadline", peer->rank);
+      else {
+        char tmp[DT_TP_ERR_MAX];
+        snprintf(tmp, sizeof tmp, "deadline expired connecting to rank %d: %s", peer->rank, err);
+        memcpy(err, tmp, DT_TP_ERR_MAX);
+      }
+      break;
+    }
+    int ms = (int)(left / 1000000) + 1;
+    progress(x, ms > 10 ? 10 : ms);
+  }
+  if (rc < 0 && p && pend_alive(x, p)) pend_remove(x, p, true);
+  if (rc == DT_OK) *out = x->ep[peer->rank];
+  pthread_mutex_unlock(&x->mu);
+  return rc;
+}
+
+static int tcp_isend(struct dt_tp_ep *e, struct dt_tp_req *r) {
   struct dt_tp_ctx *x = e->x;
+  pthread_mutex_lock(&x->mu);
   int arc = atomic_load(&x->abort_rc);
+  if (e->dead || arc) {
+    r->status = arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST;
+    pthread_mutex_unlock(&x->mu);
+    return r->status;
+  }
   r->ep = e;
   r->done = 0;
   r->next = NULL;
-  if (e->dead || arc) {
-    req_set(r, arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST);
-    return;
-  }
   struct dt_frame_hdr h = {DT_FRAME_MAGIC, DT_FRAME_VERSION, DT_FRAME_DATA, 0, r->tag, r->len};
   dt__frame_encode(&h, (uint8_t *)r->priv);
   if (e->sq_tail) e->sq_tail->next = r;
   else e->sq = r;
   e->sq_tail = r;
   if (e->sq == r) send_progress(e); /* eager attempt: small messages leave now */
+  pthread_mutex_unlock(&x->mu);
+  return DT_OK;
 }
 
-/* Posts receive r (a whole message or one part) on lane e. */
-static void lane_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
+static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
   struct dt_tp_ctx *x = e->x;
+  pthread_mutex_lock(&x->mu);
   int arc = atomic_load(&x->abort_rc);
   r->ep = e;
   r->done = 0;
@@ -598,17 +876,15 @@ static void lane_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
     if (prev) prev->next = u->next;
     else e->uq = u->next;
     if (e->uq_tail == u) e->uq_tail = prev;
-    int st = 0;
     if (u->len != r->len) {
-      st = DT_EPROTO;
-      snprintf(x->err_last, sizeof x->err_last, "rank %d sent %zu bytes for tag 0x%llx, %zu expected%s",
-               e->peer, u->len, (unsigned long long)r->tag, r->len,
-               stripe_of_part(r) ? " (one part of a striped message)" : "");
+      r->status = DT_EPROTO;
+      snprintf(x->err_last, sizeof x->err_last, "rank %d sent %zu bytes for tag 0x%llx, %zu expected",
+               e->peer, u->len, (unsigned long long)r->tag, r->len);
       if (!u->complete) { e->discard = true; e->target = x->discard_buf; e->cur_u = NULL; }
     } else if (u->complete) {
       if (u->len) memcpy(r->buf, u->data, u->len);
       r->done = r->len;
-      st = 1;
+      r->status = 1;
     } else { /* still arriving: continue straight into the user's buffer */
       memcpy(r->buf, u->data, u->got);
       e->cur_u = NULL;
@@ -617,91 +893,50 @@ static void lane_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
     }
     free(u->data);
     free(u);
-    if (st) req_set(r, st);
-    return;
+    pthread_mutex_unlock(&x->mu);
+    return DT_OK;
   }
   if (e->dead || arc) {
-    req_set(r, arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST);
-    return;
+    r->status = arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST;
+    pthread_mutex_unlock(&x->mu);
+    return r->status;
   }
   if (e->deferred) {
     if (r->tag == e->cur.tag) { /* the waiting frame is ours: read it in place */
       e->deferred = false;
       if (r->len != e->cur.len) {
-        snprintf(x->err_last, sizeof x->err_last, "rank %d sent %llu bytes for tag 0x%llx, %zu expected%s",
-                 e->peer, (unsigned long long)e->cur.len, (unsigned long long)r->tag, r->len,
-                 stripe_of_part(r) ? " (one part of a striped message)" : "");
+        r->status = DT_EPROTO;
+        snprintf(x->err_last, sizeof x->err_last, "rank %d sent %llu bytes for tag 0x%llx, %zu expected",
+                 e->peer, (unsigned long long)e->cur.len, (unsigned long long)r->tag, r->len);
         e->discard = true;
         e->target = x->discard_buf;
-        req_set(r, DT_EPROTO);
       } else {
         e->cur_req = r;
         e->target = r->buf;
       }
       ep_watch(x, e, e->want_out);
       recv_progress(e);
-      return;
+      pthread_mutex_unlock(&x->mu);
+      return DT_OK;
     }
     if (undefer(e) < 0) {
-      req_set(r, DT_EPEERLOST);
-      return;
+      r->status = DT_EPEERLOST;
+      pthread_mutex_unlock(&x->mu);
+      return r->status;
     }
   }
   if (e->rq_tail) e->rq_tail->next = r;
   else e->rq = r;
   e->rq_tail = r;
-}
-
-/* Posts a send or receive on endpoint h (the head lane): whole on lane 0,
- * or as parts over the lanes. */
-static int post(struct dt_tp_ep *h, struct dt_tp_req *r, bool send) {
-  struct dt_tp_ctx *x = h->x;
-  pthread_mutex_lock(&x->mu);
-  r->priv[4] = r->priv[5] = 0;
-  r->ep = h;
-  r->done = 0;
-  r->next = NULL;
-  size_t per = 0;
-  int n = stripe_parts(x, h->nlanes, r->len, &per);
-  if (n == 1 || atomic_load(&x->abort_rc)) {
-    if (send) lane_isend(h, r);
-    else lane_irecv(h, r);
-  } else {
-    struct stripe *st = stripe_new(h, r, n, per);
-    if (!st) {
-      pthread_mutex_unlock(&x->mu);
-      r->status = DT_ENOMEM;
-      return dt__seterr(DT_ENOMEM, "tcp: out of memory");
-    }
-    st->posting = true;
-    for (int i = 0; i < n && !st->rc; i++) {
-      if (send) lane_isend(h->lanes[i], &st->part[i]);
-      else lane_irecv(h->lanes[i], &st->part[i]);
-    }
-    st->posting = false;
-    if (st->rc) stripe_fail(h, st, st->rc);
-    else if (st->left == 0) stripe_finish(h, st, 1);
-  }
-  int s = r->status;
   pthread_mutex_unlock(&x->mu);
-  return s < 0 && s != DT_EPROTO ? s : DT_OK; /* a wrong length is reported by wait */
-}
-
-static int tcp_isend(struct dt_tp_ep *e, struct dt_tp_req *r) { return post(e, r, true); }
-static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) { return post(e, r, false); }
-
-/* Pushes queued sends on every lane of r's endpoint. */
-static void send_progress_all(struct dt_tp_req *r) {
-  struct dt_tp_ep *h = r->ep->head;
-  for (int i = 0; i < h->nlanes; i++)
-    if (h->lanes[i]->sq) send_progress(h->lanes[i]);
+  return DT_OK;
 }
 
 static int tcp_test(struct dt_tp_ctx *x, struct dt_tp_req *r) {
   pthread_mutex_lock(&x->mu);
   if (r->status == 0) {
-    if (r->kind == DT_TP_SEND && r->ep) send_progress_all(r);
-    dt__tcp_progress(x, 0);
+    if (r->kind == DT_TP_SEND && r->ep) send_progress(r->ep);
+    progress(x, 0);
   }
   int s = r->status;
   if (s == 0 && atomic_load(&x->abort_rc)) s = atomic_load(&x->abort_rc);
@@ -745,7 +980,7 @@ static int tcp_wait(struct dt_tp_ctx *x, struct dt_tp_req **v, int n, int64_t de
     if (x->spin_ns > 0) { /* poll briefly before sleeping in epoll_wait */
       if (!spin_start) spin_start = dt_now_ns();
       if (dt_now_ns() - spin_start < x->spin_ns) {
-        dt__tcp_progress(x, 0);
+        progress(x, 0);
         pthread_mutex_unlock(&x->mu);
         sched_yield();
         pthread_mutex_lock(&x->mu);
@@ -753,7 +988,7 @@ static int tcp_wait(struct dt_tp_ctx *x, struct dt_tp_req **v, int n, int64_t de
       }
     }
     int ms = (int)(left / 1000000) + 1;
-    dt__tcp_progress(x, ms > 1000 ? 1000 : ms);
+    progress(x, ms > 1000 ? 1000 : ms);
     spin_start = 0;
   }
 out:
@@ -761,8 +996,8 @@ out:
   return rc;
 }
 
-/* Takes r (a whole message or one part) off its lane. Called with x->mu. */
-static void lane_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
+static void tcp_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
+  pthread_mutex_lock(&x->mu);
   struct dt_tp_ep *e = r->ep;
   if (e && r->status == 0) {
     struct dt_tp_req **q = r->kind == DT_TP_SEND ? &e->sq : &e->rq;
@@ -785,19 +1020,6 @@ static void lane_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
     }
   }
   if (r->status == 0) r->status = DT_EABORTED;
-}
-
-static void tcp_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
-  pthread_mutex_lock(&x->mu);
-  struct stripe *st = stripe_of_parent(r);
-  if (st && r->status == 0) {
-    for (int i = 0; i < st->nparts; i++)
-      if (st->part[i].status == 0 && st->part[i].ep) lane_cancel(x, &st->part[i]);
-    stripe_finish(r->ep->head, st, DT_EABORTED);
-  } else if (!st) {
-    lane_cancel(x, r);
-  }
-  if (r->status == 0) r->status = DT_EABORTED;
   pthread_mutex_unlock(&x->mu);
 }
 
@@ -814,12 +1036,8 @@ static void do_abort_locked(struct dt_tp_ctx *x, int rc, const char *why) {
   if (ml >= DT_TP_ERR_MAX) ml = DT_TP_ERR_MAX - 1;
   for (int p = 0; p < x->size; p++) {
     struct dt_tp_ep *e = x->ep[p];
-    if (!e) continue;
-    /* any idle lane carries the message; if none is idle, the peer sees EOF */
-    bool told = false;
-    for (int i = 0; i < e->nlanes && !told; i++) told = send_ctrl(e->lanes[i], DT_FRAME_ABORT, m, 4 + (size_t)ml);
-    if (!told)
-      for (int i = 0; i < e->nlanes; i++) shutdown(e->lanes[i]->fd, SHUT_WR);
+    if (!e || e->dead) continue;
+    if (!send_ctrl(e, DT_FRAME_ABORT, m, 4 + (size_t)ml)) shutdown(e->fd, SHUT_WR);
     fail_ep_reqs(e, atomic_load(&x->abort_rc));
   }
   uint64_t one = 1;
@@ -837,37 +1055,22 @@ static void tcp_abort(struct dt_tp_ctx *x, int rc, const char *why) {
 static void tcp_close(struct dt_tp_ep *e) {
   struct dt_tp_ctx *x = e->x;
   pthread_mutex_lock(&x->mu);
-  struct dt_tp_ep *h = e->head;
-  /* flush what is queued (bounded), then say goodbye on every lane */
-  double until = dt_now() + 1.0;
-  for (;;) {
-    bool busy = false;
-    for (int i = 0; i < h->nlanes; i++) {
-      struct dt_tp_ep *l = h->lanes[i];
-      if (!l->dead && l->sq) send_progress(l);
-      busy |= !l->dead && l->sq != NULL;
+  if (!e->dead) {
+    /* flush what is queued (bounded), then say goodbye */
+    double until = dt_now() + 1.0;
+    while (e->sq && !e->dead && dt_now() < until) {
+      send_progress(e);
+      if (e->sq) progress(x, 1);
     }
-    if (!busy || dt_now() >= until) break;
-    dt__tcp_progress(x, 1);
+    if (!e->dead) send_ctrl(e, DT_FRAME_BYE, NULL, 0);
+    epoll_ctl(x->efd, EPOLL_CTL_DEL, e->fd, NULL);
   }
-  for (int i = 0; i < h->nlanes; i++) {
-    struct dt_tp_ep *l = h->lanes[i];
-    if (l->dead) continue;
-    send_ctrl(l, DT_FRAME_BYE, NULL, 0);
-    epoll_ctl(x->efd, EPOLL_CTL_DEL, l->fd, NULL);
-  }
-  fail_ep_reqs(h, DT_ECLOSED);
-  if (x->ep[h->peer] == h) x->ep[h->peer] = NULL;
-  struct dt_tp_ep **lanes = h->lanes;
-  int n = h->nlanes;
-  for (int i = 0; i < n; i++) {
-    struct dt_tp_ep *l = lanes[i];
-    for (struct umsg *u = l->uq, *nx; u; u = nx) nx = u->next, free(u->data), free(u);
-    free(l->ctrl);
-    close(l->fd);
-    free(l);
-  }
-  free(lanes);
+  fail_ep_reqs(e, DT_ECLOSED);
+  for (struct umsg *u = e->uq, *n; u; u = n) n = u->next, free(u->data), free(u);
+  free(e->ctrl);
+  close(e->fd);
+  if (x->ep[e->peer] == e) x->ep[e->peer] = NULL;
+  free(e);
   pthread_mutex_unlock(&x->mu);
 }
 
@@ -884,5 +1087,5 @@ static const char *tcp_abort_reason(struct dt_tp_ctx *x, int *rc) {
 }
 
 const struct dt_transport_ops dt__transport_tcp = {
-    "tcp", tcp_init, tcp_can_connect, dt__tcp_connect, tcp_isend, tcp_irecv, tcp_test,
+    "tcp", tcp_init, tcp_can_connect, tcp_connect, tcp_isend, tcp_irecv, tcp_test,
     tcp_wait, tcp_cancel, tcp_abort, tcp_close, tcp_finalize, tcp_abort_reason};
