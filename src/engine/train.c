@@ -380,6 +380,26 @@ static void params_hash(const dt_model *m, char out[65]) {
 
 /* ---- the loop ------------------------------------------------------------- */
 
+/* The end of epoch r->epoch (train fields filled in by the caller): the
+ * evaluation when it is due (a collective with a communicator), the
+ * events.jsonl record (ev may be NULL: ranks other than 0) and the hook.
+ * *test_loss / *test_acc keep the last evaluation. */
+static int end_epoch(dt_engine *e, dt_epoch_report *r, double t_start, FILE *ev,
+                     const char *events_path, const dt_engine_hooks *hooks, double *test_loss,
+                     double *test_acc) {
+  const dt_run_cfg *c = &e->cfg;
+  if (r->epoch % c->eval_every == 0 || r->epoch == c->epochs) {
+    DT_CHECK(dt_engine_evaluate(e, test_loss, test_acc));
+    r->evaluated = 1;
+    r->test_loss = *test_loss;
+    r->test_accuracy = *test_acc;
+  }
+  r->time = dt_now() - t_start;
+  if (ev) DT_CHECK(append_event(ev, events_path, r));
+  if (hooks->on_epoch) hooks->on_epoch(hooks->ud, r);
+  return DT_OK;
+}
+
 static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
                     const dt_engine_hooks *hooks, dt_run_summary *sum);
 
@@ -470,15 +490,8 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
     r.train_accuracy = seen ? (double)correct / (double)seen : 0;
     r.samples_per_second = t_epoch > 0 ? (double)seen / t_epoch : 0;
     r.lr = lr;
-    if (epoch % c->eval_every == 0 || epoch == c->epochs) {
-      DT_CHECK_GOTO(dt_engine_evaluate(e, &test_loss, &test_acc), rc, done);
-      r.evaluated = 1;
-      r.test_loss = test_loss;
-      r.test_accuracy = test_acc;
-    }
-    r.time = dt_now() - t_start;
-    DT_CHECK_GOTO(append_event(ev, events_path, &r), rc, done);
-    if (hooks->on_epoch) hooks->on_epoch(hooks->ud, &r);
+    DT_CHECK_GOTO(end_epoch(e, &r, t_start, ev, events_path, hooks, &test_loss, &test_acc), rc,
+                  done);
   }
 
   s.test_accuracy = test_acc;
@@ -736,15 +749,8 @@ static int run_dist(dt_engine *e, const char *out_dir, const char *config_text,
     r.train_accuracy = v[2] > 0 ? v[1] / v[2] : 0;
     r.samples_per_second = tmax > 0 ? v[2] / tmax : 0;
     r.lr = lr;
-    if (epoch % c->eval_every == 0 || epoch == c->epochs) {
-      DT_CHECK_GOTO(dt_engine_evaluate(e, &test_loss, &test_acc), rc, done);
-      r.evaluated = 1;
-      r.test_loss = test_loss;
-      r.test_accuracy = test_acc;
-    }
-    r.time = dt_now() - t_start;
-    if (ev) DT_CHECK_GOTO(append_event(ev, events_path, &r), rc, done);
-    if (hooks->on_epoch) hooks->on_epoch(hooks->ud, &r);
+    DT_CHECK_GOTO(end_epoch(e, &r, t_start, ev, events_path, hooks, &test_loss, &test_acc), rc,
+                  done);
   }
 
   /* Every worker must end with the same parameters. */
