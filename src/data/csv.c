@@ -12,6 +12,7 @@
  */
 #include "data/data_int.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +52,10 @@ static int count_fields(const line *ln) {
   return n > (1 << 30) ? (1 << 30) : (int)n;
 }
 
-/* Parses field [b, e) of a line as a finite number. Returns 0 on success. */
+/* Parses field [b, e) of a line as a number finite as float32 (features
+ * are stored as float: 1e300 passes as a double and becomes inf). Returns 0
+ * on success, -1 when the field is not a finite number, -2 when it is one
+ * beyond the float32 range. */
 static int parse_num(const char *b, const char *e, double *v) {
   while (b < e && (*b == ' ' || *b == '\t')) b++;
   while (e > b && (e[-1] == ' ' || e[-1] == '\t')) e--;
@@ -63,6 +67,7 @@ static int parse_num(const char *b, const char *e, double *v) {
   char *end;
   double d = strtod(tmp, &end);
   if (end != tmp + l || !isfinite(d)) return -1;
+  if (fabs(d) > FLT_MAX) return -2;
   *v = d;
   return 0;
 }
@@ -90,7 +95,7 @@ int dt__csv_parse_mem(dt_dataset *ds, const char *buf, size_t len, const char *n
     int nf = count_fields(&ln);
     if (n == 0 && !header) {
       const char *comma = memchr(ln.p, ',', ln.len);
-      if (parse_num(ln.p, comma ? comma : ln.p + ln.len, &v) != 0) {
+      if (parse_num(ln.p, comma ? comma : ln.p + ln.len, &v) == -1) {
         header = 1; /* a header row: its field count need not match */
         continue;
       }
@@ -133,10 +138,12 @@ int dt__csv_parse_mem(dt_dataset *ds, const char *buf, size_t len, const char *n
       const char *e = memchr(b, ',', (size_t)(end - b));
       if (!e) e = end;
       char txt[40];
-      if (parse_num(b, e, &v) != 0) {
+      int pr = parse_num(b, e, &v);
+      if (pr != 0) {
         field_text(b, e, txt);
-        rc = dt__seterr(DT_ECORRUPT, "%s:%lld:%lld: field %d '%s' is not a finite number", name, (long long)ln.no,
-                        (long long)(b - ln.p) + 1, f + 1, txt);
+        rc = dt__seterr(DT_ECORRUPT, "%s:%lld:%lld: field %d '%s' is %s", name, (long long)ln.no,
+                        (long long)(b - ln.p) + 1, f + 1, txt,
+                        pr == -2 ? "beyond the float32 range (|x| > 3.4028235e38)" : "not a finite number");
         goto fail;
       }
       if (f == lc) {

@@ -1,7 +1,8 @@
 /*
  * file.c — the data layer's shared plumbing: reading a whole file into
- * memory with a size cap, and the size limit every reader enforces. It does
- * not parse anything.
+ * memory with a size cap, and the size limit every reader enforces. Only
+ * regular files are read: a FIFO, device or directory is refused without
+ * blocking. It does not parse anything.
  */
 #include "data/data_int.h"
 
@@ -30,11 +31,23 @@ void *dt__data_alloc(size_t bytes) {
   return p;
 }
 
+static const char *file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  return "not a file";
+}
+
 int dt__read_file(const char *path, size_t max, uint8_t **buf, size_t *len) {
   *buf = NULL;
   *len = 0;
   if (!path) return dt__seterr(DT_EINVAL, "data: no file name given");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: open() on a FIFO with no writer would block forever; with
+   * it the open returns at once and the type check below refuses it. It has
+   * no effect on reads of a regular file. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return dt__seterr(DT_EIO, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -44,7 +57,8 @@ int dt__read_file(const char *path, size_t max, uint8_t **buf, size_t *len) {
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return dt__seterr(DT_EIO, "%s: not a regular file", path);
+    return dt__seterr(DT_EIO, "%s: not a regular file (%s); give the path of a data file", path,
+                      file_kind(st.st_mode));
   }
   if ((uint64_t)st.st_size > (uint64_t)max) {
     close(fd);

@@ -60,4 +60,16 @@ expect_bad model_classes "model.layers: the last layer has 5 outputs but the dat
   --out "$T/ok.ini/run" >/dev/null 2>"$T/outfile.err" </dev/null; rc=$?
 [ $rc -eq 2 ] && [ "$(wc -l <"$T/outfile.err")" -eq 1 ] && grep -q "^dtrain: --out: output directory '$T/ok.ini/run': Not a directory" "$T/outfile.err" \
   && pass || fail "--out under a file: exit $rc: $(cat "$T/outfile.err")"
+# a CSV value finite as double but not as float32 (used to become inf and
+# train to chance with exit 0), and a FIFO as a data path (used to block
+# forever in open(); timeout turns a hang into exit 124)
+printf '0,1,2\n1,1e300,3\n0,2,2\n' >"$T/big.csv"
+expect_bad csv_float32 "big.csv:2:3: field 2 '1e300' is beyond the float32 range" train \
+  --set data.format=csv --set "data.train_images=$T/big.csv" --set "data.test_images=$T/big.csv" --set "model.layers=linear(2)"
+mkfifo "$T/fifo.csv"
+timeout 60 "$DTRAIN" train --set data.format=csv --set "data.train_images=$T/fifo.csv" \
+  --set "data.test_images=$T/big.csv" --set "model.layers=linear(2)" --out "$T/out_fifo" \
+  >/dev/null 2>"$T/fifo.err" </dev/null; rc=$?
+[ $rc -eq 2 ] && grep -q "fifo.csv: not a regular file (a FIFO)" "$T/fifo.err" && [ ! -e "$T/out_fifo" ] \
+  && pass || fail "FIFO as data: exit $rc: $(cat "$T/fifo.err")"
 finish
