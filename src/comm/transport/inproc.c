@@ -1,7 +1,8 @@
 /*
  * inproc.c — the in-process transport: ranks are threads of one process,
  * each with its own communicator; a send copies straight into the matching
- * posted receive, or into a queued copy if the receive is not posted yet.
+ * posted receive, or into a queued copy if the receive is not posted yet
+ * (matching: the shared match.c, one queue per context keyed by source).
  *
  * Contexts find each other through the address published in the store
  * ("pid:pointer"); can_connect refuses a different pid. Each context is
@@ -16,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
+#include "comm/transport/match.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -27,10 +29,7 @@
 #include <unistd.h>
 
 struct umsg { /* a message that arrived before its receive */
-  struct umsg *next;
-  int src;
-  uint64_t tag;
-  size_t len;
+  struct dt_match_msg m; /* src, tag, len */
   uint8_t data[];
 };
 
@@ -42,8 +41,7 @@ struct dt_tp_ctx {
   bool closed;
   int abort_rc;
   char abort_msg[DT_TP_ERR_MAX + 64];
-  struct dt_tp_req *posted, *posted_tail; /* receives waiting for data */
-  struct umsg *unexp, *unexp_tail;
+  struct dt_match mt;                     /* posted receives, early messages (any source) */
   struct dt_tp_ep **eps;                  /* per peer, for abort propagation */
 };
 
@@ -52,9 +50,11 @@ struct dt_tp_ep {
   int peer_rank;
 };
 
+static void free_umsg(struct dt_match_msg *u) { free(u); }
+
 static void ctx_unref(struct dt_tp_ctx *x) {
   if (atomic_fetch_sub(&x->refs, 1) != 1) return;
-  for (struct umsg *m = x->unexp, *n; m; m = n) n = m->next, free(m);
+  dt__match_drain(&x->mt, free_umsg);
   pthread_mutex_destroy(&x->mu);
   pthread_cond_destroy(&x->cv);
   free(x->eps);
@@ -75,6 +75,7 @@ static int ip_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *ad
   pthread_condattr_destroy(&ca);
   x->rank = in->rank;
   x->size = in->size;
+  dt__match_init(&x->mt, 0);
   snprintf(addr, DT_TP_ADDR_MAX, "%d:%p", (int)getpid(), (void *)x);
   *out = x;
   return DT_OK;
@@ -133,38 +134,30 @@ static int ip_isend(struct dt_tp_ep *e, struct dt_tp_req *r) {
     if (rc != DT_EPEERLOST) abort_local(e->self, rc, why);
     return dt__seterr(rc, "inproc: rank %d is gone", e->peer_rank);
   }
-  struct dt_tp_req **pp = &d->posted, *prev = NULL;
-  for (; *pp; prev = *pp, pp = &(*pp)->next) {
-    struct dt_tp_req *q = *pp;
-    if (q->peer == me && q->tag == r->tag) {
-      *pp = q->next;
-      if (d->posted_tail == q) d->posted_tail = prev;
-      if (q->len != r->len) {
-        complete(q, DT_EPROTO);
-      } else {
-        if (r->len) memcpy(q->buf, r->buf, r->len);
-        complete(q, 1);
-      }
-      pthread_cond_broadcast(&d->cv);
-      pthread_mutex_unlock(&d->mu);
-      complete(r, 1);
-      return DT_OK;
+  struct dt_tp_req *q = dt__match_posted(&d->mt, me, r->tag);
+  if (q) {
+    if (q->len != r->len) {
+      complete(q, DT_EPROTO);
+    } else {
+      if (r->len) memcpy(q->buf, r->buf, r->len);
+      complete(q, 1);
     }
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    complete(r, 1);
+    return DT_OK;
   }
   struct umsg *m = malloc(sizeof *m + r->len);
-  if (!m) {
+  int rc = m ? dt__match_ux_add(&d->mt, &m->m, me, r->tag, r->len)
+             : dt__seterr(DT_ENOMEM, "inproc: out of memory buffering %zu bytes for rank %d", r->len,
+                          e->peer_rank);
+  if (rc < 0) { /* the receiver's early-message bound or memory: this send fails */
     pthread_mutex_unlock(&d->mu);
-    complete(r, DT_ENOMEM);
-    return DT_ENOMEM;
+    free(m);
+    complete(r, rc);
+    return rc;
   }
-  m->next = NULL;
-  m->src = me;
-  m->tag = r->tag;
-  m->len = r->len;
   if (r->len) memcpy(m->data, r->buf, r->len);
-  if (d->unexp_tail) d->unexp_tail->next = m;
-  else d->unexp = m;
-  d->unexp_tail = m;
   pthread_mutex_unlock(&d->mu);
   complete(r, 1);
   return DT_OK;
@@ -181,24 +174,18 @@ static int ip_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
     complete(r, rc);
     return rc;
   }
-  struct umsg *prev = NULL;
-  for (struct umsg *m = x->unexp; m; prev = m, m = m->next) {
-    if (m->src != r->peer || m->tag != r->tag) continue;
-    if (prev) prev->next = m->next;
-    else x->unexp = m->next;
-    if (x->unexp_tail == m) x->unexp_tail = prev;
+  struct umsg *m = (struct umsg *)dt__match_ux_take(&x->mt, r->peer, r->tag);
+  if (m) {
     pthread_mutex_unlock(&x->mu);
-    if (m->len != r->len) complete(r, DT_EPROTO);
+    if (m->m.len != r->len) complete(r, DT_EPROTO);
     else {
-      if (m->len) memcpy(r->buf, m->data, m->len);
+      if (m->m.len) memcpy(r->buf, m->data, m->m.len);
       complete(r, 1);
     }
     free(m);
     return DT_OK;
   }
-  if (x->posted_tail) x->posted_tail->next = r;
-  else x->posted = r;
-  x->posted_tail = r;
+  dt__match_post(&x->mt, r);
   pthread_mutex_unlock(&x->mu);
   return DT_OK;
 }
@@ -260,13 +247,7 @@ static int ip_wait(struct dt_tp_ctx *x, struct dt_tp_req **v, int n, int64_t dea
 
 static void ip_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
   pthread_mutex_lock(&x->mu);
-  struct dt_tp_req **pp = &x->posted, *prev = NULL;
-  for (; *pp; prev = *pp, pp = &(*pp)->next)
-    if (*pp == r) {
-      *pp = r->next;
-      if (x->posted_tail == r) x->posted_tail = prev;
-      break;
-    }
+  dt__match_cancel(&x->mt, r);
   if (r->status == 0) r->status = DT_EABORTED;
   pthread_mutex_unlock(&x->mu);
 }
@@ -278,8 +259,7 @@ static bool abort_local(struct dt_tp_ctx *x, int rc, const char *why) {
   if (first) {
     x->abort_rc = rc < 0 ? rc : DT_EABORTED;
     snprintf(x->abort_msg, sizeof x->abort_msg, "%s", why);
-    for (struct dt_tp_req *r = x->posted; r; r = r->next) r->status = x->abort_rc;
-    x->posted = x->posted_tail = NULL;
+    dt__match_fail(&x->mt, x->abort_rc);
     pthread_cond_broadcast(&x->cv);
   }
   pthread_mutex_unlock(&x->mu);
