@@ -4,7 +4,8 @@
  * (no progress thread: on a 2-core machine a thread hand-off costs more than
  * it hides). Sends and receives progress together (full duplex), receives
  * land straight in the user's buffer when posted in time, and frames that
- * arrive early are buffered per (peer, tag) in order.
+ * arrive early are buffered per (peer, tag) in order (matching: the shared
+ * match.c, one queue pair per endpoint).
  *
  * Connections: the higher rank dials the lower rank's listening socket.
  * Handshake (every frame a validated struct dt_frame_hdr, control payloads
@@ -33,6 +34,7 @@
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
+#include "comm/transport/match.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -55,9 +57,8 @@ enum { K_LISTEN = 1, K_WAKE, K_EP, K_PEND };
 #define DEFER_MIN (64 * 1024) /* early frames at least this large wait in the socket */
 
 struct umsg { /* a frame that arrived before its receive was posted */
-  struct umsg *next;
-  uint64_t tag;
-  size_t len, got;
+  struct dt_match_msg m; /* tag, len */
+  size_t got;
   bool complete;
   uint8_t *data;
 };
@@ -72,8 +73,7 @@ struct dt_tp_ep {
   struct dt_tp_req *sq, *sq_tail;
   size_t s_hdr_done; /* bytes of the head request's header already sent */
   /* receive side */
-  struct dt_tp_req *rq, *rq_tail; /* posted receives */
-  struct umsg *uq, *uq_tail;
+  struct dt_match mt;             /* posted receives, early frames */
   uint8_t hdr[DT_FRAME_HDR_LEN];
   size_t hdr_got;
   struct dt_frame_hdr cur;        /* frame being read (hdr complete) */
@@ -159,9 +159,9 @@ static void ep_watch(struct dt_tp_ctx *x, struct dt_tp_ep *e, bool out) {
 
 static void fail_ep_reqs(struct dt_tp_ep *e, int rc) {
   for (struct dt_tp_req *r = e->sq, *n; r; r = n) n = r->next, r->status = rc;
-  for (struct dt_tp_req *r = e->rq, *n; r; r = n) n = r->next, r->status = rc;
+  dt__match_fail(&e->mt, rc);
   if (e->cur_req && e->cur_req->status == 0) e->cur_req->status = rc;
-  e->sq = e->sq_tail = e->rq = e->rq_tail = NULL;
+  e->sq = e->sq_tail = NULL;
   e->cur_req = NULL;
 }
 
@@ -250,6 +250,32 @@ static bool send_ctrl(struct dt_tp_ep *e, uint8_t type, const void *p, size_t le
 
 /* ---- receiving --------------------------------------------------------- */
 
+static void umsg_free(struct dt_match_msg *m) {
+  struct umsg *u = (struct umsg *)m;
+  free(u->data);
+  free(u);
+}
+
+/* The current frame becomes a buffered early message (read as it comes).
+ * On failure (memory, or the early-message bound) the peer is lost. */
+static int ux_start(struct dt_tp_ep *e) {
+  struct umsg *u = calloc(1, sizeof *u);
+  if (u) u->data = malloc(e->cur.len ? e->cur.len : 1);
+  if (!u || !u->data) {
+    free(u);
+    ep_lost(e, "out of memory buffering an early message");
+    return -1;
+  }
+  if (dt__match_ux_add(&e->mt, &u->m, e->peer, e->cur.tag, e->cur.len) < 0) {
+    umsg_free(&u->m);
+    ep_lost(e, dt_errmsg());
+    return -1;
+  }
+  e->cur_u = u;
+  e->target = u->data;
+  return 0;
+}
+
 static void finish_frame(struct dt_tp_ep *e) {
   struct dt_tp_ctx *x = e->x;
   if (e->cur.type == DT_FRAME_DATA) {
@@ -307,12 +333,8 @@ static int start_frame(struct dt_tp_ep *e) {
     if (!e->ctrl) { ep_lost(e, "out of memory"); return -1; }
     e->target = e->ctrl;
   } else {
-    struct dt_tp_req *prev = NULL, *r = e->rq;
-    for (; r && r->tag != e->cur.tag; prev = r, r = r->next) {}
+    struct dt_tp_req *r = dt__match_posted(&e->mt, e->peer, e->cur.tag);
     if (r) {
-      if (prev) prev->next = r->next;
-      else e->rq = r->next;
-      if (e->rq_tail == r) e->rq_tail = prev;
       if (r->len != e->cur.len) {
         r->status = DT_EPROTO;
         snprintf(x->err_last, sizeof x->err_last,
@@ -324,7 +346,7 @@ static int start_frame(struct dt_tp_ep *e) {
         e->cur_req = r;
         e->target = r->buf;
       }
-    } else if (e->cur.len >= DEFER_MIN && !e->rq) {
+    } else if (e->cur.len >= DEFER_MIN && !dt__match_has_posted(&e->mt)) {
       /* Nothing else is expected from this peer right now: leave the payload
        * in the socket until its receive is posted, so it lands in the user's
        * buffer with no copy and no fresh allocation (page faults dominate
@@ -334,21 +356,8 @@ static int start_frame(struct dt_tp_ep *e) {
       e->target = NULL;
       ep_watch(x, e, e->want_out);
       return 0;
-    } else {
-      struct umsg *u = calloc(1, sizeof *u);
-      if (u) u->data = malloc(e->cur.len ? e->cur.len : 1);
-      if (!u || !u->data) {
-        free(u);
-        ep_lost(e, "out of memory buffering an early message");
-        return -1;
-      }
-      u->tag = e->cur.tag;
-      u->len = e->cur.len;
-      if (e->uq_tail) e->uq_tail->next = u;
-      else e->uq = u;
-      e->uq_tail = u;
-      e->cur_u = u;
-      e->target = u->data;
+    } else if (ux_start(e) < 0) {
+      return -1;
     }
   }
   if (e->cur.len == 0) finish_frame(e);
@@ -396,22 +405,8 @@ static void recv_progress(struct dt_tp_ep *e) {
 
 /* The deferred frame becomes a buffered early message (read as it comes). */
 static int undefer(struct dt_tp_ep *e) {
-  struct umsg *u = calloc(1, sizeof *u);
-  if (u) u->data = malloc(e->cur.len);
-  if (!u || !u->data) {
-    free(u);
-    e->deferred = false;
-    ep_lost(e, "out of memory buffering an early message");
-    return -1;
-  }
-  u->tag = e->cur.tag;
-  u->len = e->cur.len;
-  if (e->uq_tail) e->uq_tail->next = u;
-  else e->uq = u;
-  e->uq_tail = u;
-  e->cur_u = u;
-  e->target = u->data;
   e->deferred = false;
+  if (ux_start(e) < 0) return -1;
   ep_watch(e->x, e, e->want_out);
   return 0;
 }
@@ -449,6 +444,7 @@ static int make_ep(struct dt_tp_ctx *x, int fd, int peer) {
   e->x = x;
   e->fd = fd;
   e->peer = peer;
+  dt__match_init(&e->mt, 0);
   struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = e}};
   if (epoll_ctl(x->efd, EPOLL_CTL_ADD, fd, &ev)) {
     free(e);
@@ -870,19 +866,16 @@ static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
   r->done = 0;
   r->next = NULL;
   /* an early frame with this tag? (FIFO: the first one) */
-  struct umsg *prev = NULL, *u = e->uq;
-  for (; u && u->tag != r->tag; prev = u, u = u->next) {}
+  struct umsg *u = (struct umsg *)dt__match_ux_take(&e->mt, e->peer, r->tag);
   if (u) {
-    if (prev) prev->next = u->next;
-    else e->uq = u->next;
-    if (e->uq_tail == u) e->uq_tail = prev;
-    if (u->len != r->len) {
+    size_t ulen = u->m.len;
+    if (ulen != r->len) {
       r->status = DT_EPROTO;
       snprintf(x->err_last, sizeof x->err_last, "rank %d sent %zu bytes for tag 0x%llx, %zu expected",
-               e->peer, u->len, (unsigned long long)r->tag, r->len);
+               e->peer, ulen, (unsigned long long)r->tag, r->len);
       if (!u->complete) { e->discard = true; e->target = x->discard_buf; e->cur_u = NULL; }
     } else if (u->complete) {
-      if (u->len) memcpy(r->buf, u->data, u->len);
+      if (ulen) memcpy(r->buf, u->data, ulen);
       r->done = r->len;
       r->status = 1;
     } else { /* still arriving: continue straight into the user's buffer */
@@ -891,8 +884,7 @@ static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
       e->cur_req = r;
       e->target = r->buf;
     }
-    free(u->data);
-    free(u);
+    umsg_free(&u->m);
     pthread_mutex_unlock(&x->mu);
     return DT_OK;
   }
@@ -925,9 +917,7 @@ static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
       return r->status;
     }
   }
-  if (e->rq_tail) e->rq_tail->next = r;
-  else e->rq = r;
-  e->rq_tail = r;
+  dt__match_post(&e->mt, r);
   pthread_mutex_unlock(&x->mu);
   return DT_OK;
 }
@@ -999,20 +989,23 @@ out:
 static void tcp_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
   pthread_mutex_lock(&x->mu);
   struct dt_tp_ep *e = r->ep;
-  if (e && r->status == 0) {
-    struct dt_tp_req **q = r->kind == DT_TP_SEND ? &e->sq : &e->rq;
-    struct dt_tp_req **tail = r->kind == DT_TP_SEND ? &e->sq_tail : &e->rq_tail, *prev = NULL;
-    for (; *q; prev = *q, q = &(*q)->next)
+  if (e && r->status == 0 && r->kind == DT_TP_RECV) {
+    dt__match_cancel(&e->mt, r);
+  } else if (e && r->status == 0) {
+    struct dt_tp_req *prev = NULL;
+    for (struct dt_tp_req **q = &e->sq; *q; prev = *q, q = &(*q)->next)
       if (*q == r) {
-        if (r->kind == DT_TP_SEND && prev == NULL && (e->s_hdr_done || r->done)) {
+        if (prev == NULL && (e->s_hdr_done || r->done)) {
           /* half-sent frame: the stream cannot be resynchronised */
           shutdown(e->fd, SHUT_RDWR);
         }
         *q = r->next;
-        if (*tail == r) *tail = prev;
-        if (r->kind == DT_TP_SEND && prev == NULL) e->s_hdr_done = 0;
+        if (e->sq_tail == r) e->sq_tail = prev;
+        if (prev == NULL) e->s_hdr_done = 0;
         break;
       }
+  }
+  if (e && r->status == 0) {
     if (e->cur_req == r) { /* being received into: drop the rest */
       e->cur_req = NULL;
       e->discard = true;
@@ -1066,7 +1059,7 @@ static void tcp_close(struct dt_tp_ep *e) {
     epoll_ctl(x->efd, EPOLL_CTL_DEL, e->fd, NULL);
   }
   fail_ep_reqs(e, DT_ECLOSED);
-  for (struct umsg *u = e->uq, *n; u; u = n) n = u->next, free(u->data), free(u);
+  dt__match_drain(&e->mt, umsg_free);
   free(e->ctrl);
   close(e->fd);
   if (x->ep[e->peer] == e) x->ep[e->peer] = NULL;
