@@ -10,7 +10,8 @@
  * the payload inline) and, if longer, as payload messages on TAG_DATA. MPI
  * keeps each (source, tag) stream in order, so headers and payloads pair up,
  * and this file matches headers to receives by full tag, per peer, FIFO,
- * buffering what arrives early — the same contract as every transport.
+ * buffering what arrives early — the same contract as every transport,
+ * through the shared match.c.
  * Each context runs on its own MPI_Comm_dup of MPI_COMM_WORLD, so every MPI
  * process must create the communicator (collective), as under mpirun.
  *
@@ -20,6 +21,7 @@
  * (MPI_THREAD_SERIALIZED) if the program did not, and finalised at exit.
  */
 #include "comm/transport.h"
+#include "comm/transport/match.h"
 
 #include <mpi.h>
 #include <sched.h>
@@ -43,19 +45,15 @@ struct mhdr {
 };
 
 struct unexp {
-  struct unexp *next;
-  uint64_t tag, len;
+  struct dt_match_msg m; /* tag, len; m.req: a receive that matched while the payload is in flight */
   uint8_t *data;
-  int nreq;            /* payload receives still pending */
-  MPI_Request *reqs;
-  struct dt_tp_req *req; /* a receive that matched while the payload is in flight */
+  int nreq;              /* payload receives still pending */
 };
 
 struct dt_tp_ep {
   struct dt_tp_ctx *ctx;
   int peer, mrank;
-  struct dt_tp_req *rq_head, *rq_tail; /* posted receives */
-  struct unexp *ux_head, *ux_tail;
+  struct dt_match mt; /* posted receives, early messages */
 };
 
 /* An MPI operation in flight, owned by a dt_tp_req (priv[0] points here). */
@@ -188,51 +186,33 @@ static int check_abort(struct dt_tp_ctx *ctx) {
     for (int p = 0; p < ctx->size; p++) {
       struct dt_tp_ep *ep = ctx->eps[p];
       if (!ep) continue;
-      for (struct dt_tp_req *r = ep->rq_head, *n; r; r = n) { n = r->next; req_finish(r, rc); }
-      ep->rq_head = ep->rq_tail = NULL;
-      for (struct unexp *u = ep->ux_head; u; u = u->next)
-        if (u->req) { req_finish(u->req, rc); u->req = NULL; }
+      dt__match_fail(&ep->mt, rc);
     }
   }
   return rc;
 }
 
-static struct dt_tp_req *match_posted(struct dt_tp_ep *ep, uint64_t tag) {
-  struct dt_tp_req *prev = NULL;
-  for (struct dt_tp_req *q = ep->rq_head; q; prev = q, q = q->next) {
-    if (q->tag != tag) continue;
-    if (prev) prev->next = q->next;
-    else ep->rq_head = q->next;
-    if (ep->rq_tail == q) ep->rq_tail = prev;
-    q->next = NULL;
-    return q;
-  }
-  return NULL;
-}
-
 static void ux_deliver(struct dt_tp_ep *ep, struct unexp *u, struct dt_tp_req *r) {
-  if (u->len != r->len) {
-    DT_LOG_WARN("mpi: rank %d sent %llu bytes with tag 0x%llx, receive expects %zu", ep->peer,
-                (unsigned long long)u->len, (unsigned long long)r->tag, r->len);
+  if (u->m.len != r->len) {
+    DT_LOG_WARN("mpi: rank %d sent %zu bytes with tag 0x%llx, receive expects %zu", ep->peer,
+                u->m.len, (unsigned long long)r->tag, r->len);
     req_finish(r, DT_EPROTO);
   } else {
-    if (u->len) memcpy(r->buf, u->data, u->len);
-    r->done = u->len;
+    if (u->m.len) memcpy(r->buf, u->data, u->m.len);
+    r->done = u->m.len;
     req_finish(r, 1);
   }
 }
 
-static void ux_remove(struct dt_tp_ep *ep, struct unexp *u) {
-  struct unexp *prev = NULL;
-  for (struct unexp *q = ep->ux_head; q; prev = q, q = q->next) {
-    if (q != u) continue;
-    if (prev) prev->next = q->next;
-    else ep->ux_head = q->next;
-    if (ep->ux_tail == q) ep->ux_tail = prev;
-    break;
-  }
+static void ux_free(struct dt_match_msg *m) {
+  struct unexp *u = (struct unexp *)m;
   free(u->data);
   free(u);
+}
+
+static void ux_remove(struct dt_tp_ep *ep, struct unexp *u) {
+  dt__match_ux_remove(&ep->mt, &u->m);
+  ux_free(&u->m);
 }
 
 /* Handles one header message from peer ep. */
@@ -248,7 +228,7 @@ static void on_header(struct dt_tp_ctx *ctx, struct dt_tp_ep *ep, const uint8_t 
     return;
   }
   bool inl = h.len <= INLINE_MAX;
-  struct dt_tp_req *r = match_posted(ep, h.tag);
+  struct dt_tp_req *r = dt__match_posted(&ep->mt, ep->peer, h.tag);
   if (r && r->len != h.len) {
     DT_LOG_WARN("mpi: rank %d sent %llu bytes with tag 0x%llx, receive expects %zu", ep->peer,
                 (unsigned long long)h.len, (unsigned long long)h.tag, r->len);
@@ -291,16 +271,20 @@ static void on_header(struct dt_tp_ctx *ctx, struct dt_tp_ep *ep, const uint8_t 
     mpi_abort(ctx, DT_ENOMEM, "mpi: out of memory buffering a message");
     return;
   }
-  u->tag = h.tag;
-  u->len = h.len;
+  if (dt__match_ux_add(&ep->mt, &u->m, ep->peer, h.tag, h.len) < 0) {
+    char why[DT_TP_ERR_MAX];
+    snprintf(why, sizeof why, "mpi: %s", dt_errmsg());
+    ux_free(&u->m);
+    mpi_abort(ctx, DT_ENOMEM, why);
+    return;
+  }
   if (inl) {
     if (h.len) memcpy(u->data, msg + sizeof h, h.len);
   } else {
     struct op *o = calloc(1, sizeof *o);
     if (!o || post_payload(ctx, ep->mrank, u->data, h.len, false, &o->reqs, &o->nreq) < 0) {
       free(o);
-      free(u->data);
-      free(u);
+      ux_remove(ep, u);
       mpi_abort(ctx, DT_ENOMEM, "mpi: out of memory buffering a message");
       return;
     }
@@ -308,9 +292,6 @@ static void on_header(struct dt_tp_ctx *ctx, struct dt_tp_ep *ep, const uint8_t 
     u->nreq = o->nreq;
     op_link(ctx, o);
   }
-  if (ep->ux_tail) ep->ux_tail->next = u;
-  else ep->ux_head = u;
-  ep->ux_tail = u;
 }
 
 static bool progress(struct dt_tp_ctx *ctx) {
@@ -349,9 +330,9 @@ static bool progress(struct dt_tp_ctx *ctx) {
     if (o->ux) {
       struct unexp *u = o->ux;
       u->nreq = 0;
-      if (u->req) {
-        struct dt_tp_ep *ep = u->req->ep;
-        ux_deliver(ep, u, u->req);
+      if (u->m.req) {
+        struct dt_tp_ep *ep = u->m.req->ep;
+        ux_deliver(ep, u, u->m.req);
         ux_remove(ep, u);
       }
     }
@@ -432,6 +413,7 @@ static int mpi_connect(struct dt_tp_ctx *ctx, const struct dt_tp_peer *peer, int
   ep->ctx = ctx;
   ep->peer = peer->rank;
   ep->mrank = mr;
+  dt__match_init(&ep->mt, 0);
   ctx->eps[peer->rank] = ep;
   ctx->dt_of_mrank[mr] = peer->rank;
   *out = ep;
@@ -494,19 +476,17 @@ static int mpi_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r) {
   r->priv[0] = 0;
   int rc = check_abort(ctx);
   if (rc) return rc;
-  for (struct unexp *u = ep->ux_head; u; u = u->next) {
-    if (u->tag != r->tag || u->req) continue;
+  struct unexp *u = (struct unexp *)dt__match_ux_find(&ep->mt, ep->peer, r->tag);
+  if (u) {
     if (u->nreq) {
-      u->req = r; /* delivered when its payload is in */
+      u->m.req = r; /* delivered when its payload is in */
     } else {
       ux_deliver(ep, u, r);
       ux_remove(ep, u);
     }
     return DT_OK;
   }
-  if (ep->rq_tail) ep->rq_tail->next = r;
-  else ep->rq_head = r;
-  ep->rq_tail = r;
+  dt__match_post(&ep->mt, r);
   return DT_OK;
 }
 
@@ -561,18 +541,12 @@ static int mpi_wait(struct dt_tp_ctx *ctx, struct dt_tp_req **reqs, int n, int64
 static void mpi_cancel(struct dt_tp_ctx *ctx, struct dt_tp_req *r) {
   struct dt_tp_ep *ep = r->ep;
   if (!ep || r->status) return;
-  /* A posted receive not yet matched: just forget it. */
-  struct dt_tp_req *prev = NULL;
-  for (struct dt_tp_req *q = ep->rq_head; q; prev = q, q = q->next) {
-    if (q != r) continue;
-    if (prev) prev->next = q->next;
-    else ep->rq_head = q->next;
-    if (ep->rq_tail == q) ep->rq_tail = prev;
+  /* A posted receive not yet matched, or one waiting for a buffered
+   * message's payload: just forget it. */
+  if (dt__match_cancel(&ep->mt, r)) {
     r->status = DT_EABORTED;
     return;
   }
-  for (struct unexp *u = ep->ux_head; u; u = u->next)
-    if (u->req == r) u->req = NULL;
   /* In flight in MPI: the buffer may still be touched until MPI lets go, so
    * cancel and wait for the MPI requests (bounded by MPI itself). */
   for (struct op *o = ctx->ops; o; o = o->next) {
@@ -591,8 +565,7 @@ static void mpi_cancel(struct dt_tp_ctx *ctx, struct dt_tp_req *r) {
 static void mpi_close(struct dt_tp_ep *ep) {
   if (!ep) return;
   struct dt_tp_ctx *ctx = ep->ctx;
-  for (struct unexp *u = ep->ux_head, *n; u; u = n) {
-    n = u->next;
+  for (struct unexp *u = (struct unexp *)ep->mt.ux; u; u = (struct unexp *)u->m.next) {
     if (u->nreq) {
       /* still receiving into u->data: detach; freed with its op */
       for (struct op *o = ctx->ops; o; o = o->next)
@@ -605,9 +578,8 @@ static void mpi_close(struct dt_tp_ep *ep) {
           o->ux = NULL;
         }
     }
-    free(u->data);
-    free(u);
   }
+  dt__match_drain(&ep->mt, ux_free);
   if (ctx->eps[ep->peer] == ep) ctx->eps[ep->peer] = NULL;
   ctx->dt_of_mrank[ep->mrank] = -1;
   free(ep);
