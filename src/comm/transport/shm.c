@@ -29,6 +29,7 @@
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
+#include "comm/transport/match.h"
 #include "comm/transport/shm_int.h"
 
 #include <dirent.h>
@@ -57,13 +58,13 @@
 #define SHM_PREFIX "dtshm-"
 
 struct unexp {
-  struct unexp *next;
-  uint64_t tag, len, cookie_or_addr; /* CMA: sender address */
-  uint32_t cookie;                    /* CMA: the sender's cookie for the ACK */
+  struct dt_match_msg m; /* tag; m.len counts buffered bytes (0 for CMA);
+                          * m.req: a receive that matched while still streaming */
+  uint64_t len, cookie_or_addr; /* CMA: sender address */
+  uint32_t cookie;              /* CMA: the sender's cookie for the ACK */
   int kind;             /* DT_SHM_EAGER or DT_SHM_CMA */
   bool complete;        /* EAGER: every byte arrived */
   uint8_t *data;        /* EAGER payload (len bytes) */
-  struct dt_tp_req *req; /* a receive that matched while still streaming */
 };
 
 struct ack {
@@ -93,8 +94,7 @@ struct dt_tp_ep {
   struct ack *acks;
   int nacks, cap_acks;
   /* receiving */
-  struct dt_tp_req *rq_head, *rq_tail; /* posted receives, in order */
-  struct unexp *ux_head, *ux_tail;     /* arrived before their receive */
+  struct dt_match mt;                  /* posted receives, early messages (match.c) */
   struct dt_tp_req *pull_head, *pull_tail; /* matched CMA receives not yet copied */
   bool rx_in_rec;
   uint64_t rx_len, rx_off, rx_total;   /* current record: payload, consumed, padded */
@@ -286,14 +286,12 @@ static const char *shm_abort_reason(struct dt_tp_ctx *ctx, int *rc) {
 static void ep_fail_all(struct dt_tp_ep *ep, int rc) {
   struct dt_tp_req *r, *n;
   for (r = ep->sq_head; r; r = n) { n = r->next; req_finish(r, rc); }
-  for (r = ep->rq_head; r; r = n) { n = r->next; req_finish(r, rc); }
   for (r = ep->cma_wait; r; r = n) { n = r->next; req_finish(r, rc); }
   for (r = ep->pull_head; r; r = n) { n = r->next; req_finish(r, rc); }
   ep->pull_head = ep->pull_tail = NULL;
-  for (struct unexp *u = ep->ux_head; u; u = u->next)
-    if (u->req) { req_finish(u->req, rc); u->req = NULL; }
+  dt__match_fail(&ep->mt, rc);
   if (ep->rx_req) { req_finish(ep->rx_req, rc); ep->rx_req = NULL; }
-  ep->sq_head = ep->sq_tail = ep->rq_head = ep->rq_tail = ep->cma_wait = NULL;
+  ep->sq_head = ep->sq_tail = ep->cma_wait = NULL;
   ep->tx_in_rec = false;
 }
 
@@ -538,46 +536,37 @@ static void cma_pull(struct dt_tp_ep *ep, struct dt_tp_req *r, uint64_t addr, ui
 }
 
 static struct dt_tp_req *match_posted(struct dt_tp_ep *ep, uint64_t tag) {
-  struct dt_tp_req *prev = NULL;
-  for (struct dt_tp_req *q = ep->rq_head; q; prev = q, q = q->next) {
-    if (q->tag != tag) continue;
-    if (prev) prev->next = q->next;
-    else ep->rq_head = q->next;
-    if (ep->rq_tail == q) ep->rq_tail = prev;
-    q->next = NULL;
-    return q;
-  }
-  return NULL;
+  return dt__match_posted(&ep->mt, ep->peer, tag);
 }
 
+/* A buffered early message, queued; NULL (with dt_errmsg set) when out of
+ * memory or over the early-message bound. */
 static struct unexp *ux_new(struct dt_tp_ep *ep, int kind, uint64_t tag, uint64_t len,
                             uint64_t aux) {
   struct unexp *u = calloc(1, sizeof *u);
-  if (!u) return NULL;
+  if (!u) return dt__seterr(DT_ENOMEM, "out of memory buffering a message"), NULL;
   u->kind = kind;
-  u->tag = tag;
   u->len = len;
   u->cookie_or_addr = aux;
   if (kind == DT_SHM_EAGER && len) {
     u->data = malloc(len);
-    if (!u->data) { free(u); return NULL; }
+    if (!u->data) { free(u); return dt__seterr(DT_ENOMEM, "out of memory buffering a message"), NULL; }
   }
   u->complete = kind == DT_SHM_CMA || len == 0;
-  if (ep->ux_tail) ep->ux_tail->next = u;
-  else ep->ux_head = u;
-  ep->ux_tail = u;
+  if (dt__match_ux_add(&ep->mt, &u->m, ep->peer, tag, kind == DT_SHM_EAGER ? len : 0) < 0) {
+    free(u->data);
+    free(u);
+    return NULL;
+  }
   return u;
 }
 
-static void ux_unlink(struct dt_tp_ep *ep, struct unexp *u) {
-  struct unexp *prev = NULL;
-  for (struct unexp *q = ep->ux_head; q; prev = q, q = q->next) {
-    if (q != u) continue;
-    if (prev) prev->next = q->next;
-    else ep->ux_head = q->next;
-    if (ep->ux_tail == q) ep->ux_tail = prev;
-    return;
-  }
+static void ux_unlink(struct dt_tp_ep *ep, struct unexp *u) { dt__match_ux_remove(&ep->mt, &u->m); }
+
+static void ux_free(struct dt_match_msg *m) {
+  struct unexp *u = (struct unexp *)m;
+  free(u->data);
+  free(u);
 }
 
 /* Delivers a complete buffered EAGER message into r. */
@@ -655,7 +644,9 @@ static bool rx_progress(struct dt_tp_ep *ep) {
         } else if ((u = ux_new(ep, DT_SHM_CMA, tag, len, aux))) {
           u->cookie = cookie;
         } else {
-          ep_lost(ep, "could not be served: out of memory buffering a message");
+          char what[DT_TP_ERR_MAX];
+          snprintf(what, sizeof what, "could not be served: %s", dt_errmsg());
+          ep_lost(ep, what);
           return true;
         }
         continue;
@@ -686,7 +677,9 @@ static bool rx_progress(struct dt_tp_ep *ep) {
       } else if (!ep->rx_req) {
         ep->rx_ux = ux_new(ep, DT_SHM_EAGER, tag, len, 0);
         if (!ep->rx_ux) {
-          ep_lost(ep, "could not be served: out of memory buffering a message");
+          char what[DT_TP_ERR_MAX];
+          snprintf(what, sizeof what, "could not be served: %s", dt_errmsg());
+          ep_lost(ep, what);
           return true;
         }
       }
@@ -732,9 +725,9 @@ static bool rx_progress(struct dt_tp_ep *ep) {
       if (ep->rx_ux) {
         struct unexp *u = ep->rx_ux;
         u->complete = true;
-        if (u->req) {
+        if (u->m.req) {
           ux_unlink(ep, u);
-          ux_deliver(ep, u, u->req);
+          ux_deliver(ep, u, u->m.req);
         }
       }
       ep->rx_req = NULL;
@@ -747,7 +740,7 @@ static bool rx_progress(struct dt_tp_ep *ep) {
     atomic_store_explicit(&rg->tail, tail, memory_order_release);
     ring_bell(ep->phdr, false);
   } else if (atomic_load_explicit(&rg->closed, memory_order_acquire) && !ep->dead &&
-             (ep->rq_head || ep->rx_in_rec || ep->sq_head || ep->cma_wait)) {
+             (dt__match_has_posted(&ep->mt) || ep->rx_in_rec || ep->sq_head || ep->cma_wait)) {
     /* Re-read head: the close is ordered after the peer's last publish. */
     if (atomic_load_explicit(&rg->head, memory_order_acquire) == tail) {
       ep_lost(ep, "closed its endpoint with messages still pending");
@@ -808,7 +801,7 @@ static void check_live(struct dt_tp_ctx *ctx) {
       continue;
     exited_nofd:
       rx_progress(ep); /* take whatever it published before dying */
-      if (atomic_load(&ep->rx->closed) && !ep->rq_head && !ep->rx_in_rec && !ep->sq_head && !ep->pull_head &&
+      if (atomic_load(&ep->rx->closed) && !dt__match_has_posted(&ep->mt) && !ep->rx_in_rec && !ep->sq_head && !ep->pull_head &&
           !ep->cma_wait)
         ep->gone = true;
       else
@@ -824,7 +817,7 @@ static void check_live(struct dt_tp_ctx *ctx) {
     struct dt_tp_ep *ep = ctx->eps[idx[i]];
     rx_progress(ep);
     if (ep->dead) continue;
-    if (atomic_load(&ep->rx->closed) && !ep->rq_head && !ep->rx_in_rec && !ep->sq_head && !ep->pull_head &&
+    if (atomic_load(&ep->rx->closed) && !dt__match_has_posted(&ep->mt) && !ep->rx_in_rec && !ep->sq_head && !ep->pull_head &&
         !ep->cma_wait)
       ep->gone = true;
     else
@@ -1021,6 +1014,7 @@ static int shm_connect(struct dt_tp_ctx *ctx, const struct dt_tp_peer *peer, int
   if (!ep) { munmap(base, (size_t)st.st_size); return DT_ENOMEM; }
   ep->ctx = ctx;
   ep->peer = peer->rank;
+  dt__match_init(&ep->mt, 0);
   ep->pid = pid;
   ep->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
   ep->pbase = base;
@@ -1081,8 +1075,8 @@ static int shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r) {
   int rc = check_abort(ctx);
   if (rc) return rc;
   if (ep->dead) return DT_EPEERLOST;
-  for (struct unexp *u = ep->ux_head; u; u = u->next) {
-    if (u->tag != r->tag || u->req) continue;
+  struct unexp *u = (struct unexp *)dt__match_ux_find(&ep->mt, ep->peer, r->tag);
+  if (u) {
     if (u->kind == DT_SHM_CMA) {
       /* Copied by the next progress, one per call (see rx_progress). */
       ux_unlink(ep, u);
@@ -1095,11 +1089,11 @@ static int shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r) {
       ux_unlink(ep, u);
       ux_deliver(ep, u, r);
     } else {
-      u->req = r; /* still streaming: delivered when complete */
+      u->m.req = r; /* still streaming: delivered when complete */
     }
     return DT_OK;
   }
-  list_append(&ep->rq_head, &ep->rq_tail, r);
+  dt__match_post(&ep->mt, r);
   rx_progress(ep);
   return DT_OK;
 }
@@ -1183,28 +1177,21 @@ static void shm_cancel(struct dt_tp_ctx *ctx, struct dt_tp_req *r) {
   if (!ep || r->status) return;
   if (ep->sq_head == r && ep->tx_in_rec) {
     ep->tx_zero = true; /* keep the stream framed; the buffer is not read again */
-  } else if (list_remove(&ep->sq_head, &ep->sq_tail, r) || list_remove(&ep->rq_head, &ep->rq_tail, r) ||
-             list_remove(&ep->cma_wait, NULL, r)) {
+  } else if (list_remove(&ep->sq_head, &ep->sq_tail, r) || list_remove(&ep->cma_wait, NULL, r) ||
+             dt__match_cancel(&ep->mt, r)) {
     /* forgotten; a late ACK for it finds nothing */
   } else if (list_remove(&ep->pull_head, &ep->pull_tail, r)) {
     /* never copied: tell the sender, so its send does not wait forever */
     queue_ack(ep, (uint32_t)r->priv[3], DT_EABORTED);
   } else {
     if (ep->rx_req == r) ep->rx_req = NULL; /* the rest of its payload is discarded */
-    for (struct unexp *u = ep->ux_head; u; u = u->next)
-      if (u->req == r) u->req = NULL;
   }
   r->next = NULL;
   r->status = DT_EABORTED;
 }
 
 static void ep_free(struct dt_tp_ep *ep) {
-  struct unexp *u, *n;
-  for (u = ep->ux_head; u; u = n) {
-    n = u->next;
-    free(u->data);
-    free(u);
-  }
+  dt__match_drain(&ep->mt, ux_free);
   free(ep->acks);
   if (ep->pidfd >= 0) close(ep->pidfd);
   munmap(ep->pbase, ep->plen);
