@@ -18,11 +18,12 @@
  * inside a collective aborts the whole world (every transport tells its
  * peers), so every rank returns the same error and message instead of
  * hanging. Not here: building and freeing communicators (comm_create.c),
- * algorithms (algo/), algorithm choice (tuning.c), anything
- * transport-specific (transport/).
+ * the collective entry points and split (dispatch.c), algorithms (algo/,
+ * which call back only through coll.h), algorithm choice (tuning.c),
+ * anything transport-specific (transport/).
  */
 #define _GNU_SOURCE
-#include "comm/algo/algo.h"
+#include "comm/coll.h"
 #include "comm/comm_int.h"
 #include "comm/transport.h"
 
@@ -54,8 +55,7 @@ int dt_algo_parse(const char *s, dt_algo *out) {
 
 /* ---- errors ------------------------------------------------------------ */
 
-static int cerr(dt_comm *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int cerr(dt_comm *c, int rc, const char *fmt, ...) {
+int dt__comm_err(dt_comm *c, int rc, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(c->err, sizeof c->err, fmt, ap);
@@ -151,7 +151,7 @@ static int post(dt_comm *c, int peer, uint64_t tag, void *buf, size_t bytes, int
   r->fp_check = r->fp_send = -1;
   r->used = 1;
   if (peer < 0 || peer >= c->size || peer == c->rank)
-    return cerr(c, DT_EINVAL, "comm: rank %d: bad peer %d (size %d)", c->rank, peer, c->size);
+    return dt__comm_err(c, DT_EINVAL, "comm: rank %d: bad peer %d (size %d)", c->rank, peer, c->size);
   struct world *w = c->w;
   int wp = c->wr[peer];
   const struct dt_transport_ops *o = w->tops[w->tp_of[wp]];
@@ -164,8 +164,8 @@ static int post(dt_comm *c, int peer, uint64_t tag, void *buf, size_t bytes, int
   if (rc < 0) {
     const char *m = NULL;
     int arc = world_aborted(w, &m);
-    if (arc < 0) return cerr(c, arc, "%s", m);
-    return cerr(c, rc, "comm: rank %d: %s to rank %d failed: %s", c->rank,
+    if (arc < 0) return dt__comm_err(c, arc, "%s", m);
+    return dt__comm_err(c, rc, "comm: rank %d: %s to rank %d failed: %s", c->rank,
                 kind == DT_TP_SEND ? "send" : "receive", peer, dt_errmsg());
   }
   if (kind == DT_TP_SEND) atomic_fetch_add(&w->sent, bytes);
@@ -176,11 +176,11 @@ static int post(dt_comm *c, int peer, uint64_t tag, void *buf, size_t bytes, int
 static uint64_t user_tag(dt_comm *c, int tag) { return (uint64_t)c->ctxid << 32 | (uint32_t)tag; }
 
 int dt_comm_isend(dt_comm *c, int peer, int tag, const void *buf, size_t bytes, dt_comm_req *req) {
-  if (tag < 0 || tag > DT_COMM_TAG_MAX) return cerr(c, DT_EINVAL, "comm: tag %d out of range", tag);
+  if (tag < 0 || tag > DT_COMM_TAG_MAX) return dt__comm_err(c, DT_EINVAL, "comm: tag %d out of range", tag);
   return post(c, peer, user_tag(c, tag), (void *)buf, bytes, DT_TP_SEND, (struct comm_req *)req);
 }
 int dt_comm_irecv(dt_comm *c, int peer, int tag, void *buf, size_t bytes, dt_comm_req *req) {
-  if (tag < 0 || tag > DT_COMM_TAG_MAX) return cerr(c, DT_EINVAL, "comm: tag %d out of range", tag);
+  if (tag < 0 || tag > DT_COMM_TAG_MAX) return dt__comm_err(c, DT_EINVAL, "comm: tag %d out of range", tag);
   return post(c, peer, user_tag(c, tag), buf, bytes, DT_TP_RECV, (struct comm_req *)req);
 }
 
@@ -231,7 +231,7 @@ static int fp_check(dt_comm *c, int p) {
   snprintf(msg, sizeof msg, "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
            mine, p, theirs);
   world_abort(c->w, DT_EMISMATCH, msg);
-  return cerr(c, DT_EMISMATCH, "%s", msg);
+  return dt__comm_err(c, DT_EMISMATCH, "%s", msg);
 }
 
 /* A request that moves no bytes of its own: its data rode in the
@@ -339,7 +339,7 @@ int dt_comm_waitall(dt_comm *c, dt_comm_req *reqs, int n) {
   int cap = 2 * n + 1;
   if (cap > 64) {
     v = malloc((size_t)cap * sizeof *v);
-    if (!v) return cerr(c, DT_ENOMEM, "comm: out of memory");
+    if (!v) return dt__comm_err(c, DT_ENOMEM, "comm: out of memory");
   }
   /* pending or already failed (a failure must be reported, not skipped);
    * fingerprint receives first */
@@ -382,25 +382,25 @@ int dt_comm_waitall(dt_comm *c, dt_comm_req *reqs, int n) {
   if (rc == DT_OK) return DT_OK;
   const char *am = NULL;
   int arc = world_aborted(c->w, &am);
-  if (arc < 0 && rc != DT_ETIMEDOUT) return cerr(c, arc, "%s", am);
+  if (arc < 0 && rc != DT_ETIMEDOUT) return dt__comm_err(c, arc, "%s", am);
   if (rc == DT_ETIMEDOUT)
-    return cerr(c, rc, "comm: rank %d: deadline (%.3g s) expired in %s: %s", c->rank, c->timeout,
+    return dt__comm_err(c, rc, "comm: rank %d: deadline (%.3g s) expired in %s: %s", c->rank, c->timeout,
                 c->in_coll ? dt_coll_name((dt_coll)c->cur.coll) : "point-to-point wait", err);
-  return cerr(c, rc, "comm: rank %d: %s", c->rank, err[0] ? err : dt_strerror(rc));
+  return dt__comm_err(c, rc, "comm: rank %d: %s", c->rank, err[0] ? err : dt_strerror(rc));
 }
 
 int dt_comm_test(dt_comm *c, dt_comm_req *req, bool *done) {
   struct comm_req *r = (struct comm_req *)req;
   *done = false;
   if (!r->used || r->tp.status == 1) return *done = true, DT_OK;
-  if (r->tp.status < 0) return cerr(c, r->tp.status, "comm: request with rank %d failed", r->peer);
+  if (r->tp.status < 0) return dt__comm_err(c, r->tp.status, "comm: request with rank %d failed", r->peer);
   struct world *w = c->w;
   int t = w->tp_of[r->tp.peer];
   int x = w->tops[t]->test(w->tctx[t], &r->tp);
   if (x < 0) {
     const char *am = NULL;
     int arc = world_aborted(w, &am);
-    return arc < 0 ? cerr(c, arc, "%s", am) : cerr(c, x, "comm: request with rank %d failed", r->peer);
+    return arc < 0 ? dt__comm_err(c, arc, "%s", am) : dt__comm_err(c, x, "comm: request with rank %d failed", r->peer);
   }
   *done = x == 1;
   if (*done) r->used = 0;
@@ -433,17 +433,17 @@ void *dt__coll_scratch(dt_comm *c, int i, size_t bytes) {
   size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 4;
   c->scratch[i] = dt_alloc(cap);
   c->scratch_cap[i] = c->scratch[i] ? cap : 0;
-  if (!c->scratch[i]) cerr(c, DT_ENOMEM, "comm: cannot allocate %zu bytes of scratch", bytes);
+  if (!c->scratch[i]) dt__comm_err(c, DT_ENOMEM, "comm: cannot allocate %zu bytes of scratch", bytes);
   return c->scratch[i];
 }
 
 /* ---- collective framing ------------------------------------------------ */
 
-static int coll_begin(dt_comm *c, dt_coll coll, dt_redop op, dt_dtype t, size_t count, int root) {
+int dt__coll_begin(dt_comm *c, dt_coll coll, dt_redop op, dt_dtype t, size_t count, int root) {
   const char *am = NULL;
   int arc = world_aborted(c->w, &am);
-  if (arc < 0) return cerr(c, arc, "%s", am);
-  if (c->in_coll) return cerr(c, DT_EINVAL, "comm: rank %d: collective called inside a collective", c->rank);
+  if (arc < 0) return dt__comm_err(c, arc, "%s", am);
+  if (c->in_coll) return dt__comm_err(c, DT_EINVAL, "comm: rank %d: collective called inside a collective", c->rank);
   c->in_coll = true;
   c->deadline_ns = dt_now_ns() + (int64_t)(c->timeout * 1e9);
   c->cur = (struct fp){++c->seq, count, root, c->rank, (uint8_t)coll, (uint8_t)op, (uint8_t)t};
@@ -453,7 +453,7 @@ static int coll_begin(dt_comm *c, dt_coll coll, dt_redop op, dt_dtype t, size_t 
   return DT_OK;
 }
 
-static int coll_end(dt_comm *c, int rc) {
+int dt__coll_end(dt_comm *c, int rc) {
   if (rc == DT_OK) {
     /* fingerprint sends still in flight (their data went with them) */
     dt_comm_req tmp[1];
@@ -469,7 +469,7 @@ static int coll_end(dt_comm *c, int rc) {
       }
     for (int p = 0; p < c->size && rc == DT_OK; p++)
       if (c->fp_posted[p] && c->fp_rreq[p].tp.status == 0)
-        rc = cerr(c, DT_EPROTO, "comm: internal: fingerprint from rank %d never arrived", p);
+        rc = dt__comm_err(c, DT_EPROTO, "comm: internal: fingerprint from rank %d never arrived", p);
   }
   c->in_coll = false;
   if (rc < 0) {
@@ -479,189 +479,8 @@ static int coll_end(dt_comm *c, int rc) {
     snprintf(m, sizeof m, "%s", c->err[0] ? c->err : dt_errmsg());
     const char *am = NULL;
     if (world_aborted(c->w, &am) == 0) world_abort(c->w, rc, m);
-    cerr(c, rc, "%s", m);
+    dt__comm_err(c, rc, "%s", m);
   }
   return rc;
 }
 
-static int check_args(dt_comm *c, const void *s, const void *r, size_t count, dt_dtype t, int op,
-                      int root, bool reduce) {
-  if (!dt_dtype_size(t)) return cerr(c, DT_EINVAL, "comm: bad dtype %d", (int)t);
-  if (reduce && (t == DT_U8 || (unsigned)op >= DT_OP_COUNT))
-    return cerr(c, DT_EINVAL, "comm: cannot reduce %s with op %d", dt_dtype_name(t), op);
-  if (root < 0 || root >= c->size) return cerr(c, DT_EINVAL, "comm: root %d out of range (size %d)", root, c->size);
-  if (count && ((!s && !r))) return cerr(c, DT_EINVAL, "comm: NULL buffer");
-  if (count > (SIZE_MAX / 16) / (size_t)c->size) return cerr(c, DT_EINVAL, "comm: count %zu too large", count);
-  return DT_OK;
-}
-
-static int ensure_host_comms(dt_comm *c) {
-  if (c->host_built) return DT_OK;
-  DT_CHECK(dt_comm_split_host(c, &c->host_comm));
-  DT_CHECK(dt_comm_split_leaders(c, &c->leader_comm));
-  c->host_built = true;
-  return DT_OK;
-}
-
-int dt__comm_host_comm(dt_comm *c, dt_comm **host, dt_comm **leaders) {
-  if (!c->host_built) return cerr(c, DT_EINVAL, "comm: host communicators not built");
-  *host = c->host_comm;
-  *leaders = c->leader_comm;
-  return DT_OK;
-}
-
-int dt_comm_allreduce_algo(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
-                           dt_redop op, dt_algo a) {
-  DT_CHECK(check_args(c, sbuf, rbuf, count, t, op, 0, true));
-  size_t bytes = count * dt_dtype_size(t);
-  a = dt__tune_allreduce(c, bytes, a != DT_ALGO_AUTO ? a : c->algo);
-  if (a == DT_ALGO_HIER) DT_CHECK(ensure_host_comms(c));
-  if (c->size == 1 || count == 0) {
-    if (count && sbuf != rbuf) memcpy(rbuf, sbuf, bytes);
-    return DT_OK;
-  }
-  DT_CHECK(coll_begin(c, DT_COLL_ALLREDUCE, op, t, count, 0));
-  int rc;
-  switch (a) {
-  case DT_ALGO_RHD: rc = dt__allreduce_rhd(c, sbuf, rbuf, count, t, op); break;
-  case DT_ALGO_TREE: rc = dt__allreduce_tree(c, sbuf, rbuf, count, t, op); break;
-  case DT_ALGO_HIER: rc = dt__allreduce_hier(c, sbuf, rbuf, count, t, op); break;
-  default: rc = dt__allreduce_ring(c, sbuf, rbuf, count, t, op); break;
-  }
-  return coll_end(c, rc);
-}
-
-int dt_comm_allreduce(dt_comm *c, const void *s, void *r, size_t count, dt_dtype t, dt_redop op) {
-  return dt_comm_allreduce_algo(c, s, r, count, t, op, DT_ALGO_AUTO);
-}
-
-int dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root) {
-  DT_CHECK(check_args(c, buf, buf, count, t, 0, root, false));
-  if (c->size == 1 || count == 0) return DT_OK;
-  size_t bytes = count * dt_dtype_size(t);
-  DT_CHECK(coll_begin(c, DT_COLL_BROADCAST, 0, t, count, root));
-  dt_algo a = dt__tune_broadcast(c, bytes, c->algo);
-  int rc = a == DT_ALGO_RING ? dt__broadcast_ring(c, buf, count, t, root)
-                             : dt__broadcast_tree(c, buf, bytes, root);
-  return coll_end(c, rc);
-}
-
-int dt_comm_reduce(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_redop op,
-                   int root) {
-  DT_CHECK(check_args(c, sbuf, rbuf, count, t, op, root, true));
-  if (c->rank == root && count && !rbuf) return cerr(c, DT_EINVAL, "comm: reduce: NULL recvbuf on root");
-  size_t bytes = count * dt_dtype_size(t);
-  if (c->size == 1 || count == 0) {
-    if (count && sbuf != rbuf) memcpy(rbuf, sbuf, bytes);
-    return DT_OK;
-  }
-  DT_CHECK(coll_begin(c, DT_COLL_REDUCE, op, t, count, root));
-  dt_algo a = dt__tune_broadcast(c, bytes, c->algo);
-  int rc = a == DT_ALGO_RING ? dt__reduce_ring(c, sbuf, rbuf, count, t, op, root)
-                             : dt__reduce_tree(c, sbuf, rbuf, count, t, op, root);
-  return coll_end(c, rc);
-}
-
-int dt_comm_allgather(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t) {
-  DT_CHECK(check_args(c, sbuf, rbuf, count, t, 0, 0, false));
-  size_t bytes = count * dt_dtype_size(t);
-  if (c->size == 1 || count == 0) {
-    if (count && sbuf != rbuf) memmove(rbuf, sbuf, bytes);
-    return DT_OK;
-  }
-  DT_CHECK(coll_begin(c, DT_COLL_ALLGATHER, 0, t, count, 0));
-  dt_algo a = dt__tune_allgather(c, bytes, c->algo);
-  int rc = a == DT_ALGO_DIRECT ? dt__allgather_direct(c, sbuf, rbuf, bytes)
-                               : dt__allgather_ring(c, sbuf, rbuf, bytes);
-  return coll_end(c, rc);
-}
-
-int dt_comm_reduce_scatter(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
-                           dt_redop op) {
-  DT_CHECK(check_args(c, sbuf, rbuf, count, t, op, 0, true));
-  if (c->size == 1 || count == 0) {
-    if (count && sbuf != rbuf) memmove(rbuf, sbuf, count * dt_dtype_size(t));
-    return DT_OK;
-  }
-  DT_CHECK(coll_begin(c, DT_COLL_REDUCE_SCATTER, op, t, count, 0));
-  return coll_end(c, dt__reduce_scatter_ring(c, sbuf, rbuf, count, t, op));
-}
-
-int dt_comm_alltoall(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t) {
-  DT_CHECK(check_args(c, sbuf, rbuf, count, t, 0, 0, false));
-  size_t bytes = count * dt_dtype_size(t);
-  if (count && sbuf == rbuf) return cerr(c, DT_EINVAL, "comm: alltoall cannot run in place");
-  if (c->size == 1 || count == 0) {
-    if (count) memcpy(rbuf, sbuf, bytes);
-    return DT_OK;
-  }
-  DT_CHECK(coll_begin(c, DT_COLL_ALLTOALL, 0, t, count, 0));
-  return coll_end(c, dt__alltoall_direct(c, sbuf, rbuf, bytes));
-}
-
-int dt_comm_barrier(dt_comm *c) {
-  if (c->size == 1) return DT_OK;
-  DT_CHECK(coll_begin(c, DT_COLL_BARRIER, 0, DT_U8, 0, 0));
-  return coll_end(c, dt__barrier_dissemination(c));
-}
-
-/* ---- split ------------------------------------------------------------- */
-
-int dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
-  *out = NULL;
-  int32_t mine[2] = {color, key};
-  int32_t *all = malloc((size_t)c->size * 2 * sizeof *all);
-  if (!all) return cerr(c, DT_ENOMEM, "comm: out of memory");
-  int rc = dt_comm_allgather(c, mine, all, 2, DT_I32);
-  uint32_t nsplit = ++c->nsplit;
-  if (rc < 0 || color < 0) {
-    free(all);
-    return rc;
-  }
-  int n = 0;
-  for (int r = 0; r < c->size; r++) n += all[2 * r] == color;
-  dt_comm *s = dt__comm_alloc(c->w, n);
-  if (!s) {
-    free(all);
-    return cerr(c, DT_ENOMEM, "comm: out of memory");
-  }
-  /* members ordered by (key, parent rank): insertion sort, n is small */
-  int m = 0;
-  for (int r = 0; r < c->size; r++) {
-    if (all[2 * r] != color) continue;
-    int j = m++;
-    while (j > 0 && all[2 * s->wr[j - 1] + 1] > all[2 * r + 1]) {
-      s->wr[j] = s->wr[j - 1];
-      j--;
-    }
-    s->wr[j] = r; /* parent rank for now */
-  }
-  for (int j = 0; j < n; j++) {
-    if (s->wr[j] == c->rank) s->rank = j;
-    s->wr[j] = c->wr[s->wr[j]];
-  }
-  free(all);
-  c->w->refs++;
-  s->parent = c;
-  s->timeout = c->timeout;
-  s->algo = c->algo;
-  /* context id: same on every member, distinct from the parent's */
-  uint64_t h = (uint64_t)c->ctxid * 0x9e3779b97f4a7c15ull ^ ((uint64_t)nsplit << 20) ^ (uint32_t)color;
-  h ^= h >> 29;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 32;
-  s->ctxid = (uint32_t)h ? (uint32_t)h : 2;
-  dt__comm_compute_hosts(s);
-  *out = s;
-  return DT_OK;
-}
-
-int dt_comm_split_host(dt_comm *c, dt_comm **out) {
-  return dt_comm_split(c, c->host[c->rank], c->rank, out);
-}
-
-int dt_comm_split_leaders(dt_comm *c, dt_comm **out) {
-  struct dt_comm_topo t;
-  dt_comm_topology(c, &t);
-  return dt_comm_split(c, t.local_rank == 0 ? 0 : -1, c->rank, out);
-}

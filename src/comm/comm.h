@@ -7,7 +7,7 @@
  * It does not expose transports: those sit behind `struct dt_transport_ops`
  * (transport.h), which only comm.c and the transports themselves include.
  * Algorithms (src/comm/algo/) see only the point-to-point calls declared
- * here plus algo/algo.h, never a transport.
+ * here plus coll.h, never a transport; dispatch.c runs them.
  *
  * Threading: a dt_comm is used by one thread at a time; dt_comm_abort() is
  * the one call that may come from any thread at any time. Several

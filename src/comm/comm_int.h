@@ -2,8 +2,9 @@
  * comm_int.h — private to the communicator (comm.c, comm_create.c): the
  * world (transport contexts and per-peer endpoints, shared by a
  * communicator and its splits), the communicator struct, the collective
- * fingerprint layout, and the constructors both files use. Nothing else
- * includes this.
+ * fingerprint layout, and the constructors both files use; dispatch.c
+ * uses the collective framing. Nothing else includes this (algorithms see
+ * coll.h only).
  */
 #ifndef DT_COMM_COMM_INT_H
 #define DT_COMM_COMM_INT_H
@@ -81,6 +82,15 @@ struct dt_comm {
   bool host_built;
   char err[512];
 };
+
+/* comm.c: collective framing for dispatch.c. dt__coll_begin checks the
+ * world is not aborted, numbers the call and sets its deadline and
+ * fingerprint; dt__coll_end waits for fingerprint sends still in flight
+ * and, if rc < 0, aborts the world with the message. dt__comm_err records
+ * a message on c (and dt_errmsg) and returns rc. */
+int dt__coll_begin(dt_comm *c, dt_coll coll, dt_redop op, dt_dtype t, size_t count, int root);
+int dt__coll_end(dt_comm *c, int rc);
+int dt__comm_err(dt_comm *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* comm_create.c */
 dt_comm *dt__comm_alloc(struct world *w, int size); /* members, fingerprint buffers; NULL: no memory */
