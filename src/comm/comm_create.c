@@ -254,6 +254,8 @@ int dt_comm_create(dt_comm **out, dt_store *store, const struct dt_comm_config *
   }
   free(rec);
   rec = NULL;
+  for (int i = 0; i < w->ntp; i++)
+    if (w->tops[i]->setup_done) w->tops[i]->setup_done(w->tctx[i]);
   c = dt__comm_alloc(w, size);
   if (!c) { rc = dt__seterr(DT_ENOMEM, "comm: out of memory"); goto fail; }
   c->rank = rank;

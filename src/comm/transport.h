@@ -125,6 +125,10 @@ struct dt_transport_ops {
   void (*finalize)(struct dt_tp_ctx *ctx);
   /* The abort message (empty if not aborted); used to name the lost rank. */
   const char *(*abort_reason)(struct dt_tp_ctx *ctx, int *rc);
+  /* Optional (NULL: nothing to do). Called once the communicator has tried
+   * every peer, so the context knows which peers it connected to: shm
+   * unlinks its segment once all of them have mapped it. */
+  void (*setup_done)(struct dt_tp_ctx *ctx);
 };
 
 /* Transports built into the library; mpi only when DT_WITH_MPI. */

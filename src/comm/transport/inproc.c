@@ -305,4 +305,4 @@ static const char *ip_abort_reason(struct dt_tp_ctx *x, int *rc) {
 
 const struct dt_transport_ops dt__transport_inproc = {
     "inproc", ip_init, ip_can_connect, ip_connect, ip_isend, ip_irecv, ip_test,
-    ip_wait, ip_cancel, ip_abort, ip_close, ip_finalize, ip_abort_reason};
+    ip_wait, ip_cancel, ip_abort, ip_close, ip_finalize, ip_abort_reason, NULL};

@@ -238,8 +238,24 @@ static void list_append(struct dt_tp_req **head, struct dt_tp_req **tail, struct
 
 /* ---- stale segments --------------------------------------------------- */
 
-/* Unlinks inboxes whose creator is gone (killed before finalize). Names are
- * dtshm-<jobhash>-<rank>-<pid>-<nonce>. */
+/* True if pid has exited, also when it is a zombie nobody reaped yet (a
+ * killed job's workers can linger as zombies of a dead launcher). */
+static bool pid_gone(pid_t pid) {
+  if (kill(pid, 0) < 0 && errno == ESRCH) return true;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  return p && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* Unlinks inboxes whose creator is gone (killed before every peer had
+ * mapped them). Names are dtshm-<jobhash>-<rank>-<pid>-<nonce>. */
 static void sweep_stale(void) {
   DIR *d = opendir("/dev/shm");
   if (!d) return;
@@ -250,13 +266,23 @@ static void sweep_stale(void) {
     int rank, pid;
     if (sscanf(e->d_name, SHM_PREFIX "%16llx-%d-%d-%16llx", &jh, &rank, &pid, &nonce) != 4)
       continue;
-    if (pid > 0 && kill(pid, 0) < 0 && errno == ESRCH) {
+    if (pid > 0 && pid_gone(pid)) {
       char n[300];
       snprintf(n, sizeof n, "/%s", e->d_name);
       shm_unlink(n);
     }
   }
   closedir(d);
+}
+
+/* Unlinks the name of inbox h once every expected peer has mapped it (see
+ * shm_int.h); called by the owner when it learns the count and by each
+ * peer after mapping. From then on a kill leaves nothing in /dev/shm. */
+static void unlink_when_mapped(struct dt_shm_hdr *h, const char *name) {
+  uint32_t want = atomic_load(&h->expected);
+  if (!want || atomic_load(&h->attached) < want) return;
+  uint32_t zero = 0;
+  if (atomic_compare_exchange_strong(&h->unlinked, &zero, 1)) shm_unlink(name);
 }
 
 /* ---- abort ------------------------------------------------------------ */
@@ -771,20 +797,6 @@ static bool progress_all(struct dt_tp_ctx *ctx) {
   return moved;
 }
 
-static bool pid_gone(pid_t pid) {
-  if (kill(pid, 0) < 0 && errno == ESRCH) return true;
-  char path[64], buf[256];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return false;
-  buf[n] = 0;
-  const char *p = strrchr(buf, ')');
-  return p && (p[2] == 'Z' || p[2] == 'X');
-}
-
 /* Polls every peer's pidfd (one syscall); a peer that exited without a
  * clean close, or with requests pending, is lost. */
 static void check_live(struct dt_tp_ctx *ctx) {
@@ -1047,6 +1059,7 @@ static int shm_connect(struct dt_tp_ctx *ctx, const struct dt_tp_peer *peer, int
                    peer->rank, strerror(errno));
   }
   atomic_fetch_add(&ph->attached, 1);
+  unlink_when_mapped(ph, name);
   ctx->eps[peer->rank] = ep;
   ctx->neps++;
   (void)deadline_ns;
@@ -1218,11 +1231,25 @@ static void shm_close(struct dt_tp_ep *ep) {
   ep_free(ep);
 }
 
+/* Every peer that will map our inbox is connected to us now (connections
+ * are symmetric): publish the count; with no shm peer at all, nobody will
+ * map it and the name goes at once. */
+static void shm_setup_done(struct dt_tp_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->neps == 0) {
+    uint32_t zero = 0;
+    if (atomic_compare_exchange_strong(&ctx->hdr->unlinked, &zero, 1)) shm_unlink(ctx->name);
+    return;
+  }
+  atomic_store(&ctx->hdr->expected, (uint32_t)ctx->neps);
+  unlink_when_mapped(ctx->hdr, ctx->name);
+}
+
 static void shm_finalize(struct dt_tp_ctx *ctx) {
   if (!ctx) return;
   for (int p = 0; p < ctx->size; p++)
     if (ctx->eps[p]) shm_close(ctx->eps[p]);
-  shm_unlink(ctx->name);
+  if (!atomic_load(&ctx->hdr->unlinked)) shm_unlink(ctx->name); /* a peer never mapped it */
   munmap(ctx->base, ctx->map_len);
   free(ctx->eps);
   free(ctx);
@@ -1243,4 +1270,5 @@ const struct dt_transport_ops dt__transport_shm = {
     .close = shm_close,
     .finalize = shm_finalize,
     .abort_reason = shm_abort_reason,
+    .setup_done = shm_setup_done,
 };

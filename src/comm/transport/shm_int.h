@@ -11,7 +11,11 @@
  * word (`bell`) in its own header, so one wait covers every peer. The
  * segment is unlinked as soon as every peer has mapped it, so a killed job
  * leaves nothing behind in /dev/shm; leftovers of killed creators from
- * before that point are swept at the next init by pid.
+ * before that point are swept at the next init by pid. "Every peer": once
+ * the owner's communicator has tried all ranks it writes `expected` (how
+ * many peers it connected to over shm; connections are symmetric); each
+ * peer adds 1 to `attached` after mapping; whichever of the two sees
+ * attached == expected second unlinks the name (`unlinked` makes it once).
  *
  * Records are 32-byte aligned (so a header never wraps): a header, then for
  * EAGER the payload padded to 32 bytes. A small message is written whole
@@ -29,7 +33,7 @@
 #include <stdint.h>
 
 #define DT_SHM_MAGIC 0x445453484d310001ull
-#define DT_SHM_VERSION 1
+#define DT_SHM_VERSION 2
 #define DT_SHM_LINE 64
 #define DT_SHM_REC 32 /* record header size and alignment */
 
@@ -89,6 +93,8 @@ struct dt_shm_hdr {
   uint64_t probe_addr;   /* address of a probe word in the creator (CMA check) */
   uint64_t probe_value;
   _Alignas(DT_SHM_LINE) _Atomic uint32_t attached; /* peers that mapped this inbox */
+  _Atomic uint32_t expected;                       /* peers that will (0: not known yet) */
+  _Atomic uint32_t unlinked;                       /* the name is gone */
   _Atomic int32_t abort_rc;                        /* != 0: the owner aborted */
   char abort_msg[192];
   _Alignas(DT_SHM_LINE) _Atomic uint32_t bell;     /* futex word: something changed */

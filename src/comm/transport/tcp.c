@@ -1081,4 +1081,4 @@ static const char *tcp_abort_reason(struct dt_tp_ctx *x, int *rc) {
 
 const struct dt_transport_ops dt__transport_tcp = {
     "tcp", tcp_init, tcp_can_connect, tcp_connect, tcp_isend, tcp_irecv, tcp_test,
-    tcp_wait, tcp_cancel, tcp_abort, tcp_close, tcp_finalize, tcp_abort_reason};
+    tcp_wait, tcp_cancel, tcp_abort, tcp_close, tcp_finalize, tcp_abort_reason, NULL};
