@@ -6,10 +6,20 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/dtrain_cli.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 FAILS=0
 PASSES=0
+SKIPS=0
 FASHION=/usr/share/datasets/fashion-mnist
 
 pass() { PASSES=$((PASSES + 1)); }
+# free_port [IPV4] — a TCP port the kernel just handed out, kept out of other
+# bind(0)/connect() picks for about a minute (tests/free_port.c), for a
+# listener that must be named before it starts (--rdzv HOST:PORT). Never a
+# fixed or random number: parallel tests would collide.
+free_port() { "${DT_TEST_BIN:-$(dirname "$DTRAIN")}/dt_free_port" "$@"; }
 fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
+# skip_part WHAT WHY — a part of the test cannot run here (no mpirun, no
+# namespaces): says so on stdout, and finish then exits 77 (CTest: skipped)
+# unless something failed, so a partly run test is never reported as passed.
+skip_part() { echo "SKIP ($1): $2"; SKIPS=$((SKIPS + 1)); }
 
 # expect_bad NAME PATTERN ARGS... — runs `dtrain ARGS` with --out $T/NAME;
 # it must exit 2, print exactly one line on stderr matching PATTERN (grep -E),
@@ -33,7 +43,11 @@ expect_bad() {
 json_num() { grep -Eo "\"$2\":[[:space:]]*-?[0-9.eE+-]+" "$1" | head -1 | sed -E 's/.*:[[:space:]]*//'; }
 json_str() { grep -Eo "\"$2\":[[:space:]]*\"[^\"]*\"" "$1" | head -1 | sed -E 's/.*:[[:space:]]*"//; s/"$//'; }
 
+# finish — the summary line; status 0 all passed, 1 something failed, 77
+# nothing failed but a part was skipped. Call it last: `finish` (or
+# `finish; exit $?` when it is not the last command).
 finish() {
-  echo "$PASSES passed, $FAILS failed"
-  [ "$FAILS" -eq 0 ]
+  echo "$PASSES passed, $FAILS failed, $SKIPS part(s) skipped"
+  [ "$FAILS" -eq 0 ] || return 1
+  [ "$SKIPS" -eq 0 ] || return 77
 }

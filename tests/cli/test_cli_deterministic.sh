@@ -60,13 +60,13 @@ run_mpi() { # run_mpi N: mpirun -n N dtrain train ... (deadline 120 s)
   return $rc
 }
 if ! command -v mpirun >/dev/null 2>&1; then
-  echo "SKIP (mpirun part): mpirun not found"
+  skip_part "mpirun part" "mpirun not found"
 else
   for n in 2 3; do
     run_mpi $n
     rc=$?
     if grep -q "transport 'mpi' unknown or not built" "$T/mpi$n.log"; then
-      echo "SKIP (mpirun part): dtrain was built without MPI"
+      skip_part "mpirun part" "dtrain was built without MPI"
       break
     fi
     [ $rc = 0 ] || { fail "mpirun -n $n: exit $rc: $(tail -3 "$T/mpi$n.log")"; continue; }

@@ -7,7 +7,8 @@
 #      summary.json from rank 0 with workers = 4 and a sane accuracy, rank 0
 #      reaching its node-mate over shm and the other node over tcp (which
 #      only works if the workers listen on the namespace's own address, not
-#      127.0.0.1); skipped with a message where namespaces cannot be made;
+#      127.0.0.1); skipped with a message where namespaces cannot be made
+#      (the test then exits 77 after the other parts: reported as skipped);
 #  (c) bad input — missing or short DTRAIN_JOB_TOKEN for several nodes, bad
 #      --rdzv, node rank >= node count (flag and env), bad counts, unknown
 #      options, --max-restarts, dist.workers against the world, transport mpi —
@@ -22,6 +23,7 @@
 netns_inner() {
   read -r -a hosts <<<"$NETNS_HOSTS"
   read -r -a addrs <<<"$NETNS_ADDRS"
+  # a fixed port is safe here: it is bound inside this run's own namespace
   local port=29610 pids=() rc=0 i
   trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done' EXIT
   for i in 1 0; do
@@ -57,7 +59,6 @@ cleanup() {
   rm -rf "$T"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 # ---- (a) one node, two workers vs --workers 2 ----------------------------------
@@ -146,7 +147,7 @@ missing 1 "^dtrain: node 1: cannot reach the rendezvous store at 127.0.0.1:$P \(
 "$SRC/tools/netns.sh" check >"$T/netns_check" 2>&1
 nrc=$?
 if [ $nrc = 77 ]; then
-  echo "SKIP (b): network namespaces unavailable: $(cat "$T/netns_check")"
+  skip_part b "network namespaces unavailable: $(cat "$T/netns_check")"
 elif [ $nrc != 0 ]; then
   fail "(b) netns.sh check: exit $nrc: $(cat "$T/netns_check")"
 else

@@ -20,7 +20,6 @@ cleanup() {
 trap cleanup EXIT
 now() { date +%s.%N; }
 elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 export DTRAIN_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 # alive and not a zombie (workers of a killed launcher are reparented and may

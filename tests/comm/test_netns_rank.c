@@ -10,7 +10,10 @@
  *     prints the table) and exits 0 only if every call succeeded.
  *   test_netns_rank            (no arguments: the ctest entry)
  *     Forks 3 such workers on 127.0.0.1 and checks that they all succeed
- *     and agree, so the worker itself is tested without namespaces.
+ *     and agree, so the worker itself is tested without namespaces. Rank 0
+ *     serves the store on port 0 (the kernel picks a free one) and passes
+ *     the port to the parent through a pipe before ranks 1 and 2 start, so
+ *     parallel runs cannot collide on a port.
  *
  * Every process this file forks is reaped, or killed by pid after 60 s.
  */
@@ -24,8 +27,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* port_fd >= 0 (rank 0 of the loopback self-check): the store's port is
+ * 0 in STORE, and the port the server got is written to port_fd. */
 static int worker(int rank, int size, const char *store, const char *bind, size_t minb,
-                  size_t maxb) {
+                  size_t maxb, int port_fd) {
   char host[64];
   int port;
   const char *colon = strrchr(store, ':');
@@ -40,6 +45,15 @@ static int worker(int rank, int size, const char *store, const char *bind, size_
   if (rank == 0 && (rc = dt_store_server_start(&srv, host, port, NULL)) < 0) {
     fprintf(stderr, "rank 0: store server on %s: %s\n", store, dt_errmsg());
     return 1;
+  }
+  if (rank == 0 && port_fd >= 0) {
+    port = dt_store_server_port(srv);
+    if (write(port_fd, &port, sizeof port) != (ssize_t)sizeof port) {
+      fprintf(stderr, "rank 0: cannot pass the store port to the parent\n");
+      dt_store_server_stop(srv);
+      return 1;
+    }
+    close(port_fd);
   }
   if ((rc = dt_store_connect(&st, host, port, NULL, 30)) < 0) {
     fprintf(stderr, "rank %d: store %s: %s\n", rank, store, dt_errmsg());
@@ -92,20 +106,42 @@ static int worker(int rank, int size, const char *store, const char *bind, size_
 int main(int argc, char **argv) {
   if (argc == 8 && !strcmp(argv[1], "worker"))
     return worker(atoi(argv[2]), atoi(argv[3]), argv[4], argv[5], strtoull(argv[6], 0, 10),
-                  strtoull(argv[7], 0, 10));
+                  strtoull(argv[7], 0, 10), -1);
   if (argc != 1) {
     fprintf(stderr, "usage: %s worker RANK SIZE STORE:PORT BIND MIN MAX\n", argv[0]);
     return 2;
   }
-  /* Loopback self-check with 3 ranks. The port is derived from the pid so
-   * parallel runs do not collide. */
-  char store[64];
-  snprintf(store, sizeof store, "127.0.0.1:%d", 20000 + (int)(getpid() % 20000));
+  /* Loopback self-check with 3 ranks: rank 0 first, on port 0; the others
+   * once it has said which port the kernel gave its store. */
+  char store[64] = "127.0.0.1:0";
   pid_t pids[3];
-  for (int r = 0; r < 3; r++) {
+  int pfd[2];
+  if (pipe(pfd) < 0) return 1;
+  fflush(NULL);
+  pids[0] = fork();
+  if (pids[0] < 0) return 1;
+  if (pids[0] == 0) {
+    close(pfd[0]);
+    _exit(worker(0, 3, store, "127.0.0.1", 4, 1 << 20, pfd[1]));
+  }
+  close(pfd[1]);
+  int port = 0;
+  ssize_t got = read(pfd[0], &port, sizeof port); /* EOF if rank 0 failed */
+  close(pfd[0]);
+  if (got != (ssize_t)sizeof port || port <= 0) {
+    fprintf(stderr, "rank 0 did not start its store server\n");
+    kill(pids[0], SIGKILL);
+    waitpid(pids[0], NULL, 0);
+    return 1;
+  }
+  snprintf(store, sizeof store, "127.0.0.1:%d", port);
+  for (int r = 1; r < 3; r++) {
     pids[r] = fork();
-    if (pids[r] < 0) return 1;
-    if (pids[r] == 0) _exit(worker(r, 3, store, "127.0.0.1", 4, 1 << 20));
+    if (pids[r] < 0) {
+      for (int k = 0; k < r; k++) { kill(pids[k], SIGKILL); waitpid(pids[k], NULL, 0); }
+      return 1;
+    }
+    if (pids[r] == 0) _exit(worker(r, 3, store, "127.0.0.1", 4, 1 << 20, -1));
   }
   int bad = 0, left = 3;
   bool alive[3] = {true, true, true};

@@ -19,6 +19,7 @@
 
 #include "core/core.h"
 #include "data/data.h"
+#include "../dt_skip.h"
 
 #define FM "/usr/share/datasets/fashion-mnist/"
 
@@ -110,8 +111,7 @@ static void check_tiny(const dt_dataset *ds, uint32_t n, uint32_t r, uint32_t c)
 static void test_real_fashion_mnist(void **state) {
   (void)state;
   if (access(FM "train-images-idx3-ubyte.gz", R_OK) != 0) {
-    print_message("SKIP: " FM " not installed (Debian package dataset-fashion-mnist)\n");
-    skip();
+    DT_SKIP(FM " not installed (Debian package dataset-fashion-mnist)");
   }
   dt_dataset tr, te;
   double t0 = dt_now();
@@ -315,5 +315,5 @@ int main(void) {
       cmocka_unit_test(test_truncated),          cmocka_unit_test(test_trailing),
       cmocka_unit_test(test_count_mismatch),     cmocka_unit_test(test_zero_and_huge_dims),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return dt_skip_status(cmocka_run_group_tests(tests, setup, teardown));
 }
