@@ -1,0 +1,394 @@
+/*
+ * test_fixsum.c — the fixed-point sums of deterministic mode
+ * (src/parallel/fixsum.c), checked against exact integer arithmetic:
+ *   - associativity: the same terms summed in any order and any grouping
+ *     (per-"worker" partial sums combined sequentially or as a tree) give
+ *     the same int64 bits and the same floats back, where float sums of
+ *     the same data do not;
+ *   - rounding: a term becomes round(x * w * 2^32), ties to even, so the
+ *     step is exactly 2^-32; back to float is acc * 2^-32 / divisor;
+ *   - the range: dt_fix_bound(T) = 2^62 / T; a term exactly at the bound
+ *     is taken, the next float above it, NaN and +-inf are counted, add 0
+ *     and name the first bad index; through dt_ddp (one worker, no
+ *     communicator) such a value makes the step fail with DT_ERANGE;
+ *   - empty spans and zeros leave everything as it was (or store zeros);
+ *   - T = 2^20 terms each at the bound sum to exactly 2^62 in any grouping.
+ * It does not test the allreduce of the int64 sums (tests/engine
+ * test_ddp_det*) — only the arithmetic every rank does on its own.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "core/core.h"
+#include "nn/nn.h"
+#include "parallel/ddp.h"
+#include "parallel/fixsum.h"
+
+#define TWO32 4294967296.0 /* 2^32 */
+
+/* Deterministic test data: n floats spread over many magnitudes and both
+ * signs (1e-12 .. 1e3), so float sums in different orders round apart. */
+static void make_terms(float *x, size_t n, uint64_t seed) {
+  float u[2];
+  for (size_t i = 0; i < n; i++) {
+    dt_rng_uniform(u, 2, 0.0f, 1.0f, seed, DT_RNG_USER, (uint64_t)i);
+    double mag = pow(10.0, -12.0 + 15.0 * u[0]);
+    x[i] = (float)(u[1] < 0.5f ? -mag : mag);
+  }
+}
+
+/* A permutation of 0..n-1, a pure function of seed. */
+static void permute(size_t *p, size_t n, uint64_t seed) {
+  int64_t q[128];
+  assert_true(n <= 128);
+  dt_rng_permutation(q, (int64_t)n, seed, DT_RNG_USER, 0);
+  for (size_t i = 0; i < n; i++) p[i] = (size_t)q[i];
+}
+
+/* Tree sum of v[lo, hi) (pairwise halves), the way a halving-doubling
+ * allreduce groups partial sums. */
+static int64_t tree_sum(const int64_t *v, size_t lo, size_t hi) {
+  if (hi - lo == 1) return v[lo];
+  size_t mid = lo + (hi - lo) / 2;
+  return tree_sum(v, lo, mid) + tree_sum(v, mid, hi);
+}
+
+/* VEC values per term, NT terms: term t is the vector x + t*VEC. Every
+ * grouping below must reproduce `ref` (terms added in order into one
+ * accumulator) bit for bit. */
+enum { VEC = 64, NT = 97 };
+
+static void test_any_order_any_grouping(void **state) {
+  (void)state;
+  static float x[NT * VEC];
+  static int64_t ref[VEC], acc[VEC], part[8][VEC], per_term[NT][VEC];
+  make_terms(x, NT * VEC, 11);
+  const double w = 3.0; /* a micro-shard of 3 samples: its mean times 3 */
+  const double bound = dt_fix_bound(NT);
+
+  /* the reference: in order, the first term stored, the rest added */
+  for (int t = 0; t < NT; t++)
+    assert_int_equal(dt_fix_add(ref, x + t * VEC, VEC, w, bound, t == 0, NULL), 0);
+
+  /* each term on its own: the conversion does not depend on the accumulator */
+  for (int t = 0; t < NT; t++) dt_fix_add(per_term[t], x + t * VEC, VEC, w, bound, 1, NULL);
+  for (int i = 0; i < VEC; i++) {
+    int64_t s = 0;
+    for (int t = 0; t < NT; t++) s += per_term[t][i];
+    assert_true(s == ref[i]);
+  }
+
+  /* reversed and shuffled orders into one accumulator */
+  size_t order[NT];
+  for (int trial = 0; trial < 6; trial++) {
+    if (trial == 0)
+      for (int t = 0; t < NT; t++) order[t] = (size_t)(NT - 1 - t);
+    else
+      permute(order, NT, 100 + (uint64_t)trial);
+    for (int t = 0; t < NT; t++)
+      dt_fix_add(acc, x + order[t] * VEC, VEC, w, bound, t == 0, NULL);
+    assert_memory_equal(acc, ref, sizeof ref);
+  }
+
+  /* k "workers", each summing a contiguous share of a shuffled order, then
+   * the partial sums combined in order, in reverse and as a tree */
+  for (int k = 1; k <= 8; k++) {
+    permute(order, NT, 200 + (uint64_t)k);
+    for (int r = 0; r < k; r++) {
+      size_t lo = (size_t)NT * r / k, hi = (size_t)NT * (r + 1) / k;
+      memset(part[r], 0, sizeof part[r]);
+      for (size_t t = lo; t < hi; t++)
+        dt_fix_add(part[r], x + order[t] * VEC, VEC, w, bound, t == lo, NULL);
+    }
+    for (int i = 0; i < VEC; i++) {
+      int64_t fwd = 0, back = 0, col[8];
+      for (int r = 0; r < k; r++) fwd += part[r][i];
+      for (int r = k - 1; r >= 0; r--) back += part[r][i];
+      for (int r = 0; r < k; r++) col[r] = part[r][i];
+      assert_true(fwd == ref[i]);
+      assert_true(back == ref[i]);
+      assert_true(tree_sum(col, 0, (size_t)k) == ref[i]);
+    }
+  }
+
+  /* back to float: the same bits from any of them, and close to the exact mean */
+  float g_ref[VEC], g[VEC];
+  dt_fix_to_float(g_ref, ref, VEC, NT * w);
+  dt_fix_to_float(g, acc, VEC, NT * w);
+  assert_memory_equal(g, g_ref, sizeof g);
+  for (int i = 0; i < VEC; i++) {
+    double exact = 0;
+    for (int t = 0; t < NT; t++) exact += (double)x[t * VEC + i] * w;
+    exact /= NT * w;
+    /* each of NT terms rounds by <= 2^-33, then the float rounding */
+    double tol = NT * ldexp(1.0, -33) / (NT * w) + fabs(exact) * 6e-8;
+    assert_true(fabs((double)g_ref[i] - exact) <= tol);
+  }
+
+  /* the same data summed as floats does depend on the order (so the
+   * checks above are not vacuous) */
+  int differs = 0;
+  for (int i = 0; i < VEC; i++) {
+    float f = 0, b = 0;
+    for (int t = 0; t < NT; t++) f += x[t * VEC + i];
+    for (int t = NT - 1; t >= 0; t--) b += x[t * VEC + i];
+    differs += f != b;
+  }
+  assert_true(differs > 0);
+}
+
+/* One value in, the integer out (store mode). */
+static int64_t fix1(float x, double w) {
+  int64_t a = 12345;
+  assert_int_equal(dt_fix_add(&a, &x, 1, w, dt_fix_bound(1), 1, NULL), 0);
+  return a;
+}
+
+static void test_rounding_step(void **state) {
+  (void)state;
+  const float u = ldexpf(1.0f, -32); /* one unit */
+  /* multiples of the unit go through exactly */
+  assert_true(fix1(u, 1) == 1);
+  assert_true(fix1(-7 * u, 1) == -7);
+  assert_true(fix1(1.0f, 1) == (int64_t)1 << 32);
+  assert_true(fix1(0.1f, 1) == (int64_t)llrint((double)0.1f * TWO32));
+  /* below one unit: to nearest */
+  assert_true(fix1(0.25f * u, 1) == 0);
+  assert_true(fix1(0.75f * u, 1) == 1);
+  assert_true(fix1(-0.75f * u, 1) == -1);
+  assert_true(fix1(ldexpf(1.0f, -40), 1) == 0);
+  /* ties to even */
+  assert_true(fix1(0.5f * u, 1) == 0);
+  assert_true(fix1(1.5f * u, 1) == 2);
+  assert_true(fix1(2.5f * u, 1) == 2);
+  assert_true(fix1(3.5f * u, 1) == 4);
+  assert_true(fix1(-2.5f * u, 1) == -2);
+  assert_true(fix1(-0.5f * u, 1) == 0);
+  /* the weight multiplies before the rounding: 0.5 unit x 3 = 1.5 -> 2,
+   * 0.5 unit x 5 = 2.5 -> 2 (ties to even again) */
+  assert_true(fix1(0.5f * u, 3) == 2);
+  assert_true(fix1(0.5f * u, 5) == 2);
+  assert_true(fix1(1.0f, 64) == (int64_t)64 << 32);
+  /* the error of one term is at most half a unit: across a range of values */
+  for (int i = 0; i < 2000; i++) {
+    float x = (float)((i - 1000) * 1.37e-7);
+    double err = (double)fix1(x, 1) - (double)x * TWO32;
+    assert_true(fabs(err) <= 0.5);
+  }
+  /* back to float: acc * 2^-32 / divisor */
+  int64_t a[4] = {1, (int64_t)3 << 32, -((int64_t)6 << 32), (int64_t)1 << 62};
+  float f[4];
+  dt_fix_to_float(f, a, 4, 1.0);
+  assert_true(f[0] == u);
+  assert_true(f[1] == 3.0f);
+  assert_true(f[2] == -6.0f);
+  assert_true(f[3] == ldexpf(1.0f, 30));
+  dt_fix_to_float(f, a, 4, 3.0);
+  assert_true(f[1] == 1.0f);
+  assert_true(f[2] == -2.0f);
+  /* a round trip of a representable value is exact */
+  float g;
+  int64_t q = fix1(-123.375f, 8);
+  dt_fix_to_float(&g, &q, 1, 8.0);
+  assert_true(g == -123.375f);
+}
+
+static void test_store_and_add(void **state) {
+  (void)state;
+  const float u = ldexpf(1.0f, -32);
+  int64_t a[3] = {100, -100, 7};
+  float x[3] = {2 * u, 3 * u, 0};
+  /* add: on top of what is there */
+  assert_int_equal(dt_fix_add(a, x, 3, 1.0, dt_fix_bound(2), 0, NULL), 0);
+  assert_true(a[0] == 102 && a[1] == -97 && a[2] == 7);
+  /* store: overwrites, zeros included */
+  assert_int_equal(dt_fix_add(a, x, 3, 1.0, dt_fix_bound(2), 1, NULL), 0);
+  assert_true(a[0] == 2 && a[1] == 3 && a[2] == 0);
+  /* -0 is 0 */
+  float nz = -0.0f;
+  assert_true(fix1(nz, 1) == 0);
+}
+
+static void test_empty_and_zero_spans(void **state) {
+  (void)state;
+  int64_t a[4] = {1, 2, 3, 4};
+  float x[4] = {NAN, 1, 2, 3};
+  size_t first = 999;
+  /* n = 0: nothing read, nothing written, nothing counted */
+  assert_int_equal(dt_fix_add(a, x, 0, 1.0, dt_fix_bound(1), 0, &first), 0);
+  assert_int_equal(dt_fix_add(a, x, 0, 1.0, dt_fix_bound(1), 1, &first), 0);
+  assert_true(a[0] == 1 && a[1] == 2 && a[2] == 3 && a[3] == 4);
+  assert_int_equal(first, 999);
+  float f[2] = {-1.0f, -1.0f};
+  dt_fix_to_float(f, a, 0, 1.0);
+  assert_true(f[0] == -1.0f && f[1] == -1.0f);
+  /* an all-zero span adds nothing; a zero weight (reduce = sum of an idle
+   * worker) neither */
+  float z[4] = {0};
+  assert_int_equal(dt_fix_add(a, z, 4, 1.0, dt_fix_bound(1), 0, &first), 0);
+  assert_true(a[0] == 1 && a[3] == 4);
+  float y[3] = {1, -2, 3};
+  assert_int_equal(dt_fix_add(a, y, 3, 0.0, dt_fix_bound(1), 0, &first), 0);
+  assert_true(a[0] == 1 && a[1] == 2 && a[2] == 3);
+  assert_int_equal(first, 999);
+  /* zeros back to float are +0 */
+  int64_t zz[2] = {0, 0};
+  dt_fix_to_float(f, zz, 2, 7.0);
+  assert_true(f[0] == 0.0f && !signbit(f[0]) && f[1] == 0.0f);
+}
+
+static void test_bound(void **state) {
+  (void)state;
+  assert_true(dt_fix_bound(1) == ldexp(1.0, 62));
+  assert_true(dt_fix_bound(0) == ldexp(1.0, 62)); /* no terms: as one */
+  assert_true(dt_fix_bound(-5) == ldexp(1.0, 62));
+  assert_true(dt_fix_bound(4) == ldexp(1.0, 60));
+  assert_true(dt_fix_bound(3) == ldexp(1.0, 62) / 3);
+  /* in units of the value: 2^30 / T (docs/ddp.md: 3.6e8 for T = 3) */
+  assert_true(fabs(ldexp(dt_fix_bound(3), -32) - 357913941.33) < 0.01);
+  assert_true(ldexp(dt_fix_bound(2048), -32) == 524288.0);
+}
+
+static void test_out_of_range(void **state) {
+  (void)state;
+  const double bound = dt_fix_bound(4); /* |x * w| <= 2^28 */
+  const float top = ldexpf(1.0f, 28);
+  const float above = nextafterf(top, INFINITY);
+  int64_t a[8];
+  size_t first = 999;
+  /* exactly at the bound: taken, both signs */
+  float ok[2] = {top, -top};
+  assert_int_equal(dt_fix_add(a, ok, 2, 1.0, bound, 1, &first), 0);
+  assert_true(a[0] == (int64_t)1 << 60 && a[1] == -((int64_t)1 << 60));
+  assert_int_equal(first, 999);
+  /* the weight counts: top / 2 with weight 2 is at the bound, above / 2 not */
+  float half[2] = {top / 2, above / 2};
+  assert_int_equal(dt_fix_add(a, half, 2, 2.0, bound, 1, &first), 1);
+  assert_int_equal(first, 1);
+  assert_true(a[0] == (int64_t)1 << 60 && a[1] == 0);
+
+  /* past the bound, NaN, +-inf: counted, add 0, the first index named */
+  for (int i = 0; i < 8; i++) a[i] = 1000 + i;
+  float x[8] = {1.0f, 2.0f, -above, NAN, 3.0f, INFINITY, -INFINITY, above};
+  first = 999;
+  assert_int_equal(dt_fix_add(a, x, 8, 1.0, bound, 0, &first), 5);
+  assert_int_equal(first, 2);
+  assert_true(a[0] == 1000 + ((int64_t)1 << 32));
+  assert_true(a[1] == 1001 + ((int64_t)2 << 32));
+  assert_true(a[2] == 1002 && a[3] == 1003 && a[5] == 1005 && a[6] == 1006 && a[7] == 1007);
+  assert_true(a[4] == 1004 + ((int64_t)3 << 32));
+  /* store mode: bad values become 0, first_bad may be NULL */
+  assert_int_equal(dt_fix_add(a, x, 8, 1.0, bound, 1, NULL), 5);
+  assert_true(a[2] == 0 && a[3] == 0 && a[5] == 0 && a[6] == 0 && a[7] == 0);
+  assert_true(a[0] == (int64_t)1 << 32);
+  /* the largest float is out of any bound, never wrapped into range */
+  float big = 3.4e38f;
+  a[0] = 5;
+  assert_int_equal(dt_fix_add(a, &big, 1, 1.0, dt_fix_bound(1), 0, NULL), 1);
+  assert_true(a[0] == 5);
+}
+
+/* T terms, each at the bound for T terms: the sum is exactly 2^62 in any
+ * grouping (no partial sum can pass it), and one more would not fit. */
+static void test_many_terms_at_the_bound(void **state) {
+  (void)state;
+  enum { T = 1 << 20 };
+  const double bound = dt_fix_bound(T); /* 2^42 units: x = 1024 */
+  float *x = malloc(T * sizeof *x);
+  int64_t *q = malloc(T * sizeof *q);
+  assert_non_null(x);
+  assert_non_null(q);
+  for (size_t i = 0; i < T; i++) x[i] = (i & 1) ? 1024.0f : 512.0f; /* w 1 and 2 below */
+  /* odd terms at weight 1 and even terms at weight 2 are all 2^42 units */
+  for (size_t i = 0; i < T; i++)
+    assert_int_equal(dt_fix_add(q + i, x + i, 1, (i & 1) ? 1.0 : 2.0, bound, 1, NULL), 0);
+  assert_true(q[0] == (int64_t)1 << 42 && q[1] == (int64_t)1 << 42);
+  int64_t seq = 0, rev = 0;
+  for (size_t i = 0; i < T; i++) seq += q[i];
+  for (size_t i = T; i > 0; i--) rev += q[i - 1];
+  assert_true(seq == (int64_t)1 << 62);
+  assert_true(rev == seq);
+  assert_true(tree_sum(q, 0, T) == seq);
+  /* accumulated in place, one term at a time, like a worker's micro-shards */
+  int64_t acc = 0;
+  for (size_t i = 0; i < T; i++) dt_fix_add(&acc, x + i, 1, (i & 1) ? 1.0 : 2.0, bound, i == 0, NULL);
+  assert_true(acc == seq);
+  float g;
+  dt_fix_to_float(&g, &acc, 1, (double)T);
+  assert_true(g == 1024.0f); /* the mean */
+  /* a term just past the bound for T terms is refused, never wrapped */
+  float over = nextafterf(1024.0f, INFINITY);
+  int64_t a = 0;
+  assert_int_equal(dt_fix_add(&a, &over, 1, 1.0, bound, 1, NULL), 1);
+  /* and all-negative terms reach -2^62 the same way */
+  for (size_t i = 0; i < T; i++) q[i] = -q[i];
+  assert_true(tree_sum(q, 0, T) == -((int64_t)1 << 62));
+  free(x);
+  free(q);
+}
+
+/* A value past the range inside a deterministic step (one worker, no
+ * communicator) ends the step with DT_ERANGE naming the parameter. */
+static void test_ddp_step_erange(void **state) {
+  (void)state;
+  dt_model *m = NULL;
+  assert_int_equal(dt_model_create(&m, "linear(2)", 3, 1, 1, 4), DT_OK);
+  dt_model_init(m, 1);
+  size_t np = dt_model_nparams(m);
+  dt_ddp *d = NULL;
+  assert_int_equal(dt_ddp_create_det(&d, m, NULL, 0), DT_OK);
+  float *g = dt_model_grads(m);
+
+  /* a good step first: finite gradients, the mean comes back */
+  dt_ddp_begin_step_det(d, 4, 1, 0);
+  dt_ddp_det_shard(d, 4, 1);
+  for (size_t i = 0; i < np; i++) g[i] = 0.25f * (float)i;
+  dt_ddp_grad_ready(d, 0, np);
+  assert_int_equal(dt_ddp_finish_step(d), DT_OK);
+  for (size_t i = 0; i < np; i++) assert_true(g[i] == 0.25f * (float)i);
+
+  /* then NaN in parameter 3 */
+  dt_ddp_begin_step_det(d, 4, 1, 0);
+  dt_ddp_det_shard(d, 4, 1);
+  for (size_t i = 0; i < np; i++) g[i] = 1.0f;
+  g[3] = NAN;
+  dt_ddp_grad_ready(d, 0, np);
+  assert_int_equal(dt_ddp_finish_step(d), DT_ERANGE);
+  assert_non_null(strstr(dt_errmsg(), "fixed-point range"));
+  assert_non_null(strstr(dt_errmsg(), "parameter 3"));
+
+  /* and a finite value past 2^30 / shards (here 2 micro-shards: 2^29, with
+   * the weight of 4 samples: x > 2^27) */
+  dt_ddp_begin_step_det(d, 8, 2, 0);
+  dt_ddp_det_shard(d, 4, 1);
+  for (size_t i = 0; i < np; i++) g[i] = 0;
+  g[np - 1] = ldexpf(1.0f, 27) * 1.5f;
+  dt_ddp_grad_ready(d, 0, np);
+  assert_int_equal(dt_ddp_finish_step(d), DT_ERANGE);
+  char want[64];
+  snprintf(want, sizeof want, "parameter %zu", np - 1);
+  assert_non_null(strstr(dt_errmsg(), want));
+  dt_ddp_destroy(d);
+  dt_model_destroy(m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_any_order_any_grouping),
+      cmocka_unit_test(test_rounding_step),
+      cmocka_unit_test(test_store_and_add),
+      cmocka_unit_test(test_empty_and_zero_spans),
+      cmocka_unit_test(test_bound),
+      cmocka_unit_test(test_out_of_range),
+      cmocka_unit_test(test_many_terms_at_the_bound),
+      cmocka_unit_test(test_ddp_step_erange),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
