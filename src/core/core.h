@@ -100,7 +100,11 @@ void dt_rng_permutation(int64_t *perm, int64_t n, uint64_t seed, uint32_t stream
 /* ---- checksums --------------------------------------------------------- */
 
 uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t len);
-/* SHA-256 of buf as 64 lowercase hex digits plus NUL (OpenSSL libcrypto). */
+/* SHA-256 of buf, the 32 raw bytes (OpenSSL libcrypto). */
+void dt_sha256(const void *buf, size_t len, uint8_t out[32]);
+/* SHA-256 of buf as 64 lowercase hex digits plus NUL. */
 void dt_sha256_hex(const void *buf, size_t len, char out[65]);
+/* n bytes as 2n lowercase hex digits plus NUL (out holds 2n + 1 chars). */
+void dt_hex(const uint8_t *bytes, size_t n, char *out);
 
 #endif /* DT_CORE_H */

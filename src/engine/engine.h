@@ -1,24 +1,15 @@
 /*
- * engine.h — the single-process training loop: from a typed run
- * configuration it loads the data set (normalised with train-set statistics),
- * builds the model, optimizer and learning-rate schedule, runs epochs of
- * steps with a prefetching loader, evaluates on the test set, appends one
- * JSON record per epoch to DIR/events.jsonl and writes DIR/summary.json
- * atomically at the end.
- *
- * With a communicator attached (dt_engine_set_comm, workers > 1) the loop
- * is data parallel (docs/ddp.md): every epoch's global order comes from
- * (seed, epoch), each global batch of train.batch samples is split into
- * balanced contiguous slices, one per worker, so every worker runs exactly
- * ceil(train_samples / batch) steps; gradients are averaged over the global
- * batch through parallel/ddp.h; evaluation is sharded and reduced; only rank
- * 0 writes files.
- *
- * With dist.deterministic (docs/ddp.md) global batches are cut into fixed
- * micro-shards of dist.micro_batch samples whose gradients are summed in
- * fixed point, so the parameters, test loss and accuracy have the same bits
- * for any worker count, transport and allreduce algorithm; one worker
- * (no communicator) takes the same path.
+ * engine.h — training runs: from a typed run configuration the engine loads
+ * the data set (normalised with train-set statistics), builds the model,
+ * optimizer and learning-rate schedule, and runs one training loop
+ * (train.c) over a batch source and a strategy (strategy.h): "local" for one
+ * worker, "ddp" with a communicator of dist.workers ranks (docs/ddp.md:
+ * balanced slices of every global batch, gradients averaged through
+ * parallel/ddp.h, sharded evaluation), "ddp_det" with dist.deterministic
+ * (fixed micro-shards summed in fixed point: the same bits for any worker
+ * count, transport and algorithm). Rank 0 appends one JSON record per epoch
+ * to DIR/events.jsonl and writes DIR/summary.json atomically at the end
+ * (records.c).
  *
  * It does not parse configs or arguments (that is the cli layer), does not
  * print (progress goes to caller hooks) and does not start processes.

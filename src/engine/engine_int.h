@@ -1,13 +1,17 @@
 /*
- * engine_int.h — the engine's own view of itself, shared by train.c (the
- * loops) and train_det.c (deterministic mode's micro-shard step and
- * evaluation). Not for other layers: they use engine.h.
+ * engine_int.h — the engine's own view of itself, shared by engine.c
+ * (create, destroy, data), train.c (the loop), records.c (summary, events,
+ * hashes) and the strategies. Not for other layers: they use engine.h.
  */
 #ifndef DT_ENGINE_INT_H
 #define DT_ENGINE_INT_H
 
+#include <stdio.h>
+
 #include "data/data.h"
+#include "engine/batch_source.h"
 #include "engine/engine.h"
+#include "engine/strategy.h"
 #include "parallel/ddp.h"
 
 struct dt_engine {
@@ -15,37 +19,41 @@ struct dt_engine {
   dt_dataset train, test;
   dt_model *model;
   dt_optim *optim;
-  dt_loader *loader;
   dt_sched_cfg sched;
   int64_t steps_per_epoch;
-  float mean, std; /* normalisation applied (0, 1 if none) */
-  /* data parallel (workers > 1, or deterministic mode with any workers) */
-  dt_comm *comm;     /* NULL: one worker */
+  float mean, std;          /* normalisation applied (0, 1 if none) */
+  dt_batch_source *source;  /* this worker's pieces of every global batch */
+  dt_strategy strat;        /* ops picked at create; model, optim, comm lent */
+  dt_comm *comm;            /* NULL: one worker */
   int rank, nranks;
-  int64_t *order;    /* the epoch's global order */
-  float *xbuf;       /* this worker's slice (or micro-shard) of a global batch */
-  int32_t *ybuf;
 };
 
-/* What one worker did in one deterministic step. */
-typedef struct dt__det_step_out {
-  int n;            /* samples this worker trained on */
-  int global;       /* samples in the global batch */
-  int64_t loss_fix; /* sum over its micro-shards of loss x samples, fixed point */
-  int correct;
-  int loss_bad;     /* some micro-shard's loss was not finite */
-} dt__det_step_out;
+/* ---- records (records.c) -------------------------------------------------------- */
 
-/* Deterministic mode, global batch k of the current epoch order at global
- * step `step`: this worker's micro-shards through forward and backward into
- * ddp's fixed-point sums, then the reduction (dt_ddp_finish_step). On
- * return the gradient buffer holds the global gradient, identical on every
- * rank and for any worker count. */
-int dt__det_step(dt_engine *e, dt_ddp *ddp, int64_t k, int64_t step, dt__det_step_out *out);
+/* The files of one run in its output directory. Only rank 0 has them open. */
+typedef struct dt_records {
+  int open;
+  char dir[DT_CFG_PATH_MAX];
+  char events_path[DT_CFG_PATH_MAX + 32];
+  FILE *events;
+} dt_records;
 
-/* Deterministic evaluation: the test set in fixed chunks of train.batch,
- * whole chunks per rank, loss in fixed point and integer counts, so loss and
- * accuracy have the same bits for any worker count. */
-int dt__det_evaluate(dt_engine *e, double *loss, double *accuracy);
+/* Creates dir (mkdir -p), writes dir/config.ini (config_text, if not NULL)
+ * and starts dir/events.jsonl empty. */
+int dt__records_open(dt_records *r, const char *dir, const char *config_text);
+/* Appends one epoch's line to events.jsonl (flushed). */
+int dt__records_event(dt_records *r, const dt_epoch_report *rep);
+/* Writes dir/summary.json atomically; per/nper: every worker's numbers in
+ * rank order (NULL/0: one worker without a communicator). */
+int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary *s,
+                        const dt_worker_stats *per, int nper);
+/* Closes events.jsonl (fsynced, best effort). Safe on a closed record. */
+void dt__records_close(dt_records *r);
+
+/* SHA-256 of the parameters as little-endian float32. */
+void dt__params_sha256(const dt_model *m, uint8_t out[32]);
+/* What must agree between data-parallel workers (dt_ddp_check_config). */
+void dt__config_fingerprint(const dt_run_cfg *c, int64_t train_n, int64_t test_n, size_t nparams,
+                            const uint8_t config_sha[32], dt_ddp_fingerprint *fp);
 
 #endif /* DT_ENGINE_INT_H */

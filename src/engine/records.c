@@ -1,0 +1,223 @@
+/*
+ * records.c — what a run leaves behind, in one place: DIR/config.ini (the
+ * effective configuration), DIR/events.jsonl (one JSON line per epoch,
+ * flushed as it goes), DIR/summary.json (written last, atomically), and the
+ * fingerprints those carry or workers compare: the parameter hash and the
+ * configuration fingerprint. Only rank 0 writes. It does not decide when to
+ * write (the loop in train.c does) and never prints.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "engine/engine_int.h"
+#include "tensor/tensor.h"
+
+static const char *const fmt_name[] = {"idx", "csv", "npy"};
+
+int dt__records_open(dt_records *r, const char *dir, const char *config_text) {
+  memset(r, 0, sizeof *r);
+  DT_CHECK(dt_mkdirs(dir));
+  snprintf(r->dir, sizeof r->dir, "%s", dir);
+  if (config_text) {
+    char path[DT_CFG_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.ini", dir);
+    DT_CHECK(dt_write_file_atomic(path, config_text, strlen(config_text)));
+  }
+  snprintf(r->events_path, sizeof r->events_path, "%s/events.jsonl", dir);
+  r->events = fopen(r->events_path, "w");
+  if (!r->events) return dt__seterr(DT_EIO, "'%s': %s", r->events_path, strerror(errno));
+  r->open = 1;
+  return DT_OK;
+}
+
+void dt__records_close(dt_records *r) {
+  if (!r->events) return;
+  if (fsync(fileno(r->events))) {
+    /* events are best effort on file systems without fsync */
+  }
+  fclose(r->events);
+  r->events = NULL;
+}
+
+int dt__records_event(dt_records *r, const dt_epoch_report *rep) {
+  if (!r->events) return DT_OK;
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return dt__seterr(DT_ENOMEM, "events: out of memory");
+  cJSON_AddNumberToObject(o, "epoch", rep->epoch);
+  cJSON_AddNumberToObject(o, "step", (double)rep->step);
+  cJSON_AddNumberToObject(o, "train_loss", rep->train_loss);
+  cJSON_AddNumberToObject(o, "train_accuracy", rep->train_accuracy);
+  if (rep->evaluated) {
+    cJSON_AddNumberToObject(o, "test_loss", rep->test_loss);
+    cJSON_AddNumberToObject(o, "test_accuracy", rep->test_accuracy);
+  } else {
+    cJSON_AddNullToObject(o, "test_loss");
+    cJSON_AddNullToObject(o, "test_accuracy");
+  }
+  cJSON_AddNumberToObject(o, "samples_per_second", rep->samples_per_second);
+  cJSON_AddNumberToObject(o, "lr", rep->lr);
+  cJSON_AddNumberToObject(o, "time", rep->time);
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  if (!s) return dt__seterr(DT_ENOMEM, "events: out of memory");
+  int bad = fprintf(r->events, "%s\n", s) < 0 || fflush(r->events) != 0;
+  cJSON_free(s);
+  if (bad) return dt__seterr(DT_EIO, "'%s': write: %s", r->events_path, strerror(errno));
+  return DT_OK;
+}
+
+static void add_worker(cJSON *o, const dt_worker_stats *w) {
+  cJSON_AddNumberToObject(o, "samples", w->samples);
+  cJSON_AddNumberToObject(o, "samples_per_second", w->samples_per_second);
+  cJSON_AddNumberToObject(o, "train_seconds", w->train_seconds);
+  cJSON_AddNumberToObject(o, "compute_seconds", w->compute_seconds);
+  cJSON_AddNumberToObject(o, "comm_seconds", w->comm_seconds);
+  cJSON_AddNumberToObject(o, "comm_hidden_fraction", w->comm_hidden);
+  cJSON_AddNumberToObject(o, "bytes_sent", w->bytes_sent);
+  cJSON_AddNumberToObject(o, "bytes_received", w->bytes_received);
+}
+
+/* Pretty-printed JSON plus a final newline, written atomically. */
+static int write_json(const char *path, cJSON *o) {
+  char *txt = cJSON_Print(o);
+  if (!txt) return dt__seterr(DT_ENOMEM, "summary: out of memory");
+  size_t n = strlen(txt);
+  char *buf = malloc(n + 2);
+  if (!buf) {
+    cJSON_free(txt);
+    return dt__seterr(DT_ENOMEM, "summary: out of memory");
+  }
+  memcpy(buf, txt, n);
+  buf[n] = '\n';
+  cJSON_free(txt);
+  int rc = dt_write_file_atomic(path, buf, n + 1);
+  free(buf);
+  return rc;
+}
+
+int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary *s,
+                        const dt_worker_stats *per, int nper) {
+  if (!r->open) return DT_OK;
+  dt__records_close(r); /* events.jsonl is complete: fsync it before the summary */
+  char path[DT_CFG_PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/summary.json", r->dir);
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return dt__seterr(DT_ENOMEM, "summary: out of memory");
+  cJSON_AddNumberToObject(o, "test_accuracy", s->test_accuracy);
+  cJSON_AddNumberToObject(o, "test_loss", s->test_loss);
+  cJSON_AddNumberToObject(o, "epochs", s->epochs);
+  cJSON_AddNumberToObject(o, "steps", (double)s->steps);
+  cJSON_AddNumberToObject(o, "train_samples", (double)s->train_samples);
+  cJSON_AddNumberToObject(o, "train_seconds", s->train_seconds);
+  cJSON_AddNumberToObject(o, "samples_per_second", s->samples_per_second);
+  cJSON_AddNumberToObject(o, "gflops", s->gflops);
+  cJSON_AddNumberToObject(o, "flops_per_sample", dt_model_flops_per_sample(e->model, 1));
+  cJSON_AddNumberToObject(o, "workers", s->workers);
+  cJSON_AddNumberToObject(o, "params", (double)s->params);
+  cJSON_AddStringToObject(o, "params_sha256", s->params_sha256);
+  cJSON_AddStringToObject(o, "model", e->cfg.layers);
+  cJSON_AddStringToObject(o, "config_sha256", s->config_sha256);
+  cJSON_AddNumberToObject(o, "batch", e->cfg.batch);
+  cJSON_AddBoolToObject(o, "deterministic", e->cfg.deterministic != 0);
+  if (e->cfg.deterministic) cJSON_AddNumberToObject(o, "micro_batch", e->cfg.micro_batch);
+  char seed[32];
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)e->cfg.seed);
+  cJSON_AddStringToObject(o, "seed", seed);
+  cJSON_AddStringToObject(o, "data_format", fmt_name[e->cfg.format]);
+  cJSON_AddNumberToObject(o, "train_set", (double)e->train.n);
+  cJSON_AddNumberToObject(o, "test_set", (double)e->test.n);
+  double sent = 0, recv = 0, comm_s = 0, comp_s = 0, hidden = 0;
+  for (int i = 0; i < nper; i++) {
+    sent += per[i].bytes_sent;
+    recv += per[i].bytes_received;
+    comm_s += per[i].comm_seconds;
+    comp_s += per[i].compute_seconds;
+    hidden += per[i].comm_hidden * per[i].comm_seconds;
+  }
+  if (!nper) comp_s = s->train_seconds;
+  cJSON_AddNumberToObject(o, "bytes_sent", sent);
+  cJSON_AddNumberToObject(o, "bytes_received", recv);
+  cJSON_AddNumberToObject(o, "compute_seconds", nper ? comp_s / nper : comp_s);
+  cJSON_AddNumberToObject(o, "comm_seconds", nper ? comm_s / nper : 0);
+  cJSON_AddNumberToObject(o, "comm_hidden_fraction", comm_s > 0 ? hidden / comm_s : 0);
+  if (nper) {
+    cJSON *arr = cJSON_AddArrayToObject(o, "per_worker");
+    for (int i = 0; arr && i < nper; i++) {
+      cJSON *w = cJSON_CreateObject();
+      if (!w) break;
+      cJSON_AddNumberToObject(w, "rank", i);
+      add_worker(w, &per[i]);
+      cJSON_AddItemToArray(arr, w);
+    }
+    cJSON_AddStringToObject(o, "transport", dt_comm_transport_name(e->comm, e->rank ? 0 : 1));
+  }
+  cJSON_AddStringToObject(o, "strategy", e->strat.ops->name);
+  cJSON_AddStringToObject(o, "blas_core", dt_tensor_blas_core());
+  cJSON_AddStringToObject(o, "gemm", dt_tensor_gemm_impl());
+  cJSON_AddStringToObject(o, "dtrain_version", dt_version());
+  int rc = write_json(path, o);
+  cJSON_Delete(o);
+  return rc;
+}
+
+/* ---- fingerprints ------------------------------------------------------------- */
+
+void dt__params_sha256(const dt_model *m, uint8_t out[32]) {
+  const float *p = dt_model_params((dt_model *)m);
+  size_t n = dt_model_nparams(m);
+  const uint32_t one = 1;
+  if (*(const unsigned char *)&one) {
+    dt_sha256(p, n * sizeof(float), out);
+    return;
+  }
+  unsigned char *b = malloc(n > 0 ? n * 4 : 1);
+  if (!b) {
+    memset(out, 0, 32);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &p[i], 4);
+    for (int j = 0; j < 4; j++) b[4 * i + j] = (unsigned char)(u >> (8 * j));
+  }
+  dt_sha256(b, n * 4, out);
+  free(b);
+}
+
+void dt__config_fingerprint(const dt_run_cfg *c, int64_t train_n, int64_t test_n, size_t nparams,
+                            const uint8_t config_sha[32], dt_ddp_fingerprint *fp) {
+  memset(fp, 0, sizeof *fp);
+  fp->batch = c->batch;
+  fp->epochs = c->epochs;
+  fp->train_n = train_n;
+  fp->test_n = test_n;
+  fp->nparams = (int64_t)nparams;
+  fp->workers = c->workers;
+  fp->seed = c->seed;
+  fp->deterministic = c->deterministic;
+  fp->micro_batch = c->deterministic ? c->micro_batch : 0;
+  dt_sha256(c->layers, strlen(c->layers), fp->layers_sha);
+  struct {
+    dt_optim_cfg o;
+    int kind;
+    int64_t warmup, step_size;
+    float gamma, min_lr;
+    int shuffle, normalize;
+  } os;
+  memset(&os, 0, sizeof os);
+  os.o = c->optim;
+  os.kind = c->sched.kind;
+  os.warmup = c->sched.warmup_steps;
+  os.step_size = c->sched.step_size;
+  os.gamma = c->sched.gamma;
+  os.min_lr = c->sched.min_lr;
+  os.shuffle = c->shuffle;
+  os.normalize = c->normalize;
+  dt_sha256(&os, sizeof os, fp->optim_sha);
+  memcpy(fp->config_sha, config_sha, 32);
+}

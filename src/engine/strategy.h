@@ -1,0 +1,166 @@
+/*
+ * strategy.h — the contract between the one training loop (train.c) and a
+ * distribution strategy: how this worker's gradients become the update of
+ * the parameters, how evaluation and epoch numbers are combined over
+ * workers, and what a strategy saves in a checkpoint. One const ops table per
+ * strategy, like the transports (comm/transport.h); the loop picks a table
+ * by name (dt__strategy_find) and never asks which one it holds.
+ *
+ * docs/DESIGN.md "Strategies" is the prose version: when the loop calls each
+ * hook, what it may do, its errors, and how to add a strategy. Built today:
+ * "local" (one worker, strategy_local.c), "ddp" (bucketed overlapped
+ * allreduce, strategy_ddp.c over parallel/ddp.c), "ddp_det" (fixed
+ * micro-shards summed in fixed point, bitwise identical for any worker
+ * count, strategy_ddp_det.c).
+ *
+ * It does not load data, build models or write records: the loop lends a
+ * strategy the model, the optimizer and the communicator (dt_strategy) and
+ * keeps ownership of all three.
+ */
+#ifndef DT_ENGINE_STRATEGY_H
+#define DT_ENGINE_STRATEGY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "data/data.h"
+#include "engine/batch_source.h"
+#include "engine/engine.h"
+#include "nn/nn.h"
+#include "parallel/ddp.h"
+
+/* A loss / accuracy tally: one epoch's training numbers or one evaluation.
+ * Strategies with fixed = 1 keep the loss in 2^-32 fixed point (an integer
+ * sum: the same bits for any grouping, hence any worker count). */
+typedef struct dt_tally {
+  int fixed;        /* set by the loop from dt_strategy_ops.fixed_point */
+  double loss;      /* sum of loss x samples (fixed = 0) */
+  int64_t loss_q;   /* the same in fixed point (fixed = 1) */
+  int64_t samples, correct;
+  int64_t global;   /* samples of the global batches (train tallies) */
+  int bad;          /* fixed = 1: some loss was not finite or beyond the range */
+  double seconds;   /* train tallies: this worker's time; after epoch_end the slowest's */
+} dt_tally;
+
+/* Adds one forward's mean loss over n samples; terms bounds how many such
+ * terms the tally will hold (the fixed-point range depends on it). */
+void dt__tally_add(dt_tally *t, float loss, int n, int correct, int64_t terms);
+/* The loss sum (loss x samples summed) as a double. */
+double dt__tally_sum(const dt_tally *t);
+/* Mean loss per sample (NaN when a fixed-point term was bad; 0 if empty). */
+double dt__tally_mean(const dt_tally *t);
+
+/* What the loop lends a strategy. The loop fills every field before the
+ * first hook and keeps them valid until teardown; impl is the strategy's. */
+typedef struct dt_strategy {
+  const struct dt_strategy_ops *ops;
+  dt_model *model;
+  dt_optim *optim;
+  dt_comm *comm;                 /* NULL: no communicator (one worker) */
+  int rank, nranks;
+  const dt_run_cfg *cfg;
+  int64_t steps_per_epoch;
+  const uint8_t *config_sha;     /* SHA-256 of the run's config text (32 bytes) */
+  int64_t train_n, test_n;
+  int64_t step;                  /* optimizer steps taken (step_finish counts) */
+  void *impl;                    /* set by setup, freed by teardown */
+  void *grad_ud;                 /* handed to grad_ready (set by setup) */
+} dt_strategy;
+
+/* Named blobs of a strategy's state, for checkpoints. put copies len bytes
+ * out of data under name; get copies the blob called name into buf (at most
+ * cap bytes), sets *len to its full size, and returns DT_ENOENT when there
+ * is none. Both return DT_OK or a negative DT_E* with dt_errmsg set. */
+typedef struct dt_state_writer {
+  int (*put)(void *ud, const char *name, const void *data, size_t len);
+  void *ud;
+} dt_state_writer;
+typedef struct dt_state_reader {
+  int (*get)(void *ud, const char *name, void *buf, size_t cap, size_t *len);
+  void *ud;
+} dt_state_reader;
+
+/* A membership change (elastic training): the new communicator and what
+ * became of this worker. Defined now so strategies can say DT_ENOTSUP. */
+typedef struct dt_membership {
+  dt_comm *comm;                 /* the re-formed communicator */
+  int rank, nranks;              /* this worker in it */
+} dt_membership;
+
+struct dt_strategy_ops {
+  const char *name;
+  /* 1: tallies in fixed point (evaluation chunks aligned to train.batch). */
+  int fixed_point;
+  /* At dt_engine_create (no communicator yet, may precede a fork): the
+   * batch source this strategy trains from. */
+  int (*open_source)(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out);
+  /* Start of a run, every rank: check the communicator (or its absence),
+   * check that every rank runs the same configuration, make every rank's
+   * parameters equal (broadcast from rank 0), allocate s->impl. A failure
+   * here is collective: every rank gets an error. */
+  int (*setup)(dt_strategy *s);
+  /* Before this worker's pieces of a step (plan: see batch_source.h). */
+  int (*step_begin)(dt_strategy *s, const dt_step_plan *plan);
+  /* Between the forward and the backward of each piece (may be NULL). */
+  void (*backward_begin)(dt_strategy *s, const dt_batch *b, int index, int count);
+  /* Handed to dt_model_backward as the grad-ready callback with ud =
+   * s->grad_ud (NULL: none). Called on the compute thread, in reverse layer order, with
+   * each layer's gradient span as soon as it is final: overlap starts here. */
+  dt_grad_ready_fn grad_ready;
+  /* After every piece: reduce (or push/pull) the gradients, then apply the
+   * optimizer at learning rate lr, and count the step. On return every
+   * rank's parameters are equal. An error names the step's peer or value. */
+  int (*step_finish)(dt_strategy *s, float lr);
+  /* Evaluation, a collective when there is a communicator: prepare the
+   * model (e.g. average running statistics) and return this worker's test
+   * positions [*lo, *hi) (the loop walks them in chunks of chunk samples
+   * starting at *lo). Needs no setup (dt_engine_evaluate may come first). */
+  int (*eval_begin)(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi);
+  /* Sums a tally over every worker in place (an evaluation's). */
+  int (*eval_reduce)(dt_strategy *s, dt_tally *t);
+  /* End of an epoch: combines the epoch's train tally over workers (sums;
+   * seconds becomes the slowest worker's). */
+  int (*epoch_end)(dt_strategy *s, int epoch, dt_tally *train);
+  /* Checkpoints: the strategy's state as named blobs ("optim", "step", ...)
+   * and back. Import happens after setup and before the first step. */
+  int (*state_export)(dt_strategy *s, const dt_state_writer *w);
+  int (*state_import)(dt_strategy *s, const dt_state_reader *r);
+  /* Elastic training: the world changed between two steps. Every strategy
+   * built so far returns DT_ENOTSUP (the elastic issue fills this in). */
+  int (*membership_change)(dt_strategy *s, const dt_membership *m);
+  /* End of a successful run, every rank: check that every rank ends with
+   * the same parameters, add this worker's communication numbers to *me
+   * (the loop filled samples and train_seconds) and gather every worker's
+   * into all[nranks] (all[0] = *me without a communicator). */
+  int (*run_end)(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all);
+  /* Frees s->impl; NULL is fine (setup failed or never ran). */
+  void (*teardown)(dt_strategy *s);
+};
+
+extern const struct dt_strategy_ops dt__strategy_local;
+extern const struct dt_strategy_ops dt__strategy_ddp;
+extern const struct dt_strategy_ops dt__strategy_ddp_det;
+
+/* The table entry called name, or NULL. */
+const struct dt_strategy_ops *dt__strategy_find(const char *name);
+/* The strategy a configuration asks for: ddp_det with dist.deterministic,
+ * ddp with more than one worker, local otherwise. */
+const char *dt__strategy_for(const dt_run_cfg *cfg);
+
+/* Shared by the strategies built so far: the optimizer state ("optim", its
+ * floats; "optim_step", its step count) and the loop's step ("step"). */
+int dt__strategy_export_optim(dt_strategy *s, const dt_state_writer *w);
+int dt__strategy_import_optim(dt_strategy *s, const dt_state_reader *r);
+int dt__strategy_no_membership(dt_strategy *s, const dt_membership *m);
+
+/* Shared by ddp and ddp_det (strategy_ddp.c): the start-up checks (same
+ * configuration everywhere, rank 0's parameters everywhere), the end-of-run
+ * parameter check and statistics, and a message naming this rank and the
+ * communicator's reason. */
+int dt__ddp_startup(dt_strategy *s);
+int dt__ddp_finish(dt_strategy *s, dt_ddp *ddp, uint64_t sent0, uint64_t recv0,
+                   dt_worker_stats *me, dt_worker_stats *all);
+int dt__ddp_comm_err(dt_strategy *s, int rc, const char *what);
+
+#endif /* DT_ENGINE_STRATEGY_H */

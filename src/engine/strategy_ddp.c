@@ -1,0 +1,187 @@
+/*
+ * strategy_ddp.c — the "ddp" strategy: data parallelism over allreduce
+ * (docs/ddp.md). Every worker trains on a balanced contiguous slice of each
+ * global batch (the "shards" source); its gradients, scaled by its share of
+ * the batch, are summed in buckets that parallel/ddp.c reduces on a
+ * communication thread while backward still runs (grad_ready), so after
+ * step_finish every rank holds the global-batch mean (or, with
+ * dist.reduce = sum, the sum of every worker's mean) and applies the same
+ * optimizer step. Start-up compares every rank's configuration and copies
+ * rank 0's parameters; the end compares every rank's parameter hash.
+ * Evaluation is sharded by contiguous ranges and summed.
+ *
+ * The start-up, end-of-run and message helpers (dt__ddp_*) are shared with
+ * strategy_ddp_det.c. It needs a communicator; one worker is "local".
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "engine/engine_int.h"
+#include "engine/strategy.h"
+#include "parallel/ddp.h"
+
+typedef struct ddp_impl {
+  dt_ddp *ddp;
+  dt_step_plan plan;
+  uint64_t sent0, recv0; /* communicator bytes at start */
+} ddp_impl;
+
+/* ---- shared with ddp_det ------------------------------------------------------ */
+
+int dt__ddp_comm_err(dt_strategy *s, int rc, const char *what) {
+  const char *m = s->comm ? dt_comm_errmsg(s->comm) : NULL;
+  return dt__seterr(rc, "rank %d: %s: %s", s->rank, what, m && *m ? m : dt_errmsg());
+}
+
+int dt__ddp_startup(dt_strategy *s) {
+  if (!s->comm) return DT_OK;
+  dt_ddp_fingerprint fp;
+  dt__config_fingerprint(s->cfg, s->train_n, s->test_n, dt_model_nparams(s->model),
+                         s->config_sha, &fp);
+  int rc = dt_ddp_check_config(s->comm, &fp);
+  if (rc < 0) return dt__preerr(rc, "rank %d", s->rank);
+  rc = dt_ddp_broadcast_params(s->model, s->comm);
+  if (rc < 0) return dt__preerr(rc, "rank %d", s->rank);
+  return DT_OK;
+}
+
+int dt__ddp_finish(dt_strategy *s, dt_ddp *ddp, uint64_t sent0, uint64_t recv0,
+                   dt_worker_stats *me, dt_worker_stats *all) {
+  /* Every worker must end with the same parameters. */
+  if (s->comm) {
+    int rc = dt_ddp_check_params(s->model, s->comm);
+    if (rc < 0) return dt__preerr(rc, "rank %d", s->rank);
+  }
+  dt_ddp_stats st;
+  dt_ddp_get_stats(ddp, &st);
+  uint64_t sent = 0, recv = 0;
+  if (s->comm) dt_comm_bytes(s->comm, &sent, &recv);
+  me->compute_seconds = me->train_seconds - st.exposed_seconds;
+  me->comm_seconds = st.comm_seconds;
+  double h = st.comm_seconds > 0 ? 1.0 - st.exposed_seconds / st.comm_seconds : 0;
+  me->comm_hidden = h < 0 ? 0 : h > 1 ? 1 : h;
+  me->bytes_sent = (double)(sent - sent0 + st.window_written);
+  me->bytes_received = (double)(recv - recv0 + st.window_read);
+  all[0] = *me;
+  if (!s->comm) return DT_OK;
+  int rc = dt_comm_allgather(s->comm, me, all, DT_WORKER_STATS_FIELDS, DT_F64);
+  return rc < 0 ? dt__ddp_comm_err(s, rc, "summary statistics") : DT_OK;
+}
+
+/* ---- the strategy -------------------------------------------------------------- */
+
+static int ddp_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
+  return dt__source_shards(out, train, cfg->batch, cfg->seed, cfg->shuffle, 0);
+}
+
+static int ddp_setup(dt_strategy *s) {
+  if (!s->comm)
+    return dt__seterr(DT_EINVAL, "dist.workers = %d: the engine needs a communicator "
+                      "(dt_engine_set_comm) to train with several workers", s->cfg->workers);
+  DT_CHECK(dt__ddp_startup(s));
+  ddp_impl *d = calloc(1, sizeof *d);
+  if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
+  int rc = dt_ddp_create(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes);
+  if (rc < 0) {
+    free(d);
+    return rc;
+  }
+  dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
+  s->impl = d;
+  s->grad_ud = d->ddp;
+  return DT_OK;
+}
+
+static int ddp_step_begin(dt_strategy *s, const dt_step_plan *plan) {
+  ddp_impl *d = s->impl;
+  d->plan = *plan;
+  /* avg: scale by n / global, so the sum is the global-batch mean; sum:
+   * every worker's own mean, summed */
+  if (s->cfg->reduce == DT_DIST_SUM) dt_ddp_begin_step(d->ddp, plan->n_local > 0, 1);
+  else dt_ddp_begin_step(d->ddp, plan->n_local, plan->n_global);
+  return DT_OK;
+}
+
+static int ddp_step_finish(dt_strategy *s, float lr) {
+  ddp_impl *d = s->impl;
+  if (!d->plan.pieces) {
+    /* no samples this step: add zeros */
+    memset(dt_model_grads(s->model), 0, dt_model_nparams(s->model) * sizeof(float));
+    dt_ddp_all_ready(d->ddp);
+  }
+  DT_CHECK(dt_ddp_finish_step(d->ddp));
+  dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr);
+  s->step++;
+  return DT_OK;
+}
+
+static int ddp_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
+  (void)chunk;
+  *lo = 0;
+  *hi = n;
+  if (!s->comm || s->nranks < 2) return DT_OK;
+  /* every rank evaluates with the same (averaged) non-trainable state */
+  dt_model *m = s->model;
+  if (dt_model_nbufs(m)) {
+    int rc = dt_comm_allreduce(s->comm, dt_model_bufs(m), dt_model_bufs(m), dt_model_nbufs(m),
+                               DT_F32, DT_OP_AVG);
+    if (rc < 0) return dt__ddp_comm_err(s, rc, "evaluation buffers");
+  }
+  *lo = n * s->rank / s->nranks;
+  *hi = n * (s->rank + 1) / s->nranks;
+  return DT_OK;
+}
+
+static int ddp_eval_reduce(dt_strategy *s, dt_tally *t) {
+  if (!s->comm || s->nranks < 2) return DT_OK;
+  double v[2] = {t->loss, (double)t->correct};
+  int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_F64, DT_OP_SUM);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "evaluation");
+  t->loss = v[0];
+  t->correct = (int64_t)(v[1] + 0.5);
+  return DT_OK;
+}
+
+static int ddp_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
+  (void)epoch;
+  double v[3] = {t->loss, (double)t->correct, (double)t->samples};
+  int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_F64, DT_OP_SUM);
+  if (rc == DT_OK) rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "epoch statistics");
+  t->loss = v[0];
+  t->correct = (int64_t)(v[1] + 0.5);
+  t->samples = (int64_t)(v[2] + 0.5);
+  return DT_OK;
+}
+
+static int ddp_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all) {
+  ddp_impl *d = s->impl;
+  return dt__ddp_finish(s, d->ddp, d->sent0, d->recv0, me, all);
+}
+
+static void ddp_teardown(dt_strategy *s) {
+  ddp_impl *d = s->impl;
+  if (d) dt_ddp_destroy(d->ddp);
+  free(d);
+  s->impl = s->grad_ud = NULL;
+}
+
+const struct dt_strategy_ops dt__strategy_ddp = {
+    .name = "ddp",
+    .fixed_point = 0,
+    .open_source = ddp_source,
+    .setup = ddp_setup,
+    .step_begin = ddp_step_begin,
+    .backward_begin = NULL,
+    .grad_ready = dt_ddp_grad_ready,
+    .step_finish = ddp_step_finish,
+    .eval_begin = ddp_eval_begin,
+    .eval_reduce = ddp_eval_reduce,
+    .epoch_end = ddp_epoch_end,
+    .state_export = dt__strategy_export_optim,
+    .state_import = dt__strategy_import_optim,
+    .membership_change = dt__strategy_no_membership,
+    .run_end = ddp_run_end,
+    .teardown = ddp_teardown,
+};

@@ -1,0 +1,143 @@
+/*
+ * strategy_ddp_det.c — the "ddp_det" strategy: deterministic data
+ * parallelism (dist.deterministic, docs/ddp.md "Deterministic mode").
+ *
+ * Every global batch is cut into micro-shards of dist.micro_batch samples
+ * (the last may be short) that do not depend on the worker count; worker r
+ * of N takes the contiguous micro-shards [S*r/N, S*(r+1)/N) of the S in the
+ * batch (the "shards" source; a worker may get none and still takes part
+ * in the reduction). Each micro-shard runs forward and backward on its own,
+ * so GEMM shapes and float summation order inside it are the same for any
+ * N; parallel/ddp.c adds its gradient in fixed point (backward_begin tells
+ * it which micro-shard comes) and reduces the int64 sums. Loss tallies are
+ * fixed point too, and evaluation runs in whole chunks of train.batch per
+ * rank, so loss and accuracy have the same bits for any worker count. One
+ * worker takes every micro-shard and needs no communicator: the same
+ * arithmetic, the same bits.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "engine/engine_int.h"
+#include "engine/strategy.h"
+#include "parallel/ddp.h"
+
+typedef struct det_impl {
+  dt_ddp *ddp;
+  dt_step_plan plan;
+  uint64_t sent0, recv0;
+} det_impl;
+
+static int det_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
+  if (cfg->micro_batch < 1)
+    return dt__seterr(DT_EINVAL, "dist.micro_batch = %d: expects at least 1", cfg->micro_batch);
+  return dt__source_shards(out, train, cfg->batch, cfg->seed, cfg->shuffle, cfg->micro_batch);
+}
+
+static int det_setup(dt_strategy *s) {
+  DT_CHECK(dt__ddp_startup(s));
+  det_impl *d = calloc(1, sizeof *d);
+  if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
+  int rc = dt_ddp_create_det(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes);
+  if (rc < 0) {
+    free(d);
+    return rc;
+  }
+  if (s->comm) dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
+  s->impl = d;
+  s->grad_ud = d->ddp;
+  return DT_OK;
+}
+
+static int det_step_begin(dt_strategy *s, const dt_step_plan *plan) {
+  det_impl *d = s->impl;
+  d->plan = *plan;
+  dt_ddp_begin_step_det(d->ddp, plan->n_global, plan->pieces_global,
+                        s->cfg->reduce == DT_DIST_SUM);
+  return DT_OK;
+}
+
+/* After the micro-shard's forward, before its backward: ddp keeps the
+ * running statistics it produced and restores the step's starting ones. */
+static void det_backward_begin(dt_strategy *s, const dt_batch *b, int index, int count) {
+  det_impl *d = s->impl;
+  dt_ddp_det_shard(d->ddp, b->n, index == count - 1);
+}
+
+static int det_step_finish(dt_strategy *s, float lr) {
+  det_impl *d = s->impl;
+  if (!d->plan.pieces) dt_ddp_all_ready(d->ddp);
+  DT_CHECK(dt_ddp_finish_step(d->ddp));
+  dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr);
+  s->step++;
+  return DT_OK;
+}
+
+/* The test set in fixed chunks of train.batch, whole chunks per rank.
+ * Batch-norm buffers need no averaging: deterministic steps leave them
+ * bit-identical on every rank. */
+static int det_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
+  const int64_t C = (n + chunk - 1) / chunk;
+  *lo = C * s->rank / s->nranks * chunk;
+  *hi = C * (s->rank + 1) / s->nranks * chunk;
+  if (*hi > n) *hi = n;
+  if (*lo > n) *lo = n;
+  return DT_OK;
+}
+
+static int det_eval_reduce(dt_strategy *s, dt_tally *t) {
+  if (!s->comm || s->nranks < 2) return DT_OK;
+  int64_t v[2] = {t->loss_q, t->correct};
+  int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_I64, DT_OP_SUM);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "evaluation");
+  t->loss_q = v[0];
+  t->correct = v[1];
+  return DT_OK;
+}
+
+/* The epoch's train numbers over all workers, the loss summed in fixed point
+ * (int64), so it has the same bits for any worker count. */
+static int det_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
+  (void)epoch;
+  if (!s->comm) return DT_OK;
+  int64_t v[3] = {t->loss_q, t->correct, t->samples};
+  int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_I64, DT_OP_SUM);
+  if (rc == DT_OK) rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "epoch statistics");
+  t->loss_q = v[0];
+  t->correct = v[1];
+  t->samples = v[2];
+  return DT_OK;
+}
+
+static int det_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all) {
+  det_impl *d = s->impl;
+  return dt__ddp_finish(s, d->ddp, d->sent0, d->recv0, me, all);
+}
+
+static void det_teardown(dt_strategy *s) {
+  det_impl *d = s->impl;
+  if (d) dt_ddp_destroy(d->ddp);
+  free(d);
+  s->impl = s->grad_ud = NULL;
+}
+
+const struct dt_strategy_ops dt__strategy_ddp_det = {
+    .name = "ddp_det",
+    .fixed_point = 1,
+    .open_source = det_source,
+    .setup = det_setup,
+    .step_begin = det_step_begin,
+    .backward_begin = det_backward_begin,
+    .grad_ready = dt_ddp_grad_ready,
+    .step_finish = det_step_finish,
+    .eval_begin = det_eval_begin,
+    .eval_reduce = det_eval_reduce,
+    .epoch_end = det_epoch_end,
+    .state_export = dt__strategy_export_optim,
+    .state_import = dt__strategy_import_optim,
+    .membership_change = dt__strategy_no_membership,
+    .run_end = det_run_end,
+    .teardown = det_teardown,
+};
