@@ -7,12 +7,11 @@
  * does not answer within the timeout plus a grace period the connection is
  * dropped and re-established on the next call.
  *
- * Also the wire codec (dt__kv_parse / dt__kv_encode_hdr). The server is in
- * store_server.c, the file-backed store in store_file.c.
+ * The wire codec is in wire.c, the server in store_server.c, the
+ * file-backed store in store_file.c.
  */
 #define _GNU_SOURCE
 #include "comm/store_int.h"
-#include "comm/transport.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -32,72 +31,6 @@ struct dt_store {
   const struct dt_store_backend *be;
   void *self;
 };
-
-/* ---- wire codec -------------------------------------------------------- */
-
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-void dt__kv_encode_hdr(uint8_t out[DT_KV_HDR], uint8_t op, uint32_t klen, uint32_t vlen,
-                       uint32_t v2len, uint32_t timeout_ms) {
-  put32(out, DT_KV_MAGIC);
-  out[4] = DT_KV_VERSION;
-  out[5] = op;
-  out[6] = out[7] = 0;
-  put32(out + 8, klen);
-  put32(out + 12, vlen);
-  put32(out + 16, v2len);
-  put32(out + 20, timeout_ms);
-}
-
-int dt__kv_parse(const uint8_t *buf, size_t len, bool reply, struct dt_kv_msg *m, size_t *used,
-                 char *why) {
-  if (len < DT_KV_HDR) return DT_EAGAIN;
-  if (get32(buf) != DT_KV_MAGIC) {
-    snprintf(why, 128, "bad store magic 0x%08x", get32(buf));
-    return DT_EPROTO;
-  }
-  if (buf[4] != DT_KV_VERSION) {
-    snprintf(why, 128, "unsupported store protocol version %u", buf[4]);
-    return DT_EPROTO;
-  }
-  m->op = buf[5];
-  if (buf[6] || buf[7]) {
-    snprintf(why, 128, "nonzero store flags");
-    return DT_EPROTO;
-  }
-  if (!reply && (m->op < DT_KV_SET || m->op > DT_KV_OP_MAX)) {
-    snprintf(why, 128, "unknown store op %u", m->op);
-    return DT_EPROTO;
-  }
-  m->klen = get32(buf + 8);
-  m->vlen = get32(buf + 12);
-  m->v2len = get32(buf + 16);
-  m->timeout_ms = get32(buf + 20);
-  if ((!reply && (m->klen == 0 || m->klen > DT_STORE_KEY_MAX)) || (reply && m->klen)) {
-    snprintf(why, 128, "store key length %u out of range", m->klen);
-    return DT_EPROTO;
-  }
-  if (m->vlen > DT_STORE_VAL_MAX || m->v2len > DT_STORE_VAL_MAX) {
-    snprintf(why, 128, "store value length %u/%u exceeds %u", m->vlen, m->v2len, DT_STORE_VAL_MAX);
-    return DT_EPROTO;
-  }
-  size_t total = DT_KV_HDR + (size_t)m->klen + m->vlen + m->v2len;
-  if (len < total) return DT_EAGAIN;
-  m->key = buf + DT_KV_HDR;
-  m->val = m->key + m->klen;
-  m->val2 = m->val + m->vlen;
-  if (!reply && memchr(m->key, 0, m->klen)) {
-    snprintf(why, 128, "store key contains a NUL byte");
-    return DT_EPROTO;
-  }
-  *used = total;
-  return DT_OK;
-}
 
 bool dt__kv_cas_match(const void *cur, size_t curlen, bool exists, const void *exp, size_t elen) {
   if (!exp) return !exists;
@@ -256,7 +189,7 @@ static int tcp_dial(const char *host, int port, double deadline, int *fdout) {
 }
 
 static int tcp_handshake(struct tcp_client *c, double deadline) {
-  uint8_t ns[DT_AUTH_NONCE_LEN], msg[DT_AUTH_NONCE_LEN + DT_AUTH_MAC_LEN], mac[DT_AUTH_MAC_LEN];
+  uint8_t ns[DT_AUTH_NONCE_LEN], msg[DT_AUTH_NONCE_LEN + DT_AUTH_MAC_LEN];
   DT_CHECK(io_full(c->fd, ns, sizeof ns, false, deadline, "auth"));
   DT_CHECK(dt__auth_random(msg, DT_AUTH_NONCE_LEN));
   DT_CHECK(dt__auth_mac(c->token, c->token_len, "dt-kv-client", ns, msg, msg + DT_AUTH_NONCE_LEN));
@@ -266,8 +199,7 @@ static int tcp_handshake(struct tcp_client *c, double deadline) {
   if (rc == DT_EPEERLOST)
     return dt__seterr(DT_EAUTH, "store %s:%d: server rejected our job token", c->host, c->port);
   DT_CHECK(rc);
-  DT_CHECK(dt__auth_mac(c->token, c->token_len, "dt-kv-server", msg, ns, mac));
-  if (!dt__auth_equal(mac, ans, sizeof mac))
+  if (!dt__auth_verify(c->token, c->token_len, "dt-kv-server", msg, ns, ans))
     return dt__seterr(DT_EAUTH, "store %s:%d: server failed to prove the job token", c->host, c->port);
   return DT_OK;
 }

@@ -43,6 +43,7 @@
 #define DT_COMM_TRANSPORT_H
 
 #include "comm/comm.h"
+#include "comm/wire.h" /* frame header and auth, shared with the store */
 
 struct dt_tp_ctx; /* per communicator, transport-private */
 struct dt_tp_ep;  /* per (communicator, peer), transport-private */
@@ -141,57 +142,5 @@ extern const struct dt_transport_ops dt__transport_mpi;
 
 /* Looks a transport up by name (NULL if unknown or not built). */
 const struct dt_transport_ops *dt__transport_find(const char *name);
-
-/* ---- frame format shared by the stream transports (tcp; shm may reuse) -- */
-
-/* Every frame on a stream connection starts with this fixed 24-byte header,
- * little-endian on the wire. A header that fails dt__frame_validate closes
- * the connection with the logged reason. */
-#define DT_FRAME_MAGIC 0x44544652u /* "DTFR" */
-#define DT_FRAME_VERSION 1
-#define DT_FRAME_HDR_LEN 24
-#define DT_FRAME_MAX_LEN (1ull << 34) /* 16 GiB: bound on any single message */
-#define DT_FRAME_CTRL_MAX 4096        /* bound on control frames (hello, abort, ...) */
-
-enum dt_frame_type {
-  DT_FRAME_DATA = 1,    /* payload of a send; tag matches a receive */
-  DT_FRAME_HELLO = 2,   /* first frame on a connection: job, ranks, nonce */
-  DT_FRAME_AUTH = 3,    /* HMAC answer to the challenge */
-  DT_FRAME_AUTH_OK = 4,
-  DT_FRAME_ABORT = 5,   /* payload: int32 code + message; the sender aborted */
-  DT_FRAME_BYE = 6,     /* clean close */
-  DT_FRAME_TYPE_MAX = 6
-};
-
-struct dt_frame_hdr {
-  uint32_t magic;
-  uint8_t version;
-  uint8_t type;
-  uint16_t flags;   /* must be 0 in version 1 */
-  uint64_t tag;
-  uint64_t len;     /* payload bytes following the header */
-};
-
-/* Encodes h into 24 bytes. */
-void dt__frame_encode(const struct dt_frame_hdr *h, uint8_t out[DT_FRAME_HDR_LEN]);
-/* Decodes and validates 24 bytes: magic, version, type known, flags zero,
- * length within DT_FRAME_MAX_LEN (DT_FRAME_CTRL_MAX for control frames).
- * Returns DT_OK or DT_EPROTO with the reason in why (>= 128 bytes). */
-int dt__frame_decode(const uint8_t in[DT_FRAME_HDR_LEN], struct dt_frame_hdr *h, char *why);
-
-/* ---- authentication (auth.c) ------------------------------------------- */
-
-#define DT_AUTH_NONCE_LEN 32
-#define DT_AUTH_MAC_LEN 32
-/* mac = HMAC-SHA256(token, label || nonce_a || nonce_b). Returns DT_ENOTSUP
- * when built without libcrypto. */
-int dt__auth_mac(const uint8_t *token, size_t token_len, const char *label,
-                 const uint8_t *nonce_a, const uint8_t *nonce_b, uint8_t mac[DT_AUTH_MAC_LEN]);
-/* Fills buf with cryptographically random bytes. */
-int dt__auth_random(uint8_t *buf, size_t len);
-/* Constant-time comparison; true if equal. */
-bool dt__auth_equal(const uint8_t *a, const uint8_t *b, size_t len);
-/* The job token: cfg_token, else DTRAIN_JOB_TOKEN, else none (len 0). */
-void dt__auth_token(const char *cfg_token, const uint8_t **tok, size_t *len);
 
 #endif /* DT_COMM_TRANSPORT_H */

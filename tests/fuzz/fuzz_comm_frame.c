@@ -5,7 +5,7 @@
  * every accepted header must satisfy the invariants the transport relies on
  * (known type, zero flags, bounded length) and re-encode to the same bytes.
  */
-#include "comm/transport.h"
+#include "comm/wire.h"
 
 #include <stdlib.h>
 #include <string.h>

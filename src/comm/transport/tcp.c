@@ -526,8 +526,8 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
     }
     uint8_t *pl = p->in + DT_FRAME_HDR_LEN, mac[DT_AUTH_MAC_LEN];
     memcpy(p->nonce_peer, pl, DT_AUTH_NONCE_LEN);
-    dt__auth_mac(x->token, x->token_len, "dt-tcp-acc", p->nonce_me, p->nonce_peer, mac);
-    if (!dt__auth_equal(mac, pl + DT_AUTH_NONCE_LEN, DT_AUTH_MAC_LEN)) {
+    if (!dt__auth_verify(x->token, x->token_len, "dt-tcp-acc", p->nonce_me, p->nonce_peer,
+                         pl + DT_AUTH_NONCE_LEN)) {
       p->fail_rc = DT_EAUTH;
       snprintf(p->fail, sizeof p->fail, "rank %d failed to prove the job token", p->peer);
       return;
@@ -583,9 +583,8 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
     r = pend_read(p, DT_FRAME_AUTH, DT_AUTH_MAC_LEN, why);
     if (r == 0) return;
     if (r < 0) { pend_reject(x, p, why); return; }
-    uint8_t mac[DT_AUTH_MAC_LEN];
-    dt__auth_mac(x->token, x->token_len, "dt-tcp-dial", p->nonce_me, p->nonce_peer, mac);
-    if (!dt__auth_equal(mac, p->in + DT_FRAME_HDR_LEN, DT_AUTH_MAC_LEN)) {
+    if (!dt__auth_verify(x->token, x->token_len, "dt-tcp-dial", p->nonce_me, p->nonce_peer,
+                         p->in + DT_FRAME_HDR_LEN)) {
       snprintf(why, sizeof why, "wrong job token (HMAC mismatch) claiming rank %d", p->peer);
       pend_reject(x, p, why);
       return;
