@@ -140,6 +140,17 @@ extern const struct dt_transport_ops dt__transport_shm;
 extern const struct dt_transport_ops dt__transport_mpi;
 #endif
 
+/* /dev/shm bytes the shm transport uses for nlocal ranks on one host:
+ * dt__shm_bytes_estimate counts every rank's inbox header plus the rings of
+ * the peers a training job's collectives speak to (ring neighbours and the
+ * log2(nlocal) partners of halving-doubling, trees and the barrier; a ring
+ * is allocated on first use of that pair); dt__shm_bytes_max is the bound
+ * when every rank speaks to every other (alltoall). The launcher checks the
+ * estimate against the free space before it starts workers. Shared-memory
+ * windows (window.c) come on top. */
+size_t dt__shm_bytes_estimate(int nlocal);
+size_t dt__shm_bytes_max(int nlocal);
+
 /* Looks a transport up by name (NULL if unknown or not built). */
 const struct dt_transport_ops *dt__transport_find(const char *name);
 

@@ -15,7 +15,8 @@
  * what they receive) and does not cross hosts. Threading: one thread drives
  * a context; abort() may come from any thread.
  *
- * Knobs: DTRAIN_SHM_RING_BYTES (per sender, default 1 MiB),
+ * Knobs: DTRAIN_SHM_RING_BYTES (per sender, default 1 MiB up to 16 ranks,
+ * then smaller: ring_bytes_for),
  * DTRAIN_SHM_CMA_BYTES (smallest message sent single-copy, default 1 MiB:
  * below it the ring is faster here, process_vm_readv costing ~100 us a call;
  * 0 disables), DTRAIN_SHM_SPIN_US (how long a waiter polls before it
@@ -25,7 +26,8 @@
  * 20, 0 when oversubscribed), DTRAIN_SHM_LIVE_MS (pidfd poll period, 2),
  * DTRAIN_SHM_BIND (bind the driving thread to core rank % ncpu when there
  * are no more ranks than cores and nothing pinned it yet, as mpirun does;
- * default 1), DTRAIN_SHM_PREFAULT (map every ring page at init, 1).
+ * default 1), DTRAIN_SHM_PREFAULT (map a ring's pages when its peer is
+ * first spoken to, 1).
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
@@ -104,6 +106,7 @@ struct dt_tp_ep {
   uint64_t rx_tag;
   bool dead;
   bool gone;                           /* exited after a clean close */
+  bool tx_touched, rx_touched;         /* our rings with this peer prefaulted (first use) */
 };
 
 struct dt_tp_ctx {
@@ -185,6 +188,56 @@ static void prefault(void *p, size_t n) {
   (void)madvise(p, n, MADV_POPULATE_WRITE); /* EINVAL before Linux 5.14: the loop does it */
   for (size_t off = 0; off < n; off += 4096)
     __atomic_fetch_add((uint64_t *)((uint8_t *)p + off), 0, __ATOMIC_RELAXED);
+}
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+/* The receiving side of prefault(): maps the pages of a ring a peer writes
+ * into this process's page tables without writing them (a read fault on a
+ * shmem hole allocates the page, like the producer's write would). */
+static void prefault_read(const void *p, size_t n) {
+  if (!n || !dt_param_int("DTRAIN_SHM_PREFAULT", 1)) return;
+  if (madvise((void *)p, n, MADV_POPULATE_READ) == 0) return;
+  for (size_t off = 0; off < n; off += 4096) (void)*(const volatile uint8_t *)((const uint8_t *)p + off);
+}
+
+/* Ring size per sender. DTRAIN_SHM_RING_BYTES wins; the default is 1 MiB up
+ * to 16 ranks (where it was measured), then halves until one inbox holds
+ * at most 16 MiB of rings (64 ranks: 256 KiB), never below 64 KiB. Messages
+ * longer than a ring stream through it, so the size is a speed knob, not a
+ * limit; the same on every rank because it depends only on the world
+ * size. Rounded up to a power of two. */
+static uint64_t ring_bytes_for(int size) {
+  uint64_t def = 1u << 20;
+  while (def > (64u << 10) && def * (uint64_t)(size > 0 ? size : 1) > (16u << 20)) def >>= 1;
+  int64_t rb = dt_param_int("DTRAIN_SHM_RING_BYTES", (int64_t)def);
+  uint64_t ring = 4096;
+  while (ring < (uint64_t)rb && ring < (1ull << 30)) ring <<= 1;
+  return ring;
+}
+
+static size_t hdr_bytes_for(int size) {
+  return (sizeof(struct dt_shm_hdr) + (size_t)size + 4095) & ~(size_t)4095;
+}
+
+static size_t stride_for(uint64_t ring) {
+  return (sizeof(struct dt_shm_ring) + ring + 4095) & ~(size_t)4095;
+}
+
+size_t dt__shm_bytes_max(int nlocal) {
+  if (nlocal <= 1) return nlocal == 1 ? hdr_bytes_for(1) : 0;
+  return (size_t)nlocal * (hdr_bytes_for(nlocal) + (size_t)nlocal * stride_for(ring_bytes_for(nlocal)));
+}
+
+size_t dt__shm_bytes_estimate(int nlocal) {
+  if (nlocal <= 1) return dt__shm_bytes_max(nlocal);
+  int lg = 0;
+  while ((1 << lg) < nlocal) lg++;
+  int peers = 2 + 2 * lg; /* ring neighbours, halving-doubling / tree / barrier partners */
+  if (peers > nlocal - 1) peers = nlocal - 1;
+  return (size_t)nlocal * (hdr_bytes_for(nlocal) + (size_t)peers * stride_for(ring_bytes_for(nlocal)));
 }
 
 static uint64_t round_rec(uint64_t n) { return (n + DT_SHM_REC - 1) & ~(uint64_t)(DT_SHM_REC - 1); }
@@ -847,6 +900,19 @@ static void wait_sleep(struct dt_tp_ctx *ctx, int64_t ns) {
   atomic_store(&h->sleeping, 0);
 }
 
+/* First send to / receive from a peer: map that ring's pages now (see
+ * prefault) rather than one fault per page during the first lap. Our ring
+ * in the peer's inbox is page-aligned (rings_off and stride are). */
+static void touch_tx(struct dt_tp_ep *ep) {
+  ep->tx_touched = true;
+  prefault(ep->tx, (size_t)ep->phdr->ring_stride);
+}
+
+static void touch_rx(struct dt_tp_ep *ep) {
+  ep->rx_touched = true;
+  prefault_read(ep->rx, (size_t)ep->ctx->hdr->ring_stride);
+}
+
 /* ---- ops -------------------------------------------------------------- */
 
 static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *addr) {
@@ -865,9 +931,7 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   h = fnv1a(h, "\0", 1);
   if (in->job) h = fnv1a(h, in->job, strlen(in->job));
   ctx->job_hash = h;
-  int64_t rb = dt_param_int("DTRAIN_SHM_RING_BYTES", 1 << 20);
-  uint64_t ring = 4096;
-  while (ring < (uint64_t)rb && ring < (1ull << 30)) ring <<= 1;
+  uint64_t ring = ring_bytes_for(in->size);
   ctx->ring_bytes = ring;
   int64_t cma = dt_param_int("DTRAIN_SHM_CMA_BYTES", 1 << 20);
   ctx->cma_min = cma <= 0 ? 0 : (size_t)cma;
@@ -905,8 +969,8 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) nonce = (uint64_t)dt_now_ns() ^ h;
   snprintf(ctx->name, sizeof ctx->name, "/" SHM_PREFIX "%016llx-%d-%d-%016llx",
            (unsigned long long)h, in->rank, (int)ctx->pid, (unsigned long long)nonce);
-  size_t hdr_bytes = (sizeof(struct dt_shm_hdr) + (size_t)in->size + 4095) & ~(size_t)4095;
-  size_t stride = (sizeof(struct dt_shm_ring) + ring + 4095) & ~(size_t)4095;
+  size_t hdr_bytes = hdr_bytes_for(in->size);
+  size_t stride = stride_for(ring);
   ctx->map_len = hdr_bytes + stride * (size_t)in->size;
   int fd = shm_open(ctx->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -933,7 +997,10 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
     free(ctx);
     return rc;
   }
-  prefault(ctx->base, ctx->map_len); /* no peer has it yet */
+  /* Only the header now: a ring's pages are allocated when that peer is
+   * first spoken to (touch_tx / touch_rx), so a job's /dev/shm grows with
+   * the pairs that talk, not with size^2. */
+  prefault(ctx->base, hdr_bytes); /* no peer has it yet */
   struct dt_shm_hdr *hd = ctx->base;
   hd->version = DT_SHM_VERSION;
   hd->rank = in->rank;
@@ -1035,8 +1102,6 @@ static int shm_connect(struct dt_tp_ctx *ctx, const struct dt_tp_peer *peer, int
   ep->tx = (struct dt_shm_ring *)((uint8_t *)base + ph->rings_off + ph->ring_stride * ctx->rank);
   ep->rx = (struct dt_shm_ring *)((uint8_t *)ctx->base + ctx->hdr->rings_off +
                                   ctx->hdr->ring_stride * peer->rank);
-  /* our ring in the peer's inbox (page-aligned: rings_off and stride are) */
-  prefault(ep->tx, (size_t)ph->ring_stride);
   ep->mask = ph->ring_bytes - 1;
   ep->rx_mask = ctx->ring_bytes - 1;
   ep->tx_head = atomic_load(&ep->tx->head);
@@ -1075,6 +1140,7 @@ static int shm_isend(struct dt_tp_ep *ep, struct dt_tp_req *r) {
   int rc = check_abort(ctx);
   if (rc) return rc;
   if (ep->dead) return DT_EPEERLOST;
+  if (!ep->tx_touched) touch_tx(ep);
   list_append(&ep->sq_head, &ep->sq_tail, r);
   tx_progress(ep);
   return DT_OK;
@@ -1088,6 +1154,7 @@ static int shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r) {
   int rc = check_abort(ctx);
   if (rc) return rc;
   if (ep->dead) return DT_EPEERLOST;
+  if (!ep->rx_touched) touch_rx(ep);
   struct unexp *u = (struct unexp *)dt__match_ux_find(&ep->mt, ep->peer, r->tag);
   if (u) {
     if (u->kind == DT_SHM_CMA) {
