@@ -50,7 +50,7 @@ static int bench(const char *name, const char *spec, double seconds) {
         int b = (int)(steps % NB);
         dt_step_ctx ctx = {1, 1, (uint64_t)steps, steps * B};
         dt_model_forward(m, x + (size_t)b * B * D, B, &ctx);
-        loss = dt_model_backward(m, y + (size_t)b * B, B, NULL, NULL, NULL);
+        dt_model_backward(m, y + (size_t)b * B, B, &loss, NULL, NULL, NULL);
         dt_optim_step(o, dt_model_params(m), dt_model_grads(m), oc.lr);
       }
     }

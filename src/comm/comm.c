@@ -47,6 +47,7 @@ const char *dt_coll_name(dt_coll c) {
 static const char *const algo_names[] = {"auto", "ring", "rhd", "tree", "hier", "direct"};
 const char *dt_algo_name(dt_algo a) { return (unsigned)a < DT_ALGO_COUNT ? algo_names[a] : "?"; }
 int dt_algo_parse(const char *s, dt_algo *out) {
+  if (!out) return dt__seterr(DT_EINVAL, "algorithm parse: out is NULL");
   for (int i = 0; s && i < DT_ALGO_COUNT; i++)
     if (!strcmp(s, algo_names[i])) return *out = (dt_algo)i, DT_OK;
   if (s && (!strcmp(s, "halving-doubling") || !strcmp(s, "rabenseifner"))) return *out = DT_ALGO_RHD, DT_OK;
@@ -106,8 +107,8 @@ void dt_comm_abort(dt_comm *c, int rc, const char *why) {
 
 /* ---- accessors --------------------------------------------------------- */
 
-int dt_comm_rank(const dt_comm *c) { return c->rank; }
-int dt_comm_size(const dt_comm *c) { return c->size; }
+int dt_comm_rank(const dt_comm *c) { return c ? c->rank : -1; }
+int dt_comm_size(const dt_comm *c) { return c ? c->size : 0; }
 int dt_comm_world_rank(const dt_comm *c, int r) { return r >= 0 && r < c->size ? c->wr[r] : -1; }
 const char *dt_comm_transport_name(const dt_comm *c, int peer) {
   if (peer < 0 || peer >= c->size) return "?";
@@ -116,7 +117,7 @@ const char *dt_comm_transport_name(const dt_comm *c, int peer) {
   return c->w->tops[c->w->tp_of[wp]]->name;
 }
 void dt_comm_set_timeout(dt_comm *c, double s) {
-  if (s > 0) c->timeout = s;
+  if (c && s > 0) c->timeout = s;
 }
 double dt_comm_timeout(const dt_comm *c) { return c->timeout; }
 void dt_comm_set_algo(dt_comm *c, dt_algo a) {
@@ -176,10 +177,14 @@ static int post(dt_comm *c, int peer, uint64_t tag, void *buf, size_t bytes, int
 static uint64_t user_tag(dt_comm *c, int tag) { return (uint64_t)c->ctxid << 32 | (uint32_t)tag; }
 
 int dt_comm_isend(dt_comm *c, int peer, int tag, const void *buf, size_t bytes, dt_comm_req *req) {
+  if (!c) return dt__seterr(DT_EINVAL, "comm send: communicator c is NULL");
+  if (!buf && bytes) return dt__comm_err(c, DT_EINVAL, "comm send: buf is NULL");
   if (tag < 0 || tag > DT_COMM_TAG_MAX) return dt__comm_err(c, DT_EINVAL, "comm: tag %d out of range", tag);
   return post(c, peer, user_tag(c, tag), (void *)buf, bytes, DT_TP_SEND, (struct comm_req *)req);
 }
 int dt_comm_irecv(dt_comm *c, int peer, int tag, void *buf, size_t bytes, dt_comm_req *req) {
+  if (!c) return dt__seterr(DT_EINVAL, "comm recv: communicator c is NULL");
+  if (!buf && bytes) return dt__comm_err(c, DT_EINVAL, "comm recv: buf is NULL");
   if (tag < 0 || tag > DT_COMM_TAG_MAX) return dt__comm_err(c, DT_EINVAL, "comm: tag %d out of range", tag);
   return post(c, peer, user_tag(c, tag), buf, bytes, DT_TP_RECV, (struct comm_req *)req);
 }

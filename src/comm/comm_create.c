@@ -123,6 +123,7 @@ static int parse_transports(const char *spec, const struct dt_transport_ops **t,
 int dt_comm_create(dt_comm **out, dt_store *store, const struct dt_comm_config *cfg_in) {
   struct dt_comm_config cfg = DT_COMM_CONFIG_INIT;
   if (cfg_in) cfg = *cfg_in;
+  if (!out) return dt__seterr(DT_EINVAL, "comm create: out is NULL");
   *out = NULL;
   if (!store) return dt__seterr(DT_EINVAL, "comm: no store");
   const char *job = cfg.job ? cfg.job : "dtrain";

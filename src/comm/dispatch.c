@@ -19,11 +19,13 @@
 
 static int check_args(dt_comm *c, const void *s, const void *r, size_t count, dt_dtype t, int op,
                       int root, bool reduce) {
+  if (!c) return dt__seterr(DT_EINVAL, "comm: communicator c is NULL");
   if (!dt_dtype_size(t)) return dt__comm_err(c, DT_EINVAL, "comm: bad dtype %d", (int)t);
   if (reduce && (t == DT_U8 || (unsigned)op >= DT_OP_COUNT))
     return dt__comm_err(c, DT_EINVAL, "comm: cannot reduce %s with op %d", dt_dtype_name(t), op);
   if (root < 0 || root >= c->size) return dt__comm_err(c, DT_EINVAL, "comm: root %d out of range (size %d)", root, c->size);
-  if (count && ((!s && !r))) return dt__comm_err(c, DT_EINVAL, "comm: NULL buffer");
+  if (count && !s) return dt__comm_err(c, DT_EINVAL, "comm: sendbuf (or buf) is NULL");
+  if (count && !r) return dt__comm_err(c, DT_EINVAL, "comm: recvbuf is NULL");
   if (count > (SIZE_MAX / 16) / (size_t)c->size) return dt__comm_err(c, DT_EINVAL, "comm: count %zu too large", count);
   return DT_OK;
 }
@@ -104,7 +106,8 @@ int dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root)
 
 int dt_comm_reduce(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_redop op,
                    int root) {
-  DT_CHECK(check_args(c, sbuf, rbuf, count, t, op, root, true));
+  /* recvbuf matters on root only (checked below) */
+  DT_CHECK(check_args(c, sbuf, rbuf ? rbuf : sbuf, count, t, op, root, true));
   if (c->rank == root && count && !rbuf) return dt__comm_err(c, DT_EINVAL, "comm: reduce: NULL recvbuf on root");
   size_t bytes = count * dt_dtype_size(t);
   if (c->size == 1 || count == 0) {
@@ -156,6 +159,7 @@ int dt_comm_alltoall(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_
 }
 
 int dt_comm_barrier(dt_comm *c) {
+  if (!c) return dt__seterr(DT_EINVAL, "comm barrier: communicator c is NULL");
   if (c->size == 1) return DT_OK;
   DT_CHECK(dt__coll_begin(c, DT_COLL_BARRIER, 0, DT_U8, 0, 0));
   return dt__coll_end(c, dt__barrier_dissemination(c));

@@ -34,6 +34,7 @@ const char *dt_dtype_name(dt_dtype t) {
 const char *dt_redop_name(dt_redop op) { return (unsigned)op < DT_OP_COUNT ? op_names[op] : "?"; }
 
 int dt_dtype_parse(const char *s, dt_dtype *out) {
+  if (!out) return dt__seterr(DT_EINVAL, "dtype parse: out is NULL");
   static const struct { const char *n; dt_dtype t; } alias[] = {
       {"f32", DT_F32}, {"float", DT_F32}, {"float32", DT_F32}, {"f64", DT_F64},
       {"double", DT_F64}, {"float64", DT_F64}, {"bf16", DT_BF16}, {"bfloat16", DT_BF16},
@@ -46,6 +47,7 @@ int dt_dtype_parse(const char *s, dt_dtype *out) {
 }
 
 int dt_redop_parse(const char *s, dt_redop *out) {
+  if (!out) return dt__seterr(DT_EINVAL, "redop parse: out is NULL");
   for (int i = 0; s && i < DT_OP_COUNT; i++)
     if (!strcasecmp(s, op_names[i])) return *out = (dt_redop)i, DT_OK;
   if (s && !strcasecmp(s, "mean")) return *out = DT_OP_AVG, DT_OK;

@@ -77,11 +77,13 @@ static double tmo(double t) { return t > 0 ? t : 60.0; }
   } while (0)
 
 int dt_store_set(dt_store *s, const char *key, const void *val, size_t len, double t) {
+  if (!s) return dt__seterr(DT_EINVAL, "store set: store s is NULL");
   DT_CHECK(check_key(key));
   if (len > DT_STORE_VAL_MAX) return dt__seterr(DT_EINVAL, "store: value for %s too long (%zu)", key, len);
   LOCKED(s->be->set(s->self, key, val, len, tmo(t)));
 }
 int dt_store_get(dt_store *s, const char *key, void *buf, size_t cap, size_t *len, double t) {
+  if (!s) return dt__seterr(DT_EINVAL, "store get: store s is NULL");
   DT_CHECK(check_key(key));
   size_t dummy;
   char b;
@@ -102,6 +104,7 @@ int dt_store_wait(dt_store *s, const char *const *keys, int n, double t) {
   return DT_OK;
 }
 int dt_store_add(dt_store *s, const char *key, int64_t delta, int64_t *result, double t) {
+  if (!s) return dt__seterr(DT_EINVAL, "store add: store s is NULL");
   DT_CHECK(check_key(key));
   int64_t dummy;
   LOCKED(s->be->add(s->self, key, delta, result ? result : &dummy, tmo(t)));
@@ -314,6 +317,7 @@ static void tc_destroy(void *self) {
 static const struct dt_store_backend tcp_backend = {"tcp", tc_set, tc_get, tc_add, tc_cas, tc_del, tc_destroy};
 
 int dt_store_connect(dt_store **out, const char *host, int port, const char *token, double timeout_s) {
+  if (!out) return dt__seterr(DT_EINVAL, "store connect: out is NULL");
   if (!host || port <= 0 || port > 65535)
     return dt__seterr(DT_EINVAL, "store: bad address %s:%d", host ? host : "(null)", port);
   struct tcp_client *c = calloc(1, sizeof *c);
@@ -340,6 +344,7 @@ int dt_store_connect(dt_store **out, const char *host, int port, const char *tok
 }
 
 int dt_store_connect_addr(dt_store **out, const char *hostport, const char *token, double timeout_s) {
+  if (!out) return dt__seterr(DT_EINVAL, "store connect: out is NULL");
   const char *colon = hostport ? strrchr(hostport, ':') : NULL;
   if (!colon || colon == hostport || (size_t)(colon - hostport) >= 256)
     return dt__seterr(DT_EINVAL, "store: address '%s' is not HOST:PORT", hostport ? hostport : "(null)");

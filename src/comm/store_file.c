@@ -176,6 +176,7 @@ static void fs_destroy(void *self) {
 static const struct dt_store_backend file_backend = {"file", fs_set, fs_get, fs_add, fs_cas, fs_del, fs_destroy};
 
 int dt_store_open_file(dt_store **out, const char *dir) {
+  if (!out) return dt__seterr(DT_EINVAL, "file store: out is NULL");
   if (!dir || !*dir || strlen(dir) >= 4000) return dt__seterr(DT_EINVAL, "file store: bad directory");
   if (mkdir(dir, 0700) && errno != EEXIST)
     return dt__seterr(DT_EIO, "file store: cannot create %s: %s", dir, strerror(errno));

@@ -348,6 +348,8 @@ static void *server_main(void *arg) {
 }
 
 int dt_store_server_start(dt_store_server **out, const char *bind_addr, int port, const char *token) {
+  if (!out) return dt__seterr(DT_EINVAL, "store server: out is NULL");
+  if (port < 0 || port > 65535) return dt__seterr(DT_EINVAL, "store server: port %d out of range", port);
   dt_store_server *s = calloc(1, sizeof *s);
   if (!s) return dt__seterr(DT_ENOMEM, "store server: out of memory");
   s->lfd = -1;

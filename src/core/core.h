@@ -7,7 +7,7 @@
 #ifndef DT_CORE_H
 #define DT_CORE_H
 
-#include "dtrain.h"
+#include "dtrain/core.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

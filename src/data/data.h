@@ -1,7 +1,9 @@
 /*
- * data.h — datasets held in memory, their readers (IDX with optional gzip,
- * CSV, NumPy .npy), normalisation, per-epoch shuffling from (seed, epoch),
- * sharding, and a loader that prefetches batches on a background thread.
+ * data.h — the data layer's interface for the rest of the library: the
+ * public datasets and readers (include/dtrain/data.h: IDX with optional
+ * gzip, CSV, NumPy .npy, caller memory, normalisation) plus per-epoch
+ * shuffling from (seed, epoch), sharding, and a loader that prefetches
+ * batches on a background thread.
  *
  * Every reader validates what it reads and fails with DT_EIO / DT_ECORRUPT /
  * DT_EINVAL and a dt_errmsg() line naming the file (and line for CSV). No
@@ -14,39 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A dataset in memory: n samples of dim = c*h*w floats, labels in
- * [0, nclasses). */
-typedef struct dt_dataset {
-  int64_t n;
-  int c, h, w;
-  int64_t dim;
-  int nclasses;
-  float *x;    /* (n, dim), dt_alloc'd */
-  int32_t *y;  /* (n), dt_alloc'd */
-} dt_dataset;
-
-/* Frees x and y and zeroes the struct. NULL is a no-op. */
-void dt_dataset_free(dt_dataset *ds);
-
-/* IDX images (magic 0x00000803, u8, n x rows x cols) + IDX labels (0x00000801,
- * u8): gzip-compressed or raw, detected by content. Pixels scaled to [0,1]. */
-int dt_idx_load(dt_dataset *ds, const char *images_path, const char *labels_path);
-
-/* CSV: one sample per line, the label in column label_col (0-based; -1 for
- * the last column), features in the others; an optional header line is
- * skipped when its first field is not a number. Shape is (1,1,dim) unless
- * the caller sets c,h,w afterwards. */
-int dt_csv_load(dt_dataset *ds, const char *path, int label_col);
-
-/* NumPy: features .npy (float32/float64/uint8, C order, shape (n, ...)) and
- * labels .npy (integer dtype, shape (n,)). uint8 features are scaled to
- * [0,1]. Shape (n,c,h,w) or (n,h,w) or (n,d) maps to c,h,w. */
-int dt_npy_load(dt_dataset *ds, const char *x_path, const char *y_path);
-
-/* Computes mean and std over all of ds->x (double accumulation). */
-void dt_dataset_stats(const dt_dataset *ds, float *mean, float *std);
-/* x = (x - mean) / std in place. */
-void dt_dataset_normalize(dt_dataset *ds, float mean, float std);
+#include "dtrain/data.h"
 
 /* The global order of epoch `epoch`: a permutation of 0..n-1 as a pure
  * function of (seed, epoch); identity if shuffle is 0. */

@@ -115,9 +115,10 @@ static int evaluate(dt_engine *e, double *loss, double *accuracy) {
   for (int64_t i = lo; i < hi; i += B) {
     int m = (int)(hi - i < B ? hi - i : B);
     ctx.sample0 = i;
-    dt_model_forward(e->model, e->test.x + i * e->test.dim, m, &ctx);
+    DT_CHECK(dt_model_forward(e->model, e->test.x + i * e->test.dim, m, &ctx));
     int nc = 0;
-    float l = dt_model_loss(e->model, e->test.y + i, m, &nc);
+    float l = 0.0f;
+    DT_CHECK(dt_model_loss(e->model, e->test.y + i, m, &l, &nc));
     dt__tally_add(&t, l, m, nc, (n + B - 1) / B);
   }
   DT_CHECK(S->ops->eval_reduce(S, &t));
@@ -220,10 +221,12 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
         DT_CHECK_GOTO(src->ops->piece(src, i, &b), rc, step_failed);
         /* dropout masks are keyed by (seed, step, global position) */
         dt_step_ctx ctx = {1, c->seed, (uint64_t)S->step, b.sample0};
-        dt_model_forward(e->model, b.x, b.n, &ctx);
+        DT_CHECK_GOTO(dt_model_forward(e->model, b.x, b.n, &ctx), rc, step_failed);
         if (S->ops->backward_begin) S->ops->backward_begin(S, &b, i, plan.pieces);
         int nc = 0;
-        float loss = dt_model_backward(e->model, b.y, b.n, &nc, S->ops->grad_ready, S->grad_ud);
+        float loss = 0.0f;
+        DT_CHECK_GOTO(dt_model_backward(e->model, b.y, b.n, &loss, &nc, S->ops->grad_ready,
+                                        S->grad_ud), rc, step_failed);
         dt__tally_add(&st, loss, b.n, nc, plan.terms);
       }
       DT_CHECK_GOTO(S->ops->step_finish(S, lr), rc, step_failed);

@@ -119,7 +119,9 @@ void dt_model_destroy(dt_model *m) {
 }
 
 int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int max_batch) {
+  if (!out) return dt__seterr(DT_EINVAL, "model create: out is NULL");
   *out = NULL;
+  if (!spec) return dt__seterr(DT_EINVAL, "model create: spec is NULL");
   if (max_batch < 1 || max_batch > (1 << 24))
     return dt__seterr(DT_EINVAL, "model: max_batch %d must be in [1, %d]", max_batch, 1 << 24);
   dt__spec sp;
@@ -257,7 +259,8 @@ fail:
   return rc;
 }
 
-void dt_model_init(dt_model *m, uint64_t seed) {
+int dt_model_init(dt_model *m, uint64_t seed) {
+  if (!m) return dt__seterr(DT_EINVAL, "model init: model is NULL");
   for (int i = 0; i < m->n; i++) {
     layer *l = &m->L[i];
     const dt_layer_info *in = &l->s.info;
@@ -284,11 +287,12 @@ void dt_model_init(dt_model *m, uint64_t seed) {
     default: break;
     }
   }
+  return DT_OK;
 }
 
-size_t dt_model_nparams(const dt_model *m) { return m->nparams; }
-float *dt_model_params(dt_model *m) { return m->params; }
-float *dt_model_grads(dt_model *m) { return m->grads; }
+size_t dt_model_nparams(const dt_model *m) { return m ? m->nparams : 0; }
+float *dt_model_params(dt_model *m) { return m ? m->params : NULL; }
+float *dt_model_grads(dt_model *m) { return m ? m->grads : NULL; }
 
 void dt_model_set_grads(dt_model *m, float *grads) {
   if (!grads) grads = m->own_grads;
@@ -302,17 +306,20 @@ void dt_model_set_grads(dt_model *m, float *grads) {
   }
   m->grads = grads;
 }
-size_t dt_model_nbufs(const dt_model *m) { return m->nbufs; }
-float *dt_model_bufs(dt_model *m) { return m->bufs; }
-int dt_model_nlayers(const dt_model *m) { return m->n; }
+size_t dt_model_nbufs(const dt_model *m) { return m ? m->nbufs : 0; }
+float *dt_model_bufs(dt_model *m) { return m ? m->bufs : NULL; }
+int dt_model_nlayers(const dt_model *m) { return m ? m->n : 0; }
 const dt_layer_info *dt_model_layer(const dt_model *m, int i) {
-  return i >= 0 && i < m->n ? &m->infos[i] : NULL;
+  return m && i >= 0 && i < m->n ? &m->infos[i] : NULL;
 }
-int dt_model_out_dim(const dt_model *m) { return (int)m->out_dim; }
-int dt_model_in_dim(const dt_model *m) { return (int)m->in_dim; }
+int dt_model_out_dim(const dt_model *m) { return m ? (int)m->out_dim : 0; }
+int dt_model_in_dim(const dt_model *m) { return m ? (int)m->in_dim : 0; }
+int dt_model_max_batch(const dt_model *m) { return m ? m->max_batch : 0; }
+const float *dt_model_logits(const dt_model *m) { return m ? m->logits : NULL; }
 
 double dt_model_flops_per_sample(const dt_model *m, int train) {
   double f = 0.0;
+  if (!m) return 0.0;
   for (int i = 0; i < m->n; i++) {
     const dt_layer_info *in = &m->L[i].s.info;
     f += in->fwd_flops;
@@ -344,11 +351,11 @@ static void conv_relu_pool_chunked(dt_model *m, int i, const float *x, int B) {
   }
 }
 
-const float *dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx) {
-  if (B < 1 || B > m->max_batch || !x) {
-    dt__seterr(DT_EINVAL, "model forward: batch %d outside [1, %d]", B, m->max_batch);
-    return NULL;
-  }
+int dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx) {
+  if (!m) return dt__seterr(DT_EINVAL, "model forward: model is NULL");
+  if (!x) return dt__seterr(DT_EINVAL, "model forward: input x is NULL");
+  if (B < 1 || B > m->max_batch)
+    return dt__seterr(DT_EINVAL, "model forward: batch %d outside [1, %d]", B, m->max_batch);
   int train = ctx ? ctx->train : 0;
   const float *cur = x;
   for (int i = 0; i < m->n; i++) {
@@ -416,15 +423,33 @@ const float *dt_model_forward(dt_model *m, const float *x, int B, const dt_step_
   m->B = B;
   m->train = train;
   m->logits = cur;
-  return cur;
+  return DT_OK;
 }
 
-float dt_model_loss(dt_model *m, const int32_t *labels, int B, int *ncorrect) {
-  if (!m->logits || B != m->B) {
-    dt__seterr(DT_EINVAL, "model loss: batch %d does not match the last forward (%d)", B, m->B);
-    return NAN;
-  }
-  return dt_softmax_xent(NULL, ncorrect, m->logits, labels, B, (int)m->out_dim);
+/* The checks dt_model_loss and dt_model_backward share: a forward of B
+ * samples ran and every label names a class. */
+static int check_labels(const dt_model *m, const int32_t *labels, int B, const char *what) {
+  if (!m) return dt__seterr(DT_EINVAL, "model %s: model is NULL", what);
+  if (!labels) return dt__seterr(DT_EINVAL, "model %s: labels is NULL", what);
+  if (!m->logits) return dt__seterr(DT_EINVAL, "model %s: no forward pass ran before", what);
+  if (B != m->B)
+    return dt__seterr(DT_EINVAL, "model %s: batch %d does not match the last forward (%d)", what,
+                      B, m->B);
+  uint32_t V = (uint32_t)m->out_dim;
+  int bad = -1;
+  for (int b = 0; b < B; b++)
+    if ((uint32_t)labels[b] >= V) bad = b;
+  if (bad >= 0)
+    return dt__seterr(DT_EINVAL, "model %s: labels[%d] = %d is not a class in [0, %u)", what, bad,
+                      (int)labels[bad], V);
+  return DT_OK;
+}
+
+int dt_model_loss(dt_model *m, const int32_t *labels, int B, float *loss, int *ncorrect) {
+  DT_CHECK(check_labels(m, labels, B, "loss"));
+  float l = dt_softmax_xent(NULL, ncorrect, m->logits, labels, B, (int)m->out_dim);
+  if (loss) *loss = l;
+  return DT_OK;
 }
 
 /* Backward of the first-parameter conv c (no input gradient) in chunks of
@@ -456,15 +481,12 @@ static void conv_first_backward_chunked(dt_model *m, layer *c, const float *d, c
   }
 }
 
-float dt_model_backward(dt_model *m, const int32_t *labels, int B, int *ncorrect,
-                        dt_grad_ready_fn on_ready, void *ud) {
-  if (!m->logits || B != m->B) {
-    dt__seterr(DT_EINVAL, "model backward: batch %d does not match the last forward (%d)", B,
-               m->B);
-    return NAN;
-  }
+int dt_model_backward(dt_model *m, const int32_t *labels, int B, float *loss_out, int *ncorrect,
+                      dt_grad_ready_fn on_ready, void *ud) {
+  DT_CHECK(check_labels(m, labels, B, "backward"));
   float *d = m->dbuf[0];
   float loss = dt_softmax_xent(d, ncorrect, m->logits, labels, B, (int)m->out_dim);
+  if (loss_out) *loss_out = loss;
   for (int i = m->n - 1; i >= m->first_param; i--) {
     layer *l = &m->L[i];
     const dt__layer_spec *s = &l->s;
@@ -490,7 +512,7 @@ float dt_model_backward(dt_model *m, const int32_t *labels, int B, int *ncorrect
         layer *c = &m->L[i - 2];
         conv_first_backward_chunked(m, c, d, l, B);
         if (on_ready) on_ready(ud, c->s.info.param_off, c->s.info.nparams);
-        return loss;
+        return DT_OK;
       }
       if (l->fused == FUSE_RELU_POOL)
         dt_relu_maxpool2x2_backward(dinp, d, l->code, B, in->in_c, in->in_h, in->in_w);
@@ -527,5 +549,5 @@ float dt_model_backward(dt_model *m, const int32_t *labels, int B, int *ncorrect
     if (in->nparams && on_ready) on_ready(ud, in->param_off, in->nparams);
     d = dinp;
   }
-  return loss;
+  return DT_OK;
 }

@@ -28,7 +28,12 @@ struct dt_optim {
 };
 
 int dt_optim_create(dt_optim **out, const dt_optim_cfg *cfg, size_t n) {
+  if (!out) return dt__seterr(DT_EINVAL, "optimizer: out is NULL");
   *out = NULL;
+  if (!cfg) return dt__seterr(DT_EINVAL, "optimizer: cfg is NULL");
+  if (!n) return dt__seterr(DT_EINVAL, "optimizer: n is 0 (no parameters to update)");
+  if (!(cfg->lr >= 0.0f) || isinf(cfg->lr))
+    return dt__seterr(DT_EINVAL, "optimizer: lr %g must be finite and >= 0", (double)cfg->lr);
   if (cfg->kind != DT_OPT_SGD && cfg->kind != DT_OPT_ADAMW)
     return dt__seterr(DT_EINVAL, "optimizer: unknown kind %d", cfg->kind);
   if (!(cfg->momentum >= 0.0f) || !(cfg->weight_decay >= 0.0f) || !(cfg->dampening >= 0.0f))
@@ -112,7 +117,12 @@ static void adamw(float *restrict p, const float *restrict g, float *restrict m,
   }
 }
 
-void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
+int dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
+  if (!o) return dt__seterr(DT_EINVAL, "optimizer step: optimizer is NULL");
+  if (!params) return dt__seterr(DT_EINVAL, "optimizer step: params is NULL");
+  if (!grads) return dt__seterr(DT_EINVAL, "optimizer step: grads is NULL");
+  if (!(lr >= 0.0f) || isinf(lr))
+    return dt__seterr(DT_EINVAL, "optimizer step: lr %g must be finite and >= 0", (double)lr);
   const dt_optim_cfg *c = &o->cfg;
   o->step++;
   if (c->kind == DT_OPT_SGD) {
@@ -121,7 +131,7 @@ void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
     else
       sgd_momentum(params, grads, o->state, o->n, lr, c->weight_decay, c->momentum, c->dampening,
                    c->nesterov, o->step == 1);
-    return;
+    return DT_OK;
   }
   /* PyTorch computes these scalars in Python doubles. */
   double t = (double)o->step;
@@ -132,4 +142,5 @@ void dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
   float decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
   adamw(params, grads, o->state, o->state + o->n, o->n, decay, c->beta1, c->beta2, step_size,
         inv_bc2_sqrt, c->eps);
+  return DT_OK;
 }

@@ -39,7 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       float *x = calloc(2 * in, sizeof(float));
       int32_t y[2] = {0, (int32_t)(V - 1)};
       dt_step_ctx ctx = {1, 1, 0, 0};
-      if (x && dt_model_forward(m, x, 2, &ctx)) dt_model_backward(m, y, 2, NULL, NULL, NULL);
+      if (x && dt_model_forward(m, x, 2, &ctx) == DT_OK) dt_model_backward(m, y, 2, NULL, NULL, NULL, NULL);
       free(x);
       dt_model_destroy(m);
     }

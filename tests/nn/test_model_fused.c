@@ -91,18 +91,21 @@ static void run_pairs(void) {
       for (int i = 0; i < B; i++) y[i] = (i * 3 + step) % V;
       memcpy(x0, x, (size_t)B * D * sizeof(float));
       dt_step_ctx ctx = {1, 5, (uint64_t)step, (int64_t)step * MB};
-      const float *lf = dt_model_forward(f, x, B, &ctx);
+      assert_int_equal(dt_model_forward(f, x, B, &ctx), DT_OK);
+      const float *lf = dt_model_logits(f);
       assert_non_null(lf);
       same("input", x, x0, (size_t)B * D * sizeof(float), p->fused);
-      const float *lu = dt_model_forward(u, x, B, &ctx);
+      assert_int_equal(dt_model_forward(u, x, B, &ctx), DT_OK);
+      const float *lu = dt_model_logits(u);
       assert_non_null(lu);
       same("logits", lf, lu, (size_t)B * V * sizeof(float), p->fused);
       int cf = -1, cu = -2;
       spans sf = {0}, su = {0};
       int c0 = -3;
-      float loss0 = dt_model_loss(f, y, B, &c0); /* no gradient: same loss, bitwise */
-      float lossf = dt_model_backward(f, y, B, &cf, on_ready, &sf);
-      float lossu = dt_model_backward(u, y, B, &cu, on_ready, &su);
+      float loss0 = NAN, lossf = NAN, lossu = NAN;
+      assert_int_equal(dt_model_loss(f, y, B, &loss0, &c0), DT_OK); /* no gradient: same loss, bitwise */
+      assert_int_equal(dt_model_backward(f, y, B, &lossf, &cf, on_ready, &sf), DT_OK);
+      assert_int_equal(dt_model_backward(u, y, B, &lossu, &cu, on_ready, &su), DT_OK);
       assert_true(sf.n > 0);
       assert_int_equal(sf.n, su.n);
       same("ready spans", sf.v, su.v, sizeof(size_t) * (size_t)sf.n, p->fused);
@@ -125,8 +128,10 @@ static void run_pairs(void) {
       }
       /* eval mode goes through the same plan */
       dt_step_ctx ev = {0, 5, 0, 0};
-      lf = dt_model_forward(f, x, B, &ev);
-      lu = dt_model_forward(u, x, B, &ev);
+      assert_int_equal(dt_model_forward(f, x, B, &ev), DT_OK);
+      assert_int_equal(dt_model_forward(u, x, B, &ev), DT_OK);
+      lf = dt_model_logits(f);
+      lu = dt_model_logits(u);
       same("eval logits", lf, lu, (size_t)B * V * sizeof(float), p->fused);
     }
     free(x), free(x0);

@@ -79,6 +79,19 @@ static void test_init(void **st) {
 }
 
 /* Five SGD-momentum steps from seed `seed`; returns params and bufs. */
+/* Forward that must succeed; returns the logits. */
+static const float *fwd(dt_model *m, const float *x, int n, const dt_step_ctx *ctx) {
+  assert_int_equal(dt_model_forward(m, x, n, ctx), DT_OK);
+  return dt_model_logits(m);
+}
+
+/* Backward that must succeed; returns the loss. */
+static float bwd(dt_model *m, const int32_t *y, int n, int *ncorrect, dt_grad_ready_fn f, void *ud) {
+  float loss = NAN;
+  assert_int_equal(dt_model_backward(m, y, n, &loss, ncorrect, f, ud), DT_OK);
+  return loss;
+}
+
 static void train(const char *spec, uint64_t seed, float *params, float *bufs) {
   dt_model *m = make(spec, 8);
   dt_model_init(m, seed);
@@ -91,8 +104,8 @@ static void train(const char *spec, uint64_t seed, float *params, float *bufs) {
   for (int s = 0; s < 5; s++) {
     data(x, y, 8, 100 + s);
     dt_step_ctx ctx = {1, seed, (uint64_t)s, (int64_t)s * 8};
-    assert_non_null(dt_model_forward(m, x, 8 - (s & 1), &ctx));
-    float loss = dt_model_backward(m, y, 8 - (s & 1), NULL, NULL, NULL);
+    assert_non_null(fwd(m, x, 8 - (s & 1), &ctx));
+    float loss = bwd(m, y, 8 - (s & 1), NULL, NULL, NULL);
     assert_true(isfinite(loss));
     dt_optim_step(o, dt_model_params(m), dt_model_grads(m), 0.05f);
   }
@@ -124,8 +137,10 @@ static void test_determinism(void **st) {
 }
 
 static double loss_at(dt_model *m, const float *x, const int32_t *y, const dt_step_ctx *ctx) {
-  assert_non_null(dt_model_forward(m, x, B, ctx));
-  return dt_model_loss(m, y, B, NULL);
+  assert_non_null(fwd(m, x, B, ctx));
+  float loss = NAN;
+  assert_int_equal(dt_model_loss(m, y, B, &loss, NULL), DT_OK);
+  return loss;
 }
 
 /* Directional derivative of the loss along random directions v:
@@ -139,9 +154,9 @@ static void test_gradient_fd(void **st) {
   int32_t y[B];
   data(x, y, B, 9);
   dt_step_ctx ctx = {1, 77, 3, 40};
-  assert_non_null(dt_model_forward(m, x, B, &ctx));
+  assert_non_null(fwd(m, x, B, &ctx));
   int ncorrect = -1;
-  float loss = dt_model_backward(m, y, B, &ncorrect, NULL, NULL);
+  float loss = bwd(m, y, B, &ncorrect, NULL, NULL);
   assert_true(ncorrect >= 0 && ncorrect <= B);
   assert_float_equal(loss, loss_at(m, x, y, &ctx), 1e-6);
   float *g = malloc(P * 4), *p0 = malloc(P * 4), *v = malloc(P * 4);
@@ -185,30 +200,32 @@ static void test_eval_and_bad_calls(void **st) {
    * forward is a pure function of the input, whatever the step. */
   dt_step_ctx e1 = {0, 1, 1, 0}, e2 = {0, 9, 5, 123};
   float out1[B * 5];
-  memcpy(out1, dt_model_forward(m, x, B, &e1), sizeof out1);
-  assert_memory_equal(out1, dt_model_forward(m, x, B, &e2), sizeof out1);
-  assert_memory_equal(out1, dt_model_forward(m, x, B, NULL), sizeof out1);
+  memcpy(out1, fwd(m, x, B, &e1), sizeof out1);
+  assert_memory_equal(out1, fwd(m, x, B, &e2), sizeof out1);
+  assert_memory_equal(out1, fwd(m, x, B, NULL), sizeof out1);
   /* Train mode differs (dropout masks keyed by step). */
   dt_step_ctx t1 = {1, 1, 1, 0}, t2 = {1, 1, 2, 0};
-  memcpy(out1, dt_model_forward(m, x, B, &t1), sizeof out1);
-  assert_memory_not_equal(out1, dt_model_forward(m, x, B, &t2), sizeof out1);
-  assert_memory_equal(out1, dt_model_forward(m, x, B, &t1), sizeof out1);
+  memcpy(out1, fwd(m, x, B, &t1), sizeof out1);
+  assert_memory_not_equal(out1, fwd(m, x, B, &t2), sizeof out1);
+  assert_memory_equal(out1, fwd(m, x, B, &t1), sizeof out1);
   /* Bad batch sizes. */
-  assert_null(dt_model_forward(m, x, B + 1, &t1));
+  assert_int_equal(dt_model_forward(m, x, B + 1, &t1), DT_EINVAL);
   assert_true(strstr(dt_errmsg(), "batch 5") != NULL);
-  assert_null(dt_model_forward(m, x, 0, &t1));
-  assert_non_null(dt_model_forward(m, x, 2, &t1));
-  assert_true(isnan(dt_model_backward(m, y, 3, NULL, NULL, NULL)));
+  assert_int_equal(dt_model_forward(m, x, 0, &t1), DT_EINVAL);
+  assert_non_null(fwd(m, x, 2, &t1));
+  float l = 0.0f;
+  assert_int_equal(dt_model_backward(m, y, 3, &l, NULL, NULL, NULL), DT_EINVAL);
   assert_true(strstr(dt_errmsg(), "does not match") != NULL);
-  assert_true(isnan(dt_model_loss(m, y, 3, NULL)));
-  assert_true(isfinite(dt_model_backward(m, y, 2, NULL, NULL, NULL)));
+  assert_true(l == 0.0f); /* untouched on error */
+  assert_int_equal(dt_model_loss(m, y, 3, &l, NULL), DT_EINVAL);
+  assert_true(isfinite(bwd(m, y, 2, NULL, NULL, NULL)));
   dt_model_destroy(m);
   /* A model without parameters runs and reports none. */
   m = make("relu maxpool(3)", 2);
   assert_int_equal(dt_model_nparams(m), 0);
-  assert_non_null(dt_model_forward(m, x, 2, &t1));
+  assert_non_null(fwd(m, x, 2, &t1));
   int calls = 0;
-  assert_true(isfinite(dt_model_backward(m, y, 2, NULL, NULL, &calls)));
+  assert_true(isfinite(bwd(m, y, 2, NULL, NULL, &calls)));
   dt_model_destroy(m);
 }
 
