@@ -3,10 +3,13 @@
 #   make test   install what is missing, build, run the whole test suite
 #   make bench  dtrain vs PyTorch 1.13, back to back, with ratios
 #   make bench-comm  allreduce vs Open MPI and Gloo
+#   make install [PREFIX=/usr/local]  the dtrain binary, libdtrain (.a, .so),
+#                headers, dtrain.pc and the CMake package under PREFIX
 JOBS ?= $(shell nproc)
 BUILD ?= build/release
+PREFIX ?= /usr/local
 
-.PHONY: all build demo test test-san test-tsan test-main bench bench-comm clean deps deps-test deps-bench
+.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm clean deps deps-test deps-bench
 
 all: build
 
@@ -20,6 +23,9 @@ deps-bench:
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 demo: build
 	$(BUILD)/dtrain train --out runs/demo
