@@ -506,14 +506,16 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   }
   /* Only the process (node) where rank 0 runs writes anything. */
   int has_rank0 = L ? L->node_rank == 0 : ext ? ew.rank == 0 : 1;
-  /* An output directory that cannot be made is bad input too. */
-  rc = has_rank0 ? dt_mkdirs(out) : DT_OK;
+  /* The run owns its output directory (DIR/.lock, held by this process
+   * and the workers it forks): one that cannot be made is bad input; one
+   * that another run holds is refused, naming its pid. */
+  rc = has_rank0 ? dt_engine_set_out_dir(e, out) : DT_OK;
   if (rc < 0) {
     fprintf(stderr, "dtrain: --out: %s\n", dt_errmsg());
     dt_engine_destroy(e);
     free(text);
     free(cfg);
-    return DT_EXIT_USAGE;
+    return rc == DT_EAGAIN ? DT_EXIT_FAIL : DT_EXIT_USAGE;
   }
   view v = {NULL, 0, 0};
   if (isatty(STDERR_FILENO)) v.bar = stderr;

@@ -25,10 +25,15 @@ const char *dt_errmsg(void) { return last_msg; }
 const char *dt_version(void) { return DT_VERSION_STRING; }
 
 int dt__seterr(int rc, const char *fmt, ...) {
+  /* Formatted aside first: an argument may be dt_errmsg() itself (a reason
+   * wrapped with context), and formatting into the buffer being read
+   * garbles it ("x: x: 1: ..."). */
+  char buf[sizeof last_msg];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+  vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  memcpy(last_msg, buf, sizeof last_msg);
   return rc;
 }
 

@@ -8,6 +8,7 @@
  * records.c.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,32 +64,79 @@ static void set_schedule(dt_engine *e) {
   e->sched.total_steps = e->steps_per_epoch * c->epochs;
 }
 
-int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg) {
-  *out = NULL;
-  if (cfg->workers < 1)
-    return dt__seterr(DT_EINVAL, "dist.workers = %d: expects at least 1", cfg->workers);
-  if (cfg->format < 0 || cfg->format > DT_FMT_NPY)
-    return dt__seterr(DT_EINVAL, "data.format %d: unknown", cfg->format);
-  dt_engine *e = calloc(1, sizeof *e);
-  if (!e) return dt__seterr(DT_ENOMEM, "engine: out of memory");
-  e->cfg = *cfg;
-  e->nranks = 1;
-  e->mean = 0.0f;
-  e->std = 1.0f;
-  int rc;
-  /* One compute thread per worker unless the user asks OpenBLAS for more. */
-  if (!getenv("OPENBLAS_NUM_THREADS")) dt_tensor_set_threads(1);
+/* The settings the loop relies on; the config parser checks the same keys
+ * with file and line, this is for callers of the library. */
+static int check_cfg(const dt_run_cfg *c) {
+  if (c->workers < 1)
+    return dt__seterr(DT_EINVAL, "dist.workers = %d: expects at least 1", c->workers);
+  if (c->format < 0 || c->format > DT_FMT_NPY)
+    return dt__seterr(DT_EINVAL, "data.format %d: unknown", c->format);
+  if (!memchr(c->layers, '\0', sizeof c->layers) || !c->layers[0])
+    return dt__seterr(DT_EINVAL, "model.layers: empty or not NUL-terminated");
+  if (c->batch < 1) return dt__seterr(DT_EINVAL, "train.batch = %d: expects at least 1", c->batch);
+  if (c->epochs < 1)
+    return dt__seterr(DT_EINVAL, "train.epochs = %d: expects at least 1", c->epochs);
+  if (c->eval_every < 1)
+    return dt__seterr(DT_EINVAL, "train.eval_every = %d: expects at least 1", c->eval_every);
+  if (c->deterministic && c->micro_batch < 1)
+    return dt__seterr(DT_EINVAL, "dist.micro_batch = %d: expects at least 1", c->micro_batch);
+  if (c->scale_lr && c->base_batch < 1)
+    return dt__seterr(DT_EINVAL, "dist.base_batch = %d: expects at least 1", c->base_batch);
+  if (c->reduce != DT_DIST_AVG && c->reduce != DT_DIST_SUM)
+    return dt__seterr(DT_EINVAL, "dist.reduce %d: unknown", c->reduce);
+  if (!(c->optim.lr >= 0.0f) || !isfinite(c->optim.lr))
+    return dt__seterr(DT_EINVAL, "optim.lr = %g: expects a finite number >= 0", (double)c->optim.lr);
+  return DT_OK;
+}
 
-  DT_CHECK_GOTO(load_split(&e->train, cfg, "train_images", cfg->train_images, "train_labels",
-                           cfg->train_labels), rc, fail);
-  DT_CHECK_GOTO(load_split(&e->test, cfg, "test_images", cfg->test_images, "test_labels",
-                           cfg->test_labels), rc, fail);
-  if (e->train.dim != e->test.dim || e->train.c != e->test.c || e->train.h != e->test.h) {
-    rc = dt__seterr(DT_EINVAL, "data: train samples are %dx%dx%d but test samples are %dx%dx%d "
-                    "('%s' vs '%s')", e->train.c, e->train.h, e->train.w, e->test.c, e->test.h,
-                    e->test.w, cfg->train_images, cfg->test_images);
-    goto fail;
+/* A caller's data set, checked and copied: the engine normalises its own copy. */
+static int copy_dataset(dt_dataset *dst, const dt_dataset *src, const char *arg) {
+  memset(dst, 0, sizeof *dst);
+  if (!src) return dt__seterr(DT_EINVAL, "dt_engine_create_with_data: %s is NULL", arg);
+  if (src->n <= 0 || !src->x || !src->y)
+    return dt__seterr(DT_EINVAL, "dt_engine_create_with_data: %s has no samples (n = %lld%s%s)",
+                      arg, (long long)src->n, src->x ? "" : ", x NULL", src->y ? "" : ", y NULL");
+  if (src->c < 1 || src->h < 1 || src->w < 1 || src->dim != (int64_t)src->c * src->h * src->w)
+    return dt__seterr(DT_EINVAL, "dt_engine_create_with_data: %s: shape %dx%dx%d does not give "
+                      "dim %lld", arg, src->c, src->h, src->w, (long long)src->dim);
+  int32_t maxy = -1;
+  for (int64_t i = 0; i < src->n; i++) {
+    if (src->y[i] < 0)
+      return dt__seterr(DT_EINVAL, "dt_engine_create_with_data: %s: label %d of sample %lld is "
+                        "negative", arg, src->y[i], (long long)i);
+    if (src->y[i] > maxy) maxy = src->y[i];
   }
+  size_t nx = (size_t)src->n * (size_t)src->dim;
+  dst->x = dt_alloc(nx * sizeof(float));
+  dst->y = dt_alloc((size_t)src->n * sizeof(int32_t));
+  if (!dst->x || !dst->y) {
+    dt_free(dst->x);
+    dt_free(dst->y);
+    dst->x = NULL;
+    dst->y = NULL;
+    return dt__seterr(DT_ENOMEM, "dt_engine_create_with_data: %s: out of memory for %lld samples",
+                      arg, (long long)src->n);
+  }
+  memcpy(dst->x, src->x, nx * sizeof(float));
+  memcpy(dst->y, src->y, (size_t)src->n * sizeof(int32_t));
+  dst->n = src->n;
+  dst->c = src->c;
+  dst->h = src->h;
+  dst->w = src->w;
+  dst->dim = src->dim;
+  dst->nclasses = maxy + 1 > src->nclasses ? maxy + 1 : src->nclasses;
+  return DT_OK;
+}
+
+/* Everything after the data sets are in e->train and e->test. */
+static int build(dt_engine *e) {
+  const dt_run_cfg *cfg = &e->cfg;
+  int rc;
+  if (e->train.dim != e->test.dim || e->train.c != e->test.c || e->train.h != e->test.h)
+    return dt__seterr(DT_EINVAL, "data: train samples are %dx%dx%d but test samples are %dx%dx%d "
+                      "('%s' vs '%s')", e->train.c, e->train.h, e->train.w, e->test.c, e->test.h,
+                      e->test.w, e->from_memory ? "train" : cfg->train_images,
+                      e->from_memory ? "test" : cfg->test_images);
   if (cfg->limit_train > 0 && cfg->limit_train < e->train.n) e->train.n = cfg->limit_train;
   if (cfg->limit_test > 0 && cfg->limit_test < e->test.n) e->test.n = cfg->limit_test;
   if (cfg->normalize) {
@@ -99,30 +147,70 @@ int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg) {
   }
 
   rc = dt_model_create(&e->model, cfg->layers, e->train.c, e->train.h, e->train.w, cfg->batch);
-  if (rc < 0) {
-    dt__preerr(rc, "model.layers");
-    goto fail;
-  }
+  if (rc < 0) return dt__preerr(rc, "model.layers");
   int classes = e->train.nclasses > e->test.nclasses ? e->train.nclasses : e->test.nclasses;
-  if (dt_model_out_dim(e->model) < classes) {
-    rc = dt__seterr(DT_EINVAL, "model.layers: the last layer has %d outputs but the data has %d "
-                    "classes", dt_model_out_dim(e->model), classes);
-    goto fail;
-  }
+  if (dt_model_out_dim(e->model) < classes)
+    return dt__seterr(DT_EINVAL, "model.layers: the last layer has %d outputs but the data has %d "
+                      "classes", dt_model_out_dim(e->model), classes);
   dt_model_init(e->model, cfg->seed);
-  DT_CHECK_GOTO(dt_optim_create(&e->optim, &cfg->optim, dt_model_nparams(e->model)), rc, fail);
+  DT_CHECK(dt_optim_create(&e->optim, &cfg->optim, dt_model_nparams(e->model)));
 
   /* The strategy, by name; its batch source now (data-parallel sources start
    * no thread, so the engine may be created before the workers fork). */
   const char *name = dt__strategy_for(cfg);
   e->strat.ops = dt__strategy_find(name);
-  if (!e->strat.ops) {
-    rc = dt__seterr(DT_EINVAL, "engine: no strategy called '%s'", name);
-    goto fail;
-  }
-  DT_CHECK_GOTO(e->strat.ops->open_source(&e->cfg, &e->train, &e->source), rc, fail);
+  if (!e->strat.ops) return dt__seterr(DT_EINVAL, "engine: no strategy called '%s'", name);
+  DT_CHECK(e->strat.ops->open_source(&e->cfg, &e->train, &e->source));
   e->steps_per_epoch = e->source->ops->steps_per_epoch(e->source);
   set_schedule(e);
+  return DT_OK;
+}
+
+static int engine_new(dt_engine **out, const dt_run_cfg *cfg, const char *fn) {
+  if (!out) return dt__seterr(DT_EINVAL, "%s: out is NULL", fn);
+  *out = NULL;
+  if (!cfg) return dt__seterr(DT_EINVAL, "%s: cfg is NULL", fn);
+  DT_CHECK(check_cfg(cfg));
+  dt_engine *e = calloc(1, sizeof *e);
+  if (!e) return dt__seterr(DT_ENOMEM, "engine: out of memory");
+  e->cfg = *cfg;
+  e->nranks = 1;
+  e->mean = 0.0f;
+  e->std = 1.0f;
+  e->out_fd = -1;
+  /* One compute thread per worker unless the user asks OpenBLAS for more. */
+  if (!getenv("OPENBLAS_NUM_THREADS")) dt_tensor_set_threads(1);
+  *out = e;
+  return DT_OK;
+}
+
+int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg) {
+  if (out) *out = NULL;
+  dt_engine *e;
+  DT_CHECK(engine_new(&e, cfg, "dt_engine_create"));
+  int rc;
+  DT_CHECK_GOTO(load_split(&e->train, cfg, "train_images", cfg->train_images, "train_labels",
+                           cfg->train_labels), rc, fail);
+  DT_CHECK_GOTO(load_split(&e->test, cfg, "test_images", cfg->test_images, "test_labels",
+                           cfg->test_labels), rc, fail);
+  DT_CHECK_GOTO(build(e), rc, fail);
+  *out = e;
+  return DT_OK;
+fail:
+  dt_engine_destroy(e);
+  return rc;
+}
+
+int dt_engine_create_with_data(dt_engine **out, const dt_run_cfg *cfg, const dt_dataset *train,
+                               const dt_dataset *test) {
+  if (out) *out = NULL;
+  dt_engine *e;
+  DT_CHECK(engine_new(&e, cfg, "dt_engine_create_with_data"));
+  e->from_memory = 1;
+  int rc;
+  DT_CHECK_GOTO(copy_dataset(&e->train, train, "train"), rc, fail);
+  DT_CHECK_GOTO(copy_dataset(&e->test, test, "test"), rc, fail);
+  DT_CHECK_GOTO(build(e), rc, fail);
   *out = e;
   return DT_OK;
 fail:
@@ -132,6 +220,7 @@ fail:
 
 void dt_engine_destroy(dt_engine *e) {
   if (!e) return;
+  if (e->out_fd >= 0) close(e->out_fd);
   dt__source_destroy(e->source);
   dt_optim_destroy(e->optim);
   dt_model_destroy(e->model);
@@ -140,11 +229,27 @@ void dt_engine_destroy(dt_engine *e) {
   free(e);
 }
 
-const dt_model *dt_engine_model(const dt_engine *e) { return e->model; }
-int64_t dt_engine_train_samples(const dt_engine *e) { return e->train.n; }
-int64_t dt_engine_test_samples(const dt_engine *e) { return e->test.n; }
+const dt_model *dt_engine_model(const dt_engine *e) { return e ? e->model : NULL; }
+int64_t dt_engine_train_samples(const dt_engine *e) { return e ? e->train.n : 0; }
+int64_t dt_engine_test_samples(const dt_engine *e) { return e ? e->test.n : 0; }
+const char *dt_engine_strategy(const dt_engine *e) { return e ? e->strat.ops->name : NULL; }
+
+int dt_engine_set_out_dir(dt_engine *e, const char *dir) {
+  if (!e) return dt__seterr(DT_EINVAL, "dt_engine_set_out_dir: engine is NULL");
+  if (!dir) return dt__seterr(DT_EINVAL, "dt_engine_set_out_dir: dir is NULL");
+  if (e->ran) return dt__seterr(DT_EINVAL, "dt_engine_set_out_dir: engine already ran");
+  int fd;
+  DT_CHECK(dt__outdir_claim(dir, &fd));
+  if (e->out_fd >= 0) close(e->out_fd);
+  e->out_fd = fd;
+  snprintf(e->out_dir, sizeof e->out_dir, "%s", dir);
+  return DT_OK;
+}
 
 int dt_engine_set_comm(dt_engine *e, dt_comm *c) {
+  if (!e) return dt__seterr(DT_EINVAL, "dt_engine_set_comm: engine is NULL");
+  if (!c) return dt__seterr(DT_EINVAL, "dt_engine_set_comm: communicator is NULL");
+  if (e->ran) return dt__seterr(DT_EINVAL, "dt_engine_set_comm: engine already ran");
   int n = dt_comm_size(c);
   if (n != e->cfg.workers)
     return dt__seterr(DT_EINVAL, "dist.workers = %d but the communicator has %d ranks",

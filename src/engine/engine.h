@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "data/data.h"
 #include "nn/nn.h"
 
 #define DT_CFG_PATH_MAX 1024
@@ -143,7 +144,11 @@ typedef struct dt_engine dt_engine;
  * impossible model, unsupported setting): DT_E* with one dt_errmsg() line
  * naming the file or layer. Nothing is written to disk. */
 int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg);
+int dt_engine_create_with_data(dt_engine **out, const dt_run_cfg *cfg, const dt_dataset *train,
+                               const dt_dataset *test);
 void dt_engine_destroy(dt_engine *e); /* NULL is a no-op */
+int dt_engine_set_out_dir(dt_engine *e, const char *dir);
+const char *dt_engine_strategy(const dt_engine *e);
 
 /* Makes the engine one worker of a data-parallel job: c (borrowed, must
  * outlive every later call) must have dist.workers ranks. dt_engine_run and

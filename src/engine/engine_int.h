@@ -26,7 +26,26 @@ struct dt_engine {
   dt_strategy strat;        /* ops picked at create; model, optim, comm lent */
   dt_comm *comm;            /* NULL: one worker */
   int rank, nranks;
+  int ran;                  /* dt_engine_run was called (once per engine) */
+  int from_memory;          /* data sets given by the caller, not paths */
+  int out_fd;               /* DIR/.lock held (flock) for out_dir, or -1 */
+  char out_dir[DT_CFG_PATH_MAX];
 };
+
+/* ---- files (files.c) ------------------------------------------------------------ */
+
+/* Paths in messages are cut to this many bytes (the middle elided). */
+#define DT_SHORT_PATH 160
+/* path, or its first and last (DT_SHORT_PATH - 4) / 2 bytes around "...". */
+const char *dt__short_path(const char *path, char buf[DT_SHORT_PATH]);
+/* A run's claim on its output directory: mkdir -p, an exclusive flock on
+ * DIR/.lock with this pid written in it (DT_EAGAIN naming the holder's pid
+ * when another process holds it), and the previous run's summary.json and
+ * failure record removed. *fd keeps the lock until closed. */
+int dt__outdir_claim(const char *dir, int *fd);
+
+/* A failed run's record (summary.json is written only on success). */
+#define DT_FAILURE_RECORD "failure.json"
 
 /* ---- records (records.c) -------------------------------------------------------- */
 
@@ -47,6 +66,10 @@ int dt__records_event(dt_records *r, const dt_epoch_report *rep);
  * rank order (NULL/0: one worker without a communicator). */
 int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary *s,
                         const dt_worker_stats *per, int nper);
+/* Writes dir/failure.json atomically: status "failed", the error code and
+ * message, where the run stopped. */
+int dt__records_failure(dt_records *r, const dt_engine *e, int rc, const char *msg, int epoch,
+                        int64_t step);
 /* Closes events.jsonl (fsynced, best effort). Safe on a closed record. */
 void dt__records_close(dt_records *r);
 

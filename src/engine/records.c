@@ -23,6 +23,7 @@ int dt__records_open(dt_records *r, const char *dir, const char *config_text) {
   memset(r, 0, sizeof *r);
   DT_CHECK(dt_mkdirs(dir));
   snprintf(r->dir, sizeof r->dir, "%s", dir);
+  r->open = 1; /* from here a failure can be recorded */
   if (config_text) {
     char path[DT_CFG_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.ini", dir);
@@ -30,8 +31,11 @@ int dt__records_open(dt_records *r, const char *dir, const char *config_text) {
   }
   snprintf(r->events_path, sizeof r->events_path, "%s/events.jsonl", dir);
   r->events = fopen(r->events_path, "w");
-  if (!r->events) return dt__seterr(DT_EIO, "'%s': %s", r->events_path, strerror(errno));
-  r->open = 1;
+  if (!r->events) {
+    char sp[DT_SHORT_PATH];
+    r->open = 0;
+    return dt__seterr(DT_EIO, "'%s': %s", dt__short_path(r->events_path, sp), strerror(errno));
+  }
   return DT_OK;
 }
 
@@ -67,7 +71,11 @@ int dt__records_event(dt_records *r, const dt_epoch_report *rep) {
   if (!s) return dt__seterr(DT_ENOMEM, "events: out of memory");
   int bad = fprintf(r->events, "%s\n", s) < 0 || fflush(r->events) != 0;
   cJSON_free(s);
-  if (bad) return dt__seterr(DT_EIO, "'%s': write: %s", r->events_path, strerror(errno));
+  if (bad) {
+    char sp[DT_SHORT_PATH];
+    return dt__seterr(DT_EIO, "'%s': write: %s", dt__short_path(r->events_path, sp),
+                      strerror(errno));
+  }
   return DT_OK;
 }
 
@@ -85,7 +93,7 @@ static void add_worker(cJSON *o, const dt_worker_stats *w) {
 /* Pretty-printed JSON plus a final newline, written atomically. */
 static int write_json(const char *path, cJSON *o) {
   char *txt = cJSON_Print(o);
-  if (!txt) return dt__seterr(DT_ENOMEM, "summary: out of memory");
+  if (!txt) return dt__seterr(DT_ENOMEM, "'%s': out of memory", path);
   size_t n = strlen(txt);
   char *buf = malloc(n + 2);
   if (!buf) {
@@ -108,6 +116,7 @@ int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary 
   snprintf(path, sizeof path, "%s/summary.json", r->dir);
   cJSON *o = cJSON_CreateObject();
   if (!o) return dt__seterr(DT_ENOMEM, "summary: out of memory");
+  cJSON_AddStringToObject(o, "status", "succeeded");
   cJSON_AddNumberToObject(o, "test_accuracy", s->test_accuracy);
   cJSON_AddNumberToObject(o, "test_loss", s->test_loss);
   cJSON_AddNumberToObject(o, "epochs", s->epochs);
@@ -125,9 +134,11 @@ int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary 
   cJSON_AddNumberToObject(o, "batch", e->cfg.batch);
   cJSON_AddBoolToObject(o, "deterministic", e->cfg.deterministic != 0);
   if (e->cfg.deterministic) cJSON_AddNumberToObject(o, "micro_batch", e->cfg.micro_batch);
+  /* The seed as an exact JSON integer (raw digits: a double would round
+   * seeds above 2^53; readers that parse numbers as doubles still may). */
   char seed[32];
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)e->cfg.seed);
-  cJSON_AddStringToObject(o, "seed", seed);
+  cJSON_AddRawToObject(o, "seed", seed);
   cJSON_AddStringToObject(o, "data_format", fmt_name[e->cfg.format]);
   cJSON_AddNumberToObject(o, "train_set", (double)e->train.n);
   cJSON_AddNumberToObject(o, "test_set", (double)e->test.n);
@@ -163,6 +174,27 @@ int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary 
   int rc = write_json(path, o);
   cJSON_Delete(o);
   return rc;
+}
+
+int dt__records_failure(dt_records *r, const dt_engine *e, int rc, const char *msg, int epoch,
+                        int64_t step) {
+  if (!r->open) return DT_OK;
+  char path[DT_CFG_PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/%s", r->dir, DT_FAILURE_RECORD);
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return dt__seterr(DT_ENOMEM, "failure record: out of memory");
+  cJSON_AddStringToObject(o, "status", "failed");
+  cJSON_AddStringToObject(o, "error", msg);
+  cJSON_AddStringToObject(o, "error_code", dt_strerror(rc));
+  cJSON_AddNumberToObject(o, "epoch", epoch);
+  cJSON_AddNumberToObject(o, "step", (double)step);
+  cJSON_AddNumberToObject(o, "workers", e->nranks);
+  cJSON_AddStringToObject(o, "strategy", e->strat.ops->name);
+  cJSON_AddStringToObject(o, "dtrain_version", dt_version());
+  dt__records_close(r);
+  int wrc = write_json(path, o);
+  cJSON_Delete(o);
+  return wrc;
 }
 
 /* ---- fingerprints ------------------------------------------------------------- */

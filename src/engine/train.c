@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "engine/engine_int.h"
@@ -143,6 +144,9 @@ static void lend(dt_engine *e) {
 }
 
 int dt_engine_evaluate(dt_engine *e, double *loss, double *accuracy) {
+  if (!e || !loss || !accuracy)
+    return dt__seterr(DT_EINVAL, "dt_engine_evaluate: %s is NULL",
+                      !e ? "engine" : !loss ? "loss" : "accuracy");
   lend(e);
   return evaluate(e, loss, accuracy);
 }
@@ -174,8 +178,37 @@ static int step_err(dt_engine *e, int rc, int epoch) {
   return dt__preerr(rc, "epoch %d step %lld", epoch, (long long)e->strat.step + 1);
 }
 
+/* Start-of-run notes that are not errors (rank 0 only, once). */
+static void warn_settings(const dt_engine *e) {
+  const int64_t total = e->sched.total_steps, warm = e->sched.warmup_steps;
+  if (warm > total)
+    DT_LOG_WARN("schedule.warmup_steps = %lld is longer than the whole run (%lld steps): the "
+                "learning rate peaks at %.3g, %.0f%% of its base %.3g", (long long)warm,
+                (long long)total, (double)dt_sched_lr(&e->sched, total - 1),
+                100.0 * (double)total / (double)warm, (double)e->sched.base_lr);
+}
+
+/* Rank 0 owns out_dir for the run: the claim made by dt_engine_set_out_dir,
+ * or one made now, then the records. */
+static int open_records(dt_engine *e, const char *out_dir, const char *config_text,
+                        dt_records *rec) {
+  if (e->out_fd < 0 || strcmp(e->out_dir, out_dir)) {
+    int fd;
+    DT_CHECK(dt__outdir_claim(out_dir, &fd));
+    if (e->out_fd >= 0) close(e->out_fd);
+    e->out_fd = fd;
+    snprintf(e->out_dir, sizeof e->out_dir, "%s", out_dir);
+  }
+  return dt__records_open(rec, out_dir, config_text);
+}
+
 int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
                   const dt_engine_hooks *hooks, dt_run_summary *sum) {
+  if (!e) return dt__seterr(DT_EINVAL, "dt_engine_run: engine is NULL");
+  if (e->ran)
+    return dt__seterr(DT_EINVAL, "dt_engine_run: engine already ran (create a new engine for "
+                      "another run)");
+  e->ran = 1;
   const dt_run_cfg *c = &e->cfg;
   dt_engine_hooks none = {NULL, NULL, NULL};
   if (!hooks) hooks = &none;
@@ -194,8 +227,11 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   dt_worker_stats *all = NULL;
   int rc = DT_OK;
 
+  int epoch = 0;
+
   /* Start: rank 0 owns the records; every rank runs the strategy's checks. */
-  if (e->rank == 0) DT_CHECK_GOTO(dt__records_open(&rec, out_dir, config_text), rc, done);
+  if (e->rank == 0 && out_dir) DT_CHECK_GOTO(open_records(e, out_dir, config_text, &rec), rc, done);
+  if (e->rank == 0) warn_settings(e);
   DT_CHECK_GOTO(S->ops->setup(S), rc, done);
   DT_CHECK_GOTO(src->ops->bind(src, e->rank, e->nranks), rc, done);
 
@@ -205,7 +241,6 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   dt_progress p = {0};
   p.epochs = c->epochs;
   p.steps_per_epoch = e->steps_per_epoch;
-  int epoch = 0;
   for (epoch = 1; epoch <= c->epochs; epoch++) {
     DT_CHECK_GOTO(src->ops->epoch_begin(src, epoch), rc, done);
     dt_tally ep = {.fixed = S->ops->fixed_point};
@@ -301,6 +336,18 @@ step_failed:
 done:
   free(all);
   S->ops->teardown(S);
+  if (rc < 0 && rec.open) {
+    /* the failure, not a stale success: summary.json was removed at start */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", dt_errmsg());
+    if (dt__records_failure(&rec, e, rc, msg, epoch, S->step) < 0) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", dt_errmsg());
+      dt__seterr(rc, "%s (and the failure record could not be written: %s)", msg, why);
+    } else {
+      dt__seterr(rc, "%s", msg);
+    }
+  }
   dt__records_close(&rec);
   return rc;
 }

@@ -419,7 +419,12 @@ static int finish_inline(dt_ddp *d) {
   d->st.exposed_seconds += dt;
   d->st.steps++;
   pthread_mutex_unlock(&d->mu);
-  if (rc < 0) return dt__seterr(rc, "gradient allreduce: %s", reduce_errmsg(d));
+  if (rc < 0) {
+    /* the reason may be this thread's own message buffer: copy it first */
+    char why[512];
+    snprintf(why, sizeof why, "%s", reduce_errmsg(d));
+    return dt__seterr(rc, "gradient allreduce: %s: %s", dt_strerror(rc), why);
+  }
   return det_verdict(d);
 }
 
@@ -433,7 +438,7 @@ int dt_ddp_finish_step(dt_ddp *d) {
   d->st.exposed_seconds += dt_now() - t0;
   d->st.steps++;
   pthread_mutex_unlock(&d->mu);
-  if (rc < 0) return dt__seterr(rc, "gradient allreduce: %s", d->errmsg);
+  if (rc < 0) return dt__seterr(rc, "gradient allreduce: %s: %s", dt_strerror(rc), d->errmsg);
   return det_verdict(d);
 }
 
