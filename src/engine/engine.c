@@ -163,11 +163,11 @@ static int build(dt_engine *e) {
   DT_CHECK(e->strat.ops->open_source(&e->cfg, &e->train, &e->source));
   e->steps_per_epoch = e->source->ops->steps_per_epoch(e->source);
   set_schedule(e);
+  dt__engine_lend(e);
   return DT_OK;
 }
 
 static int engine_new(dt_engine **out, const dt_run_cfg *cfg, const char *fn) {
-  if (!out) return dt__seterr(DT_EINVAL, "%s: out is NULL", fn);
   *out = NULL;
   if (!cfg) return dt__seterr(DT_EINVAL, "%s: cfg is NULL", fn);
   DT_CHECK(check_cfg(cfg));
@@ -185,7 +185,8 @@ static int engine_new(dt_engine **out, const dt_run_cfg *cfg, const char *fn) {
 }
 
 int dt_engine_create(dt_engine **out, const dt_run_cfg *cfg) {
-  if (out) *out = NULL;
+  if (!out) return dt__seterr(DT_EINVAL, "dt_engine_create: out is NULL");
+  *out = NULL;
   dt_engine *e;
   DT_CHECK(engine_new(&e, cfg, "dt_engine_create"));
   int rc;
@@ -203,7 +204,8 @@ fail:
 
 int dt_engine_create_with_data(dt_engine **out, const dt_run_cfg *cfg, const dt_dataset *train,
                                const dt_dataset *test) {
-  if (out) *out = NULL;
+  if (!out) return dt__seterr(DT_EINVAL, "dt_engine_create_with_data: out is NULL");
+  *out = NULL;
   dt_engine *e;
   DT_CHECK(engine_new(&e, cfg, "dt_engine_create_with_data"));
   e->from_memory = 1;
@@ -257,5 +259,6 @@ int dt_engine_set_comm(dt_engine *e, dt_comm *c) {
   e->comm = c;
   e->rank = dt_comm_rank(c);
   e->nranks = n;
+  dt__engine_lend(e);
   return DT_OK;
 }

@@ -32,6 +32,10 @@ struct dt_engine {
   char out_dir[DT_CFG_PATH_MAX];
 };
 
+/* Fills e->strat with what the engine lends its strategy (strategy.h):
+ * model, optimizer, communicator, rank, sizes. */
+void dt__engine_lend(dt_engine *e);
+
 /* ---- files (files.c) ------------------------------------------------------------ */
 
 /* Paths in messages are cut to this many bytes (the middle elided). */

@@ -129,8 +129,7 @@ static int evaluate(dt_engine *e, double *loss, double *accuracy) {
   return DT_OK;
 }
 
-/* What the loop lends the strategy (strategy.h). */
-static void lend(dt_engine *e) {
+void dt__engine_lend(dt_engine *e) {
   dt_strategy *S = &e->strat;
   S->model = e->model;
   S->optim = e->optim;
@@ -147,7 +146,7 @@ int dt_engine_evaluate(dt_engine *e, double *loss, double *accuracy) {
   if (!e || !loss || !accuracy)
     return dt__seterr(DT_EINVAL, "dt_engine_evaluate: %s is NULL",
                       !e ? "engine" : !loss ? "loss" : "accuracy");
-  lend(e);
+  dt__engine_lend(e);
   return evaluate(e, loss, accuracy);
 }
 
@@ -222,7 +221,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   uint8_t csha[32];
   dt_sha256(ctext, strlen(ctext), csha);
   dt_hex(csha, 32, s.config_sha256);
-  lend(e);
+  dt__engine_lend(e);
   S->config_sha = csha;
   dt_worker_stats *all = NULL;
   int rc = DT_OK;
