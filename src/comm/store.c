@@ -191,9 +191,13 @@ static int tcp_dial(const char *host, int port, double deadline, int *fdout) {
   return dt__seterr(rc, "store: cannot connect to %s:%d: %s", host, port, strerror(err));
 }
 
+/* DT_EAGAIN: the server closed before its challenge (it was out of file
+ * descriptors or shedding strangers, store_server.c): dial again. */
 static int tcp_handshake(struct tcp_client *c, double deadline) {
   uint8_t ns[DT_AUTH_NONCE_LEN], msg[DT_AUTH_NONCE_LEN + DT_AUTH_MAC_LEN];
-  DT_CHECK(io_full(c->fd, ns, sizeof ns, false, deadline, "auth"));
+  int rc0 = io_full(c->fd, ns, sizeof ns, false, deadline, "auth");
+  if (rc0 == DT_EPEERLOST) return DT_EAGAIN;
+  DT_CHECK(rc0);
   DT_CHECK(dt__auth_random(msg, DT_AUTH_NONCE_LEN));
   DT_CHECK(dt__auth_mac(c->token, c->token_len, "dt-kv-client", ns, msg, msg + DT_AUTH_NONCE_LEN));
   DT_CHECK(io_full(c->fd, msg, sizeof msg, true, deadline, "auth"));
@@ -209,13 +213,21 @@ static int tcp_handshake(struct tcp_client *c, double deadline) {
 
 static int tcp_ensure(struct tcp_client *c, double deadline) {
   if (c->fd >= 0) return DT_OK;
-  DT_CHECK(tcp_dial(c->host, c->port, deadline, &c->fd));
-  int rc = tcp_handshake(c, deadline);
-  if (rc < 0) {
+  double wait = 0.005;
+  for (;;) {
+    DT_CHECK(tcp_dial(c->host, c->port, deadline, &c->fd));
+    int rc = tcp_handshake(c, deadline);
+    if (rc == DT_OK) return DT_OK;
     close(c->fd);
     c->fd = -1;
+    if (rc != DT_EAGAIN) return rc;
+    if (dt_now() + wait > deadline)
+      return dt__seterr(DT_ETIMEDOUT, "store %s:%d: auth: the server kept closing the connection before "
+                        "its challenge", c->host, c->port);
+    struct timespec ts = {0, (long)(wait * 1e9)};
+    nanosleep(&ts, NULL);
+    if (wait < 0.1) wait *= 2;
   }
-  return rc;
 }
 
 /* One request/reply. On success *rep points into c->rbuf. */

@@ -6,12 +6,19 @@
  * fails it, or sends a malformed or oversized request, is disconnected with
  * a logged reason while every other client keeps being served. A GET or
  * WAIT for a missing key is parked until the key is set or the request's
- * own timeout passes (then it is answered DT_ETIMEDOUT). The table is a flat
+ * own timeout passes (then it is answered DT_ETIMEDOUT). Strangers cannot
+ * block it: a connection that has not authenticated within
+ * DTRAIN_AUTH_TIMEOUT_MS is closed, at most DTRAIN_AUTH_PENDING_MAX may wait
+ * (the oldest is closed first), and running out of file descriptors closes
+ * an idle stranger or the new connection instead of spinning
+ * (accept_guard.c); each such close is logged with the peer's address.
+ * The table is a flat
  * array searched linearly: a rendezvous holds a few keys per rank. Not here:
  * persistence, replication.
  */
 #define _GNU_SOURCE
 #include "comm/store_int.h"
+#include "comm/accept_guard.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -45,11 +52,15 @@ struct client {
   char pkey[DT_STORE_KEY_MAX + 1];
   double pdeadline;
   bool dead;
+  double since; /* accepted at (dt_now) */
   char peer[64];
 };
 
 struct dt_store_server {
   int lfd, port;
+  struct dt_accept_guard guard;
+  double auth_timeout;
+  int pending_max;
   int wake[2];
   pthread_t th;
   bool started;
@@ -239,39 +250,94 @@ static void on_input(dt_store_server *s, struct client *c, double now) {
 }
 
 static void client_free(struct client *c) {
-  close(c->fd);
+  if (c->fd >= 0) close(c->fd);
   free(c->in);
   free(c->out);
   free(c);
 }
 
-static void accept_one(dt_store_server *s) {
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof ss;
-  int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd < 0) return;
-  struct client *c = calloc(1, sizeof *c);
-  if (!c || s->ncl == s->capcl) {
-    size_t nc = s->capcl ? 2 * s->capcl : 16;
-    struct client **n = c ? realloc(s->cl, nc * sizeof *n) : NULL;
-    if (!n) { free(c); close(fd); return; }
-    s->cl = n;
-    s->capcl = nc;
+/* The oldest connection still owing its authentication (NULL if none). */
+static struct client *oldest_stranger(dt_store_server *s, size_t *count) {
+  struct client *o = NULL;
+  size_t n = 0;
+  for (size_t i = 0; i < s->ncl; i++) {
+    struct client *c = s->cl[i];
+    if (c->authed || c->dead) continue;
+    n++;
+    if (!o || c->since < o->since) o = c;
   }
-  c->fd = fd;
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (ss.ss_family == AF_INET) {
-    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-    char ip[32];
-    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-    snprintf(c->peer, sizeof c->peer, "%s:%d", ip, ntohs(a->sin_port));
-  } else {
-    snprintf(c->peer, sizeof c->peer, "(peer)");
+  if (count) *count = n;
+  return o;
+}
+
+/* Closes a stranger now (its descriptor is needed); freed with the dead. */
+static void drop_now(struct client *c, const char *why) {
+  drop(c, why);
+  close(c->fd);
+  c->fd = -1;
+}
+
+/* Out of descriptors: close the oldest stranger if it has idled a second
+ * (a real client answers the challenge within a round trip). */
+static int evict_idle(void *arg) {
+  dt_store_server *s = arg;
+  struct client *o = oldest_stranger(s, NULL);
+  double idle = o ? dt_now() - o->since : 0;
+  if (!o || idle < 1.0) return 0;
+  char why[96];
+  snprintf(why, sizeof why, "out of file descriptors; unauthenticated for %.1f s", idle);
+  drop_now(o, why);
+  return 1;
+}
+
+static void accept_some(dt_store_server *s) {
+  for (int k = 0; k < 64; k++) {
+    char who[64];
+    int fd = dt__accept_guarded(&s->guard, s->lfd, who, sizeof who, evict_idle, s);
+    if (fd < 0) return;
+    struct client *c = calloc(1, sizeof *c);
+    if (!c || s->ncl == s->capcl) {
+      size_t nc = s->capcl ? 2 * s->capcl : 16;
+      struct client **n = c ? realloc(s->cl, nc * sizeof *n) : NULL;
+      if (!n) { free(c); close(fd); return; }
+      s->cl = n;
+      s->capcl = nc;
+    }
+    c->fd = fd;
+    c->since = dt_now();
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    snprintf(c->peer, sizeof c->peer, "%s", who);
+    dt__auth_random(c->nonce, sizeof c->nonce);
+    out_append(c, c->nonce, sizeof c->nonce);
+    s->cl[s->ncl++] = c;
+    size_t strangers;
+    struct client *o = oldest_stranger(s, &strangers);
+    if (strangers > (size_t)s->pending_max) {
+      char why[96];
+      snprintf(why, sizeof why, "more than %d unauthenticated connections (DTRAIN_AUTH_PENDING_MAX); oldest first",
+               s->pending_max);
+      drop_now(o, why);
+    }
   }
-  dt__auth_random(c->nonce, sizeof c->nonce);
-  out_append(c, c->nonce, sizeof c->nonce);
-  s->cl[s->ncl++] = c;
+}
+
+/* Closes strangers past their authentication deadline; returns the next
+ * deadline (or `next` if sooner). */
+static double expire_strangers(dt_store_server *s, double now, double next) {
+  for (size_t i = 0; i < s->ncl; i++) {
+    struct client *c = s->cl[i];
+    if (c->authed || c->dead) continue;
+    double due = c->since + s->auth_timeout;
+    if (now >= due) {
+      char why[96];
+      snprintf(why, sizeof why, "did not authenticate within %.1f s (DTRAIN_AUTH_TIMEOUT_MS)", s->auth_timeout);
+      drop(c, why);
+    } else if (due < next) {
+      next = due;
+    }
+  }
+  return next;
 }
 
 static void *server_main(void *arg) {
@@ -285,9 +351,12 @@ static void *server_main(void *arg) {
       if (!n) break;
       pf = n;
     }
-    pf[0] = (struct pollfd){s->wake[0], POLLIN, 0};
-    pf[1] = (struct pollfd){s->lfd, POLLIN, 0};
     double now = dt_now(), next = now + 1.0;
+    bool paused = dt__accept_paused(&s->guard, now);
+    pf[0] = (struct pollfd){s->wake[0], POLLIN, 0};
+    pf[1] = (struct pollfd){paused ? -1 : s->lfd, POLLIN, 0};
+    if (paused && s->guard.paused_until < next) next = s->guard.paused_until;
+    next = expire_strangers(s, now, next);
     for (size_t i = 0; i < s->ncl; i++) {
       struct client *c = s->cl[i];
       pf[i + 2] = (struct pollfd){c->fd, (short)(POLLIN | (c->outlen > c->outoff ? POLLOUT : 0)), 0};
@@ -333,7 +402,8 @@ static void *server_main(void *arg) {
       }
       if (c->outoff == c->outlen) c->outoff = c->outlen = 0;
     }
-    if (pf[1].revents & POLLIN) accept_one(s);
+    if (pf[1].revents & POLLIN) accept_some(s);
+    expire_strangers(s, now, now);
     for (size_t i = 0; i < s->ncl;) {
       if (s->cl[i]->dead) {
         client_free(s->cl[i]);
@@ -354,6 +424,9 @@ int dt_store_server_start(dt_store_server **out, const char *bind_addr, int port
   if (!s) return dt__seterr(DT_ENOMEM, "store server: out of memory");
   s->lfd = -1;
   s->wake[0] = s->wake[1] = -1;
+  dt__accept_guard_init(&s->guard, "store server");
+  s->auth_timeout = dt__auth_timeout_s();
+  s->pending_max = dt__auth_pending_max();
   const uint8_t *tok;
   dt__auth_token(token, &tok, &s->token_len);
   s->token = malloc(s->token_len + 1);
@@ -404,6 +477,7 @@ void dt_store_server_stop(dt_store_server *s) {
   for (size_t i = 0; i < s->nkv; i++) free(s->kv[i].key), free(s->kv[i].val);
   if (s->lfd >= 0) close(s->lfd);
   if (s->wake[0] >= 0) close(s->wake[0]), close(s->wake[1]);
+  dt__accept_guard_close(&s->guard);
   free(s->cl);
   free(s->kv);
   free(s->token);

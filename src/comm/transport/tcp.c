@@ -16,7 +16,11 @@
  *   acceptor -> AUTH_OK
  * The listening socket is served for the communicator's whole life, so a
  * stranger (wrong token, random bytes, truncated or oversized frames) is
- * turned away with a logged reason at any time without disturbing the job.
+ * turned away with a logged reason at any time without disturbing the job;
+ * strangers that do not finish the handshake within DTRAIN_AUTH_TIMEOUT_MS
+ * are closed, at most DTRAIN_AUTH_PENDING_MAX may wait (oldest closed
+ * first), and EMFILE closes an idle stranger or the new connection instead
+ * of leaving the listener readable in a loop (accept_guard.c).
  * A frame failing validation on an established connection, an EOF or a
  * reset without a prior BYE means the peer is lost: the context aborts with
  * DT_EPEERLOST naming it and sends ABORT frames to every other peer.
@@ -34,6 +38,7 @@
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
+#include "comm/accept_guard.h"
 #include "comm/transport/match.h"
 
 #include <arpa/inet.h>
@@ -98,8 +103,10 @@ struct pend {
   uint8_t in[DT_FRAME_HDR_LEN + 128];
   size_t in_got;
   double deadline;
+  double since;       /* acceptor: accepted at (dt_now) */
   char who[64];
   int fail_rc;        /* dialer: error to report */
+  bool shed;          /* dialer: closed before the acceptor's greeting */
   char fail[200];
 };
 
@@ -115,6 +122,11 @@ struct dt_tp_ctx {
   int64_t spin_ns;      /* DTRAIN_TCP_SPIN_US */
   struct dt_tp_ep **ep; /* per peer */
   struct pend *pend;
+  struct dt_accept_guard guard; /* spare descriptor for EMFILE */
+  char guard_name[32];
+  bool listen_off;              /* listener out of epoll while paused */
+  double auth_timeout;
+  int pending_max;
   _Atomic int abort_rc;
   char abort_msg[DT_TP_ERR_MAX];
   char err_last[DT_TP_ERR_MAX];
@@ -517,8 +529,18 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
     return;
   }
   case P_DIAL_WAIT_HELLO: {
+    bool none_yet = p->in_got == 0;
     r = pend_read(p, DT_FRAME_HELLO, HELLO_A_LEN, why);
     if (r == 0) return;
+    if (r < 0 && none_yet) {
+      /* Closed before its greeting: the acceptor may be shedding strangers
+       * (out of descriptors), or be another job: dial again a few times. */
+      p->fail_rc = DT_EAGAIN;
+      p->shed = true;
+      snprintf(p->fail, sizeof p->fail, "rank %d closed the connection before its greeting (busy, or another job?): %s",
+               p->peer, why);
+      return;
+    }
     if (r < 0) {
       p->fail_rc = DT_EAUTH;
       snprintf(p->fail, sizeof p->fail, "rank %d refused the handshake (wrong job token or job?): %s", p->peer, why);
@@ -603,29 +625,76 @@ static void pend_event(struct dt_tp_ctx *x, struct pend *p) {
   }
 }
 
+/* The oldest accepted connection still in its handshake (NULL if none). */
+static struct pend *oldest_stranger(struct dt_tp_ctx *x, int *count) {
+  struct pend *o = NULL;
+  int n = 0;
+  for (struct pend *p = x->pend; p; p = p->next) {
+    if (p->st < P_ACC_WAIT_HELLO) continue;
+    n++;
+    if (!o || p->since < o->since) o = p;
+  }
+  if (count) *count = n;
+  return o;
+}
+
+/* Out of descriptors: close the oldest stranger once it has idled a second
+ * (a real peer answers within a round trip). */
+static int evict_idle(void *arg) {
+  struct dt_tp_ctx *x = arg;
+  struct pend *o = oldest_stranger(x, NULL);
+  double idle = o ? dt_now() - o->since : 0;
+  if (!o || idle < 1.0) return 0;
+  char why[96];
+  snprintf(why, sizeof why, "out of file descriptors; in its handshake for %.1f s", idle);
+  pend_reject(x, o, why);
+  return 1;
+}
+
 static void accept_all(struct dt_tp_ctx *x) {
-  for (;;) {
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof sa;
-    int fd = accept4(x->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
+  for (int k = 0; k < 64; k++) {
+    char who[64];
+    int fd = dt__accept_guarded(&x->guard, x->lfd, who, sizeof who, evict_idle, x);
+    if (fd < 0) {
+      if (dt__accept_paused(&x->guard, dt_now()) && !x->listen_off) {
+        struct epoll_event ev = {0, {.ptr = &x->kind_listen}};
+        epoll_ctl(x->efd, EPOLL_CTL_MOD, x->lfd, &ev); /* level-triggered: stop the wake-ups */
+        x->listen_off = true;
+      }
+      return;
+    }
     struct pend *p = calloc(1, sizeof *p);
     if (!p) { close(fd); continue; }
     p->kind = K_PEND;
     p->fd = fd;
     p->st = P_ACC_WAIT_HELLO;
     p->peer = -1;
-    p->deadline = dt_now() + 10.0;
-    char ip[32] = "?";
-    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
-    snprintf(p->who, sizeof p->who, "%s:%d", ip, ntohs(sa.sin_port));
+    p->since = dt_now();
+    p->deadline = p->since + x->auth_timeout;
+    snprintf(p->who, sizeof p->who, "%s", who);
     dt__auth_random(p->nonce_me, sizeof p->nonce_me);
     set_sock_opts(fd, x->bufsize);
     struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = p}};
     epoll_ctl(x->efd, EPOLL_CTL_ADD, fd, &ev);
     p->next = x->pend;
     x->pend = p;
+    int strangers;
+    struct pend *o = oldest_stranger(x, &strangers);
+    if (strangers > x->pending_max) {
+      char why[96];
+      snprintf(why, sizeof why, "more than %d connections in their handshake (DTRAIN_AUTH_PENDING_MAX); oldest first",
+               x->pending_max);
+      pend_reject(x, o, why);
+    }
   }
+}
+
+/* After a pause (no descriptor even for the spare), listen again. */
+static void relisten(struct dt_tp_ctx *x) {
+  if (!x->listen_off || dt__accept_paused(&x->guard, dt_now())) return;
+  struct epoll_event ev = {EPOLLIN, {.ptr = &x->kind_listen}};
+  epoll_ctl(x->efd, EPOLL_CTL_MOD, x->lfd, &ev);
+  x->listen_off = false;
 }
 
 /* ---- the progress engine ----------------------------------------------- */
@@ -634,6 +703,7 @@ static void accept_all(struct dt_tp_ctx *x) {
  * x->mu held; drops it while blocked in epoll_wait. */
 static void progress(struct dt_tp_ctx *x, int timeout_ms) {
   struct epoll_event evs[64];
+  relisten(x);
   if (timeout_ms) pthread_mutex_unlock(&x->mu);
   int n = epoll_wait(x->efd, evs, 64, timeout_ms);
   if (timeout_ms) pthread_mutex_lock(&x->mu);
@@ -663,13 +733,18 @@ static void progress(struct dt_tp_ctx *x, int timeout_ms) {
   double now = dt_now();
   for (struct pend *p = x->pend, *nx; p; p = nx) {
     nx = p->next;
-    if (p->st >= P_ACC_WAIT_HELLO && now > p->deadline) pend_reject(x, p, "handshake timed out");
+    if (p->st >= P_ACC_WAIT_HELLO && now > p->deadline) {
+      char why[96];
+      snprintf(why, sizeof why, "handshake not finished within %.1f s (DTRAIN_AUTH_TIMEOUT_MS)", x->auth_timeout);
+      pend_reject(x, p, why);
+    }
   }
 }
 
 /* ---- ops --------------------------------------------------------------- */
 
 static void ctx_free(struct dt_tp_ctx *x) {
+  dt__accept_guard_close(&x->guard);
   if (x->lfd >= 0) close(x->lfd);
   if (x->efd >= 0) close(x->efd);
   if (x->wfd >= 0) close(x->wfd);
@@ -688,6 +763,7 @@ static int tcp_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   x->kind_wake = K_WAKE;
   pthread_mutex_init(&x->mu, NULL);
   x->lfd = x->efd = x->wfd = -1;
+  x->guard.spare = -1;
   x->rank = in->rank;
   x->size = in->size;
   x->job_hash = hash_str(in->job ? in->job : "");
@@ -709,6 +785,10 @@ static int tcp_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
     ctx_free(x);
     return dt__seterr(DT_EINVAL, "tcp: bind address '%s' is not an IPv4 address", bind_addr);
   }
+  snprintf(x->guard_name, sizeof x->guard_name, "tcp: rank %d", x->rank);
+  dt__accept_guard_init(&x->guard, x->guard_name);
+  x->auth_timeout = dt__auth_timeout_s();
+  x->pending_max = dt__auth_pending_max();
   x->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (x->lfd < 0 || bind(x->lfd, (struct sockaddr *)&sa, sizeof sa) || listen(x->lfd, 256)) {
     int e = errno;
@@ -788,6 +868,7 @@ static int tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64
   struct pend *p = NULL;
   int rc = DT_OK;
   double retry_at = 0;
+  int sheds = 0; /* dials closed before the greeting, retried with backoff */
   for (;;) {
     if (x->ep[peer->rank] && !x->ep[peer->rank]->dead) break;
     if (atomic_load(&x->abort_rc)) {
@@ -804,9 +885,17 @@ static int tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64
           break;
         }
         snprintf(err, DT_TP_ERR_MAX, "%s (%s)", p->fail, peer->addr);
+        bool shed = p->shed;
         pend_remove(x, p, true);
         p = NULL;
         retry_at = dt_now() + 0.01;
+        if (shed) {
+          if (++sheds > 12) { /* about 4 s: not a busy peer but a refusal */
+            rc = DT_EAUTH;
+            break;
+          }
+          retry_at = dt_now() + (sheds < 6 ? 0.01 * (1 << sheds) : 0.5);
+        }
       }
       if (p && !pend_alive(x, p)) p = NULL; /* it became an endpoint (checked above) or died */
       if (!p && dt_now() >= retry_at) {
