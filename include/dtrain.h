@@ -7,6 +7,7 @@
  *   dtrain/data.h    datasets from IDX/CSV/npy files or caller memory
  *   dtrain/optim.h   optimizers and learning-rate schedules
  *   dtrain/comm.h    rendezvous store, communicators and collectives
+ *   dtrain/engine.h  training runs: configs, engines, callbacks, summaries
  *
  * Each sub-header is self-contained and is the specification of its part:
  * every function is documented where it is declared, with who owns what
@@ -21,5 +22,6 @@
 #include "dtrain/data.h"
 #include "dtrain/optim.h"
 #include "dtrain/comm.h"
+#include "dtrain/engine.h"
 
 #endif /* DTRAIN_H */

@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 
 void dt_run_cfg_defaults(dt_run_cfg *c) {
+  if (!c) return;
   memset(c, 0, sizeof *c);
   snprintf(c->layers, sizeof c->layers, "%s", DT_DEFAULT_LAYERS);
   c->format = DT_FMT_IDX;

@@ -111,7 +111,7 @@ static int ddp_step_finish(dt_strategy *s, float lr) {
     dt_ddp_all_ready(d->ddp);
   }
   DT_CHECK(dt_ddp_finish_step(d->ddp));
-  dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr);
+  DT_CHECK(dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr));
   s->step++;
   return DT_OK;
 }

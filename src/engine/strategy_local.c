@@ -25,7 +25,7 @@ static int local_step_begin(dt_strategy *s, const dt_step_plan *plan) {
 }
 
 static int local_step_finish(dt_strategy *s, float lr) {
-  dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr);
+  DT_CHECK(dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr));
   s->step++;
   return DT_OK;
 }
