@@ -191,11 +191,13 @@ DT_API const char *dt_comm_errmsg(const dt_comm *c);
 
 /* ---- point-to-point ---------------------------------------------------- */
 
-/* User tags are 0..DT_COMM_TAG_MAX. Messages between a pair with the same
- * tag arrive in order. A receive must name the exact byte length the sender
- * sends (another length is DT_EPROTO naming the peer). DT_EINVAL for a NULL
- * communicator or buffer, a peer outside 0..size-1 or a bad tag. */
 #define DT_COMM_TAG_MAX 0xffffff
+
+/* Blocking send and receive. User tags are 0..DT_COMM_TAG_MAX. Messages
+ * between a pair with the same tag arrive in order. A receive must name the
+ * exact byte length the sender sends (another length is DT_EPROTO naming
+ * the peer). DT_EINVAL for a NULL communicator or buffer, a peer outside
+ * 0..size-1 or this rank itself, or a bad tag. */
 DT_API int dt_comm_send(dt_comm *c, int peer, int tag, const void *buf, size_t bytes);
 DT_API int dt_comm_recv(dt_comm *c, int peer, int tag, void *buf, size_t bytes);
 
