@@ -1,5 +1,5 @@
 /*
- * test_api_comm.c — dtrain/comm.h through the public API: two ranks (as
+ * test_api_comm_mt.c — dtrain/comm.h through the public API: two ranks (as
  * threads over the in-process transport, meeting through a file store) run
  * every public collective and point-to-point call and get the right
  * numbers; ranks calling different collectives both get DT_EMISMATCH; and
