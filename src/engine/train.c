@@ -49,21 +49,33 @@ static float grad_sumsq(const float *restrict g, size_t n) {
   return s;
 }
 
-/* Only on the failure path: which layer holds the first bad gradient. */
+/* Only on the failure path: which layer holds the first non-finite
+ * gradient value or, when every value is finite and only the sum of squares
+ * overflowed, the largest one. */
 static void bad_layer(const dt_model *m, const float *g, char *buf, size_t cap) {
-  snprintf(buf, cap, "the sum of squares overflows");
+  int worst = -1;
+  size_t worst_i = 0;
+  float big = 0;
+  char b[32];
   for (int l = 0; l < dt_model_nlayers(m); l++) {
     const dt_layer_info *li = dt_model_layer(m, l);
     for (size_t i = 0; i < li->nparams; i++) {
       float v = g[li->param_off + i];
       if (!isfinite(v)) {
-        char b[32];
         snprintf(buf, cap, "first in layer %d '%s', parameter %zu: %s", l + 1, li->name, i,
                  num(v, b, sizeof b));
         return;
       }
+      if (fabsf(v) > big) big = fabsf(v), worst = l, worst_i = i;
     }
   }
+  if (worst < 0) {
+    snprintf(buf, cap, "the sum of squares overflows");
+    return;
+  }
+  snprintf(buf, cap, "the sum of squares overflows; largest |gradient| %s in layer %d '%s', "
+           "parameter %zu", num(big, b, sizeof b), worst + 1, dt_model_layer(m, worst)->name,
+           worst_i);
 }
 
 /* A step's checks: the loss this worker saw and the reduced gradient

@@ -370,6 +370,41 @@ static void test_adamw_huge_lr_diverges(void **state) {
   dt_engine_destroy(e);
 }
 
+/* Finite but enormous features (1e20, no normalisation) with a tiny rate:
+ * the loss stays finite for a step but the gradient's norm overflows;
+ * the run stops at step 1 naming it. */
+static void test_gradient_norm_guard(void **state) {
+  (void)state;
+  dt_run_cfg c;
+  base_cfg(&c);
+  c.normalize = 0;
+  c.optim.lr = 1e-30f;
+  c.optim.momentum = 0.0f;
+  c.optim.weight_decay = 0.0f;
+  c.sched.kind = DT_SCHED_CONSTANT;
+  mem *big = malloc(sizeof *big);
+  make_mem(big, 600, 3, 4);
+  for (int i = 0; i < 600; i++) big->x[i * 6] = 1e20f;
+  dt_engine *e = NULL;
+  assert_int_equal(dt_engine_create_with_data(&e, &c, &big->ds, &test_set->ds), DT_OK);
+  assert_int_equal(dt_engine_run(e, NULL, NULL, NULL, NULL), DT_ERANGE);
+  printf("# %s\n", dt_errmsg());
+  HAS("training diverged at epoch 1 step 1");
+  assert_true(strstr(dt_errmsg(), "gradient norm is not finite") || strstr(dt_errmsg(), "(loss "));
+  dt_engine_destroy(e);
+  /* one layer, features near the float limit: the message names the layer
+   * holding the largest (or first non-finite) gradient value */
+  snprintf(c.layers, sizeof c.layers, "linear(3)");
+  for (int i = 0; i < 600; i++) big->x[i * 6] = 3e37f;
+  assert_int_equal(dt_engine_create_with_data(&e, &c, &big->ds, &test_set->ds), DT_OK);
+  assert_int_equal(dt_engine_run(e, NULL, NULL, NULL, NULL), DT_ERANGE);
+  printf("# %s\n", dt_errmsg());
+  HAS("gradient norm is not finite");
+  HAS("in layer 1 'linear'");
+  free(big);
+  dt_engine_destroy(e);
+}
+
 /* ---- strategy state ------------------------------------------------------------ */
 
 typedef struct blob {
@@ -477,6 +512,7 @@ int main(void) {
       cmocka_unit_test(test_set_comm_fails),
       cmocka_unit_test(test_out_dir_owned),
       cmocka_unit_test(test_adamw_huge_lr_diverges),
+      cmocka_unit_test(test_gradient_norm_guard),
       cmocka_unit_test(test_strategy_state),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
