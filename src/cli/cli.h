@@ -17,6 +17,7 @@ enum { DT_EXIT_OK = 0, DT_EXIT_FAIL = 1, DT_EXIT_USAGE = 2 };
 /* Subcommands: argv[0] is the subcommand name. */
 int dt__cmd_train(int argc, char **argv);
 int dt__cmd_bench(int argc, char **argv);
+int dt__cmd_env(int argc, char **argv); /* cmd_env.c: every DTRAIN_* knob */
 
 /* Launch paths (cmd_launch.c): `dtrain launch ... -- train ...` hands the
  * train command where this node sits in a multi-node job. */

@@ -25,6 +25,8 @@ static void usage(FILE *f) {
           "        this node's share of a multi-node job (run on every node)\n"
           "  bench allreduce [--workers N] [--transport T] [--algo A] [--min B] [--max B]\n"
           "        allreduce bandwidth between local worker processes (nccl-tests columns)\n"
+          "  env [--markdown]\n"
+          "        every DTRAIN_* environment knob: value, default, meaning\n"
           "\n"
           "options:\n"
           "  -h, --help     this help (dtrain train --help, dtrain launch --help)\n"
@@ -56,6 +58,9 @@ int dt_cli_main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "bench")) {
     return dt__cmd_bench(argc - 1, argv + 1);
+  }
+  if (!strcmp(cmd, "env")) {
+    return dt__cmd_env(argc - 1, argv + 1);
   }
   fprintf(stderr, "dtrain: unknown command '%s' (try dtrain --help)\n", cmd);
   return DT_EXIT_USAGE;

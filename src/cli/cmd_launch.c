@@ -93,8 +93,8 @@ int dt__cmd_launch(int argc, char **argv) {
     return usage_err("launch: expects '-- train [CONFIG] ...' after the launch options%s%s", "",
                      "");
   for (int j = 0; j < NOPT; j++)
-    if (!val[j] && env[j] && getenv(env[j]) && *getenv(env[j])) {
-      val[j] = getenv(env[j]);
+    if (!val[j] && env[j] && dt_param_str(env[j], NULL)) {
+      val[j] = dt_param_str(env[j], NULL);
       src[j] = env[j];
     }
 

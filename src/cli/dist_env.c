@@ -144,7 +144,7 @@ int dt__env_world(struct dt__env_world *w) {
 }
 
 const char *dt__job_token(int shared_needed, const char *who) {
-  const char *t = getenv("DTRAIN_JOB_TOKEN");
+  const char *t = dt_param_s(DT_PARAM_JOB_TOKEN);
   if (t && strlen(t) >= 16) return t;
   if (t && *t) {
     fprintf(stderr, "dtrain: DTRAIN_JOB_TOKEN is too short (%zu characters, need at least 16; "

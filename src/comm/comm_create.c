@@ -265,7 +265,7 @@ int dt_comm_create(dt_comm **out, dt_store *store, const struct dt_comm_config *
   c->timeout = timeout;
   c->ctxid = 1;
   c->algo = cfg.algo;
-  const char *env_algo = dt_param_str("DTRAIN_ALGO", NULL);
+  const char *env_algo = dt_param_s(DT_PARAM_ALGO);
   if (env_algo && c->algo == DT_ALGO_AUTO) {
     dt_algo a;
     if (dt_algo_parse(env_algo, &a) == DT_OK) c->algo = a;

@@ -22,8 +22,8 @@ static size_t ring_min_bytes(const dt_comm *c, const struct dt_comm_topo *topo) 
   int n = dt_comm_size(c);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (topo->nhosts == 1 && cores > 0 && n > cores && (n & (n - 1)) == 0)
-    return (size_t)dt_param_int("DTRAIN_RING_MIN_OVERSUB_BYTES", 32 << 20);
-  return (size_t)dt_param_int("DTRAIN_RING_MIN_BYTES", 1 << 20);
+    return (size_t)dt_param(DT_PARAM_RING_MIN_OVERSUB_BYTES);
+  return (size_t)dt_param(DT_PARAM_RING_MIN_BYTES);
 }
 
 dt_algo dt__tune_allreduce(const dt_comm *c, size_t bytes, dt_algo forced) {
@@ -37,16 +37,16 @@ dt_algo dt__tune_allreduce(const dt_comm *c, size_t bytes, dt_algo forced) {
   if (forced == DT_ALGO_HIER && topo.nhosts > 1 && topo.nhosts < n) return forced;
   /* AUTO (or a forced algorithm that cannot serve allreduce) */
   if (topo.nhosts > 1 && topo.nhosts < n &&
-      bytes >= (size_t)dt_param_int("DTRAIN_HIER_MIN_BYTES", 64 * 1024))
+      bytes >= (size_t)dt_param(DT_PARAM_HIER_MIN_BYTES))
     return DT_ALGO_HIER;
-  if (bytes <= (size_t)dt_param_int("DTRAIN_TREE_MAX_BYTES", 32 * 1024)) return DT_ALGO_TREE;
+  if (bytes <= (size_t)dt_param(DT_PARAM_TREE_MAX_BYTES)) return DT_ALGO_TREE;
   if (n > 2 && bytes < ring_min_bytes(c, &topo)) return DT_ALGO_RHD;
   return DT_ALGO_RING;
 }
 
 dt_algo dt__tune_broadcast(const dt_comm *c, size_t bytes, dt_algo forced) {
   if (forced == DT_ALGO_RING || forced == DT_ALGO_TREE) return forced;
-  if (dt_comm_size(c) > 2 && bytes >= (size_t)dt_param_int("DTRAIN_RING_MIN_BYTES", 1 << 20))
+  if (dt_comm_size(c) > 2 && bytes >= (size_t)dt_param(DT_PARAM_RING_MIN_BYTES))
     return DT_ALGO_RING;
   return DT_ALGO_TREE;
 }

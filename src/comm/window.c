@@ -154,7 +154,7 @@ int dt_comm_window_create(dt_comm *c, size_t bytes, dt_comm_window **out) {
   dt_comm_topology(c, &topo);
   if (topo.nhosts != 1)
     return dt__seterr(DT_ENOTSUP, "window: ranks on %d hosts", topo.nhosts);
-  if (!dt_param_int("DTRAIN_WINDOW", 1)) return dt__seterr(DT_ENOTSUP, "window: disabled");
+  if (!dt_param(DT_PARAM_WINDOW)) return dt__seterr(DT_ENOTSUP, "window: disabled");
   dt_comm_window *w = calloc(1, sizeof *w);
   int rc = DT_ENOMEM;
   if (!w) return dt__seterr(DT_ENOMEM, "window: out of memory");
@@ -173,8 +173,8 @@ int dt_comm_window_create(dt_comm *c, size_t bytes, dt_comm_window **out) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   /* ranks x 2 threads (compute + communication) on fewer cores: spinning
    * takes the core from the thread we wait for */
-  w->spin_ns = dt_param_int("DTRAIN_WINDOW_SPIN_US", 1000) * 1000;
-  w->yield = (int)dt_param_int("DTRAIN_WINDOW_YIELD", 2L * n > cores);
+  w->spin_ns = dt_param(DT_PARAM_WINDOW_SPIN_US) * 1000;
+  w->yield = (int)dt_param_or(DT_PARAM_WINDOW_YIELD, 2L * n > cores);
   w->live_ns = 2000000;
 
   sweep_stale();

@@ -177,7 +177,7 @@ bool dt__auth_equal(const uint8_t *a, const uint8_t *b, size_t len) {
 }
 
 void dt__auth_token(const char *cfg_token, const uint8_t **tok, size_t *len) {
-  const char *t = cfg_token ? cfg_token : dt_param_str("DTRAIN_JOB_TOKEN", NULL);
+  const char *t = cfg_token ? cfg_token : dt_param_s(DT_PARAM_JOB_TOKEN);
   *tok = (const uint8_t *)(t ? t : "");
   *len = t ? strlen(t) : 0;
 }

@@ -49,11 +49,97 @@ void dt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 
 /* ---- parameters (NCCL style: every knob from the environment) ---------- */
 
-/* Reads environment variable `name` as an integer; returns `def` if unset.
- * A set but malformed value logs a warning naming the variable and returns
- * def. Values are read once per call (cheap enough; cache in hot paths). */
+/* Every DTRAIN_* environment knob, in one table (param.c reads them; nobody
+ * else calls getenv on a DTRAIN_ name). Columns: id, type (INT or STR),
+ * default (INT), default (STR, or for an INT a description shown instead of
+ * the number, e.g. "auto"), min, max (INT only), meaning. `dtrain env`
+ * prints the table with current values; docs/config.md lists the same
+ * names (tests/core/test_param_docs.sh keeps them in step). */
+#define DT_PARAM_TABLE(X)                                                                                   \
+  X(ALGO, STR, 0, NULL, 0, 0, "force one collective algorithm: auto ring rhd tree hier direct (default: chosen by size and topology)") \
+  X(BIND_ADDR, STR, 0, NULL, 0, 0, "IPv4 address this node's workers listen on in a multi-node job (default: this machine's address towards the rendezvous)") \
+  X(CHUNK_BYTES, INT, 2 << 20, NULL, 0, INT64_MAX, "chunk size of pipelined ring algorithms, bytes (at least 4096 is used)") \
+  X(DATA_MAX_BYTES, INT, (int64_t)1 << 30, NULL, 1, INT64_MAX, "largest dataset file or array a reader accepts, bytes") \
+  X(DDP_OVERLAP, INT, -1, "auto", -1, 1, "reduce gradient buckets on a communication thread while backward runs: 1 on, 0 off, -1 auto") \
+  X(GEMM, STR, 0, NULL, 0, 0, "matrix-multiply kernels: blas or avx512 (default: avx512 where the CPU has it)") \
+  X(GRACE_SECONDS, INT, 8, NULL, 0, 86400, "seconds the launcher waits for the other workers after one fails before it stops them") \
+  X(HIER_MIN_BYTES, INT, 64 << 10, NULL, 0, INT64_MAX, "allreduce from this size up is hierarchical when ranks span several hosts, bytes") \
+  X(HOST_ID, STR, 0, NULL, 0, 0, "this rank's host identity; ranks with the same id use shared memory (default: hostname and boot id)") \
+  X(JOB_TOKEN, STR, 0, NULL, 0, 0, "per-job secret every connection proves with HMAC-SHA256 (at least 16 characters across nodes; never printed)") \
+  X(LOG_LEVEL, STR, 0, "info", 0, 0, "log level on stderr: error warn info debug (or 0..3)") \
+  X(NNODES, STR, 0, NULL, 0, 0, "dtrain launch --nnodes: nodes in the job") \
+  X(NN_CHUNK_BYTES, INT, 128 << 10, NULL, 0, INT64_MAX, "working-set size of one chunk of the fused layer execution plan, bytes") \
+  X(NODE_RANK, STR, 0, NULL, 0, 0, "dtrain launch --node-rank: this node, 0..nnodes-1") \
+  X(NPROC_PER_NODE, STR, 0, NULL, 0, 0, "dtrain launch --nproc-per-node: workers on this node") \
+  X(RDZV, STR, 0, NULL, 0, 0, "HOST:PORT of the rendezvous store (dtrain launch --rdzv; under mpirun/srun rank 0 serves it there)") \
+  X(RDZV_DIR, STR, 0, "/tmp", 0, 0, "directory where ranks started by mpirun/srun without DTRAIN_RDZV meet through files") \
+  X(RING_MIN_BYTES, INT, 1 << 20, NULL, 0, INT64_MAX, "allreduce/broadcast from this size up use the ring (more than 2 ranks), bytes") \
+  X(RING_MIN_OVERSUB_BYTES, INT, 32 << 20, NULL, 0, INT64_MAX, "the same threshold when ranks outnumber cores, bytes") \
+  X(SHM_BIND, INT, 1, NULL, 0, 1, "shm: pin each rank's communication thread to a core when ranks do not outnumber cores") \
+  X(SHM_CMA_BYTES, INT, 1 << 20, NULL, 0, INT64_MAX, "shm: messages from this size up are copied once with process_vm_readv (0: never)") \
+  X(SHM_LIVE_MS, INT, 2, NULL, 1, 60000, "shm: how often a waiting rank checks that its peers are alive, ms") \
+  X(SHM_PREFAULT, INT, 1, NULL, 0, 1, "shm: touch ring pages at setup so the first messages do not page-fault") \
+  X(SHM_RING_BYTES, INT, -1, "auto", 0, INT64_MAX, "shm: bytes per peer ring, rounded up to a power of two, 4 KiB .. 1 GiB (auto: 1 MiB, halved down to 64 KiB while ranks x ring exceed 16 MiB)") \
+  X(SHM_SPIN_US, INT, -1, "auto", 0, INT64_MAX / 1000, "shm: poll this long before sleeping on the futex, us (auto: 2000, or 200 when ranks outnumber cores)") \
+  X(SHM_STOPPED_S, INT, 5, NULL, 0, 86400, "shm: a peer stopped (SIGSTOP, state T) this long while we wait for it fails the call naming it, s (0: only the deadline)") \
+  X(SHM_YIELD_US, INT, -1, "auto", 0, INT64_MAX / 1000, "shm: poll without yielding the core this long first, us (auto: 20, or 0 when ranks outnumber cores)") \
+  X(TCP_BUFFER, INT, 0, NULL, 0, INT32_MAX, "tcp: SO_SNDBUF/SO_RCVBUF bytes (0: kernel autotuning)") \
+  X(TCP_KEEPIDLE, INT, 2, NULL, 1, 32767, "tcp: seconds of idleness before keepalive probes start") \
+  X(TCP_SPIN_US, INT, 0, NULL, 0, INT64_MAX / 1000, "tcp: poll this long before sleeping in epoll_wait, us") \
+  X(TCP_USER_TIMEOUT_MS, INT, 0, NULL, 0, INT32_MAX, "tcp: TCP_USER_TIMEOUT for unacknowledged data, ms (0: off)") \
+  X(TIMEOUT, INT, 60, NULL, 1, 86400 * 7, "deadline of every blocking step (connect, collective), seconds") \
+  X(TRANSPORT, STR, 0, NULL, 0, 0, "overrides dist.transport: auto shm tcp mpi") \
+  X(TREE_MAX_BYTES, INT, 32 << 10, NULL, 0, INT64_MAX, "allreduce up to this size uses the binomial tree, bytes") \
+  X(UNEXPECTED_MAX_MB, INT, 4096, NULL, 1, (int64_t)1 << 30, "bound on early (not yet received) message bytes buffered per peer, MiB; a peer exceeding it is lost") \
+  X(WINDOW, INT, 1, NULL, 0, 1, "reduce gradients through a shared-memory window when all ranks share a host") \
+  X(WINDOW_SPIN_US, INT, 1000, NULL, 0, INT64_MAX / 1000, "window: poll this long before sleeping, us") \
+  X(WINDOW_YIELD, INT, -1, "auto", 0, 1, "window: yield the core while polling (auto: 1 when ranks x 2 threads outnumber cores)")
+
+enum dt_param_id {
+#define DT__PARAM_ENUM(id, type, di, ds, lo, hi, meaning) DT_PARAM_##id,
+  DT_PARAM_TABLE(DT__PARAM_ENUM)
+#undef DT__PARAM_ENUM
+  DT_PARAM_COUNT
+};
+
+/* The value of an INT knob: the environment's if set and valid, else the
+ * table's default. Read once per process (pthread_once) and cached; a set
+ * but malformed or out-of-range value logs one warning naming the variable
+ * and the accepted range, and the default is used. Cheap: call freely. */
+int64_t dt_param(enum dt_param_id id);
+/* For knobs whose default depends on the caller (table default -1 =
+ * "auto"): the environment's value if set and valid, else def. */
+int64_t dt_param_or(enum dt_param_id id, int64_t def);
+/* A STR knob: the environment's value if set and non-empty, else the
+ * table's default (may be NULL). The pointer stays valid until
+ * dt__param_reload. */
+const char *dt_param_s(enum dt_param_id id);
+/* True if the environment sets the knob (to a valid value). */
+bool dt_param_isset(enum dt_param_id id);
+
+/* Description of one knob, for `dtrain env` and the docs check. */
+struct dt_param_info {
+  const char *name;    /* "DTRAIN_..." */
+  bool is_int;
+  const char *def;     /* default as text ("(unset)" if none) */
+  int64_t min, max;    /* INT only */
+  const char *meaning;
+  bool set;            /* the environment sets it (validly) */
+  const char *value;   /* current value as text (the default's text if unset) */
+};
+/* Fills *out for knob id; returns false when id is out of range. */
+bool dt_param_info(int id, struct dt_param_info *out);
+
+/* By-name access kept for callers not yet moved to ids: looks `name` up in
+ * the table and returns its environment value if set, else def (a name not
+ * in the table logs a warning once and returns def; add it to the table). */
 int64_t dt_param_int(const char *name, int64_t def);
 const char *dt_param_str(const char *name, const char *def);
+
+/* TEST ONLY: re-reads every knob from the environment (tests that setenv
+ * per case call it after setenv/unsetenv). Not thread-safe against
+ * concurrent readers: call it while no other thread uses the library. */
+void dt__param_reload(void);
 
 /* ---- memory ------------------------------------------------------------ */
 

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 static int current_level(void) {
-  const char *s = dt_param_str("DTRAIN_LOG_LEVEL", NULL);
+  const char *s = dt_param_s(DT_PARAM_LOG_LEVEL);
   if (!s) return DT_LOG_INFO;
   if (!strcasecmp(s, "error")) return DT_LOG_ERROR;
   if (!strcasecmp(s, "warn")) return DT_LOG_WARN;

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 size_t dt__data_max_bytes(void) {
-  int64_t v = dt_param_int("DTRAIN_DATA_MAX_BYTES", (int64_t)1 << 30);
+  int64_t v = dt_param(DT_PARAM_DATA_MAX_BYTES);
   if (v <= 0) v = (int64_t)1 << 30;
   return (size_t)v;
 }

@@ -153,7 +153,7 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
   /* Pass 1: decide aliasing and count arena sizes. */
   size_t nacts = 0, niacts = 0, nws = 0;
   int input_owned = 0; /* is the current activation a model-owned buffer? */
-  int64_t chunk_bytes = dt_param_int("DTRAIN_NN_CHUNK_BYTES", 128 * 1024);
+  int64_t chunk_bytes = dt_param(DT_PARAM_NN_CHUNK_BYTES);
   for (int i = 0; i < sp.n; i++) {
     layer *l = &m->L[i];
     l->s = sp.L[i];

@@ -183,7 +183,7 @@ static void *comm_main(void *arg) {
  * more than they hide (MLP, 2 workers on 2 cores: 149-155k samples/s with
  * the thread, 175-189k without; the CNN within noise either way). */
 static int overlap_pays(dt_ddp *d, dt_comm *c) {
-  int64_t v = dt_param_int("DTRAIN_DDP_OVERLAP", -1);
+  int64_t v = dt_param(DT_PARAM_DDP_OVERLAP);
   if (v >= 0) return v != 0;
   if (!d->win) return 1;
   struct dt_comm_topo t;

@@ -54,7 +54,7 @@ static _Atomic int gemm_choice;
 int dt__gemm_use_avx512(void) {
   int c = atomic_load_explicit(&gemm_choice, memory_order_relaxed);
   if (c == 0) {
-    const char *env = dt_param_str("DTRAIN_GEMM", NULL);
+    const char *env = dt_param_s(DT_PARAM_GEMM);
     int want = dt__gemm_avx512_ok();
     if (env && strcmp(env, "blas") == 0) want = 0;
     else if (env && strcmp(env, "avx512") != 0)

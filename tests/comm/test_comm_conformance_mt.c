@@ -333,8 +333,10 @@ static void test_hier(void **s) {
 
 static void test_algo_env(void **s) {
   setenv("DTRAIN_ALGO", "rhd", 1);
+  dt__param_reload(); /* the knob table caches the environment */
   int bad = run_ranks("inproc", 3, 10.0, algo_env_body, NULL, NULL, NULL);
   unsetenv("DTRAIN_ALGO");
+  dt__param_reload(); /* the knob table caches the environment */
   assert_int_equal(bad, 0);
 }
 
@@ -366,6 +368,7 @@ int main(void) {
   /* Small pipeline chunks so the 1M+3 cases run the multi-chunk path (set
    * before any rank thread starts). */
   setenv("DTRAIN_CHUNK_BYTES", "65536", 1);
+  dt__param_reload(); /* the knob table caches the environment */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reduce_ops),     cmocka_unit_test(test_allreduce_inproc),
       cmocka_unit_test(test_allreduce_tcp),  cmocka_unit_test(test_others_inproc),

@@ -287,6 +287,7 @@ static void test_strangers_rejected(void **s) {
   /* run_ranks owns its store; do the same by hand to know the job name */
   struct stranger_arg a = {0};
   setenv("DTRAIN_JOB_TOKEN", "the-token", 1); /* ranks and store read it */
+  dt__param_reload(); /* the knob table caches the environment */
   assert_int_equal(dt_store_server_start(&a.srv, "127.0.0.1", 0, NULL), DT_OK);
   a.job = "strangers";
   struct rank_ctx r[2];
@@ -299,6 +300,7 @@ static void test_strangers_rejected(void **s) {
   for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
   pthread_join(st, NULL);
   unsetenv("DTRAIN_JOB_TOKEN");
+  dt__param_reload(); /* the knob table caches the environment */
   dt_store_server_stop(a.srv);
   for (int i = 0; i < 2; i++) {
     if (r[i].rc || r[i].fail[0]) fprintf(stderr, "rank %d: %d %s\n", i, r[i].rc, r[i].fail);

@@ -420,8 +420,10 @@ static void exchange_sizes(void **state) {
     /* size 3 moves everything from 64 KiB up single-copy, the others use
      * the default threshold */
     if (worlds[w] == 3) setenv("DTRAIN_SHM_CMA_BYTES", "65536", 1);
+    dt__param_reload(); /* the knob table caches the environment */
     run(worlds[w], body_exchange, false, rcs);
     unsetenv("DTRAIN_SHM_CMA_BYTES");
+    dt__param_reload(); /* the knob table caches the environment */
     for (int r = 0; r < worlds[w]; r++) {
       if (rcs[r]) fail_msg("size %d rank %d: %s (%s)", worlds[w], r, dt_strerror(rcs[r]), B->err[r]);
     }
@@ -432,11 +434,15 @@ static void exchange_sizes(void **state) {
 static void exchange_ring_only(void **state) {
   (void)state;
   setenv("DTRAIN_SHM_CMA_BYTES", "0", 1);
+  dt__param_reload(); /* the knob table caches the environment */
   setenv("DTRAIN_SHM_RING_BYTES", "4096", 1);
+  dt__param_reload(); /* the knob table caches the environment */
   int rcs[MAXR];
   run(3, body_exchange, false, rcs);
   unsetenv("DTRAIN_SHM_CMA_BYTES");
+  dt__param_reload(); /* the knob table caches the environment */
   unsetenv("DTRAIN_SHM_RING_BYTES");
+  dt__param_reload(); /* the knob table caches the environment */
   for (int r = 0; r < 3; r++)
     if (rcs[r]) fail_msg("rank %d: %s (%s)", r, dt_strerror(rcs[r]), B->err[r]);
 }
@@ -444,11 +450,15 @@ static void exchange_ring_only(void **state) {
 static void stale_payload_not_a_header(void **state) {
   (void)state;
   setenv("DTRAIN_SHM_CMA_BYTES", "0", 1);
+  dt__param_reload(); /* the knob table caches the environment */
   setenv("DTRAIN_SHM_RING_BYTES", "4096", 1);
+  dt__param_reload(); /* the knob table caches the environment */
   int rcs[MAXR];
   run(2, body_stale, false, rcs);
   unsetenv("DTRAIN_SHM_CMA_BYTES");
+  dt__param_reload(); /* the knob table caches the environment */
   unsetenv("DTRAIN_SHM_RING_BYTES");
+  dt__param_reload(); /* the knob table caches the environment */
   for (int r = 0; r < 2; r++)
     if (rcs[r]) fail_msg("rank %d: %s (%s)", r, dt_strerror(rcs[r]), B->err[r]);
 }
@@ -474,8 +484,10 @@ static void zero_tails(void **state) {
   int rcs[MAXR];
   for (int tiny = 0; tiny < 2; tiny++) {
     if (tiny) setenv("DTRAIN_SHM_RING_BYTES", "4096", 1); /* records wrap around the ring */
+    dt__param_reload(); /* the knob table caches the environment */
     run(2, body_zeros, false, rcs);
     unsetenv("DTRAIN_SHM_RING_BYTES");
+    dt__param_reload(); /* the knob table caches the environment */
     for (int r = 0; r < 2; r++)
       if (rcs[r]) fail_msg("ring %s rank %d: %s (%s)", tiny ? "4 KiB" : "default", r, dt_strerror(rcs[r]), B->err[r]);
   }
@@ -494,8 +506,10 @@ static void length_mismatch(void **state) {
   (void)state;
   int rcs[MAXR];
   setenv("DTRAIN_SHM_CMA_BYTES", "65536", 1); /* the 200000-byte message goes single-copy */
+  dt__param_reload(); /* the knob table caches the environment */
   run(2, body_mismatch, false, rcs);
   unsetenv("DTRAIN_SHM_CMA_BYTES");
+  dt__param_reload(); /* the knob table caches the environment */
   assert_int_equal(rcs[0], DT_EPROTO);
   assert_int_equal(rcs[1], DT_EPROTO);
 }

@@ -391,7 +391,7 @@ static void run_env_case(const char *name, const char *const *env) {
   assert_true(pid >= 0);
   if (pid == 0) {
     unsetenv("DTRAIN_ALGO");
-    for (int i = 0; env[i]; i += 2) setenv(env[i], env[i + 1], 1);
+    for (int i = 0; env[i]; i += 2) setenv(env[i], env[i + 1], 1); /* read fresh after exec */
     execl(self_exe, self_exe, "env", name, (char *)NULL);
     _exit(127);
   }
@@ -422,6 +422,7 @@ int main(int argc, char **argv) {
   static const char *const knobs[] = {"DTRAIN_ALGO", "DTRAIN_TREE_MAX_BYTES", "DTRAIN_RING_MIN_BYTES",
                                       "DTRAIN_RING_MIN_OVERSUB_BYTES", "DTRAIN_HIER_MIN_BYTES"};
   for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++) unsetenv(knobs[i]);
+  dt__param_reload(); /* the knob table caches the environment */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_ranks),
       cmocka_unit_test(test_three_ranks),

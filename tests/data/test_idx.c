@@ -301,8 +301,10 @@ static void test_zero_and_huge_dims(void **state) {
   make_images(img, 2, 2, 2);
   write_file("ok.img", img, il);
   setenv("DTRAIN_DATA_MAX_BYTES", "7", 1);
+  dt__param_reload(); /* the knob table caches the environment */
   expect_fail("ok.img", "z.lab", DT_ERANGE, "ok.img");
   unsetenv("DTRAIN_DATA_MAX_BYTES");
+  dt__param_reload(); /* the knob table caches the environment */
   dt_dataset ds;
   assert_int_equal(load(&ds, "ok.img", "z.lab"), DT_OK);
   dt_dataset_free(&ds);

@@ -112,7 +112,9 @@ static int child(const job *j, int rank, const char *tag) {
   snprintf(outd, sizeof outd, "%s/%s_run", tmpdir, tag);
   snprintf(sdir, sizeof sdir, "%s/%s_store", tmpdir, tag);
   if (j->overlap) setenv("DTRAIN_DDP_OVERLAP", j->overlap, 1);
+  dt__param_reload(); /* the knob table caches the environment */
   if (j->hier_tuned) setenv("DTRAIN_HIER_MIN_BYTES", "0", 1);
+  dt__param_reload(); /* the knob table caches the environment */
   dt_run_cfg c;
   make_cfg(&c, j);
   dt_engine *e = NULL;

@@ -195,8 +195,10 @@ static void test_equivalence(void **state) {
     char tag[16];
     snprintf(tag, sizeof tag, "eq%d", k);
     if (runs[k].overlap) setenv("DTRAIN_DDP_OVERLAP", runs[k].overlap, 1);
+    dt__param_reload(); /* the knob table caches the environment */
     run_job(cfgs, N, tag, st);
     unsetenv("DTRAIN_DDP_OVERLAP");
+    dt__param_reload(); /* the knob table caches the environment */
     for (int r = 0; r < N; r++) {
       char msg[600];
       read_err(tag, r, msg, sizeof msg);

@@ -38,6 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static int once;
   if (!once) {
     setenv("DTRAIN_DATA_MAX_BYTES", "16777216", 1);
+    dt__param_reload();
     once = 1;
   }
   if (size < 2) return 0;

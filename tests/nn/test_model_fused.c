@@ -148,6 +148,7 @@ static void test_fused_equals_unfused(void **st) {
       setenv("DTRAIN_NN_CHUNK_BYTES", chunks[k], 1);
     else
       unsetenv("DTRAIN_NN_CHUNK_BYTES");
+    dt__param_reload(); /* the knob table caches the environment */
     run_pairs();
   }
 }

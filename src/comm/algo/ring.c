@@ -17,7 +17,7 @@
 #include <string.h>
 
 size_t dt__algo_chunk_bytes(void) {
-  int64_t v = dt_param_int("DTRAIN_CHUNK_BYTES", 2 * 1024 * 1024);
+  int64_t v = dt_param(DT_PARAM_CHUNK_BYTES);
   return v < 4096 ? 4096 : (size_t)v;
 }
 

@@ -8,9 +8,7 @@
 #include "comm/transport/match.h"
 
 static size_t cap_default(void) {
-  int64_t mb = dt_param_int("DTRAIN_UNEXPECTED_MAX_MB", 4096);
-  if (mb <= 0) mb = 4096;
-  return (size_t)mb << 20;
+  return (size_t)dt_param(DT_PARAM_UNEXPECTED_MAX_MB) << 20;
 }
 
 void dt__match_init(struct dt_match *m, size_t cap_bytes) {

@@ -184,7 +184,7 @@ static inline void cpu_relax(void) {
  * process writes and no other process writes at the same place: its own
  * new inbox, its own ring in a peer's inbox. Best effort. */
 static void prefault(void *p, size_t n) {
-  if (!n || !dt_param_int("DTRAIN_SHM_PREFAULT", 1)) return;
+  if (!n || !dt_param(DT_PARAM_SHM_PREFAULT)) return;
   (void)madvise(p, n, MADV_POPULATE_WRITE); /* EINVAL before Linux 5.14: the loop does it */
   for (size_t off = 0; off < n; off += 4096)
     __atomic_fetch_add((uint64_t *)((uint8_t *)p + off), 0, __ATOMIC_RELAXED);
@@ -198,7 +198,7 @@ static void prefault(void *p, size_t n) {
  * into this process's page tables without writing them (a read fault on a
  * shmem hole allocates the page, like the producer's write would). */
 static void prefault_read(const void *p, size_t n) {
-  if (!n || !dt_param_int("DTRAIN_SHM_PREFAULT", 1)) return;
+  if (!n || !dt_param(DT_PARAM_SHM_PREFAULT)) return;
   if (madvise((void *)p, n, MADV_POPULATE_READ) == 0) return;
   for (size_t off = 0; off < n; off += 4096) (void)*(const volatile uint8_t *)((const uint8_t *)p + off);
 }
@@ -212,7 +212,7 @@ static void prefault_read(const void *p, size_t n) {
 static uint64_t ring_bytes_for(int size) {
   uint64_t def = 1u << 20;
   while (def > (64u << 10) && def * (uint64_t)(size > 0 ? size : 1) > (16u << 20)) def >>= 1;
-  int64_t rb = dt_param_int("DTRAIN_SHM_RING_BYTES", (int64_t)def);
+  int64_t rb = dt_param_or(DT_PARAM_SHM_RING_BYTES, (int64_t)def);
   uint64_t ring = 4096;
   while (ring < (uint64_t)rb && ring < (1ull << 30)) ring <<= 1;
   return ring;
@@ -933,7 +933,7 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   ctx->job_hash = h;
   uint64_t ring = ring_bytes_for(in->size);
   ctx->ring_bytes = ring;
-  int64_t cma = dt_param_int("DTRAIN_SHM_CMA_BYTES", 1 << 20);
+  int64_t cma = dt_param(DT_PARAM_SHM_CMA_BYTES);
   ctx->cma_min = cma <= 0 ? 0 : (size_t)cma;
   /* Oversubscribed (more ranks than cores): yield while polling, so the
    * peer we wait for can run, and sleep sooner. Otherwise poll without
@@ -946,7 +946,7 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
    * already pinned by someone else, the calling thread (the one that drives
    * the communicator) stays on core rank % ncpu, so spinning peers are not
    * stacked on one core by the scheduler. DTRAIN_SHM_BIND=0 turns it off. */
-  if (!ctx->oversub && ncpu > 1 && dt_param_int("DTRAIN_SHM_BIND", 1) &&
+  if (!ctx->oversub && ncpu > 1 && dt_param(DT_PARAM_SHM_BIND) &&
       CPU_COUNT(&cs) == (int)sysconf(_SC_NPROCESSORS_ONLN)) {
     int k = in->rank % ncpu, cpu = -1;
     for (int i = 0; i < CPU_SETSIZE && k >= 0; i++)
@@ -959,9 +959,9 @@ static int shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
         DT_LOG_DEBUG("shm: rank %d bound to cpu %d", in->rank, cpu);
     }
   }
-  ctx->spin_ns = dt_param_int("DTRAIN_SHM_SPIN_US", ctx->oversub ? 200 : 2000) * 1000;
-  ctx->yield_ns = dt_param_int("DTRAIN_SHM_YIELD_US", ctx->oversub ? 0 : 20) * 1000;
-  ctx->live_ns = dt_param_int("DTRAIN_SHM_LIVE_MS", 2) * 1000000;
+  ctx->spin_ns = dt_param_or(DT_PARAM_SHM_SPIN_US, ctx->oversub ? 200 : 2000) * 1000;
+  ctx->yield_ns = dt_param_or(DT_PARAM_SHM_YIELD_US, ctx->oversub ? 0 : 20) * 1000;
+  ctx->live_ns = dt_param(DT_PARAM_SHM_LIVE_MS) * 1000000;
   ctx->probe = ((uint64_t)ctx->pid << 32) ^ 0x5eed5eed12345678ull ^ (uint64_t)(uintptr_t)ctx;
 
   sweep_stale();

@@ -150,8 +150,8 @@ static void set_sock_opts(int fd, int bufsize) {
    * by default: newer kernels also apply it to zero-window probing, which
    * would kill a healthy connection whose receiver computes for a while
    * without reading (large early frames deliberately wait in the socket). */
-  int idle = (int)dt_param_int("DTRAIN_TCP_KEEPIDLE", 2), intvl = 1, cnt = 3;
-  unsigned int uto = (unsigned int)dt_param_int("DTRAIN_TCP_USER_TIMEOUT_MS", 0);
+  int idle = (int)dt_param(DT_PARAM_TCP_KEEPIDLE), intvl = 1, cnt = 3;
+  unsigned int uto = (unsigned int)dt_param(DT_PARAM_TCP_USER_TIMEOUT_MS);
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
@@ -767,8 +767,8 @@ static int tcp_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *a
   x->rank = in->rank;
   x->size = in->size;
   x->job_hash = hash_str(in->job ? in->job : "");
-  x->bufsize = (int)dt_param_int("DTRAIN_TCP_BUFFER", 0);
-  x->spin_ns = dt_param_int("DTRAIN_TCP_SPIN_US", 0) * 1000;
+  x->bufsize = (int)dt_param(DT_PARAM_TCP_BUFFER);
+  x->spin_ns = dt_param(DT_PARAM_TCP_SPIN_US) * 1000;
   x->ep = calloc((size_t)in->size, sizeof *x->ep);
   x->token = malloc(in->token_len + 1);
   x->discard_buf = malloc(65536);
