@@ -85,11 +85,11 @@ int dt__accept_guarded(struct dt_accept_guard *g, int lfd, char *who, size_t who
 int dt__accept_paused(const struct dt_accept_guard *g, double now) { return now < g->paused_until; }
 
 double dt__auth_timeout_s(void) {
-  int64_t ms = dt_param_int("DTRAIN_AUTH_TIMEOUT_MS", 5000);
+  int64_t ms = dt_param(DT_PARAM_AUTH_TIMEOUT_MS);
   return (ms > 0 ? (double)ms : 5000.0) / 1000.0;
 }
 
 int dt__auth_pending_max(void) {
-  int64_t n = dt_param_int("DTRAIN_AUTH_PENDING_MAX", 256);
+  int64_t n = dt_param(DT_PARAM_AUTH_PENDING_MAX);
   return n > 0 && n < (1 << 20) ? (int)n : 256;
 }

@@ -57,6 +57,8 @@ void dt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
  * names (tests/core/test_param_docs.sh keeps them in step). */
 #define DT_PARAM_TABLE(X)                                                                                   \
   X(ALGO, STR, 0, NULL, 0, 0, "force one collective algorithm: auto ring rhd tree hier direct (default: chosen by size and topology)") \
+  X(AUTH_PENDING_MAX, INT, 256, NULL, 1, 1 << 20, "connections a store or tcp listener keeps waiting to authenticate; beyond it the oldest is closed") \
+  X(AUTH_TIMEOUT_MS, INT, 5000, NULL, 1, 3600000, "a connection that has not authenticated within this is closed, ms (store and tcp listeners)") \
   X(BIND_ADDR, STR, 0, NULL, 0, 0, "IPv4 address this node's workers listen on in a multi-node job (default: this machine's address towards the rendezvous)") \
   X(CHUNK_BYTES, INT, 2 << 20, NULL, 0, INT64_MAX, "chunk size of pipelined ring algorithms, bytes (at least 4096 is used)") \
   X(DATA_MAX_BYTES, INT, (int64_t)1 << 30, NULL, 1, INT64_MAX, "largest dataset file or array a reader accepts, bytes") \
