@@ -233,6 +233,7 @@ void dt__config_fingerprint(const dt_run_cfg *c, int64_t train_n, int64_t test_n
   fp->seed = c->seed;
   fp->deterministic = c->deterministic;
   fp->micro_batch = c->deterministic ? c->micro_batch : 0;
+  fp->det_probe = c->deterministic ? dt_tensor_det_probe() : 0;
   dt_sha256(c->layers, strlen(c->layers), fp->layers_sha);
   struct {
     dt_optim_cfg o;

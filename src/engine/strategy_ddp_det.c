@@ -21,6 +21,7 @@
 #include "core/core.h"
 #include "engine/engine_int.h"
 #include "engine/strategy.h"
+#include "tensor/tensor.h"
 #include "parallel/ddp.h"
 
 typedef struct det_impl {
@@ -36,6 +37,9 @@ static int det_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_s
 }
 
 static int det_setup(dt_strategy *s) {
+  /* Every product through our own kernels: OpenBLAS's choice depends on
+   * the CPU (OPENBLAS_CORETYPE), which would change the hash. */
+  dt_model_set_gemm_flags(s->model, DT_GEMM_FIXED);
   DT_CHECK(dt__ddp_startup(s));
   det_impl *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");

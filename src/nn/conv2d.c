@@ -351,7 +351,7 @@ void dt_conv2d_forward(float *out, const float *inp, const float *weight, const 
     int n = g->B - b0 < p.bc ? g->B - b0 : p.bc;
     size_t ld = (size_t)n * S;
     build_col(col, xp, inp, b0, n, g, &p);
-    dt_sgemm(0, 0, OC, (int)ld, K, 1.0f, weight, K, col, (int)ld, 0.0f, tmp, (int)ld);
+    dt_sgemm_f(g->gemm_flags, 0, 0, OC, (int)ld, K, 1.0f, weight, K, col, (int)ld, 0.0f, tmp, (int)ld);
     for (int i = 0; i < n; i++) {
       float *o = out + (size_t)(b0 + i) * OC * OS;
       for (int oc = 0; oc < OC; oc++) {
@@ -409,12 +409,12 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *
     if (dweight) {
       build_col(col, xp, inp, b0, n, g, &p);
       /* dW(OC,K) (+)= dout(OC, n*S) * col(K, n*S)^T */
-      dt_sgemm(0, 1, OC, K, (int)ld, 1.0f, tmp, (int)ld, col, (int)ld, b0 == 0 ? 0.0f : 1.0f,
+      dt_sgemm_f(g->gemm_flags, 0, 1, OC, K, (int)ld, 1.0f, tmp, (int)ld, col, (int)ld, b0 == 0 ? 0.0f : 1.0f,
                dweight, K);
     }
     if (dinp) {
       /* dcol(K, n*S) = W(OC,K)^T * dout(OC, n*S); col is free to reuse. */
-      dt_sgemm(1, 0, K, (int)ld, OC, 1.0f, weight, K, tmp, (int)ld, 0.0f, col, (int)ld);
+      dt_sgemm_f(g->gemm_flags, 1, 0, K, (int)ld, OC, 1.0f, weight, K, tmp, (int)ld, 0.0f, col, (int)ld);
       if (p.grid) {
         grid_col2im(dinp + (size_t)b0 * inplane, xp, col, n, g, &p);
       } else {

@@ -23,6 +23,11 @@ void dt_linear_forward(float *out, const float *inp, const float *weight, const 
                        int B, int C, int OC);
 void dt_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int B, int C, int OC);
+/* The same with dt_sgemm_f flags (DT_GEMM_FIXED in deterministic mode). */
+void dt_linear_forward_f(int gemm_flags, float *out, const float *inp, const float *weight,
+                         const float *bias, int B, int C, int OC);
+void dt_linear_backward_f(int gemm_flags, float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int B, int C, int OC);
 
 /* conv2d geometry. OH = (H + 2*pad - KH)/stride + 1, same for OW. */
 typedef struct dt_conv2d_geom {
@@ -30,6 +35,7 @@ typedef struct dt_conv2d_geom {
   int OC, KH, KW;      /* weight (OC,C,KH,KW), bias (OC) */
   int stride, pad;
   int OH, OW;          /* output (B,OC,OH,OW); fill with dt_conv2d_geom_init */
+  int gemm_flags;      /* dt_sgemm_f flags for its products (0 = default) */
 } dt_conv2d_geom;
 /* Fills OH/OW; returns 0, or -1 if the geometry is impossible (kernel larger
  * than padded input, non-positive sizes). */

@@ -8,23 +8,33 @@
 
 #include <string.h>
 
-void dt_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
-                       int B, int C, int OC) {
+void dt_linear_forward_f(int gemm_flags, float *out, const float *inp, const float *weight,
+                         const float *bias, int B, int C, int OC) {
   float beta = 0.0f;
   if (bias) {
     for (int b = 0; b < B; b++) memcpy(out + (size_t)b * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
   /* out(B,OC) = inp(B,C) * weight(OC,C)^T */
-  dt_sgemm(0, 1, B, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+  dt_sgemm_f(gemm_flags, 0, 1, B, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+void dt_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                       int B, int C, int OC) {
+  dt_linear_forward_f(0, out, inp, weight, bias, B, C, OC);
 }
 
 void dt_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int B, int C, int OC) {
+  dt_linear_backward_f(0, dinp, dweight, dbias, dout, inp, weight, B, C, OC);
+}
+
+void dt_linear_backward_f(int gemm_flags, float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int B, int C, int OC) {
   /* dinp(B,C) = dout(B,OC) * weight(OC,C) */
-  if (dinp) dt_sgemm(0, 0, B, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+  if (dinp) dt_sgemm_f(gemm_flags, 0, 0, B, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
   /* dweight(OC,C) = dout^T(OC,B) * inp(B,C) */
-  if (dweight) dt_sgemm(1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 0.0f, dweight, C);
+  if (dweight) dt_sgemm_f(gemm_flags, 1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 0.0f, dweight, C);
   if (dbias) {
     memset(dbias, 0, sizeof(float) * OC);
     for (int b = 0; b < B; b++) {

@@ -90,6 +90,7 @@ struct dt_model {
   int B;
   int train;
   const float *logits;
+  int gemm_flags;         /* dt_sgemm_f flags of every product (dt_model_set_gemm_flags) */
 };
 
 /* Does layer i start a `relu maxpool(2)` pair the fused kernel can run? */
@@ -306,6 +307,12 @@ void dt_model_set_grads(dt_model *m, float *grads) {
   }
   m->grads = grads;
 }
+void dt_model_set_gemm_flags(dt_model *m, int flags) {
+  if (!m) return;
+  m->gemm_flags = flags;
+  for (int i = 0; i < m->n; i++) m->L[i].g.gemm_flags = flags;
+}
+
 size_t dt_model_nbufs(const dt_model *m) { return m ? m->nbufs : 0; }
 float *dt_model_bufs(dt_model *m) { return m ? m->bufs : NULL; }
 int dt_model_nlayers(const dt_model *m) { return m ? m->n : 0; }
@@ -366,7 +373,7 @@ int dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx)
     l->in = cur;
     switch (in->kind) {
     case DT_L_LINEAR:
-      dt_linear_forward(l->out, cur, l->w, l->b, B, (int)l->in_el, s->oc);
+      dt_linear_forward_f(m->gemm_flags, l->out, cur, l->w, l->b, B, (int)l->in_el, s->oc);
       break;
     case DT_L_CONV2D:
       if (l->chunk) {
@@ -495,7 +502,7 @@ int dt_model_backward(dt_model *m, const int32_t *labels, int B, float *loss_out
     size_t N = (size_t)B * l->out_el;
     switch (in->kind) {
     case DT_L_LINEAR:
-      dt_linear_backward(dinp, l->dw, l->db, d, l->in, l->w, B, (int)l->in_el, s->oc);
+      dt_linear_backward_f(m->gemm_flags, dinp, l->dw, l->db, d, l->in, l->w, B, (int)l->in_el, s->oc);
       break;
     case DT_L_CONV2D:
       if (l->bchunk) {

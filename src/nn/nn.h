@@ -28,6 +28,12 @@
  * caller's memory must outlive its use; the model never frees it. */
 void dt_model_set_grads(dt_model *m, float *grads);
 
+/* dt_sgemm_f flags for every matrix product of this model from now on
+ * (DT_GEMM_FIXED: deterministic mode, so no product goes through OpenBLAS,
+ * whose kernel choice depends on the CPU and OPENBLAS_CORETYPE). A NULL
+ * model is ignored. */
+void dt_model_set_gemm_flags(dt_model *m, int flags);
+
 /* Flat optimizer state for checkpoints: nstate floats plus the step count. */
 size_t dt_optim_state_floats(const dt_optim *o);
 float *dt_optim_state(dt_optim *o);

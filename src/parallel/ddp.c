@@ -525,6 +525,26 @@ int dt_ddp_check_config(dt_comm *c, const dt_ddp_fingerprint *fp) {
     return comm_fail(c, rc, "config check");
   }
   char buf[160];
+  /* Deterministic mode: ranks whose arithmetic differs from rank 0's (the
+   * probe of det_probe.c), all of them named. */
+  char ranks[160] = "";
+  size_t rl = 0;
+  int ndiff = 0, first = 0;
+  for (int r = 1; r < n; r++) {
+    if (all[r].deterministic != all[0].deterministic || all[r].det_probe == all[0].det_probe) continue;
+    if (!ndiff) first = r;
+    if (rl < sizeof ranks - 16) rl += (size_t)snprintf(ranks + rl, sizeof ranks - rl, "%s%d", ndiff ? ", " : "", r);
+    ndiff++;
+  }
+  if (ndiff) {
+    rc = dt__seterr(DT_EMISMATCH, "deterministic mode: rank%s %s compute%s floating point differently from "
+                    "rank 0 (probe %016llx on rank %d, %016llx on rank 0: another CPU type, GEMM kernel or "
+                    "libm), so the result would depend on the hosts; run the job on hosts of one kind",
+                    ndiff > 1 ? "s" : "", ranks, ndiff > 1 ? "" : "s", (unsigned long long)all[first].det_probe,
+                    first, (unsigned long long)all[0].det_probe);
+    free(all);
+    return rc;
+  }
   for (int r = 1; r < n; r++) {
     const char *why = fp_diff(&all[0], &all[r], r, buf, sizeof buf);
     if (why) {

@@ -105,6 +105,7 @@ typedef struct dt_ddp_fingerprint {
   int64_t deterministic, micro_batch;
   uint64_t seed;
   uint8_t layers_sha[32], optim_sha[32], config_sha[32];
+  uint64_t det_probe; /* deterministic mode: dt_tensor_det_probe(), else 0 */
 } dt_ddp_fingerprint;
 /* Collective: DT_EMISMATCH naming the first rank (and key) whose fingerprint
  * differs from rank 0's; every rank gets the same verdict. */

@@ -1,6 +1,7 @@
 /*
  * gemm.c — dt_sgemm: the choice between the CBLAS (OpenBLAS) back end and
- * our AVX-512 kernels (gemm_avx512.c), plus OpenBLAS thread control.
+ * our AVX-512 kernels (gemm_avx512.c), or with DT_GEMM_FIXED between our
+ * AVX-512 and portable (gemm_ref.c) kernels, plus OpenBLAS thread control.
  * Row-major only; this file does not tile anything itself.
  */
 #include "tensor/tensor.h"
@@ -67,12 +68,24 @@ int dt__gemm_use_avx512(void) {
 
 const char *dt_tensor_gemm_impl(void) { return dt__gemm_use_avx512() ? "avx512" : "blas"; }
 
-void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-              const float *B, int ldb, float beta, float *C, int ldc) {
+void dt_sgemm_f(int flags, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc) {
+  int avx = dt__gemm_use_avx512();
+  if (flags & DT_GEMM_FIXED) {
+    /* Every floating-point sum ours: no CBLAS, whatever the shape. */
+    if (avx) dt__sgemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else dt__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   /* N < 16 fills less than a third of the 48-wide register tile; OpenBLAS's
    * narrow kernels win there (measured: 64x10x128 NT, bench_kernels). */
-  if (dt__gemm_use_avx512() && N >= 16)
+  if (avx && N >= 16)
     dt__sgemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   else
     dt__sgemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc) {
+  dt_sgemm_f(0, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

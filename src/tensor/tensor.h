@@ -22,6 +22,7 @@
 #define DT_TENSOR_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Sets the number of OpenBLAS threads for this process (n >= 1). */
 void dt_tensor_set_threads(int n);
@@ -38,6 +39,22 @@ int dt_tensor_blas_underpowered(void);
  * strides of A, B, C as stored. */
 void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
+
+/* dt_sgemm with flags. DT_GEMM_FIXED: every shape through our own kernels
+ * (AVX-512 where the CPU has it, else the portable fixed-order kernel of
+ * gemm_ref.c), never CBLAS, so the result depends on this binary and the
+ * CPU's ISA only, not on OpenBLAS's CPU-specific kernel choice
+ * (OPENBLAS_CORETYPE). Deterministic mode sets it per model
+ * (dt_model_set_gemm_flags); dt_sgemm is dt_sgemm_f with flags 0. */
+#define DT_GEMM_FIXED 1
+void dt_sgemm_f(int flags, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc);
+
+/* A 64-bit hash of a small fixed computation (DT_GEMM_FIXED products of
+ * the shapes layers use, and the libm functions they call). Two processes
+ * with different hashes would not train bit for bit alike in deterministic
+ * mode; data-parallel workers compare it at start (det_probe.c). */
+uint64_t dt_tensor_det_probe(void);
 
 /* Which GEMM dt_sgemm uses: "avx512" (our own kernels, gemm_avx512.c) when
  * the CPU has AVX-512, else "blas" (CBLAS). The environment variable
@@ -82,6 +99,9 @@ void dt__sgemm_avx512(int ta, int tb, int M, int N, int K, float alpha, const fl
                       const float *B, int ldb, float beta, float *C, int ldc);
 void dt__sgemm_blas(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                     const float *B, int ldb, float beta, float *C, int ldc);
+/* The portable fixed-order kernel behind DT_GEMM_FIXED without AVX-512. */
+void dt__sgemm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc);
 /* 1 if dt_sgemm currently routes to the AVX-512 kernels. */
 int dt__gemm_use_avx512(void);
 
