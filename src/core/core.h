@@ -80,7 +80,7 @@ void dt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
   X(SHM_BIND, INT, 1, NULL, 0, 1, "shm: pin each rank's communication thread to a core when ranks do not outnumber cores") \
   X(SHM_CMA_BYTES, INT, 1 << 20, NULL, 0, INT64_MAX, "shm: messages from this size up are copied once with process_vm_readv (0: never)") \
   X(SHM_LIVE_MS, INT, 2, NULL, 1, 60000, "shm: how often a waiting rank checks that its peers are alive, ms") \
-  X(SHM_PREFAULT, INT, 1, NULL, 0, 1, "shm: touch ring pages at setup so the first messages do not page-fault") \
+  X(SHM_PREFAULT, INT, 1, NULL, 0, 1, "shm: map a ring's pages when its peer is first sent to or received from, so the first messages do not page-fault") \
   X(SHM_RING_BYTES, INT, -1, "auto", 0, INT64_MAX, "shm: bytes per peer ring, rounded up to a power of two, 4 KiB .. 1 GiB (auto: 1 MiB, halved down to 64 KiB while ranks x ring exceed 16 MiB)") \
   X(SHM_SPIN_US, INT, -1, "auto", 0, INT64_MAX / 1000, "shm: poll this long before sleeping on the futex, us (auto: 2000, or 200 when ranks outnumber cores)") \
   X(SHM_STOPPED_S, INT, 5, NULL, 0, 86400, "shm: a peer stopped (SIGSTOP, state T) this long while we wait for it fails the call naming it, s (0: only the deadline)") \
