@@ -3,7 +3,8 @@
 # temporary prefix, then every program of examples/c/ built out of tree two
 # ways — `cc ... $(pkg-config --cflags --libs dtrain)` (strict warnings, as
 # errors) and a small CMake project with find_package(dtrain) linking
-# dtrain::dtrain — plus train_mlp against the static libdtrain.a; each run
+# dtrain::dtrain — plus train_mlp against the static libdtrain.a (with
+# pkg-config --static, and as dtrain::dtrain_static); each run
 # for one epoch must print a test accuracy >= 0.85. The prefix is removed
 # on exit. Skips (77) only when the Fashion-MNIST package is missing.
 set -u
@@ -58,6 +59,8 @@ mkdir -p "$tmp/cm"
     echo "add_executable($n $ex)"
     echo "target_link_libraries($n dtrain::dtrain)"
   done
+  echo "add_executable(train_mlp_static $SRC/examples/c/train_mlp.c)"
+  echo "target_link_libraries(train_mlp_static dtrain::dtrain_static)"
 } >"$tmp/cm/CMakeLists.txt"
 if cmake -S "$tmp/cm" -B "$tmp/cm/build" -DCMAKE_PREFIX_PATH="$P" >"$tmp/cm.log" 2>&1 &&
    cmake --build "$tmp/cm/build" >>"$tmp/cm.log" 2>&1; then :; else
@@ -83,7 +86,8 @@ for ex in $examples; do
   run "$n (pkg-config)" "$tmp/pc/$n"
   run "$n (CMake)" "$tmp/cm/build/$n"
 done
-run "train_mlp (static)" "$tmp/pc/train_mlp_static"
+run "train_mlp (static, pkg-config)" "$tmp/pc/train_mlp_static"
+run "train_mlp (static, CMake)" "$tmp/cm/build/train_mlp_static"
 # the shared build really uses the installed libdtrain.so.0
 LD_LIBRARY_PATH=$P/lib ldd "$tmp/pc/train_mlp" 2>/dev/null | grep -q "$P/lib/libdtrain.so.0" ||
   fail "train_mlp (pkg-config) is not linked against $P/lib/libdtrain.so.0"
