@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/proc_watch.h"
 #include "core/core.h"
 
 #ifndef SYS_pidfd_open
@@ -282,6 +283,7 @@ static int wait_word(dt_comm_window *w, int q, int which, uint32_t seq, int64_t 
     if ((i & 63) == 63 && dt_now_ns() >= spin_end) break;
   }
   int64_t next_live = 0;
+  struct dt_proc_watch pw = {0};
   for (;;) {
     uint32_t v = atomic_load(word);
     if ((int32_t)(v - seq) >= 0) return DT_OK;
@@ -299,6 +301,11 @@ static int wait_word(dt_comm_window *w, int q, int which, uint32_t seq, int64_t 
         return dt__seterr(DT_EPEERLOST, "window allreduce #%u: rank %d (pid %d) exited", seq, q,
                           (int)w->pid[q]);
       next_live = now + w->live_ns;
+      double stopped;
+      if (w->pid[q] != (int32_t)getpid() && dt__proc_watch(&pw, w->pid[q], now, &stopped))
+        return dt__seterr(DT_ETIMEDOUT,
+                          "window allreduce #%u: rank %d (pid %d) is stopped (SIGSTOP?): no progress "
+                          "for %.0f s (DTRAIN_SHM_STOPPED_S)", seq, q, (int)w->pid[q], stopped);
     }
     atomic_fetch_add(&h->sleepers, 1);
     if (atomic_load(word) == v) futex_wait(word, v, w->live_ns);

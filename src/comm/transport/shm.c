@@ -31,6 +31,7 @@
  */
 #define _GNU_SOURCE
 #include "comm/transport.h"
+#include "comm/proc_watch.h"
 #include "comm/transport/match.h"
 #include "comm/transport/shm_int.h"
 
@@ -107,6 +108,7 @@ struct dt_tp_ep {
   bool dead;
   bool gone;                           /* exited after a clean close */
   bool tx_touched, rx_touched;         /* our rings with this peer prefaulted (first use) */
+  struct dt_proc_watch pw;             /* is the peer stopped (SIGSTOP)? */
 };
 
 struct dt_tp_ctx {
@@ -1202,6 +1204,8 @@ static int shm_wait(struct dt_tp_ctx *ctx, struct dt_tp_req **reqs, int n, int64
                     char *err) {
   int idle = 0, first = 0;
   int64_t spin_from = 0;
+  for (int i = 0; i < n; i++)
+    if (reqs[i]->ep) reqs[i]->ep->pw = (struct dt_proc_watch){0};
   for (;;) {
     while (first < n && reqs[first]->status > 0) first++;
     for (int i = first; i < n; i++) {
@@ -1238,6 +1242,18 @@ static int shm_wait(struct dt_tp_ctx *ctx, struct dt_tp_req **reqs, int n, int64
     check_live(ctx);
     if (now >= deadline_ns) {
       owing(reqs, n, err, "deadline expired");
+      return DT_ETIMEDOUT;
+    }
+    /* A peer we wait for that is stopped (SIGSTOP, a debugger) makes no
+     * progress until continued: say so after DTRAIN_SHM_STOPPED_S instead
+     * of waiting for the deadline. */
+    for (int i = first; i < n; i++) {
+      struct dt_tp_ep *ep = reqs[i]->ep;
+      double stopped;
+      if (reqs[i]->status || !ep || ep->dead || !dt__proc_watch(&ep->pw, ep->pid, now, &stopped)) continue;
+      set_err(err, "shm: rank %d (pid %d) is stopped (SIGSTOP?): no progress for %.0f s while waiting "
+              "for its %s of %zu bytes (DTRAIN_SHM_STOPPED_S)", ep->peer, (int)ep->pid, stopped,
+              reqs[i]->kind == DT_TP_SEND ? "receive" : "send", reqs[i]->len);
       return DT_ETIMEDOUT;
     }
     if (now - spin_from < ctx->spin_ns) {
