@@ -84,6 +84,10 @@ static int world_aborted(struct world *w, const char **msg) {
     int rc = 0;
     const char *m = w->tops[i]->abort_reason(w->tctx[i], &rc);
     if (m && m[0] && rc < 0) {
+      /* One transport aborted (say shm saw a local rank die): the others
+       * must tell their peers too, or a rank on another host only sees
+       * this one close its connection cleanly and never learns why. */
+      if (!atomic_load(&w->aborted)) world_abort(w, rc, m);
       *msg = m;
       return rc;
     }
