@@ -23,5 +23,6 @@
 #include "dtrain/optim.h"
 #include "dtrain/comm.h"
 #include "dtrain/engine.h"
+#include "dtrain/job.h"
 
 #endif /* DTRAIN_H */

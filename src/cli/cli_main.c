@@ -50,18 +50,18 @@ int dt_cli_main(int argc, char **argv) {
     printf("dtrain %s\n", dt_version());
     return DT_EXIT_OK;
   }
-  if (!strcmp(cmd, "train")) {
-    return dt__cmd_train(argc - 1, argv + 1);
-  }
-  if (!strcmp(cmd, "launch")) {
-    return dt__cmd_launch(argc - 1, argv + 1);
-  }
-  if (!strcmp(cmd, "bench")) {
-    return dt__cmd_bench(argc - 1, argv + 1);
-  }
-  if (!strcmp(cmd, "env")) {
-    return dt__cmd_env(argc - 1, argv + 1);
-  }
+  /* one row per subcommand (cmd_<name>.c) */
+  static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+  } cmds[] = {
+      {"train", dt__cmd_train},
+      {"launch", dt__cmd_launch},
+      {"bench", dt__cmd_bench},
+      {"env", dt__cmd_env},
+  };
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    if (!strcmp(cmd, cmds[i].name)) return cmds[i].run(argc - 1, argv + 1);
   fprintf(stderr, "dtrain: unknown command '%s' (try dtrain --help)\n", cmd);
   return DT_EXIT_USAGE;
 }

@@ -1,6 +1,6 @@
 /*
  * cmd_bench.c — `dtrain bench allreduce`: runs N local ranks as one job
- * (local_job.c: one process each, a TCP store on 127.0.0.1, a fresh job
+ * (dt_job_*: one process each, a TCP store on 127.0.0.1, a fresh job
  * token) and prints rank 0's nccl-tests style table (dt_comm_bench_allreduce):
  * bytes, count, time_us, algbw and busbw = algbw * 2(n-1)/n, and a check of
  * the result at every size.
@@ -35,51 +35,15 @@ static void bench_usage(FILE *f) {
           "Columns as in nccl-tests: busbw = algbw * 2(n-1)/n.\n");
 }
 
-static int parse_bytes(const char *s, size_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s) return -1;
-  if (*end == 'K' || *end == 'k') v <<= 10, end++;
-  else if (*end == 'M' || *end == 'm') v <<= 20, end++;
-  else if (*end == 'G' || *end == 'g') v <<= 30, end++;
-  if (*end) return -1;
-  *out = (size_t)v;
-  return 0;
-}
-
 struct bench_args {
-  const char *transport;
-  double timeout;
   const struct dt_comm_bench_config *bc;
 };
 
-static int run_rank(const struct dt__worker *w, void *arg) {
+static int run_rank(const struct dt_job_worker *w, void *arg) {
   const struct bench_args *a = arg;
-  int r = w->rank, n = w->size, port = w->store_port;
-  const char *token = w->token;
-  const char *transport = a->transport;
-  double timeout = a->timeout;
-  const struct dt_comm_bench_config *bc = a->bc;
-  dt_store *s = NULL;
-  dt_comm *c = NULL;
-  struct dt_comm_config cfg = DT_COMM_CONFIG_INIT;
-  cfg.transport = transport;
-  cfg.rank = r;
-  cfg.size = n;
-  cfg.job = "bench";
-  cfg.token = token;
-  cfg.timeout_s = timeout;
-  if (dt_store_connect(&s, "127.0.0.1", port, token, timeout) || dt_comm_create(&c, s, &cfg)) {
-    fprintf(stderr, "dtrain bench: rank %d: %s\n", r, dt_errmsg());
-    dt_store_destroy(s);
-    return 1;
-  }
-  dt_store_destroy(s);
-  int rc = dt_comm_bench_allreduce(c, bc, r == 0 ? stdout : NULL);
-  if (rc) fprintf(stderr, "dtrain bench: rank %d: %s\n", r, dt_comm_errmsg(c));
+  int rc = dt_comm_bench_allreduce(w->comm, a->bc, w->rank == 0 ? stdout : NULL);
+  if (rc) fprintf(stderr, "dtrain bench: rank %d: %s\n", w->rank, dt_comm_errmsg(w->comm));
   fflush(stdout);
-  dt_comm_destroy(c);
   return rc ? 1 : 0;
 }
 
@@ -117,10 +81,13 @@ int dt__cmd_bench(int argc, char **argv) {
       bad = strcmp(v, "shm") && strcmp(v, "tcp") && strcmp(v, "auto");
     } else if (!strcmp(a, "--algo")) {
       bad = dt_algo_parse(v, &bc.algo) != 0;
-    } else if (!strcmp(a, "--min")) {
-      bad = parse_bytes(v, &bc.min_bytes) != 0;
-    } else if (!strcmp(a, "--max")) {
-      bad = parse_bytes(v, &bc.max_bytes) != 0;
+    } else if (!strcmp(a, "--min") || !strcmp(a, "--max")) {
+      uint64_t b;
+      if (dt__parse_bytes(a, v, (uint64_t)1 << 32, &b) < 0) {
+        fprintf(stderr, "dtrain bench: %s\n", dt_errmsg());
+        return DT_EXIT_USAGE;
+      }
+      *(a[3] == 'i' ? &bc.min_bytes : &bc.max_bytes) = (size_t)b;
     } else if (!strcmp(a, "--iters")) {
       long it = strtol(v, &end, 10);
       bad = *end || it < 1 || it > 1000000;
@@ -147,6 +114,18 @@ int dt__cmd_bench(int argc, char **argv) {
   }
   printf("# dtrain bench allreduce: %d ranks, transport %s, algo %s, %s %s\n", n, transport,
          dt_algo_name(bc.algo), dt_dtype_name(bc.dtype), dt_redop_name(bc.op));
-  struct bench_args args = {transport, timeout, &bc};
-  return dt__local_job_run(n, run_rank, &args, 10.0, 0);
+  struct dt_job_config jc = DT_JOB_CONFIG_INIT;
+  jc.workers = n;
+  jc.transport = transport;
+  jc.name = "bench";
+  jc.deadline_s = timeout;
+  jc.grace_s = 10.0;
+  jc.notify = dt__cli_job_notify;
+  dt_job *job = NULL;
+  struct bench_args args = {&bc};
+  int rc = dt_job_create(&job, &jc);
+  int status = rc < 0 ? DT_EXIT_USAGE : dt__cli_job_status(job, dt_job_run(job, run_rank, &args));
+  if (rc < 0) fprintf(stderr, "dtrain bench: %s\n", dt_errmsg());
+  dt_job_destroy(job);
+  return status;
 }

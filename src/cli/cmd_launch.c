@@ -11,7 +11,8 @@
  * route towards HOST (docs/launch.md).
  *
  * It does not restart failed workers (--max-restarts must be 0) and it does
- * not train: cmd_train.c does, with local_job.c forking the workers.
+ * not train: cmd_train.c does, through a job of the launch layer
+ * (dt_job_*), which forks the workers and meets the other nodes.
  */
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -103,14 +104,12 @@ int dt__cmd_launch(int argc, char **argv) {
   L.nnodes = 1;
   L.nproc = 1;
   int restarts = 0;
-  if (val[NNODES] && dt__parse_int(src[NNODES], val[NNODES], 1, 1024, &L.nnodes) < 0)
-    return DT_EXIT_USAGE;
-  if (val[NODE_RANK] && dt__parse_int(src[NODE_RANK], val[NODE_RANK], 0, 1 << 20, &L.node_rank) < 0)
-    return DT_EXIT_USAGE;
-  if (val[NPROC] && dt__parse_int(src[NPROC], val[NPROC], 1, 4096, &L.nproc) < 0)
-    return DT_EXIT_USAGE;
-  if (val[RESTARTS] && dt__parse_int(src[RESTARTS], val[RESTARTS], 0, 1000, &restarts) < 0)
-    return DT_EXIT_USAGE;
+  if ((val[NNODES] && dt__parse_int(src[NNODES], val[NNODES], 1, 1024, &L.nnodes) < 0) ||
+      (val[NODE_RANK] &&
+       dt__parse_int(src[NODE_RANK], val[NODE_RANK], 0, 1 << 20, &L.node_rank) < 0) ||
+      (val[NPROC] && dt__parse_int(src[NPROC], val[NPROC], 1, 4096, &L.nproc) < 0) ||
+      (val[RESTARTS] && dt__parse_int(src[RESTARTS], val[RESTARTS], 0, 1000, &restarts) < 0))
+    return usage_err("%s%s", dt_errmsg(), "");
   if (restarts) return usage_err("--max-restarts %s: restarts are not supported; a failed worker ends the job (use 0)%s", val[RESTARTS], "");
   if (L.node_rank >= L.nnodes) {
     fprintf(stderr, "dtrain: %s %d: must be below the node count %d (node ranks are 0..%d)\n",
@@ -122,46 +121,47 @@ int dt__cmd_launch(int argc, char **argv) {
             L.nproc);
     return DT_EXIT_USAGE;
   }
+  char host[256], ip[64] = "127.0.0.1";
+  int port = 0;
   if (val[RDZV]) {
-    if (dt__parse_hostport(src[RDZV], val[RDZV], L.rdzv_host, sizeof L.rdzv_host, &L.rdzv_port,
-                           0) < 0)
-      return DT_EXIT_USAGE;
-    if (dt__resolve_ipv4(L.rdzv_host, L.rdzv_ip, sizeof L.rdzv_ip) < 0)
+    if (dt__parse_hostport(src[RDZV], val[RDZV], host, sizeof host, &port, 0) < 0)
+      return usage_err("%s%s", dt_errmsg(), "");
+    if (dt__resolve_ipv4(host, ip, sizeof ip) < 0)
       return usage_err("%s '%s': host does not resolve to an IPv4 address", src[RDZV], val[RDZV]);
+    snprintf(L.rdzv, sizeof L.rdzv, "%s", val[RDZV]);
   } else if (L.nnodes > 1) {
     fprintf(stderr, "dtrain: --rdzv HOST:PORT (or DTRAIN_RDZV) is required for a job of %d "
             "nodes: an address of node 0 that every node reaches\n", L.nnodes);
     return DT_EXIT_USAGE;
-  } else {
-    snprintf(L.rdzv_host, sizeof L.rdzv_host, "127.0.0.1");
-    snprintf(L.rdzv_ip, sizeof L.rdzv_ip, "127.0.0.1");
   }
-  char why[128];
-  if (L.node_rank == 0 && dt__can_bind(L.rdzv_ip, L.rdzv_port, why, sizeof why) < 0) {
+  if (L.node_rank == 0 && dt__can_bind(ip, port) < 0) {
     fprintf(stderr, "dtrain: %s %s: node 0 serves the rendezvous there but cannot listen on "
             "%s:%d: %s\n", src[RDZV] ? src[RDZV] : "--rdzv", val[RDZV] ? val[RDZV] : "127.0.0.1",
-            L.rdzv_ip, L.rdzv_port, why);
+            ip, port, dt_errmsg());
     return DT_EXIT_USAGE;
   }
   if (val[BIND]) {
     struct in_addr ia;
     if (inet_pton(AF_INET, val[BIND], &ia) != 1)
       return usage_err("%s '%s': expects an IPv4 address of this machine", src[BIND], val[BIND]);
-    if (dt__can_bind(val[BIND], 0, why, sizeof why) < 0) {
-      fprintf(stderr, "dtrain: %s '%s': cannot listen there: %s\n", src[BIND], val[BIND], why);
+    if (dt__can_bind(val[BIND], 0) < 0) {
+      fprintf(stderr, "dtrain: %s '%s': cannot listen there: %s\n", src[BIND], val[BIND],
+              dt_errmsg());
       return DT_EXIT_USAGE;
     }
     snprintf(L.bind_addr, sizeof L.bind_addr, "%s", val[BIND]);
-  } else if (dt__route_addr(L.rdzv_ip, L.bind_addr, sizeof L.bind_addr) < 0) {
-    fprintf(stderr, "dtrain: no route from this machine to the rendezvous host %s (%s); give "
-            "--bind-addr\n", L.rdzv_host, L.rdzv_ip);
-    return DT_EXIT_USAGE;
+  } else {
+    char route[64];
+    if (dt__route_addr(ip, route, sizeof route) < 0) {
+      fprintf(stderr, "dtrain: no route from this machine to the rendezvous host %s (%s); give "
+              "--bind-addr\n", val[RDZV] ? host : "127.0.0.1", ip);
+      return DT_EXIT_USAGE;
+    }
   }
+  /* the token is checked here, before the config is loaded */
   char who[64];
+  const char *token;
   snprintf(who, sizeof who, "a job of %d nodes", L.nnodes);
-  L.token = dt__job_token(L.nnodes > 1, who);
-  if (!L.token) return DT_EXIT_USAGE;
-  double t = (double)dt_param_int("DTRAIN_TIMEOUT", 60);
-  L.timeout = t > 0 ? t : 60;
+  if (dt__job_token(L.nnodes > 1, who, &token) < 0) return usage_err("%s%s", dt_errmsg(), "");
   return dt__cmd_train_launch(argc - i, argv + i, &L);
 }

@@ -6,23 +6,20 @@
  * terminal, one line per epoch otherwise, and a final line with test
  * accuracy and throughput.
  *
- * With --workers N > 1 it loads and checks everything once, then forks N (local_job.c)
- * worker processes (they share the loaded data copy-on-write) that join
- * through a TCP store on 127.0.0.1 (ephemeral port, fresh job token) over
- * dist.transport (default auto: shm on one host) and train data-parallel; rank 0 prints
- * and writes the one summary.json. The parent only waits: when a worker
- * fails or dies, the others get a grace period to report the lost rank and
- * exit, then are SIGKILLed by pid; workers die with the parent
- * (PR_SET_PDEATHSIG). The transport is dist.transport unless
- * DTRAIN_TRANSPORT overrides it.
+ * With --workers N > 1 it loads and checks everything once, then runs a
+ * job of the launch layer (dt_job_*, src/launch): N forked worker
+ * processes (they share the loaded data copy-on-write) that join over
+ * dist.transport (default auto: shm on one host) and train data-parallel;
+ * rank 0 prints and writes the one summary.json. The job watches the
+ * workers, stops them on a failure, SIGINT or SIGTERM and cleans up; this
+ * file only turns its result into an exit status (job_cli.c). The
+ * transport is dist.transport unless DTRAIN_TRANSPORT overrides it.
  *
  * Launched jobs (docs/launch.md): under `dtrain launch` (cmd_launch.c) the
  * same path forks this node's workers with their global ranks, node 0
  * serving the rendezvous; under mpirun or srun (rank and size in the
- * environment) this process is one rank and meets the others through a
- * store served by rank 0 at DTRAIN_RDZV or a private file store named
- * after the launcher's job id. Either way dist.workers becomes the world
- * size, and only rank 0 prints and writes.
+ * environment, dt_job_from_env) this process is one rank. Either way
+ * dist.workers becomes the world size, and only rank 0 prints and writes.
  *
  * Bad input of any kind (arguments, config, data files, model) ends with one
  * line on stderr and exit status 2 before anything is written; failures
@@ -107,8 +104,10 @@ static void on_step(void *ud, const dt_progress *p) {
   char bar[W + 1];
   for (int i = 0; i < W; i++) bar[i] = i < fill ? '#' : '.';
   bar[W] = '\0';
-  fprintf(v->bar, "\r\033[Kepoch %d/%d [%s] %lld/%lld loss %.4f %.0f samples/s", p->epoch,
-          p->epochs, bar, (long long)p->step_in_epoch, (long long)p->steps_per_epoch, p->loss,
+  char loss[32];
+  dt__cli_fmt_loss(p->loss, loss, sizeof loss);
+  fprintf(v->bar, "\r\033[Kepoch %d/%d [%s] %lld/%lld loss %s %.0f samples/s", p->epoch,
+          p->epochs, bar, (long long)p->step_in_epoch, (long long)p->steps_per_epoch, loss,
           p->samples_per_second);
   fflush(v->bar);
   v->drawn = 1;
@@ -121,19 +120,23 @@ static void on_epoch(void *ud, const dt_epoch_report *r) {
     fflush(v->bar);
     v->drawn = 0;
   }
+  char tl[32], vl[32];
+  dt__cli_fmt_loss(r->train_loss, tl, sizeof tl);
+  dt__cli_fmt_loss(r->test_loss, vl, sizeof vl);
   if (r->evaluated)
-    printf("epoch %d  train_loss %.4f  test_loss %.4f  test_acc %.4f  %.0f samples/s  lr %.4g  "
-           "%.1fs\n", r->epoch, r->train_loss, r->test_loss, r->test_accuracy,
-           r->samples_per_second, r->lr, r->time);
+    printf("epoch %d  train_loss %s  test_loss %s  test_acc %.4f  %.0f samples/s  lr %.4g  "
+           "%.1fs\n", r->epoch, tl, vl, r->test_accuracy, r->samples_per_second, r->lr, r->time);
   else
-    printf("epoch %d  train_loss %.4f  %.0f samples/s  lr %.4g  %.1fs\n", r->epoch, r->train_loss,
+    printf("epoch %d  train_loss %s  %.0f samples/s  lr %.4g  %.1fs\n", r->epoch, tl,
            r->samples_per_second, r->lr, r->time);
   fflush(stdout);
 }
 
 static void final_line(const dt_run_summary *s, const char *out) {
-  printf("test accuracy %.4f  test loss %.4f  %.0f samples/s  %.2f GFLOP/s  (%lld steps, %.1f s "
-         "training)  summary: %s/summary.json\n", s->test_accuracy, s->test_loss,
+  char tl[32];
+  dt__cli_fmt_loss(s->test_loss, tl, sizeof tl);
+  printf("test accuracy %.4f  test loss %s  %.0f samples/s  %.2f GFLOP/s  (%lld steps, %.1f s "
+         "training)  summary: %s/summary.json\n", s->test_accuracy, tl,
          s->samples_per_second, s->gflops, (long long)s->steps, s->train_seconds, out);
 }
 
@@ -142,8 +145,6 @@ static void final_line(const dt_run_summary *s, const char *out) {
 struct worker_args {
   dt_engine *e;
   const char *out, *text;
-  const char *transport; /* "auto", "shm", "tcp" or "mpi" */
-  double timeout;
   int describe;          /* rank 0 prints which transport reaches which rank */
   view *v;
 };
@@ -166,10 +167,12 @@ static void describe_links(const dt_comm *c) {
   fflush(stdout);
 }
 
-/* Trains as rank r of communicator c (this process's only job from here);
- * returns the exit status. Takes c. */
-static int train_on(const struct worker_args *a, dt_comm *c) {
-  int r = dt_comm_rank(c);
+/* One worker of a job (--workers, launch, mpirun/srun): trains as its rank
+ * over the job's communicator; returns the exit status. */
+static int run_worker(const struct dt_job_worker *w, void *arg) {
+  const struct worker_args *a = arg;
+  dt_comm *c = w->comm;
+  int r = w->rank;
   view *v = a->v;
   if (r == 0 && a->describe) describe_links(c);
   int rc = dt_engine_set_comm(a->e, c);
@@ -190,171 +193,7 @@ static int train_on(const struct worker_args *a, dt_comm *c) {
   }
   fflush(stdout);
   fflush(stderr);
-  dt_comm_destroy(c);
   return status;
-}
-
-static void comm_config(struct dt_comm_config *cc, const struct worker_args *a, int rank,
-                        int size, const char *token) {
-  *cc = (struct dt_comm_config)DT_COMM_CONFIG_INIT;
-  cc->transport = a->transport;
-  cc->rank = rank;
-  cc->size = size;
-  cc->job = "train";
-  cc->token = token && *token ? token : NULL;
-  cc->timeout_s = a->timeout;
-  cc->host_id = dt_param_str("DTRAIN_HOST_ID", NULL);
-}
-
-/* One forked worker (--workers or launch): join through the TCP store. */
-static int run_worker(const struct dt__worker *w, void *arg) {
-  const struct worker_args *a = arg;
-  dt_store *st = NULL;
-  dt_comm *c = NULL;
-  struct dt_comm_config cc;
-  comm_config(&cc, a, w->rank, w->size, w->token);
-  cc.bind_addr = w->bind_addr;
-  if (w->host_id && !cc.host_id) cc.host_id = w->host_id;
-  if (dt_store_connect(&st, w->store_host, w->store_port, w->token, cc.timeout_s) < 0 ||
-      dt_comm_create(&c, st, &cc) < 0) {
-    fprintf(stderr, "dtrain: rank %d: joining the job: %s\n", w->rank, dt_errmsg());
-    dt_store_destroy(st);
-    return DT_EXIT_FAIL;
-  }
-  dt_store_destroy(st);
-  return train_on(a, c);
-}
-
-/* ---- ranks started by mpirun / srun ------------------------------------------------ */
-
-/* Removes a store directory and its files (file store: one level). */
-static void remove_store_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d) {
-    struct dirent *de;
-    char path[PATH_MAX];
-    while ((de = readdir(d)))
-      if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        unlink(path);
-      }
-    closedir(d);
-  }
-  rmdir(dir);
-}
-
-/* How the ranks of an external launcher meet: a TCP store served by rank 0
- * at DTRAIN_RDZV (any number of hosts; DTRAIN_JOB_TOKEN needed) or, without
- * it, a file store in DTRAIN_RDZV_DIR/dtrain-rdzv-UID-JOBID (default under
- * /tmp: one host, or a directory every host shares). */
-struct ext_plan {
-  char host[256], ip[64], bind[64], dir[PATH_MAX];
-  int port;            /* 0: file store in dir */
-  const char *token;   /* "" = none given */
-};
-
-/* Reads the environment; bad input is printed, returns the exit status. */
-static int ext_prepare(const struct dt__env_world *ew, struct ext_plan *p) {
-  const char *rdzv = dt_param_str("DTRAIN_RDZV", NULL);
-  const char *bind_env = dt_param_str("DTRAIN_BIND_ADDR", NULL);
-  memset(p, 0, sizeof *p);
-  snprintf(p->bind, sizeof p->bind, "127.0.0.1");
-  if (rdzv && *rdzv) {
-    if (dt__parse_hostport("DTRAIN_RDZV", rdzv, p->host, sizeof p->host, &p->port, 0) < 0)
-      return DT_EXIT_USAGE;
-    if (dt__resolve_ipv4(p->host, p->ip, sizeof p->ip) < 0) {
-      fprintf(stderr, "dtrain: DTRAIN_RDZV '%s': cannot resolve '%s' to an IPv4 address\n", rdzv,
-              p->host);
-      return DT_EXIT_USAGE;
-    }
-    if (!(p->token = dt__job_token(1, "a job that meets at DTRAIN_RDZV"))) return DT_EXIT_USAGE;
-    if (dt__route_addr(p->ip, p->bind, sizeof p->bind) < 0)
-      snprintf(p->bind, sizeof p->bind, "127.0.0.1");
-  } else {
-    const char *d = dt_param_str("DTRAIN_RDZV_DIR", "/tmp");
-    if (!ew->jobid[0]) {
-      fprintf(stderr, "dtrain: %s started %d ranks but gave no job id to meet by: set "
-              "DTRAIN_RDZV=HOST:PORT (rank 0 serves the rendezvous there)\n", ew->source,
-              ew->size);
-      return DT_EXIT_USAGE;
-    }
-    snprintf(p->dir, sizeof p->dir, "%s/dtrain-rdzv-%u-%s", d && *d ? d : "/tmp",
-             (unsigned)getuid(), ew->jobid);
-    if (!(p->token = dt__job_token(0, NULL))) return DT_EXIT_USAGE;
-  }
-  if (bind_env && *bind_env) {
-    struct in_addr ia;
-    if (inet_pton(AF_INET, bind_env, &ia) != 1) {
-      fprintf(stderr, "dtrain: DTRAIN_BIND_ADDR '%s': expects an IPv4 address of this "
-              "machine\n", bind_env);
-      return DT_EXIT_USAGE;
-    }
-    snprintf(p->bind, sizeof p->bind, "%s", bind_env);
-  }
-  return DT_EXIT_OK;
-}
-
-/* This process is rank ew->rank of ew->size, started by an external
- * launcher: meet as planned, then train. */
-static int run_external(const struct dt__env_world *ew, const struct ext_plan *p,
-                        const struct worker_args *a) {
-  const char *dir = p->dir, *token = p->token;
-  dt_store_server *srv = NULL;
-  dt_store *st = NULL;
-  dt_comm *c = NULL;
-  struct dt_comm_config cc;
-  if (!p->port) {
-    struct stat sb;
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-      fprintf(stderr, "dtrain: rank %d: rendezvous directory %s: %s\n", ew->rank, dir,
-              strerror(errno));
-      return DT_EXIT_FAIL;
-    }
-    if (lstat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode) || sb.st_uid != getuid()) {
-      fprintf(stderr, "dtrain: rank %d: rendezvous directory %s is not a directory of this "
-              "user\n", ew->rank, dir);
-      return DT_EXIT_FAIL;
-    }
-  }
-  comm_config(&cc, a, ew->rank, ew->size, token);
-  cc.bind_addr = p->bind;
-  int rc = DT_OK;
-  char tok[40] = {0};
-  if (p->port) {
-    if (ew->rank == 0) rc = dt_store_server_start(&srv, p->ip, p->port, token);
-    if (rc == DT_OK) rc = dt_store_connect(&st, p->host, p->port, token, a->timeout);
-  } else {
-    rc = dt_store_open_file(&st, dir);
-    /* without DTRAIN_JOB_TOKEN the tcp links of this job use a fresh secret
-     * that rank 0 leaves in the (private) rendezvous directory */
-    size_t tl = 0;
-    if (rc == DT_OK && !*token && strcmp(a->transport, "mpi")) {
-      if (ew->rank == 0) {
-        dt__make_token(tok, sizeof tok);
-        rc = dt_store_set(st, "train/token", tok, strlen(tok), a->timeout);
-      } else {
-        rc = dt_store_get(st, "train/token", tok, sizeof tok - 1, &tl, a->timeout);
-        tok[tl < sizeof tok ? tl : sizeof tok - 1] = '\0';
-      }
-      if (rc == DT_OK) cc.token = tok;
-    }
-  }
-  if (rc == DT_OK) rc = dt_comm_create(&c, st, &cc);
-  /* once everyone has joined, nobody reads the store again */
-  if (rc == DT_OK) rc = dt_comm_barrier(c);
-  if (rc < 0) {
-    fprintf(stderr, "dtrain: rank %d (%s %s=%d): joining the job: %s\n", ew->rank, ew->source,
-            ew->rank_var, ew->rank, dt_errmsg());
-    dt_comm_destroy(c);
-    dt_store_destroy(st);
-    dt_store_server_stop(srv);
-      if (!p->port && ew->rank == 0) remove_store_dir(dir);
-    return DT_EXIT_FAIL;
-  }
-  dt_store_destroy(st);
-  dt_store_server_stop(srv);
-  if (!p->port && ew->rank == 0) remove_store_dir(dir);
-  return train_on(a, c);
 }
 
 /* ---- the command ------------------------------------------------------------ */
@@ -375,10 +214,16 @@ static const char *pick_transport(const dt_config *cfg) {
   return names[t >= 0 && t < 4 ? t : 0];
 }
 
-int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
-  const char *config_path = NULL, *out = NULL;
+/* The command line of `dtrain train`. */
+struct train_args {
+  const char *config_path, *out;
   const char *sets[256];
-  int nsets = 0, workers = 0;
+  int nsets, workers;
+};
+
+/* Parses argv; returns -1 to go on, else the exit status (help, bad usage). */
+static int parse_args(int argc, char **argv, struct train_args *ta) {
+  memset(ta, 0, sizeof *ta);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *val = NULL;
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -397,135 +242,110 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
       }
     }
     if (which == 0) {
-      if (nsets == (int)(sizeof sets / sizeof sets[0])) return bad("%s: too many --set options", a);
-      sets[nsets++] = val;
+      if (ta->nsets == (int)(sizeof ta->sets / sizeof ta->sets[0]))
+        return bad("%s: too many --set options", a);
+      ta->sets[ta->nsets++] = val;
     } else if (which == 1) {
       if (!*val) return bad("--out: empty directory name%s", "");
-      out = val;
+      ta->out = val;
     } else if (which == 2) {
       char *end;
       errno = 0;
       long w = strtol(val, &end, 10);
       if (end == val || *end || errno || w < 1 || w > 4096)
         return bad("--workers '%s': expects a positive integer", val);
-      workers = (int)w;
+      ta->workers = (int)w;
     } else if (a[0] == '-' && a[1]) {
       return bad("train: unknown option '%s' (see dtrain train --help)", a);
-    } else if (config_path) {
+    } else if (ta->config_path) {
       return bad("train: more than one CONFIG given ('%s')", a);
     } else {
-      config_path = a;
+      ta->config_path = a;
     }
   }
+  return -1;
+}
 
-  /* Who starts the ranks: `dtrain launch` (L), an external launcher (mpirun,
-   * srun: rank and size in the environment), or this command (--workers). */
-  struct dt__env_world ew = {0};
-  int ext = L ? 0 : dt__env_world(&ew);
-  if (ext < 0) return DT_EXIT_USAGE;
-  if (ext && ew.size == 1) ext = 0; /* a world of one: an ordinary run */
-  if (L && workers)
-    return bad("--workers: not with dtrain launch (the world is --nnodes x --nproc-per-node)%s",
-               "");
-  if (ext && workers) {
-    fprintf(stderr, "dtrain: --workers %d: this process is already rank %d of %d started by %s "
-            "(%s); use one or the other\n", workers, ew.rank, ew.size, ew.source, ew.size_var);
-    return DT_EXIT_USAGE;
-  }
-  int world = L ? L->nnodes * L->nproc : ext ? ew.size : 0;
-
-  /* Configuration: defaults, file, --workers, --set in order, validation. */
-  dt_config *cfg = malloc(sizeof *cfg);
-  if (!cfg) return bad("%s", "out of memory");
+/* Defaults, file, --workers, --set in order, validation; then a launched
+ * job's world size into dist.workers (the workers compare it in their
+ * config check; a config that says otherwise is refused). `by` names who
+ * started a world of `world` ranks (0: this command). Prints the reason
+ * and returns the exit status on failure, -1 on success. */
+static int build_config(dt_config *cfg, const struct train_args *ta, int world, const char *by) {
   dt_config_init(cfg);
   int rc = DT_OK;
-  if (config_path) rc = dt_config_load(cfg, config_path);
-  if (rc == DT_OK && workers) {
+  if (ta->config_path) rc = dt_config_load(cfg, ta->config_path);
+  if (rc == DT_OK && ta->workers) {
     char w[32];
-    snprintf(w, sizeof w, "dist.workers=%d", workers);
+    snprintf(w, sizeof w, "dist.workers=%d", ta->workers);
     rc = dt_config_set(cfg, w);
   }
-  for (int i = 0; rc == DT_OK && i < nsets; i++) rc = dt_config_set(cfg, sets[i]);
+  for (int i = 0; rc == DT_OK && i < ta->nsets; i++) rc = dt_config_set(cfg, ta->sets[i]);
   if (rc == DT_OK) rc = dt_config_validate(cfg);
   if (rc < 0) {
     fprintf(stderr, "dtrain: %s\n", dt_errmsg());
-    free(cfg);
     return rc == DT_ENOMEM ? DT_EXIT_FAIL : DT_EXIT_USAGE;
   }
-  /* Launched jobs: dist.workers is the world size (the workers compare it
-   * in their config check); a config that says otherwise is refused. */
   if (world) {
-    const char *by = L ? "dtrain launch" : ew.source;
     if (cfg->run.workers != 1 && cfg->run.workers != world) {
       fprintf(stderr, "dtrain: dist.workers = %d, but %s started a world of %d ranks (leave "
               "dist.workers at 1 or set it to %d)\n", cfg->run.workers, by, world, world);
-      free(cfg);
       return DT_EXIT_USAGE;
     }
     cfg->run.workers = world;
   }
-  const char *transport = pick_transport(cfg);
-  if (!transport) {
-    free(cfg);
-    return DT_EXIT_USAGE;
-  }
-  struct ext_plan plan;
-  if (ext && (rc = ext_prepare(&ew, &plan)) != DT_EXIT_OK) {
-    free(cfg);
-    return rc;
-  }
-  if (!strcmp(transport, "mpi") && !ext && cfg->run.workers > 1) {
-    fprintf(stderr, "dtrain: dist.transport = mpi needs the ranks started by mpirun or srun "
-            "(%s forks its own workers: use auto, shm or tcp)\n",
-            L ? "dtrain launch" : "--workers");
-    free(cfg);
-    return DT_EXIT_USAGE;
-  }
-  size_t need = dt_config_dump(cfg, NULL, 0);
-  char *text = malloc(need + 1);
-  if (!text) {
-    free(cfg);
-    return bad("%s", "out of memory");
-  }
-  dt_config_dump(cfg, text, need + 1);
+  return -1;
+}
 
-  /* Everything that can be bad input is checked here, before any output. */
-  dt_engine *e = NULL;
-  rc = dt_engine_create(&e, &cfg->run);
+/* The job that runs the workers: from the environment (mpirun/srun), for
+ * this node of `dtrain launch` (L), or local --workers. Prints the reason
+ * and returns the exit status on failure, -1 on success. */
+static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_config *cfg,
+                    const char *transport, const dt_engine *e) {
+  struct dt_job_config jc = DT_JOB_CONFIG_INIT;
+  double timeout = (double)dt_param_int("DTRAIN_TIMEOUT", 60);
+  size_t np = dt_model_nparams(dt_engine_model(e));
+  jc.transport = transport;
+  jc.name = "train";
+  jc.deadline_s = timeout > 0 ? timeout : 60;
+  jc.grace_s = (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8);
+  jc.print_pids = 1;
+  jc.notify = dt__cli_job_notify;
+  /* parameters, gradients and up to two optimizer moments, plus room for
+   * activations and buffers; the gradient window is shared memory */
+  jc.worker_bytes = np * sizeof(float) * 4 + ((size_t)64 << 20);
+  jc.worker_shm_bytes = np * sizeof(float) + 4096;
+  int rc;
+  if (ext) {
+    rc = dt_job_from_env(job, &jc);
+  } else {
+    if (L) {
+      jc.nnodes = L->nnodes;
+      jc.node_rank = L->node_rank;
+      jc.nproc_per_node = L->nproc;
+      jc.rdzv = L->rdzv[0] ? L->rdzv : NULL;
+      jc.bind_addr = L->bind_addr[0] ? L->bind_addr : NULL;
+    } else {
+      jc.workers = cfg->run.workers;
+    }
+    rc = dt_job_create(job, &jc);
+  }
   if (rc < 0) {
     fprintf(stderr, "dtrain: %s\n", dt_errmsg());
-    free(text);
-    free(cfg);
     return rc == DT_ENOMEM ? DT_EXIT_FAIL : DT_EXIT_USAGE;
   }
+  return -1;
+}
 
-  char outbuf[DT_CFG_PATH_MAX];
-  if (!out) {
-    default_out_dir(outbuf, sizeof outbuf);
-    out = outbuf;
-  }
-  /* Only the process (node) where rank 0 runs writes anything. */
-  int has_rank0 = L ? L->node_rank == 0 : ext ? ew.rank == 0 : 1;
-  /* The run owns its output directory (DIR/.lock, held by this process
-   * and the workers it forks): one that cannot be made is bad input; one
-   * that another run holds is refused, naming its pid. */
-  rc = has_rank0 ? dt_engine_set_out_dir(e, out) : DT_OK;
-  if (rc < 0) {
-    fprintf(stderr, "dtrain: --out: %s\n", dt_errmsg());
-    dt_engine_destroy(e);
-    free(text);
-    free(cfg);
-    return rc == DT_EAGAIN ? DT_EXIT_FAIL : DT_EXIT_USAGE;
-  }
-  view v = {NULL, 0, 0};
-  if (isatty(STDERR_FILENO)) v.bar = stderr;
-  else if (isatty(STDOUT_FILENO)) v.bar = stdout;
+/* The first line: what is trained, by how many, where it goes. */
+static void header(const dt_config *cfg, const dt_engine *e, const struct dt__launch *L,
+                   const struct dt__env_world *ew, int ext, int has_rank0, const char *out) {
   char wk[96] = "";
   if (L && L->nnodes > 1)
     snprintf(wk, sizeof wk, " (global, %d workers: %d nodes x %d)", cfg->run.workers, L->nnodes,
              L->nproc);
   else if (ext)
-    snprintf(wk, sizeof wk, " (global, %d workers started by %s)", cfg->run.workers, ew.source);
+    snprintf(wk, sizeof wk, " (global, %d workers started by %s)", cfg->run.workers, ew->source);
   else if (cfg->run.workers > 1)
     snprintf(wk, sizeof wk, " (global, %d workers)", cfg->run.workers);
   if (has_rank0)
@@ -541,52 +361,103 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
            dt_version(), L->node_rank, L->nnodes, L->node_rank * L->nproc,
            L->node_rank * L->nproc + L->nproc - 1, cfg->run.workers);
   fflush(stdout);
-  double timeout = (double)dt_param_int("DTRAIN_TIMEOUT", 60);
-  struct worker_args wa = {e, out, text, transport, timeout > 0 ? timeout : 60, L || ext, &v};
-  if (L || ext || cfg->run.workers > 1) {
-    int st;
-    if (ext) {
-      st = run_external(&ew, &plan, &wa);
-    } else if (L) {
-      char hid[320], hn[256] = "localhost";
-      gethostname(hn, sizeof hn - 1);
-      snprintf(hid, sizeof hid, "%s/launch-node-%d", hn, L->node_rank);
-      struct dt__job j = {0};
-      j.nlocal = L->nproc;
-      j.rank0 = L->node_rank * L->nproc;
-      j.world = cfg->run.workers;
-      j.node = L->node_rank;
-      j.nnodes = L->nnodes;
-      j.serve_addr = L->node_rank == 0 ? L->rdzv_ip : NULL;
-      j.rdzv_host = L->rdzv_ip;
-      j.rdzv_port = L->rdzv_port;
-      j.token = L->token;
-      j.bind_addr = L->bind_addr;
-      j.host_id = hid;
-      j.timeout = wa.timeout;
-      j.grace = (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8);
-      j.print_pids = 1;
-      st = dt__job_run(&j, run_worker, &wa);
-    } else {
-      st = dt__local_job_run(cfg->run.workers, run_worker, &wa,
-                             (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8), 1);
-    }
-    dt_engine_destroy(e);
-    free(text);
-    free(cfg);
-    return st;
+}
+
+int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
+  struct train_args ta;
+  int status = parse_args(argc, argv, &ta);
+  if (status >= 0) return status;
+
+  /* Who starts the ranks: `dtrain launch` (L), an external launcher (mpirun,
+   * srun: rank and size in the environment), or this command (--workers). */
+  struct dt__env_world ew = {0};
+  int ext = L ? 0 : dt__env_world(&ew);
+  if (ext < 0) return bad("%s", dt_errmsg());
+  if (ext && ew.size == 1) ext = 0; /* a world of one: an ordinary run */
+  if (L && ta.workers)
+    return bad("--workers: not with dtrain launch (the world is --nnodes x --nproc-per-node)%s",
+               "");
+  if (ext && ta.workers) {
+    fprintf(stderr, "dtrain: --workers %d: this process is already rank %d of %d started by %s "
+            "(%s); use one or the other\n", ta.workers, ew.rank, ew.size, ew.source, ew.size_var);
+    return DT_EXIT_USAGE;
+  }
+  int world = L ? L->nnodes * L->nproc : ext ? ew.size : 0;
+
+  dt_config *cfg = malloc(sizeof *cfg);
+  char *text = NULL;
+  dt_engine *e = NULL;
+  dt_job *job = NULL;
+  const char *transport, *out = ta.out;
+  char outbuf[DT_CFG_PATH_MAX];
+  if (!cfg) {
+    status = bad("%s", "out of memory");
+    goto done;
+  }
+  if ((status = build_config(cfg, &ta, world, L ? "dtrain launch" : ew.source)) >= 0) goto done;
+  if (!(transport = pick_transport(cfg))) {
+    status = DT_EXIT_USAGE;
+    goto done;
+  }
+  if (!strcmp(transport, "mpi") && !ext && cfg->run.workers > 1) {
+    fprintf(stderr, "dtrain: dist.transport = mpi needs the ranks started by mpirun or srun "
+            "(%s forks its own workers: use auto, shm or tcp)\n",
+            L ? "dtrain launch" : "--workers");
+    status = DT_EXIT_USAGE;
+    goto done;
+  }
+  size_t need = dt_config_dump(cfg, NULL, 0);
+  if (!(text = malloc(need + 1))) {
+    status = bad("%s", "out of memory");
+    goto done;
+  }
+  dt_config_dump(cfg, text, need + 1);
+
+  /* Everything that can be bad input is checked here, before any output. */
+  int rc = dt_engine_create(&e, &cfg->run);
+  if (rc < 0) {
+    fprintf(stderr, "dtrain: %s\n", dt_errmsg());
+    status = rc == DT_ENOMEM ? DT_EXIT_FAIL : DT_EXIT_USAGE;
+    goto done;
+  }
+  int multi = L || ext || cfg->run.workers > 1;
+  if (multi && (status = make_job(&job, L, ext, cfg, transport, e)) >= 0) goto done;
+  if (!out) {
+    default_out_dir(outbuf, sizeof outbuf);
+    out = outbuf;
+  }
+  /* Only the process (node) where rank 0 runs writes anything. The run
+   * owns its output directory (DIR/.lock, held by this process and the
+   * workers it forks): one that cannot be made is bad input; one that
+   * another run holds is refused, naming its pid. */
+  int has_rank0 = L ? L->node_rank == 0 : ext ? ew.rank == 0 : 1;
+  if (has_rank0 && (rc = dt_engine_set_out_dir(e, out)) < 0) {
+    fprintf(stderr, "dtrain: --out: %s\n", dt_errmsg());
+    status = rc == DT_EAGAIN ? DT_EXIT_FAIL : DT_EXIT_USAGE;
+    goto done;
+  }
+  view v = {NULL, 0, 0};
+  if (isatty(STDERR_FILENO)) v.bar = stderr;
+  else if (isatty(STDOUT_FILENO)) v.bar = stdout;
+  header(cfg, e, L, &ew, ext, has_rank0, out);
+  if (multi) {
+    struct worker_args wa = {e, out, text, L || ext, &v};
+    status = dt__cli_job_status(job, dt_job_run(job, run_worker, &wa));
+    goto done;
   }
   dt_engine_hooks hooks = {on_step, on_epoch, &v};
   dt_run_summary s;
   rc = dt_engine_run(e, out, text, &hooks, &s);
   if (v.bar && v.drawn) fprintf(v.bar, "\r\033[K");
-  int status = DT_EXIT_OK;
   if (rc < 0) {
     fprintf(stderr, "dtrain: %s\n", dt_errmsg());
     status = DT_EXIT_FAIL;
   } else {
     final_line(&s, out);
+    status = DT_EXIT_OK;
   }
+done:
+  dt_job_destroy(job);
   dt_engine_destroy(e);
   free(text);
   free(cfg);

@@ -24,6 +24,25 @@
 
 #include "core/core.h"
 
+/* Records an error message with every control byte of it (from a config
+ * file, a --set argument or a path: the format text has none) written as
+ * \xNN, so a message never sends raw escape sequences to a terminal. */
+static int cfg_err(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int cfg_err(int rc, const char *fmt, ...) {
+  char raw[1024], safe[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(raw, sizeof raw, fmt, ap);
+  va_end(ap);
+  size_t n = 0;
+  for (const unsigned char *p = (const unsigned char *)raw; *p && n + 5 < sizeof safe; p++) {
+    if (*p < 0x20 || *p == 0x7f) n += (size_t)snprintf(safe + n, sizeof safe - n, "\\x%02x", *p);
+    else safe[n++] = (char)*p;
+  }
+  safe[n] = '\0';
+  return dt__seterr(rc, "%s", safe);
+}
+
 enum ktype { K_SPEC, K_PATH, K_INT, K_I64, K_U64, K_FLOAT, K_BOOL, K_ENUM, K_SHAPE };
 
 /* Range flags: lo/hi bounds are inclusive unless the OPEN flag is set. */
@@ -268,9 +287,9 @@ static int key_error(const dt_config *c, int k, const char *fmt, ...) {
   va_end(ap);
   int w = c->where[k];
   if (w > 0)
-    return dt__seterr(DT_EINVAL, "%s:%d: %s.%s: %s", c->file, w, keys[k].section, keys[k].name, msg);
-  if (w < 0) return dt__seterr(DT_EINVAL, "--set %s.%s: %s", keys[k].section, keys[k].name, msg);
-  return dt__seterr(DT_EINVAL, "config: %s.%s: %s", keys[k].section, keys[k].name, msg);
+    return cfg_err(DT_EINVAL, "%s:%d: %s.%s: %s", c->file, w, keys[k].section, keys[k].name, msg);
+  if (w < 0) return cfg_err(DT_EINVAL, "--set %s.%s: %s", keys[k].section, keys[k].name, msg);
+  return cfg_err(DT_EINVAL, "config: %s.%s: %s", keys[k].section, keys[k].name, msg);
 }
 
 /* ---- init ---------------------------------------------------------------- */
@@ -302,7 +321,7 @@ static int fail_at(pstate *s, const char *fmt, ...) {
   va_end(ap);
   s->failed = 1;
   s->fail_line = s->line;
-  dt__seterr(DT_EINVAL, "%s:%d: %s", s->c->file, s->line, msg);
+  cfg_err(DT_EINVAL, "%s:%d: %s", s->c->file, s->line, msg);
   return 0;
 }
 
@@ -417,30 +436,30 @@ int dt_config_parse(dt_config *c, const char *text, size_t len, const char *name
   /* libinih goes on after a malformed line; it comes first if earlier. */
   if (s.failed && !(rc > 0 && rc < s.fail_line)) return DT_EINVAL;
   if (rc > 0)
-    return dt__seterr(DT_EINVAL, "%s:%d: malformed line (expected 'key = value' or '[section]')",
+    return cfg_err(DT_EINVAL, "%s:%d: malformed line (expected 'key = value' or '[section]')",
                       c->file, rc);
-  if (rc < 0) return dt__seterr(DT_ENOMEM, "%s: out of memory while parsing", c->file);
+  if (rc < 0) return cfg_err(DT_ENOMEM, "%s: out of memory while parsing", c->file);
   return DT_OK;
 }
 
 int dt_config_load(dt_config *c, const char *path) {
   FILE *f = fopen(path, "rb");
   if (!f)
-    return dt__seterr(errno == ENOENT ? DT_ENOENT : DT_EIO, "config '%s': %s", path,
+    return cfg_err(errno == ENOENT ? DT_ENOENT : DT_EIO, "config '%s': %s", path,
                       strerror(errno));
   char *buf = malloc(DT_CONFIG_MAX_BYTES + 1);
   if (!buf) {
     fclose(f);
-    return dt__seterr(DT_ENOMEM, "config '%s': out of memory", path);
+    return cfg_err(DT_ENOMEM, "config '%s': out of memory", path);
   }
   size_t n = fread(buf, 1, DT_CONFIG_MAX_BYTES + 1, f);
   int err = ferror(f);
   fclose(f);
   int rc;
   if (err)
-    rc = dt__seterr(DT_EIO, "config '%s': read error (is it a directory?)", path);
+    rc = cfg_err(DT_EIO, "config '%s': read error (is it a directory?)", path);
   else if (n > DT_CONFIG_MAX_BYTES)
-    rc = dt__seterr(DT_EINVAL, "config '%s': larger than %d bytes", path, DT_CONFIG_MAX_BYTES);
+    rc = cfg_err(DT_EINVAL, "config '%s': larger than %d bytes", path, DT_CONFIG_MAX_BYTES);
   else
     rc = dt_config_parse(c, buf, n, path);
   free(buf);
@@ -451,22 +470,22 @@ int dt_config_set(dt_config *c, const char *assignment) {
   const char *eq = strchr(assignment, '=');
   const char *dot = strchr(assignment, '.');
   if (!eq || !dot || dot > eq)
-    return dt__seterr(DT_EINVAL, "--set '%s': expected section.key=value", assignment);
+    return cfg_err(DT_EINVAL, "--set '%s': expected section.key=value", assignment);
   char section[64], name[64];
   size_t sl = (size_t)(dot - assignment), nl = (size_t)(eq - dot - 1);
   if (sl == 0 || nl == 0 || sl >= sizeof section || nl >= sizeof name)
-    return dt__seterr(DT_EINVAL, "--set '%s': expected section.key=value", assignment);
+    return cfg_err(DT_EINVAL, "--set '%s': expected section.key=value", assignment);
   memcpy(section, assignment, sl);
   section[sl] = '\0';
   memcpy(name, dot + 1, nl);
   name[nl] = '\0';
   if (!known_section(section))
-    return dt__seterr(DT_EINVAL, "--set %s.%s: unknown section [%s]", section, name, section);
+    return cfg_err(DT_EINVAL, "--set %s.%s: unknown section [%s]", section, name, section);
   int k = find_key(section, name);
   if (k < 0) {
     char known[256];
     section_keys(section, known, sizeof known);
-    return dt__seterr(DT_EINVAL, "--set %s.%s: unknown key '%s' in [%s] (known: %s)", section,
+    return cfg_err(DT_EINVAL, "--set %s.%s: unknown key '%s' in [%s] (known: %s)", section,
                       name, name, section, known);
   }
   /* Same trimming as libinih applies to file values. */
@@ -479,7 +498,7 @@ int dt_config_set(dt_config *c, const char *assignment) {
   while (vl && (val[vl - 1] == ' ' || val[vl - 1] == '\t')) val[--vl] = '\0';
   char why[300];
   if (set_value(&c->run, &keys[k], val, why, sizeof why))
-    return dt__seterr(DT_EINVAL, "--set %s.%s: %s", section, name, why);
+    return cfg_err(DT_EINVAL, "--set %s.%s: %s", section, name, why);
   c->where[k] = -1;
   return DT_OK;
 }

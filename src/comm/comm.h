@@ -158,4 +158,18 @@ struct dt_comm_bench_config {
  * (busbw = algbw * 2(n-1)/n), #wrong. out may be NULL (no printing). */
 int dt_comm_bench_allreduce(dt_comm *c, const struct dt_comm_bench_config *cfg, void *out_file);
 
+/* ---- host resources, for launchers (src/launch) ------------------------- */
+
+/* Bytes of /dev/shm the shm transport's inboxes take on one host when
+ * nlocal of a job's world ranks run there (shm.c; true to its layout and
+ * DTRAIN_SHM_RING_BYTES). */
+size_t dt__shm_bytes_estimate(int nlocal, int world);
+/* Unlinks the shm inboxes of job (token, job name) created by one of pids
+ * (all of the job's if pids is NULL); returns how many. Call after the
+ * creators have been reaped. */
+int dt__shm_sweep_job(const char *token, const char *job, const int *pids, int npids);
+/* Unlinks the shared-memory window segments created by one of pids
+ * (window.c); returns how many. */
+int dt__window_sweep_pids(const int *pids, int npids);
+
 #endif /* DT_COMM_H */

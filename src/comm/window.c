@@ -398,3 +398,28 @@ out:
   }
   return rc;
 }
+
+/* A launcher's sweep after it has reaped its workers: the window segments
+ * those pids created (normally already unlinked once every rank mapped
+ * them; a worker killed before that leaves its name). */
+int dt__window_sweep_pids(const int *pids, int npids) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int removed = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, WIN_PREFIX, sizeof WIN_PREFIX - 1)) continue;
+    char *end;
+    long pid = strtol(e->d_name + sizeof WIN_PREFIX - 1, &end, 10);
+    if (*end != '-') continue;
+    for (int i = 0; i < npids; i++)
+      if (pids[i] > 0 && pids[i] == pid) {
+        char n[300];
+        snprintf(n, sizeof n, "/%s", e->d_name);
+        if (shm_unlink(n) == 0) removed++;
+        break;
+      }
+  }
+  closedir(d);
+  return removed;
+}

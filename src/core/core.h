@@ -79,6 +79,7 @@ void dt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
   X(RING_MIN_OVERSUB_BYTES, INT, 32 << 20, NULL, 0, INT64_MAX, "the same threshold when ranks outnumber cores, bytes") \
   X(SHM_BIND, INT, 1, NULL, 0, 1, "shm: pin each rank's communication thread to a core when ranks do not outnumber cores") \
   X(SHM_CMA_BYTES, INT, 1 << 20, NULL, 0, INT64_MAX, "shm: messages from this size up are copied once with process_vm_readv (0: never)") \
+  X(SHM_LIMIT_BYTES, INT, 0, NULL, 0, INT64_MAX, "launcher: count /dev/shm as having at most this many bytes free in the memory check before workers start (0: the real free space; for tests)") \
   X(SHM_LIVE_MS, INT, 2, NULL, 1, 60000, "shm: how often a waiting rank checks that its peers are alive, ms") \
   X(SHM_PREFAULT, INT, 1, NULL, 0, 1, "shm: map a ring's pages when its peer is first sent to or received from, so the first messages do not page-fault") \
   X(SHM_RING_BYTES, INT, -1, "auto", 0, INT64_MAX, "shm: bytes per peer ring, rounded up to a power of two, 4 KiB .. 1 GiB (auto: 1 MiB, halved down to 64 KiB while ranks x ring exceed 16 MiB)") \

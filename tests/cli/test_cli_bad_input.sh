@@ -34,6 +34,18 @@ expect_bad nesterov "nesterov.ini:3: optim.nesterov" train "$T/nesterov.ini"
 cfg workers '[dist]\nworkers = 0\n'
 expect_bad workers_cfg "workers.ini:2: dist.workers: must be in \\[1, 4096\\]" train "$T/workers.ini"
 
+# control bytes from a config or --set are shown escaped (\xNN), never raw
+cfg ctrl_key '[train]\n\033[31mepochs = 1\n'
+expect_bad ctrl_key "ctrl_key.ini:2: unknown key '\\\\x1b\\[31mepochs' in \\[train\\]" train "$T/ctrl_key.ini"
+expect_bad ctrl_set "^dtrain: --set optim.l\\\\x1b\\]0;pwned\\\\x07r: unknown key" train --set "$(printf 'optim.l\033]0;pwned\007r=1')"
+for f in ctrl_key ctrl_set; do
+  if LC_ALL=C grep -q "$(printf '[\001-\010\013-\037\177]')" "$T/$f.stderr"; then
+    fail "$f: raw control bytes on stderr: $(od -c "$T/$f.stderr" | head -3)"
+  else
+    pass
+  fi
+done
+
 expect_bad missing_config "config '$T/nope.ini': No such file" train "$T/nope.ini"
 expect_bad config_is_dir "config '$T'" train "$T"
 expect_bad set_type "^dtrain: --set optim.lr: not a number: 'abc'" train --set optim.lr=abc

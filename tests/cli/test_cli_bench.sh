@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_cli_bench.sh — `dtrain bench allreduce`: short runs over shm and tcp
 # with 2 and 3 ranks print a table whose every row was verified (#wrong 0);
-# bad arguments exit 2 with one line. Each run is bounded by `timeout`.
+# bad arguments (negative or oversized byte counts too) exit 2 with one line. Each run is bounded by `timeout`.
 set -u
 D=${DTRAIN:?}
 fail=0
@@ -35,5 +35,9 @@ bad "--transport: bad value" allreduce --transport carrier-pigeon
 bad "--algo: bad value" allreduce --algo fastest
 bad "--min: bad value" allreduce --min 12Q
 bad "need --min <= --max" allreduce --min 1M --max 1K
+# a negative size is refused, not read as 2^64-5
+bad "--max: bad value '-5': expects a byte count of 0 or more" allreduce --max -5
+bad "--min: bad value '-1K'" allreduce --min -1K
+bad "--max: bad value '5G'" allreduce --max 5G
 bad "unknown option" allreduce --frobnicate 1
 exit $fail

@@ -1358,3 +1358,49 @@ const struct dt_transport_ops dt__transport_shm = {
     .abort_reason = shm_abort_reason,
     .setup_done = shm_setup_done,
 };
+
+/* ---- for launchers: memory estimate and the sweep of one job ------------ */
+
+/* Keep in step with shm_init's layout: each of nlocal ranks creates one
+ * inbox of a header plus one ring per possible sender (world of them), and
+ * with DTRAIN_SHM_PREFAULT every page is touched at init. */
+size_t dt__shm_bytes_estimate(int nlocal, int world) {
+  if (nlocal <= 0 || world <= 0) return 0;
+  int64_t rb = dt_param_int("DTRAIN_SHM_RING_BYTES", 1 << 20);
+  uint64_t ring = 4096;
+  while (ring < (uint64_t)rb && ring < (1ull << 30)) ring <<= 1;
+  size_t hdr_bytes = (sizeof(struct dt_shm_hdr) + (size_t)world + 4095) & ~(size_t)4095;
+  size_t stride = (sizeof(struct dt_shm_ring) + ring + 4095) & ~(size_t)4095;
+  return (size_t)nlocal * (hdr_bytes + stride * (size_t)world);
+}
+
+/* Segment names carry the hash of (token, job) and the creator's pid, so a
+ * launcher that has reaped its workers removes exactly its job's inboxes:
+ * a pid reused by another process since then belongs to another job hash,
+ * and a zombie is never confused with a live rank. */
+int dt__shm_sweep_job(const char *token, const char *job, const int *pids, int npids) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  if (token) h = fnv1a(h, token, strlen(token));
+  h = fnv1a(h, "\0", 1);
+  if (job) h = fnv1a(h, job, strlen(job));
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int removed = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    unsigned long long jh, nonce;
+    int rank, pid;
+    if (strncmp(e->d_name, SHM_PREFIX, strlen(SHM_PREFIX)) ||
+        sscanf(e->d_name, SHM_PREFIX "%16llx-%d-%d-%16llx", &jh, &rank, &pid, &nonce) != 4 ||
+        jh != h)
+      continue;
+    int ours = pids == NULL;
+    for (int i = 0; i < npids && !ours; i++) ours = pids[i] == pid;
+    if (!ours) continue;
+    char n[300];
+    snprintf(n, sizeof n, "/%s", e->d_name);
+    if (shm_unlink(n) == 0) removed++;
+  }
+  closedir(d);
+  return removed;
+}
