@@ -128,8 +128,10 @@ struct dt_job_worker {
 };
 
 /* Runs one worker's share of the job. Returns the worker's exit status:
- * 0 success, anything else (1..255) failure. In a forked worker the process
- * exits with it right after the communicator is destroyed. */
+ * 0 success, anything else (1..255) failure. After a failure the job
+ * aborts the communicator with this thread's dt_errmsg() as the reason, so
+ * the peers learn why. In a forked worker the process exits with the
+ * status right after the communicator is destroyed. */
 typedef int (*dt_job_worker_fn)(const struct dt_job_worker *w, void *arg);
 
 /* Validates cfg and makes a job handle. Nothing is started yet. Bad input

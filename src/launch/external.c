@@ -101,6 +101,7 @@ int dt__job_run_external(dt_job *j, dt_job_worker_fn fn, void *arg) {
   j->st[0].pid = (int)getpid();
   struct dt_job_worker w = {j->ew.rank, j->world, 0, 1, 0, 1, c};
   int status = fn(&w, arg);
+  if (status != 0 && c) dt_comm_abort(c, DT_EABORTED, dt_errmsg());
   dt_comm_destroy(c);
   j->st[0].exited = 1;
   j->st[0].code = status == 0 ? 0 : (status & 255) ? (status & 255) : 1;

@@ -121,6 +121,9 @@ static void worker_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_f
   int status = fn(&w, arg);
   /* before the peers can see us leave: our place in the order of returns */
   if (order) order[1 + r] = atomic_fetch_add(&order[0], 1) + 1;
+  /* a failed worker tells its peers why (a lost rank it saw, say) instead
+   * of only closing its connections */
+  if (status != 0) dt_comm_abort(c, DT_EABORTED, dt_errmsg());
   dt_comm_destroy(c);
   fflush(stdout);
   fflush(stderr);
