@@ -160,10 +160,6 @@ int dt_comm_bench_allreduce(dt_comm *c, const struct dt_comm_bench_config *cfg, 
 
 /* ---- host resources, for launchers (src/launch) ------------------------- */
 
-/* Bytes of /dev/shm the shm transport's inboxes take on one host when
- * nlocal of a job's world ranks run there (shm.c; true to its layout and
- * DTRAIN_SHM_RING_BYTES). */
-size_t dt__shm_bytes_estimate(int nlocal, int world);
 /* Unlinks the shm inboxes of job (token, job name) created by one of pids
  * (all of the job's if pids is NULL); returns how many. Call after the
  * creators have been reaped. */

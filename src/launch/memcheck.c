@@ -1,8 +1,8 @@
 /*
  * memcheck.c — will a job fit this host? Before any worker is forked the
  * launcher adds up what its workers will take: the shm transport's inboxes
- * (dt__shm_bytes_estimate: one ring per peer, so N workers take about N^2
- * rings), any other shared memory per worker (a gradient window), and each
+ * and rings (dt__shm_bytes_estimate, which the transport keeps true), any
+ * other shared memory per worker (a gradient window), and each
  * worker's own memory (model, gradients, optimizer state), and compares the
  * shared part with the free space of /dev/shm and the whole with
  * MemAvailable. A job that does not fit is refused with one line saying how
@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "comm/transport.h" /* dt__shm_bytes_estimate */
 #include "core/core.h"
 #include "launch/launch.h"
 
@@ -60,7 +61,9 @@ int dt__job_memcheck(int nlocal, int world, const char *transport, size_t worker
   struct dt__host_mem m;
   dt__host_mem(&m);
   int may_shm = !transport || !strcmp(transport, "auto") || !strcmp(transport, "shm");
-  uint64_t rings = may_shm && world > 1 ? dt__shm_bytes_estimate(nlocal, world) : 0;
+  /* the rings are made for the pairs that talk (shm.c), so this depends on
+   * the ranks on this host only */
+  uint64_t rings = may_shm && world > 1 ? dt__shm_bytes_estimate(nlocal) : 0;
   uint64_t shm = rings + (uint64_t)nlocal * worker_shm;
   uint64_t all = shm + (uint64_t)nlocal * worker_bytes;
   char need[32], have[32], ring[32];
@@ -69,7 +72,7 @@ int dt__job_memcheck(int nlocal, int world, const char *transport, size_t worker
     dt__fmt_bytes(shm, need, sizeof need);
     dt__fmt_bytes(m.shm_free, have, sizeof have);
     return dt__seterr(DT_ENOMEM, "%d workers need about %s of shared memory (%s of shm transport "
-                      "rings, growing as workers^2) but /dev/shm has %s free%s; use fewer "
+                      "rings) but /dev/shm has %s free%s; use fewer "
                       "workers or dist.transport = tcp", nlocal, need, ring, have,
                       dt_param_int("DTRAIN_SHM_LIMIT_BYTES", 0) > 0 ? " (DTRAIN_SHM_LIMIT_BYTES)"
                                                                      : "");

@@ -209,7 +209,7 @@ static int never(const struct dt_job_worker *w, void *arg) {
 
 static void test_memory_refused(void **s) {
   (void)s;
-  setenv("DTRAIN_SHM_LIMIT_BYTES", "16777216", 1); /* 16 MiB: 64 workers need ~4 GiB */
+  setenv("DTRAIN_SHM_LIMIT_BYTES", "16777216", 1); /* 16 MiB: 64 workers need ~230 MiB of rings */
   struct dt_job_config jc = DT_JOB_CONFIG_INIT;
   jc.workers = 64;
   jc.notify = quiet;

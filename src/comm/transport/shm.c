@@ -1359,20 +1359,7 @@ const struct dt_transport_ops dt__transport_shm = {
     .setup_done = shm_setup_done,
 };
 
-/* ---- for launchers: memory estimate and the sweep of one job ------------ */
-
-/* Keep in step with shm_init's layout: each of nlocal ranks creates one
- * inbox of a header plus one ring per possible sender (world of them), and
- * with DTRAIN_SHM_PREFAULT every page is touched at init. */
-size_t dt__shm_bytes_estimate(int nlocal, int world) {
-  if (nlocal <= 0 || world <= 0) return 0;
-  int64_t rb = dt_param_int("DTRAIN_SHM_RING_BYTES", 1 << 20);
-  uint64_t ring = 4096;
-  while (ring < (uint64_t)rb && ring < (1ull << 30)) ring <<= 1;
-  size_t hdr_bytes = (sizeof(struct dt_shm_hdr) + (size_t)world + 4095) & ~(size_t)4095;
-  size_t stride = (sizeof(struct dt_shm_ring) + ring + 4095) & ~(size_t)4095;
-  return (size_t)nlocal * (hdr_bytes + stride * (size_t)world);
-}
+/* ---- for launchers: the sweep of one job -------------------------------- */
 
 /* Segment names carry the hash of (token, job) and the creator's pid, so a
  * launcher that has reaped its workers removes exactly its job's inboxes:
