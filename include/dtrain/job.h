@@ -43,11 +43,13 @@
 
 #include <stddef.h>
 
+#include "dtrain/comm.h" /* dt_comm */
+#include "dtrain/core.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct dt_comm dt_comm; /* a communicator (dtrain/comm.h) */
 typedef struct dt_job dt_job;
 
 /* What the job's launcher says while it runs: one line without a trailing
@@ -140,7 +142,7 @@ typedef int (*dt_job_worker_fn)(const struct dt_job_worker *w, void *arg);
  * transport, workers != nnodes * nproc_per_node) is DT_EINVAL naming the
  * field and value. DT_ENOMEM if out of memory. On success *out owns copies
  * of nothing: cfg's strings must outlive the job. */
-int dt_job_create(dt_job **out, const struct dt_job_config *cfg);
+DT_API int dt_job_create(dt_job **out, const struct dt_job_config *cfg);
 
 /* Like dt_job_create, for a process started as one rank by mpirun (Open
  * MPI: OMPI_COMM_WORLD_RANK/SIZE), an MPICH-style PMI launcher
@@ -153,7 +155,7 @@ int dt_job_create(dt_job **out, const struct dt_job_config *cfg);
  * counts are ignored. Returns DT_ENOENT (with a message) when no launcher
  * variables are set, DT_EINVAL for a malformed value (naming the variable),
  * DT_OK otherwise. A world of one is returned as such (size 1). */
-int dt_job_from_env(dt_job **out, const struct dt_job_config *cfg);
+DT_API int dt_job_from_env(dt_job **out, const struct dt_job_config *cfg);
 
 /* Runs the job: estimates its memory on this host (cfg.check_memory),
  * warns through notify when this node's workers exceed its online cores,
@@ -167,7 +169,7 @@ int dt_job_from_env(dt_job **out, const struct dt_job_config *cfg);
  * not meet. DT_ENOMEM: the memory check refused ("64 workers need ~4.2 GiB
  * of shared memory, /dev/shm has 1.0 GiB free"). Under dt_job_from_env
  * fn runs once, here. A job runs once: a second call is DT_EINVAL. */
-int dt_job_run(dt_job *job, dt_job_worker_fn fn, void *arg);
+DT_API int dt_job_run(dt_job *job, dt_job_worker_fn fn, void *arg);
 
 /* How one of this node's workers ended (local_rank 0..local_size-1), valid
  * after dt_job_run. */
@@ -178,25 +180,25 @@ struct dt_job_status {
   int code;      /* exit status, 0..255 */
   int signal;    /* signal that killed it, 0 if none */
 };
-int dt_job_worker_status(const dt_job *job, int local_rank, struct dt_job_status *out);
+DT_API int dt_job_worker_status(const dt_job *job, int local_rank, struct dt_job_status *out);
 
 /* The local rank of the first worker that failed, or -1. */
-int dt_job_failed_worker(const dt_job *job);
+DT_API int dt_job_failed_worker(const dt_job *job);
 
 /* SIGINT or SIGTERM if dt_job_run was stopped by that signal, else 0. */
-int dt_job_signal(const dt_job *job);
+DT_API int dt_job_signal(const dt_job *job);
 
 /* Shape of the job (valid from create). */
-int dt_job_size(const dt_job *job);       /* world size */
-int dt_job_local_size(const dt_job *job); /* workers on this node */
-int dt_job_rank0(const dt_job *job);      /* global rank of local worker 0 */
+DT_API int dt_job_size(const dt_job *job);       /* world size */
+DT_API int dt_job_local_size(const dt_job *job); /* workers on this node */
+DT_API int dt_job_rank0(const dt_job *job);      /* global rank of local worker 0 */
 /* Who started the ranks: "dtrain" for dt_job_create, else "mpirun", "PMI"
  * or "srun". */
-const char *dt_job_source(const dt_job *job);
+DT_API const char *dt_job_source(const dt_job *job);
 
 /* Frees the job. Call after dt_job_run has returned (or instead of it).
  * NULL is a no-op. */
-void dt_job_destroy(dt_job *job);
+DT_API void dt_job_destroy(dt_job *job);
 
 #ifdef __cplusplus
 }
