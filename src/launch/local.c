@@ -90,6 +90,16 @@ static int interrupted(dt_job *j) {
 
 /* ---- workers ---------------------------------------------------------------- */
 
+/* The shared page of returns: order[0] counts, order[1 + r] is worker r's
+ * place in the order of returns (0: not yet), order[1 + n + r] its status
+ * + 1. A worker notes itself before its peers can see it leave, so the
+ * launcher blames the worker that failed first, not the first it reaps. */
+static void note_return(_Atomic int *order, int n, int r, int status) {
+  if (!order) return;
+  order[1 + n + r] = (status == 0 ? 0 : (status & 255) ? (status & 255) : 1) + 1;
+  order[1 + r] = atomic_fetch_add(&order[0], 1) + 1;
+}
+
 /* The forked worker r: waits for the store port, joins, runs fn. */
 static void worker_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_fn fn,
                         void *arg, _Atomic int *order) {
@@ -108,9 +118,14 @@ static void worker_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_f
   dt__job_comm_config(j, rank, &cc);
   dt_store *st = NULL;
   dt_comm *c = NULL;
+  /* the barrier: dt_comm_create can return on a rank before every peer has
+   * finished connecting to it, and a worker function that returns at once
+   * would leave under its peers' feet */
   if (dt_store_connect(&st, j->rdzv_ip, port, j->token, j->cfg.deadline_s) < 0 ||
-      dt_comm_create(&c, st, &cc) < 0) {
+      dt_comm_create(&c, st, &cc) < 0 || dt_comm_barrier(c) < 0) {
     dt__job_say(j, DT_JOB_ERROR, "rank %d: joining the job: %s", rank, dt_errmsg());
+    note_return(order, j->nlocal, r, 1);
+    dt_comm_destroy(c);
     dt_store_destroy(st);
     fflush(stdout);
     fflush(stderr);
@@ -119,8 +134,7 @@ static void worker_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_f
   dt_store_destroy(st);
   struct dt_job_worker w = {rank, j->world, r, j->nlocal, j->node, j->nnodes, c};
   int status = fn(&w, arg);
-  /* before the peers can see us leave: our place in the order of returns */
-  if (order) order[1 + r] = atomic_fetch_add(&order[0], 1) + 1;
+  note_return(order, j->nlocal, r, status);
   /* a failed worker tells its peers why (a lost rank it saw, say) instead
    * of only closing its connections */
   if (status != 0) dt_comm_abort(c, DT_EABORTED, dt_errmsg());
@@ -147,22 +161,21 @@ static void kill_all(dt_job *j, pid_t *pids, int n, int sig, int say) {
     }
 }
 
-/* Which of the workers that failed since the last scan failed first: one
- * killed by a signal (the others' failures follow from it), else the one
- * whose function returned first (order[], written by the workers). */
-static int first_failure(dt_job *j, const int *fresh, int nfresh, _Atomic int *order) {
-  int best = -1;
-  for (int i = 0; i < nfresh; i++) {
-    int r = fresh[i];
-    if (best < 0) { best = r; continue; }
-    int sb = j->st[best].signal != 0, sr = j->st[r].signal != 0;
-    if (sr != sb) { if (sr) best = r; continue; }
-    if (!sr && order) {
-      int ob = order[1 + best], orr = order[1 + r];
-      if (orr && (!ob || orr < ob)) best = r;
-    }
+/* Which worker failed first, once some worker has failed: one killed by a
+ * signal in this scan (the others' failures follow from it), else the one
+ * whose function returned a failure first (order[], even if it has not
+ * exited yet), else one that exited non-zero in this scan. -1: none yet. */
+static int first_failure(const dt_job *j, const int *fresh, int nfresh, _Atomic int *order) {
+  int n = j->nlocal;
+  for (int i = 0; i < nfresh; i++)
+    if (j->st[fresh[i]].signal) return fresh[i];
+  int best = -1, bo = 0;
+  for (int r = 0; order && r < n; r++) {
+    int o = order[1 + r], st = order[1 + n + r];
+    if (o && st > 1 && (best < 0 || o < bo)) best = r, bo = o;
   }
-  return best;
+  if (best >= 0) return best;
+  return nfresh ? fresh[0] : -1;
 }
 
 /* Waits for every started worker by pid (pids[r] becomes 0 once reaped).
@@ -202,8 +215,8 @@ static void reap(dt_job *j, pid_t *pids, int n, int quiet, _Atomic int *order) {
       int ok = j->st[r].exited && j->st[r].code == 0;
       if (!ok && !quiet && !j->signal && fresh) fresh[nfresh++] = r; /* after a signal: ours */
     }
-    if (nfresh && j->failed < 0) {
-      int f = first_failure(j, fresh, nfresh, order);
+    int f = j->failed < 0 && !quiet && !j->signal ? first_failure(j, fresh, nfresh, order) : -1;
+    if (f >= 0) {
       j->failed = f;
       kill_at = dt_now() + j->cfg.grace_s;
       if (j->st[f].signal)
@@ -338,7 +351,7 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
   int swfd;
   pid_t swpid = sweeper_start(j, &swfd);
   /* one shared page (or more) where workers note the order they return in */
-  size_t order_len = ((size_t)(j->nlocal + 1) * sizeof(int) + 4095) & ~(size_t)4095;
+  size_t order_len = ((size_t)(2 * j->nlocal + 1) * sizeof(int) + 4095) & ~(size_t)4095;
   _Atomic int *order = mmap(NULL, order_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                             -1, 0);
   if (order == MAP_FAILED) order = NULL;

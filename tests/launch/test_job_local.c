@@ -47,10 +47,11 @@ static int shm_left_by(int pid) {
   return n;
 }
 
+/* The job's lines: errors go to stderr (they explain a failure), the
+ * rest is dropped. */
 static void quiet(void *ud, int level, const char *line) {
   (void)ud;
-  (void)level;
-  (void)line;
+  if (level == DT_JOB_ERROR) fprintf(stderr, "job: %s\n", line);
 }
 
 static void check_gone(const dt_job *job) {
@@ -120,7 +121,8 @@ static void test_three_workers_tcp(void **s) {
   run_sum(3, "tcp");
 }
 
-/* Rank 1 returns 7 right away; the others return 0. */
+/* Rank 1 returns 7 right away; the others return 0. The job blames rank 1
+ * even when a peer that its abort caught exits first. */
 static int status_worker(const struct dt_job_worker *w, void *arg) {
   (void)arg;
   return w->rank == 1 ? 7 : 0;
@@ -133,7 +135,11 @@ static void test_worker_status(void **s) {
   jc.notify = quiet;
   dt_job *job = NULL;
   assert_int_equal(dt_job_create(&job, &jc), DT_OK);
-  assert_int_equal(dt_job_run(job, status_worker, NULL), DT_EABORTED);
+  double t0 = dt_now();
+  int rc = dt_job_run(job, status_worker, NULL);
+  if (!strstr(dt_errmsg(), "worker rank 1 (pid ") || !strstr(dt_errmsg(), "status 7"))
+    print_error("dt_job_run: %d after %.1f s: %s\n", rc, dt_now() - t0, dt_errmsg());
+  assert_int_equal(rc, DT_EABORTED);
   assert_non_null(strstr(dt_errmsg(), "worker rank 1 (pid "));
   assert_non_null(strstr(dt_errmsg(), "exited with status 7"));
   assert_int_equal(dt_job_failed_worker(job), 1);
@@ -141,8 +147,13 @@ static void test_worker_status(void **s) {
   assert_int_equal(dt_job_worker_status(job, 1, &st), DT_OK);
   assert_int_equal(st.exited, 1);
   assert_int_equal(st.code, 7);
-  assert_int_equal(dt_job_worker_status(job, 0, &st), DT_OK);
-  assert_int_equal(st.code, 0);
+  /* the others returned 0, unless rank 1's abort caught them still in the
+   * job's joining barrier (then 1): exited either way, never killed */
+  for (int i = 0; i < 3; i += 2) {
+    assert_int_equal(dt_job_worker_status(job, i, &st), DT_OK);
+    assert_int_equal(st.exited, 1);
+    assert_true(st.code == 0 || st.code == 1);
+  }
   assert_int_equal(dt_job_worker_status(job, 3, &st), DT_EINVAL);
   assert_int_equal(dt_job_worker_status(job, -1, &st), DT_EINVAL);
   check_gone(job);
@@ -239,5 +250,6 @@ int main(void) {
       cmocka_unit_test(test_worker_killed), cmocka_unit_test(test_worker_fails),
       cmocka_unit_test(test_memory_refused),
   };
+  if (getenv("DT_TEST_FILTER")) cmocka_set_test_filter(getenv("DT_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
