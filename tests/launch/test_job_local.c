@@ -221,6 +221,7 @@ static int never(const struct dt_job_worker *w, void *arg) {
 static void test_memory_refused(void **s) {
   (void)s;
   setenv("DTRAIN_SHM_LIMIT_BYTES", "16777216", 1); /* 16 MiB: 64 workers need ~230 MiB of rings */
+  dt__param_reload(); /* knobs are read once and cached */
   struct dt_job_config jc = DT_JOB_CONFIG_INIT;
   jc.workers = 64;
   jc.notify = quiet;
@@ -238,6 +239,7 @@ static void test_memory_refused(void **s) {
   assert_int_equal(dt__job_memcheck(64, 64, "tcp", 0, 0), DT_OK);
   assert_int_equal(dt__job_memcheck(64, 64, "shm", 0, 0), DT_ENOMEM);
   unsetenv("DTRAIN_SHM_LIMIT_BYTES");
+  dt__param_reload();
   /* MemAvailable: per-worker memory beyond what the host has */
   assert_int_equal(dt__job_memcheck(2, 2, "tcp", (size_t)1 << 62, 0), DT_ENOMEM);
   assert_non_null(strstr(dt_errmsg(), "MemAvailable"));
