@@ -42,8 +42,9 @@ int dt__accept_paused(const struct dt_accept_guard *g, double now);
 
 /* Knobs: DTRAIN_AUTH_TIMEOUT_MS (a connection that has not authenticated
  * within this long is closed; default 5000) and DTRAIN_AUTH_PENDING_MAX
- * (at most this many unauthenticated connections; the oldest is closed
- * to admit a new one; default 256). */
+ * (beyond this many unauthenticated connections the oldest is closed once
+ * it has waited a second; default 256; the tcp listener never uses less
+ * than the world size). */
 double dt__auth_timeout_s(void);
 int dt__auth_pending_max(void);
 

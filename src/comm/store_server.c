@@ -313,7 +313,10 @@ static void accept_some(dt_store_server *s) {
     s->cl[s->ncl++] = c;
     size_t strangers;
     struct client *o = oldest_stranger(s, &strangers);
-    if (strangers > (size_t)s->pending_max) {
+    /* Over the cap, the oldest goes once it has had a second to answer (a
+     * burst of real clients, thousands of workers starting at once, is not
+     * cut off mid-handshake; a flood is bounded by the descriptor limit). */
+    if (strangers > (size_t)s->pending_max && dt_now() - o->since >= 1.0) {
       char why[96];
       snprintf(why, sizeof why, "more than %d unauthenticated connections (DTRAIN_AUTH_PENDING_MAX); oldest first",
                s->pending_max);

@@ -7,12 +7,15 @@
  * the job token, sets and reads a key. It must get through, and the
  * server must not spin: its CPU time over the whole run stays small (a
  * listener left readable after EMFILE made the poll loop spin at 100% CPU
- * and the real client failed with "auth: no answer from server"). Every
- * closed stranger is logged with its address. Every child is reaped, or
+ * and the real client failed with "auth: no answer from server"). The
+ * server's cap on unauthenticated connections is lowered to 16, so both
+ * the cap and EMFILE shed strangers; every closed one is logged with its
+ * address. Every child is reaped, or
  * killed by pid after its deadline; the log file is removed.
  */
 #define _GNU_SOURCE
 #include "comm/comm.h"
+#include "core/core.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -61,6 +64,9 @@ static void server_main(int portw, int stop, int out, const char *log) {
   getrlimit(RLIMIT_NOFILE, &rl);
   rl.rlim_cur = 64;
   if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(3);
+  /* A cap below the descriptor limit, so both ways of shedding run. */
+  setenv("DTRAIN_AUTH_PENDING_MAX", "16", 1);
+  dt__param_reload();
   dt_store_server *s = NULL;
   if (dt_store_server_start(&s, "127.0.0.1", 0, TOKEN) != DT_OK) _exit(4);
   int port = dt_store_server_port(s);
@@ -155,10 +161,12 @@ static void idle_flood(void **state) {
   for (int i = 0; i < 2; i++) close(pp[i]), close(sp[i]), close(cp[i]), close(fp[i]), close(fr[i]);
 
   FILE *f = fopen(log, "r");
-  int dropped = 0, lines = 0;
+  int dropped = 0, lines = 0, capped = 0, emfile = 0;
   char line[512], first[512] = "";
   while (f && fgets(line, sizeof line, f)) {
     lines++;
+    capped += strstr(line, "more than 16 unauthenticated connections") != NULL;
+    emfile += strstr(line, "out of file descriptors") != NULL;
     if (strstr(line, "connection from 127.0.0.1:")) {
       if (!dropped) snprintf(first, sizeof first, "%s", line);
       dropped++;
@@ -168,8 +176,8 @@ static void idle_flood(void **state) {
   unlink(log);
 
   printf("flood: %d idle connections opened; real client %s in %.2f s; server CPU %.3f s over %.1f s; "
-         "%d log lines naming the address, e.g. %s",
-         opened, rc ? "FAILED" : "through", took, cpu, wall, dropped, first[0] ? first : "(none)\n");
+         "%d log lines naming the address (%d over the cap, %d out of descriptors), e.g. %s",
+         opened, rc ? "FAILED" : "through", took, cpu, wall, dropped, capped, emfile, first[0] ? first : "(none)\n");
   if (rc) fail_msg("the real client did not get through: %s (%s)", dt_strerror(rc), msg);
   assert_int_equal(len, 2);
   assert_memory_equal(val, "v1", 2);
@@ -179,6 +187,7 @@ static void idle_flood(void **state) {
   if (cpu < 0 || cpu > 1.0 || cpu > 0.25 * wall)
     fail_msg("store server used %.2f s of CPU in %.1f s: it spins", cpu, wall);
   if (dropped < 1) fail_msg("no log line names a dropped stranger's address");
+  if (capped < 1) fail_msg("no stranger was closed for the cap of 16 (DTRAIN_AUTH_PENDING_MAX)");
 }
 
 int main(void) {

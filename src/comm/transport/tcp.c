@@ -680,7 +680,9 @@ static void accept_all(struct dt_tp_ctx *x) {
     x->pend = p;
     int strangers;
     struct pend *o = oldest_stranger(x, &strangers);
-    if (strangers > x->pending_max) {
+    /* Over the cap (never below the world size: every peer may be in its
+     * handshake at once), the oldest goes once it has had a second. */
+    if (strangers > (x->pending_max > x->size ? x->pending_max : x->size) && dt_now() - o->since >= 1.0) {
       char why[96];
       snprintf(why, sizeof why, "more than %d connections in their handshake (DTRAIN_AUTH_PENDING_MAX); oldest first",
                x->pending_max);
