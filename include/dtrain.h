@@ -8,6 +8,7 @@
  *   dtrain/optim.h   optimizers and learning-rate schedules
  *   dtrain/comm.h    rendezvous store, communicators and collectives
  *   dtrain/engine.h  training runs: configs, engines, callbacks, summaries
+ *   dtrain/job.h     jobs: forked local workers, several nodes, mpirun/srun
  *
  * Each sub-header is self-contained and is the specification of its part:
  * every function is documented where it is declared, with who owns what

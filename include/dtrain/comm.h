@@ -7,7 +7,8 @@
  * How a job meets: one process serves a store (dt_store_server_start) or
  * all share a directory (dt_store_open_file); every worker connects to it
  * and calls dt_comm_create with its rank and the world size (or lets the
- * store assign ranks). Transports (tcp between hosts, shared memory inside
+ * store assign ranks). A worker started by a job (dtrain/job.h) needs none
+ * of this: it is handed a joined communicator (struct dt_job_worker.comm). Transports (tcp between hosts, shared memory inside
  * one, MPI under mpirun, in-process for tests) are chosen by name and
  * hidden behind the communicator; collective algorithms are chosen by
  * message size and topology. Every connection is authenticated with the
