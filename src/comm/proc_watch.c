@@ -29,6 +29,10 @@ char dt__proc_state(int pid) {
 bool dt__proc_watch(struct dt_proc_watch *w, int pid, int64_t now, double *stopped_s) {
   int64_t limit_s = dt_param(DT_PARAM_SHM_STOPPED_S);
   if (limit_s <= 0 || pid <= 0) return false;
+  if (!w->next_check) { /* a fresh watch: the first look after CHECK_NS, so short waits never read /proc */
+    w->next_check = now + CHECK_NS;
+    return false;
+  }
   if (now >= w->next_check) {
     w->next_check = now + CHECK_NS;
     char s = dt__proc_state(pid);

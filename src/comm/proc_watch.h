@@ -7,7 +7,9 @@
  * seconds instead of only at the collective deadline.
  *
  * Only for processes on this host; a peer across the network is caught by
- * the deadline alone. /proc is read at most every 250 ms per watch.
+ * the deadline alone. /proc is read at most every 250 ms per watch, and
+ * not at all in the first 250 ms of a wait (a zeroed watch), so waits that
+ * end quickly cost no system call.
  */
 #ifndef DT_COMM_PROC_WATCH_H
 #define DT_COMM_PROC_WATCH_H
