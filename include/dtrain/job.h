@@ -102,10 +102,12 @@ struct dt_job_config {
                          * memory and make dt_job_run return DT_EABORTED;
                          * dt_job_signal() tells which signal. 0: leave the
                          * signal dispositions alone. */
-  int check_memory;     /* 1 (default): dt_job_run refuses (DT_ENOMEM) to start
-                         * workers whose estimated shared memory exceeds the
-                         * free space of /dev/shm or whose total estimate
-                         * exceeds MemAvailable */
+  int check_memory;     /* 1 (default): dt_job_create refuses (DT_ENOMEM) a job
+                         * whose workers on this host would need more shared
+                         * memory than /dev/shm has free, or more memory in
+                         * all than MemAvailable (estimated: the shm
+                         * transport's rings, worker_shm_bytes and
+                         * worker_bytes per worker) */
   size_t worker_bytes;  /* memory each worker needs beyond what it shares
                          * with the launcher (model, gradients, optimizer
                          * state, batches), for the memory check */
@@ -140,8 +142,10 @@ typedef int (*dt_job_worker_fn)(const struct dt_job_worker *w, void *arg);
  * (workers out of range, node_rank >= nnodes, a malformed or unresolvable
  * rdzv, a short token, several nodes without rdzv or token, an unknown
  * transport, workers != nnodes * nproc_per_node) is DT_EINVAL naming the
- * field and value. DT_ENOMEM if out of memory. On success *out owns copies
- * of nothing: cfg's strings must outlive the job. */
+ * field and value. DT_ENOMEM: the memory check refused ("64 workers need
+ * about 4.2 GiB of shared memory (...) but /dev/shm has 1.0 GiB free"), or
+ * out of memory. On success *out owns copies of nothing: cfg's strings must
+ * outlive the job. */
 DT_API int dt_job_create(dt_job **out, const struct dt_job_config *cfg);
 
 /* Like dt_job_create, for a process started as one rank by mpirun (Open
@@ -157,8 +161,8 @@ DT_API int dt_job_create(dt_job **out, const struct dt_job_config *cfg);
  * DT_OK otherwise. A world of one is returned as such (size 1). */
 DT_API int dt_job_from_env(dt_job **out, const struct dt_job_config *cfg);
 
-/* Runs the job: estimates its memory on this host (cfg.check_memory),
- * warns through notify when this node's workers exceed its online cores,
+/* Runs the job: warns through notify when this node's workers exceed its
+ * online cores (and when node 0 serves the rendezvous on 0.0.0.0),
  * forks the workers, meets the other nodes, releases the workers, and
  * calls fn(w, arg) in each with a joined communicator. Waits for every
  * worker by pid. Returns DT_OK when every worker returned 0. Otherwise:
@@ -166,9 +170,8 @@ DT_API int dt_job_from_env(dt_job **out, const struct dt_job_config *cfg);
  * returned non-zero, or the launcher was interrupted) with a message naming
  * the first failed rank and pid; the other workers get grace_s to exit and
  * are then killed. DT_ETIMEDOUT / DT_EAUTH / DT_EIO name the node that did
- * not meet. DT_ENOMEM: the memory check refused ("64 workers need ~4.2 GiB
- * of shared memory, /dev/shm has 1.0 GiB free"). Under dt_job_from_env
- * fn runs once, here. A job runs once: a second call is DT_EINVAL. */
+ * not meet. Under dt_job_from_env fn runs once, here. A job runs once: a
+ * second call is DT_EINVAL. */
 DT_API int dt_job_run(dt_job *job, dt_job_worker_fn fn, void *arg);
 
 /* How one of this node's workers ended (local_rank 0..local_size-1), valid

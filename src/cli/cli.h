@@ -40,8 +40,8 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *launch)
  * lines (info to stdout, warnings and errors to stderr as "dtrain: ...")
  * and turns dt_job_run's result into an exit status: 0; 130/143 after
  * SIGINT/SIGTERM (with the one-line reason); the first failed worker's
- * status (2 if it exited 2, else 1; the worker said why); 2 with the
- * memory check's refusal; or 1 with the launcher's reason. */
+ * status (2 if it exited 2, else 1; the worker said why); or 1 with the
+ * launcher's reason. */
 void dt__cli_job_notify(void *ud, int level, const char *line);
 int dt__cli_job_status(const dt_job *job, int rc);
 /* A loss as printed: "0.3127", "NaN" (never "-nan"), "inf", "-inf". */

@@ -330,9 +330,10 @@ static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_
     }
     rc = dt_job_create(job, &jc);
   }
+  /* every failure here is bad input, the memory check's refusal too */
   if (rc < 0) {
     fprintf(stderr, "dtrain: %s\n", dt_errmsg());
-    return rc == DT_ENOMEM ? DT_EXIT_FAIL : DT_EXIT_USAGE;
+    return DT_EXIT_USAGE;
   }
   return -1;
 }
@@ -420,7 +421,9 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
     status = rc == DT_ENOMEM ? DT_EXIT_FAIL : DT_EXIT_USAGE;
     goto done;
   }
-  int multi = L || ext || cfg->run.workers > 1;
+  /* A world of one trains here, without a job: nothing to fork (and the
+   * single-worker engine has started its loader thread already). */
+  int multi = cfg->run.workers > 1;
   if (multi && (status = make_job(&job, L, ext, cfg, transport, e)) >= 0) goto done;
   if (!out) {
     default_out_dir(outbuf, sizeof outbuf);

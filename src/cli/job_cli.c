@@ -37,8 +37,7 @@ int dt__cli_job_status(const dt_job *job, int rc) {
   if (f >= 0 && dt_job_worker_status(job, f, &st) == DT_OK)
     return st.exited && st.code == DT_EXIT_USAGE ? DT_EXIT_USAGE : DT_EXIT_FAIL;
   fprintf(stderr, "dtrain: %s\n", dt_errmsg());
-  /* refused by the memory check before anything started: bad input */
-  return rc == DT_ENOMEM ? DT_EXIT_USAGE : DT_EXIT_FAIL;
+  return DT_EXIT_FAIL;
 }
 
 void dt__cli_fmt_loss(double x, char *buf, size_t cap) {

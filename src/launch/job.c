@@ -162,6 +162,9 @@ int dt_job_create(dt_job **out, const struct dt_job_config *cfg) {
     gethostname(hn, sizeof hn - 1);
     snprintf(j->host_id, sizeof j->host_id, "%s/launch-node-%d", hn, j->node);
   }
+  if (cfg->check_memory)
+    DT_CHECK_GOTO(dt__job_memcheck(j->nlocal, j->world, j->transport, cfg->worker_bytes,
+                                   cfg->worker_shm_bytes), rc, fail);
   DT_CHECK_GOTO(finish_alloc(j), rc, fail);
   *out = j;
   return DT_OK;

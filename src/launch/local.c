@@ -336,9 +336,6 @@ static void warn_host(dt_job *j) {
 
 int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
   warn_host(j);
-  if (j->cfg.check_memory)
-    DT_CHECK(dt__job_memcheck(j->nlocal, j->world, j->transport, j->cfg.worker_bytes,
-                              j->cfg.worker_shm_bytes));
   pid_t *pids = calloc((size_t)j->nlocal, sizeof *pids);
   int *spids = calloc((size_t)j->nlocal, sizeof *spids);
   int pfd[2] = {-1, -1};

@@ -6,7 +6,8 @@
  * peers wait in a collective each make dt_job_run return an error naming
  * that rank within seconds, with nothing of the job left in /dev/shm and no
  * worker left running; the memory check refuses 64 workers against a small
- * /dev/shm limit before anything is forked. Each test forks its workers
+ * /dev/shm limit before anything is forked; when the launcher itself is
+ * SIGKILLed, its workers die and the shared memory they left is removed. Each test forks its workers
  * through dt_job_run from this single-threaded process.
  */
 #include <setjmp.h>
@@ -17,7 +18,11 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,12 +217,6 @@ static void test_worker_fails(void **s) {
   run_failing(0);
 }
 
-static int never(const struct dt_job_worker *w, void *arg) {
-  (void)w;
-  (void)arg;
-  return 99;
-}
-
 static void test_memory_refused(void **s) {
   (void)s;
   setenv("DTRAIN_SHM_LIMIT_BYTES", "16777216", 1); /* 16 MiB: 64 workers need ~230 MiB of rings */
@@ -226,14 +225,13 @@ static void test_memory_refused(void **s) {
   jc.workers = 64;
   jc.notify = quiet;
   dt_job *job = NULL;
-  assert_int_equal(dt_job_create(&job, &jc), DT_OK);
-  assert_int_equal(dt_job_run(job, never, NULL), DT_ENOMEM);
+  assert_int_equal(dt_job_create(&job, &jc), DT_ENOMEM); /* before anything is forked */
+  assert_null(job);
   const char *m = dt_errmsg();
   assert_non_null(strstr(m, "64 workers need about "));
   assert_non_null(strstr(m, "/dev/shm has 16.0 MiB free"));
-  struct dt_job_status st;
-  assert_int_equal(dt_job_worker_status(job, 0, &st), DT_OK);
-  assert_int_equal(st.pid, 0); /* nothing was forked */
+  jc.check_memory = 0; /* the check can be turned off */
+  assert_int_equal(dt_job_create(&job, &jc), DT_OK);
   dt_job_destroy(job);
   /* tcp has no rings: the same job passes the check (not run here) */
   assert_int_equal(dt__job_memcheck(64, 64, "tcp", 0, 0), DT_OK);
@@ -245,12 +243,77 @@ static void test_memory_refused(void **s) {
   assert_non_null(strstr(dt_errmsg(), "MemAvailable"));
 }
 
+/* Each worker leaves a shared-memory name behind, as a worker killed
+ * before its peers mapped its segment would (window naming:
+ * dtrain-win-PID-NONCE), tells the test its pid, and waits. */
+static int leaky_worker(const struct dt_job_worker *w, void *arg) {
+  const int *fd = arg;
+  char n[96];
+  int pid = (int)getpid();
+  snprintf(n, sizeof n, "/dtrain-win-%d-%016llx", pid, 0x5eedull + (unsigned long long)w->rank);
+  int s = shm_open(n, O_CREAT | O_RDWR | O_EXCL, 0600);
+  if (s >= 0) close(s);
+  if (write(fd[1], &pid, sizeof pid) != (ssize_t)sizeof pid) return 1;
+  for (;;) pause();
+}
+
+/* Alive and not a zombie nobody reaps. */
+static int alive(int pid) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *rp = strrchr(buf, ')');
+  return !(rp && rp[2] == 'Z');
+}
+
+/* The launcher itself is SIGKILLed: its workers die with it, and the
+ * sweeper it forked first removes the shared memory they left. */
+static void test_launcher_killed(void **s) {
+  (void)s;
+  int fd[2];
+  assert_int_equal(pipe(fd), 0);
+  pid_t launcher = fork();
+  assert_true(launcher >= 0);
+  if (launcher == 0) {
+    struct dt_job_config jc = DT_JOB_CONFIG_INIT;
+    jc.workers = 2;
+    jc.notify = quiet;
+    dt_job *job = NULL;
+    if (dt_job_create(&job, &jc) < 0) _exit(3);
+    dt_job_run(job, leaky_worker, fd);
+    _exit(4);
+  }
+  int pids[2] = {0, 0};
+  for (int i = 0; i < 2; i++) {
+    struct pollfd pf = {fd[0], POLLIN, 0};
+    assert_int_equal(poll(&pf, 1, 60000), 1);
+    assert_int_equal(read(fd[0], &pids[i], sizeof pids[i]), (ssize_t)sizeof pids[i]);
+  }
+  close(fd[0]);
+  close(fd[1]);
+  assert_int_equal(shm_left_by(pids[0]) + shm_left_by(pids[1]), 2);
+  kill(launcher, SIGKILL);
+  int st;
+  assert_int_equal(waitpid(launcher, &st, 0), launcher);
+  assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+  double end = dt_now() + 15;
+  while ((alive(pids[0]) || alive(pids[1]) || shm_left_by(pids[0]) || shm_left_by(pids[1])) &&
+         dt_now() < end)
+    poll(NULL, 0, 20);
+  assert_false(alive(pids[0]) || alive(pids[1]));
+  assert_int_equal(shm_left_by(pids[0]) + shm_left_by(pids[1]), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_workers),   cmocka_unit_test(test_three_workers),
       cmocka_unit_test(test_three_workers_tcp), cmocka_unit_test(test_worker_status),
       cmocka_unit_test(test_worker_killed), cmocka_unit_test(test_worker_fails),
-      cmocka_unit_test(test_memory_refused),
+      cmocka_unit_test(test_memory_refused), cmocka_unit_test(test_launcher_killed),
   };
   if (getenv("DT_TEST_FILTER")) cmocka_set_test_filter(getenv("DT_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
