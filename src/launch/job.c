@@ -27,9 +27,16 @@ void dt__job_say(const dt_job *j, int level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
-  if (j->cfg.notify) j->cfg.notify(j->cfg.notify_ud, level, line);
-  else dt_log(level == DT_JOB_ERROR ? DT_LOG_ERROR : level == DT_JOB_WARN ? DT_LOG_WARN
-                                                                          : DT_LOG_INFO, "%s", line);
+  if (j->cfg.notify) {
+    j->cfg.notify(j->cfg.notify_ud, level, line);
+    return;
+  }
+  /* dt_log names the level itself ("dtrain warn: ...") */
+  const char *l = line;
+  if (!strncmp(l, "warning: ", 9)) l += 9;
+  else if (!strncmp(l, "note: ", 6)) l += 6;
+  dt_log(level == DT_JOB_ERROR ? DT_LOG_ERROR : level == DT_JOB_WARN ? DT_LOG_WARN
+                                                                          : DT_LOG_INFO, "%s", l);
 }
 
 void dt__job_comm_config(const dt_job *j, int rank, struct dt_comm_config *cc) {
