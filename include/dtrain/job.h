@@ -128,7 +128,9 @@ struct dt_job_worker {
   int local_rank, local_size; /* among the workers of this node */
   int node_rank, nnodes;
   dt_comm *comm;              /* joined communicator of all `size` ranks; the
-                               * job destroys it after the function returns */
+                               * job destroys it after the function returns.
+                               * NULL only for a world of one under
+                               * dt_job_from_env (nobody to talk to) */
 };
 
 /* Runs one worker's share of the job. Returns the worker's exit status:
