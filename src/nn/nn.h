@@ -38,5 +38,10 @@ void dt_model_set_gemm_flags(dt_model *m, int flags);
 size_t dt_optim_state_floats(const dt_optim *o);
 float *dt_optim_state(dt_optim *o);
 int64_t *dt_optim_step_count(dt_optim *o);
+/* The largest |gradient| the last dt_optim_step read: inf or NaN when one
+ * was not finite (the update has already happened; the engine ends the run
+ * on it). Computed inside the update loops, so the engine's per-step check
+ * needs no pass of its own over the gradient. */
+float dt__optim_grad_maxabs(const dt_optim *o);
 
 #endif /* DT_NN_H */

@@ -15,6 +15,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/core.h"
 #include "nn/nn.h"
@@ -25,6 +26,7 @@ struct dt_optim {
   size_t nstate;
   float *state;
   int64_t step;
+  uint32_t grad_maxbits; /* bits of the last step's largest |gradient| */
 };
 
 int dt_optim_create(dt_optim **out, const dt_optim_cfg *cfg, size_t n) {
@@ -71,22 +73,47 @@ void dt_optim_destroy(dt_optim *o) {
 size_t dt_optim_state_floats(const dt_optim *o) { return o->nstate; }
 float *dt_optim_state(dt_optim *o) { return o->state; }
 int64_t *dt_optim_step_count(dt_optim *o) { return &o->step; }
-
-static void sgd_plain(float *restrict p, const float *restrict g, size_t n, float lr, float wd) {
-  for (size_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
+float dt__optim_grad_maxabs(const dt_optim *o) {
+  float f;
+  memcpy(&f, &o->grad_maxbits, sizeof f);
+  return f;
 }
 
-static void sgd_momentum(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
+/* The bits of |x|: for finite values, inf and NaN they order like the
+ * magnitudes (NaN above inf). An integer max over them vectorises, so the
+ * update loops below also find the largest |gradient| for the engine's
+ * per-step divergence check at no measurable cost, where a separate pass
+ * over the gradient cost 3-5% of a small MLP step. */
+static inline uint32_t absbits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u & 0x7fffffffu;
+}
+#define TRACK(x) do { uint32_t a_ = absbits(x); big = a_ > big ? a_ : big; } while (0)
+
+static uint32_t sgd_plain(float *restrict p, const float *restrict g, size_t n, float lr, float wd) {
+  uint32_t big = 0;
+  for (size_t i = 0; i < n; i++) {
+    TRACK(g[i]);
+    p[i] -= lr * (g[i] + wd * p[i]);
+  }
+  return big;
+}
+
+static uint32_t sgd_momentum(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
                          float lr, float wd, float mom, float damp, int nesterov, int first) {
   float keep = 1.0f - damp;
+  uint32_t big = 0;
   if (first) {
     for (size_t i = 0; i < n; i++) {
+      TRACK(g[i]);
       float d = g[i] + wd * p[i];
       buf[i] = d;
       p[i] -= lr * (nesterov ? d + mom * d : d);
     }
   } else if (nesterov) {
     for (size_t i = 0; i < n; i++) {
+      TRACK(g[i]);
       float d = g[i] + wd * p[i];
       float b = mom * buf[i] + keep * d;
       buf[i] = b;
@@ -94,19 +121,23 @@ static void sgd_momentum(float *restrict p, const float *restrict g, float *rest
     }
   } else {
     for (size_t i = 0; i < n; i++) {
+      TRACK(g[i]);
       float d = g[i] + wd * p[i];
       float b = mom * buf[i] + keep * d;
       buf[i] = b;
       p[i] -= lr * b;
     }
   }
+  return big;
 }
 
-static void adamw(float *restrict p, const float *restrict g, float *restrict m,
+static uint32_t adamw(float *restrict p, const float *restrict g, float *restrict m,
                   float *restrict v, size_t n, float decay, float b1, float b2, float step_size,
                   float inv_bc2_sqrt, float eps) {
   float w1 = 1.0f - b1, w2 = 1.0f - b2;
+  uint32_t big = 0;
   for (size_t i = 0; i < n; i++) {
+    TRACK(g[i]);
     float gi = g[i];
     float pi = p[i] * decay;
     float mi = m[i] + w1 * (gi - m[i]);
@@ -115,6 +146,7 @@ static void adamw(float *restrict p, const float *restrict g, float *restrict m,
     v[i] = vi;
     p[i] = pi - step_size * (mi / (sqrtf(vi) * inv_bc2_sqrt + eps));
   }
+  return big;
 }
 
 int dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
@@ -127,9 +159,9 @@ int dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
   o->step++;
   if (c->kind == DT_OPT_SGD) {
     if (c->momentum == 0.0f)
-      sgd_plain(params, grads, o->n, lr, c->weight_decay);
+      o->grad_maxbits = sgd_plain(params, grads, o->n, lr, c->weight_decay);
     else
-      sgd_momentum(params, grads, o->state, o->n, lr, c->weight_decay, c->momentum, c->dampening,
+      o->grad_maxbits = sgd_momentum(params, grads, o->state, o->n, lr, c->weight_decay, c->momentum, c->dampening,
                    c->nesterov, o->step == 1);
     return DT_OK;
   }
@@ -140,7 +172,7 @@ int dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
   float step_size = (float)((double)lr / bc1);
   float inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
   float decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
-  adamw(params, grads, o->state, o->state + o->n, o->n, decay, c->beta1, c->beta2, step_size,
+  o->grad_maxbits = adamw(params, grads, o->state, o->state + o->n, o->n, decay, c->beta1, c->beta2, step_size,
         inv_bc2_sqrt, c->eps);
   return DT_OK;
 }
