@@ -202,16 +202,15 @@ int dt__cmd_train(int argc, char **argv) { return dt__cmd_train_launch(argc, arg
 
 /* The transport: dist.transport, unless DTRAIN_TRANSPORT overrides it. */
 static const char *pick_transport(const dt_config *cfg) {
-  static const char *const names[] = {"auto", "shm", "tcp", "mpi"};
   const char *env = dt_param_str("DTRAIN_TRANSPORT", NULL);
   if (env && *env) {
-    for (int i = 0; i < 4; i++)
-      if (!strcmp(env, names[i])) return names[i];
+    int t = dt__enum_parse(dt__transport_names, env);
+    if (t >= 0) return dt__transport_names[t];
     fprintf(stderr, "dtrain: DTRAIN_TRANSPORT '%s': expects auto, shm, tcp or mpi\n", env);
     return NULL;
   }
   int t = cfg->run.transport;
-  return names[t >= 0 && t < 4 ? t : 0];
+  return dt__transport_names[t >= 0 && t <= DT_DIST_MPI ? t : 0];
 }
 
 /* The command line of `dtrain train`. */

@@ -58,11 +58,12 @@ typedef struct key {
   const char *const *enums; /* K_ENUM: NULL-terminated names, value = index */
 } key;
 
-static const char *const fmt_names[] = {"idx", "csv", "npy", NULL};
-static const char *const opt_names[] = {"sgd", "adamw", NULL};
-static const char *const sched_names[] = {"constant", "step", "cosine", NULL};
-static const char *const transport_names[] = {"auto", "shm", "tcp", "mpi", NULL};
-static const char *const reduce_names[] = {"avg", "sum", NULL};
+/* enum names: the one table each, in src/engine/run_cfg.c */
+#define fmt_names dt__format_names
+#define opt_names dt__optim_names
+#define sched_names dt__sched_names
+#define transport_names dt__transport_names
+#define reduce_names dt__reduce_names
 
 #define OFF(f) offsetof(dt_run_cfg, f)
 #define BIG 1e18

@@ -168,4 +168,9 @@ int dt__shm_sweep_job(const char *token, const char *job, const int *pids, int n
  * (window.c); returns how many. */
 int dt__window_sweep_pids(const int *pids, int npids);
 
+/* The transports a job may name, index = enum dt_dist_transport (auto, shm,
+ * tcp, mpi), NULL-terminated: the one table the config parser, the launcher
+ * and DTRAIN_TRANSPORT all check against. */
+extern const char *const dt__transport_names[];
+
 #endif /* DT_COMM_H */

@@ -18,6 +18,10 @@
 
 /* ---- transports -------------------------------------------------------- */
 
+/* What a job may ask for (dist.transport, DTRAIN_TRANSPORT, dt_job_config);
+ * index = enum dt_dist_transport. "auto" is resolved by the launcher. */
+const char *const dt__transport_names[] = {"auto", "shm", "tcp", "mpi", NULL};
+
 const struct dt_transport_ops *dt__transport_find(const char *name) {
   if (!name) return NULL;
   if (!strcmp(name, "tcp")) return &dt__transport_tcp;

@@ -196,4 +196,9 @@ void dt_sha256_hex(const void *buf, size_t len, char out[65]);
 /* n bytes as 2n lowercase hex digits plus NUL (out holds 2n + 1 chars). */
 void dt_hex(const uint8_t *bytes, size_t n, char *out);
 
+/* Enum name tables (NULL-terminated, index = value): the value of name s, or
+ * -1; the name of value v, or "?" when out of range (never NULL). */
+int dt__enum_parse(const char *const *names, const char *s);
+const char *dt__enum_name(const char *const *names, int v);
+
 #endif /* DT_CORE_H */

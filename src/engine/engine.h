@@ -27,4 +27,13 @@ int dt_mkdirs(const char *path);
  * directory. */
 int dt_write_file_atomic(const char *path, const void *data, size_t len);
 
+/* The names of the run configuration's enums, index = value, NULL-terminated:
+ * data.format, optim.name, schedule.kind, dist.reduce (dist.transport:
+ * dt__transport_names in comm/comm.h). The one table each: the config
+ * parser and the records read these, through dt__enum_parse/_name. */
+extern const char *const dt__format_names[];
+extern const char *const dt__optim_names[];
+extern const char *const dt__sched_names[];
+extern const char *const dt__reduce_names[];
+
 #endif /* DT_ENGINE_H */

@@ -17,7 +17,6 @@
 #include "engine/engine_int.h"
 #include "tensor/tensor.h"
 
-static const char *const fmt_name[] = {"idx", "csv", "npy"};
 
 int dt__records_open(dt_records *r, const char *dir, const char *config_text) {
   memset(r, 0, sizeof *r);
@@ -139,7 +138,7 @@ int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary 
   char seed[32];
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)e->cfg.seed);
   cJSON_AddRawToObject(o, "seed", seed);
-  cJSON_AddStringToObject(o, "data_format", fmt_name[e->cfg.format]);
+  cJSON_AddStringToObject(o, "data_format", dt__enum_name(dt__format_names, e->cfg.format));
   cJSON_AddNumberToObject(o, "train_set", (double)e->train.n);
   cJSON_AddNumberToObject(o, "test_set", (double)e->test.n);
   double sent = 0, recv = 0, comm_s = 0, comp_s = 0, hidden = 0;

@@ -1,12 +1,21 @@
 /*
  * run_cfg.c — the defaults of a run (docs/config.md lists them): the
- * 2-conv CNN on Fashion-MNIST with SGD momentum and a cosine schedule. Kept
+ * 2-conv CNN on Fashion-MNIST with SGD momentum and a cosine schedule —
+ * and the one place the names of the run configuration's enums live (the
+ * config parser, the records and the launcher all read these tables). Kept
  * apart from the training loop so the config parser can use it alone.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "engine/engine.h"
+
+/* Index = enum value; NULL-terminated so parsers can walk them. The
+ * transport names live with the transports (comm.h: dt__transport_names). */
+const char *const dt__format_names[] = {"idx", "csv", "npy", NULL};
+const char *const dt__optim_names[] = {"sgd", "adamw", NULL};
+const char *const dt__sched_names[] = {"constant", "step", "cosine", NULL};
+const char *const dt__reduce_names[] = {"avg", "sum", NULL};
 
 void dt_run_cfg_defaults(dt_run_cfg *c) {
   if (!c) return;

@@ -191,7 +191,7 @@ int dt_job_from_env(dt_job **out, const struct dt_job_config *cfg) {
     return dt__seterr(DT_ENOENT, "job: no external launcher in the environment (none of "
                       "OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID with SLURM_STEP_ID is set)");
   const char *t = cfg->transport;
-  if (t && *t && strcmp(t, "auto") && strcmp(t, "shm") && strcmp(t, "tcp") && strcmp(t, "mpi"))
+  if (t && *t && dt__enum_parse(dt__transport_names, t) < 0)
     return dt__seterr(DT_EINVAL, "job: transport '%s': expects auto, shm, tcp or mpi", t);
   dt_job *j;
   int rc;

@@ -88,6 +88,21 @@ static void test_crc32c(void **state) {
   assert_int_equal(dt_crc32c(c, "56789", 5), 0xE3069283u);
 }
 
+static void test_enum_names(void **state) {
+  (void)state;
+  static const char *const names[] = {"auto", "shm", "tcp", NULL};
+  assert_int_equal(dt__enum_parse(names, "auto"), 0);
+  assert_int_equal(dt__enum_parse(names, "tcp"), 2);
+  assert_int_equal(dt__enum_parse(names, "TCP"), -1);
+  assert_int_equal(dt__enum_parse(names, ""), -1);
+  assert_int_equal(dt__enum_parse(names, NULL), -1);
+  assert_int_equal(dt__enum_parse(NULL, "tcp"), -1);
+  assert_string_equal(dt__enum_name(names, 1), "shm");
+  assert_string_equal(dt__enum_name(names, 3), "?");
+  assert_string_equal(dt__enum_name(names, -1), "?");
+  assert_string_equal(dt__enum_name(NULL, 0), "?");
+}
+
 static void test_alloc_aligned(void **state) {
   (void)state;
   for (size_t n = 0; n < 200; n += 37) {
@@ -103,7 +118,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_strerror),          cmocka_unit_test(test_philox_known_answer),
       cmocka_unit_test(test_uniform_deterministic), cmocka_unit_test(test_permutation),
-      cmocka_unit_test(test_crc32c),            cmocka_unit_test(test_alloc_aligned),
+      cmocka_unit_test(test_crc32c),            cmocka_unit_test(test_alloc_aligned), cmocka_unit_test(test_enum_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
