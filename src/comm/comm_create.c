@@ -275,6 +275,18 @@ int dt_comm_create(dt_comm **out, dt_store *store, const struct dt_comm_config *
     if (dt_algo_parse(env_algo, &a) == DT_OK) c->algo = a;
     else DT_LOG_WARN("DTRAIN_ALGO=%s is not an algorithm; using auto", env_algo);
   }
+  /* Creation ends together: without this barrier a rank that connected to
+   * everyone could return, finish its work and close its connections while
+   * a peer was still waiting for it in the loop above, which then saw a
+   * connection that had come and gone and waited out the deadline (the
+   * CI failure of test_p2p with 3 tcp ranks, rank 2 idle in the body). */
+  rc = dt_comm_barrier(c);
+  if (rc < 0) {
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", dt_errmsg());
+    dt_comm_destroy(c);
+    return dt__seterr(rc, "comm: rank %d: creation barrier: %s", rank, saved);
+  }
   *out = c;
   return DT_OK;
 fail:

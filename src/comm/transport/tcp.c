@@ -872,7 +872,15 @@ static int tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64
   double retry_at = 0;
   int sheds = 0; /* dials closed before the greeting, retried with backoff */
   for (;;) {
-    if (x->ep[peer->rank] && !x->ep[peer->rank]->dead) break;
+    if (x->ep[peer->rank]) {
+      if (!x->ep[peer->rank]->dead) break;
+      /* connected, then gone: a rank connects once per communicator, so
+       * waiting longer cannot help */
+      rc = DT_EPEERLOST;
+      snprintf(err, DT_TP_ERR_MAX, "rank %d connected, then closed the connection during setup",
+               peer->rank);
+      break;
+    }
     if (atomic_load(&x->abort_rc)) {
       rc = atomic_load(&x->abort_rc);
       snprintf(err, DT_TP_ERR_MAX, "%s", x->abort_msg);
