@@ -38,7 +38,11 @@ shm_left() { # /dev/shm names created by one of the pids
     ls /dev/shm 2>/dev/null | grep -E "^dtshm-[0-9a-f]+-[0-9]+-$p-|^dtrain-win-$p-"
   done
 }
-rdzv_before=$(ls -d /tmp/dtrain-rdzv-* 2>/dev/null | sort)
+# Rendezvous directories go to a private DTRAIN_RDZV_DIR: other tests that
+# run at the same time create and remove their own in /tmp, which made a
+# before/after listing of /tmp fail this test in a CI dry run.
+export DTRAIN_RDZV_DIR="$T/rdzv"
+mkdir -p "$DTRAIN_RDZV_DIR"
 
 # start NAME ARGS... — runs dtrain ARGS in a new session; sets L (its pid =
 # its session id) and W (worker pids) once an epoch record exists.
@@ -144,6 +148,6 @@ if start launch launch --nproc-per-node 2 -- train "$CFG" --set train.epochs=100
   finish_case launch 143 '^dtrain: interrupted by SIGTERM: stopped 2 workers'
 fi
 
-rdzv_after=$(ls -d /tmp/dtrain-rdzv-* 2>/dev/null | sort)
-[ "$rdzv_before" = "$rdzv_after" ] && pass || fail "rendezvous directories appeared in /tmp: $rdzv_after"
+rdzv_after=$(ls -A "$DTRAIN_RDZV_DIR" 2>/dev/null)
+[ -z "$rdzv_after" ] && pass || fail "rendezvous directories left behind: $rdzv_after"
 finish
