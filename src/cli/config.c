@@ -308,6 +308,8 @@ typedef struct pstate {
   const char *p, *end;
   int line;          /* line number of the line last handed to libinih */
   int cont;          /* that line is indented (a continuation for libinih) */
+  int keyed;         /* a key was set since the last section header: libinih
+                        continues only a previous key of the same section */
   int failed;        /* an error was recorded; stop */
   int fail_line;     /* the line of that error */
   int seen[DT_CONFIG_MAX_KEYS]; /* line where each key was set in this text */
@@ -354,6 +356,7 @@ static char *reader(char *str, int num, void *stream) {
   /* Section headers are checked here so that an unknown empty section is
    * an error too (libinih does not report empty sections). */
   if (*t == '[') {
+    s->keyed = 0;
     const char *close = strchr(t, ']');
     if (close) {
       char name[64];
@@ -384,7 +387,12 @@ static int handler(void *user, const char *section, const char *name, const char
     section_keys(section, known, sizeof known);
     return fail_at(s, "unknown key '%s' in [%s] (known: %s)", name, section, known);
   }
-  if (s->cont) {
+  /* An indented line right after a section header (or at the top) is a
+   * key of its own for libinih, not a continuation (found by the fuzzer:
+   * such a 'layers = ...' line was appended to the default spec). */
+  const int cont = s->cont && s->keyed;
+  s->keyed = 1;
+  if (cont) {
     /* libinih hands an indented line to the previous key. */
     if (keys[k].type != K_SPEC)
       return fail_at(s, "unexpected indented line (only model.layers may continue on "

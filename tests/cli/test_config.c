@@ -195,6 +195,20 @@ static void test_empty_and_crlf(void **state) {
   assert_int_equal(c.run.batch, 7);
 }
 
+/* An indented line right after a section header is a key of its own (as
+ * libinih reads it), not a continuation of the default spec (fuzzer find). */
+static void test_indented_first_key(void **state) {
+  (void)state;
+  dt_config c;
+  assert_int_equal(parse(&c, "[model]\n\t\tlayers = linear(10)\n"), DT_OK);
+  assert_string_equal(c.run.layers, "linear(10)");
+  assert_int_equal(parse(&c, "[model]\n\t\tlayers =; fa\n"), DT_EINVAL);
+  assert_non_null(strstr(dt_errmsg(), "t.ini:2"));
+  /* a real continuation still continues */
+  assert_int_equal(parse(&c, "[model]\nlayers = flatten\n  linear(10)\n"), DT_OK);
+  assert_string_equal(c.run.layers, "flatten linear(10)");
+}
+
 static void test_set(void **state) {
   (void)state;
   dt_config c;
@@ -312,7 +326,7 @@ int main(void) {
       cmocka_unit_test(test_defaults),          cmocka_unit_test(test_full_file),
       cmocka_unit_test(test_unknown_section_and_key), cmocka_unit_test(test_wrong_type),
       cmocka_unit_test(test_out_of_range),      cmocka_unit_test(test_malformed),
-      cmocka_unit_test(test_empty_and_crlf),    cmocka_unit_test(test_set),
+      cmocka_unit_test(test_empty_and_crlf),    cmocka_unit_test(test_indented_first_key), cmocka_unit_test(test_set),
       cmocka_unit_test(test_validate),          cmocka_unit_test(test_load_file),
       cmocka_unit_test(test_dump_roundtrip),
   };
