@@ -79,9 +79,9 @@ static int join(dt_job *j, dt_comm **out) {
       if (rc == DT_OK) cc.token = tok;
     }
   }
+  /* dt_comm_create ends with a barrier: once it returns, everyone has
+   * joined and nobody reads the store again */
   if (rc == DT_OK) rc = dt_comm_create(&c, st, &cc);
-  /* once everyone has joined, nobody reads the store again */
-  if (rc == DT_OK) rc = dt_comm_barrier(c);
   if (rc < 0) {
     rc = dt__preerr(rc, "rank %d (%s %s=%d): joining the job", ew->rank, ew->source,
                     ew->rank_var, ew->rank);

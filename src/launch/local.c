@@ -118,11 +118,10 @@ static void worker_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_f
   dt__job_comm_config(j, rank, &cc);
   dt_store *st = NULL;
   dt_comm *c = NULL;
-  /* the barrier: dt_comm_create can return on a rank before every peer has
-   * finished connecting to it, and a worker function that returns at once
-   * would leave under its peers' feet */
+  /* dt_comm_create ends with a barrier: no worker function starts (and
+   * perhaps returns at once) before every peer has finished connecting */
   if (dt_store_connect(&st, j->rdzv_ip, port, j->token, j->cfg.deadline_s) < 0 ||
-      dt_comm_create(&c, st, &cc) < 0 || dt_comm_barrier(c) < 0) {
+      dt_comm_create(&c, st, &cc) < 0) {
     dt__job_say(j, DT_JOB_ERROR, "rank %d: joining the job: %s", rank, dt_errmsg());
     note_return(order, j->nlocal, r, 1);
     dt_comm_destroy(c);
