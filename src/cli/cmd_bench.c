@@ -7,6 +7,9 @@
  *
  * It measures one host only; across hosts, use `dtrain launch` (later) or
  * mpirun with --transport mpi.
+ *
+ * `dtrain bench compress`: the gradient codecs' speed on one core
+ * (dt_cz_bench, src/comm/compress/bench.c), no job.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -15,6 +18,7 @@
 
 #include "cli/cli.h"
 #include "comm/comm.h"
+#include "comm/compress/compress.h"
 #include "core/core.h"
 
 static void bench_usage(FILE *f) {
@@ -32,7 +36,13 @@ static void bench_usage(FILE *f) {
           "  --dtype D       f32 f64 bf16 f16 i32 i64 (default f32)\n"
           "  --op OP         sum avg min max (default sum)\n"
           "  --timeout S     deadline of every blocking call, seconds (default 60)\n"
-          "Columns as in nccl-tests: busbw = algbw * 2(n-1)/n.\n");
+          "Columns as in nccl-tests: busbw = algbw * 2(n-1)/n.\n"
+          "\n"
+          "usage: dtrain bench compress [--bytes B] [--ratio R] [--seconds S]\n"
+          "Gradient codecs (docs/compress.md) on one core: encode + decode GB/s of f32.\n"
+          "  --bytes B       bucket size (default 4M; suffixes K, M, G)\n"
+          "  --ratio R       topk density (default 0.01)\n"
+          "  --seconds S     time per codec (default 1)\n");
 }
 
 struct bench_args {
@@ -47,13 +57,57 @@ static int run_rank(const struct dt_job_worker *w, void *arg) {
   return rc ? 1 : 0;
 }
 
+static int bench_compress(int argc, char **argv) {
+  uint64_t bytes = 4u << 20;
+  double ratio = 0.01, seconds = 1;
+  for (int i = 2; i < argc; i += 2) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      bench_usage(stdout);
+      return DT_EXIT_OK;
+    }
+    if (!v) {
+      fprintf(stderr, "dtrain bench compress: %s needs a value (try dtrain bench --help)\n", a);
+      return DT_EXIT_USAGE;
+    }
+    char *end;
+    int bad = 0;
+    if (!strcmp(a, "--bytes")) {
+      if (dt__parse_bytes(a, v, (uint64_t)1 << 32, &bytes) < 0) {
+        fprintf(stderr, "dtrain bench compress: %s\n", dt_errmsg());
+        return DT_EXIT_USAGE;
+      }
+      bad = bytes < 64;
+    } else if (!strcmp(a, "--ratio")) {
+      ratio = strtod(v, &end);
+      bad = *end || !(ratio > 0 && ratio <= 1);
+    } else if (!strcmp(a, "--seconds")) {
+      seconds = strtod(v, &end);
+      bad = *end || !(seconds > 0 && seconds <= 600);
+    } else {
+      fprintf(stderr, "dtrain bench compress: unknown option '%s' (try dtrain bench --help)\n", a);
+      return DT_EXIT_USAGE;
+    }
+    if (bad) {
+      fprintf(stderr, "dtrain bench compress: %s: bad value '%s'\n", a, v);
+      return DT_EXIT_USAGE;
+    }
+  }
+  if (dt_cz_bench(stdout, (size_t)(bytes / 4), ratio, seconds) < 0) {
+    fprintf(stderr, "dtrain bench compress: %s\n", dt_errmsg());
+    return DT_EXIT_USAGE;
+  }
+  return DT_EXIT_OK;
+}
+
 int dt__cmd_bench(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     bench_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? DT_EXIT_USAGE : DT_EXIT_OK;
   }
+  if (!strcmp(argv[1], "compress")) return bench_compress(argc, argv);
   if (strcmp(argv[1], "allreduce")) {
-    fprintf(stderr, "dtrain bench: unknown benchmark '%s' (known: allreduce)\n", argv[1]);
+    fprintf(stderr, "dtrain bench: unknown benchmark '%s' (known: allreduce, compress)\n", argv[1]);
     return DT_EXIT_USAGE;
   }
   int n = 2;

@@ -1,0 +1,480 @@
+/*
+ * codec.c — the element-wise codecs of one bucket (fp16, bf16, int8, qsgd,
+ * sign) and the frame header every framed codec shares: encode with the
+ * error-feedback residual fused into the same pass, validate-then-decode
+ * (a frame is checked completely before out is touched), and the
+ * counter-based uniforms of stochastic rounding (Philox4x32-10 over 16
+ * lanes at once, 16 bits per draw).
+ *
+ * Kernels are plain loops the compiler vectorises (the build uses
+ * -march=native); where a loop does not vectorise by itself (f32<->f16,
+ * the sign bit packing) an AVX-512 path sits beside a portable one, chosen
+ * at compile time by __AVX512F__.
+ *
+ * Not here: top-k (topk.c), PowerSGD (powersgd.c), collectives and error
+ * feedback state (reduce.c).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/compress/compress_int.h"
+#include "core/core.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+const char *const dt__codec_names[] = {"none", "fp16", "bf16", "int8", "qsgd",
+                                       "sign", "topk", "powersgd", NULL};
+
+int dt_codec_is_linear(int codec) {
+  return codec == DT_CODEC_FP16 || codec == DT_CODEC_BF16 || codec == DT_CODEC_POWERSGD;
+}
+
+/* ---- counter-based uniforms ------------------------------------------------ */
+
+#define LANES 16
+/* Philox4x32-10 of 16 counters at once (c0 varies, c1..c3 shared); plain
+ * lane loops so the 32x32->64 multiplies vectorise. */
+#if defined(__AVX512F__)
+/* 16 32x32->64 products at once: the even lanes' and the odd lanes'
+ * products, split into low and high words (gcc does not vectorise the
+ * plain loop below: it keeps the 64-bit products scalar). */
+static inline void mulhilo16(__m512i a, __m512i m, __m512i *lo, __m512i *hi) {
+  __m512i pe = _mm512_mul_epu32(a, m);
+  __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+  *lo = _mm512_mask_blend_epi32(0xAAAA, pe, _mm512_slli_epi64(po, 32));
+  *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);
+}
+
+static void philox16(uint32_t k0, uint32_t k1, uint32_t c0base, uint32_t c1, uint32_t c2,
+                     uint32_t c3, uint32_t out[4][LANES]) {
+  __m512i x0 = _mm512_add_epi32(_mm512_set1_epi32((int)c0base),
+                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  __m512i x1 = _mm512_set1_epi32((int)c1), x2 = _mm512_set1_epi32((int)c2),
+          x3 = _mm512_set1_epi32((int)c3);
+  const __m512i m0 = _mm512_set1_epi32((int)0xD2511F53u), m1 = _mm512_set1_epi32((int)0xCD9E8D57u);
+  for (int r = 0; r < 10; r++) {
+    __m512i lo0, hi0, lo1, hi1;
+    mulhilo16(x0, m0, &lo0, &hi0);
+    mulhilo16(x2, m1, &lo1, &hi1);
+    __m512i y0 = _mm512_xor_si512(_mm512_xor_si512(hi1, x1), _mm512_set1_epi32((int)k0));
+    __m512i y2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x3), _mm512_set1_epi32((int)k1));
+    x1 = lo1;
+    x3 = lo0;
+    x0 = y0;
+    x2 = y2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  _mm512_storeu_si512(out[0], x0);
+  _mm512_storeu_si512(out[1], x1);
+  _mm512_storeu_si512(out[2], x2);
+  _mm512_storeu_si512(out[3], x3);
+}
+#else
+static void philox16(uint32_t k0, uint32_t k1, uint32_t c0base, uint32_t c1, uint32_t c2,
+                     uint32_t c3, uint32_t out[4][LANES]) {
+  uint32_t x0[LANES], x1[LANES], x2[LANES], x3[LANES];
+  for (int l = 0; l < LANES; l++) {
+    x0[l] = c0base + (uint32_t)l;
+    x1[l] = c1;
+    x2[l] = c2;
+    x3[l] = c3;
+  }
+  for (int r = 0; r < 10; r++) {
+    for (int l = 0; l < LANES; l++) {
+      uint64_t p0 = (uint64_t)0xD2511F53u * x0[l];
+      uint64_t p1 = (uint64_t)0xCD9E8D57u * x2[l];
+      uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1[l] ^ k0;
+      uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3[l] ^ k1;
+      x1[l] = (uint32_t)p1;
+      x3[l] = (uint32_t)p0;
+      x0[l] = y0;
+      x2[l] = y2;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  for (int l = 0; l < LANES; l++) {
+    out[0][l] = x0[l];
+    out[1][l] = x1[l];
+    out[2][l] = x2[l];
+    out[3][l] = x3[l];
+  }
+}
+#endif
+
+/* One block = 128 uniforms (16 lanes x 4 words x 2 halves). */
+#define UBLOCK 128
+static void uniform_block(dt_cz_rng rng, uint64_t block, float u[UBLOCK]) {
+  uint32_t o[4][LANES];
+  uint32_t k0 = (uint32_t)rng.seed, k1 = (uint32_t)(rng.seed >> 32) ^ 0x637a0000u;
+  philox16(k0, k1, (uint32_t)(block * LANES),
+           (uint32_t)(block >> 28) + ((uint32_t)(rng.stream >> 32) << 12), (uint32_t)rng.step,
+           (uint32_t)rng.stream ^ (uint32_t)(rng.step >> 32) * 0x9E3779B9u, o);
+  const float s = 1.0f / 65536.0f;
+  for (int w = 0; w < 4; w++)
+    for (int l = 0; l < LANES; l++) {
+      u[w * 32 + l] = (float)(o[w][l] & 0xffffu) * s + 0.5f * s;
+      u[w * 32 + LANES + l] = (float)(o[w][l] >> 16) * s + 0.5f * s;
+    }
+}
+
+void dt__cz_uniform(dt_cz_rng rng, size_t first, float *u, size_t n) {
+  float blk[UBLOCK];
+  size_t i = 0;
+  while (i < n) {
+    size_t e = first + i;
+    uint64_t b = e / UBLOCK;
+    size_t at = e % UBLOCK, m = UBLOCK - at;
+    if (m > n - i) m = n - i;
+    uniform_block(rng, b, blk);
+    memcpy(u + i, blk + at, m * sizeof *u);
+    i += m;
+  }
+}
+
+/* ---- headers ------------------------------------------------------------- */
+
+size_t dt_cz_frame_bytes(int codec, size_t n, size_t k) {
+  size_t p = 0;
+  switch (codec) {
+  case DT_CODEC_FP16:
+  case DT_CODEC_BF16: p = 2 * n; break;
+  case DT_CODEC_INT8:
+  case DT_CODEC_QSGD: p = n; break;
+  case DT_CODEC_SIGN: p = (n + 7) / 8; break;
+  case DT_CODEC_TOPK: p = 8 * k; break;
+  default: return 0;
+  }
+  return (DT_CZ_HDR_LEN + p + 7) & ~(size_t)7;
+}
+
+void dt__cz_put_hdr(void *frame, int codec, int levels, int flags, size_t n, size_t k, float scale) {
+  dt_cz_hdr h = {DT_CZ_MAGIC, (uint8_t)codec, DT_CZ_VERSION, (uint8_t)levels, (uint8_t)flags,
+                 (uint32_t)n, (uint32_t)k, scale, 0};
+  memcpy(frame, &h, sizeof h);
+}
+
+int dt__cz_check_hdr(int codec, const void *frame, size_t bytes, size_t n, dt_cz_hdr *h) {
+  if (!frame || bytes < DT_CZ_HDR_LEN)
+    return dt__seterr(DT_ECORRUPT, "compressed frame: %zu bytes, shorter than its %d-byte header",
+                      bytes, DT_CZ_HDR_LEN);
+  memcpy(h, frame, sizeof *h);
+  if (h->magic != DT_CZ_MAGIC)
+    return dt__seterr(DT_ECORRUPT, "compressed frame: bad magic 0x%08x", h->magic);
+  if (h->version != DT_CZ_VERSION)
+    return dt__seterr(DT_ECORRUPT, "compressed frame: version %u, expected %d", h->version,
+                      DT_CZ_VERSION);
+  if (h->codec != codec)
+    return dt__seterr(DT_ECORRUPT, "compressed frame: codec %u ('%s'), expected '%s'", h->codec,
+                      h->codec < DT_CODEC_COUNT ? dt__codec_names[h->codec] : "?",
+                      codec >= 0 && codec < DT_CODEC_COUNT ? dt__codec_names[codec] : "?");
+  if ((h->flags & ~DT_CZ_FLAG_NONFINITE) || h->reserved)
+    return dt__seterr(DT_ECORRUPT, "compressed frame: unknown flags 0x%02x / reserved 0x%x",
+                      h->flags, h->reserved);
+  if (h->n != n)
+    return dt__seterr(DT_ECORRUPT, "compressed frame: %u values, the bucket holds %zu", h->n, n);
+  if (codec == DT_CODEC_TOPK) {
+    if (h->k > n)
+      return dt__seterr(DT_ECORRUPT, "compressed frame: %u entries beyond the bucket of %zu "
+                        "values", h->k, n);
+  } else if (h->k != n) {
+    return dt__seterr(DT_ECORRUPT, "compressed frame: %u entries, expected %zu", h->k, n);
+  }
+  if (codec == DT_CODEC_QSGD && (h->levels < 1 || h->levels > 127))
+    return dt__seterr(DT_ECORRUPT, "compressed frame: qsgd levels %u outside 1..127", h->levels);
+  if (h->scale < 0)
+    return dt__seterr(DT_ECORRUPT, "compressed frame: negative scale %g", (double)h->scale);
+  size_t need = dt_cz_frame_bytes(codec, n, h->k);
+  if (bytes < need)
+    return dt__seterr(DT_ECORRUPT, "compressed frame: %zu bytes, its header needs %zu (truncated)",
+                      bytes, need);
+  return DT_OK;
+}
+
+/* ---- fp16 / bf16 --------------------------------------------------------- */
+
+void dt__cz_to_f16(const float *restrict x, uint16_t *restrict h, float *resid, size_t n) {
+  size_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    __m256i p = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256((__m256i *)(h + i), p);
+    if (resid) _mm512_storeu_ps(resid + i, _mm512_sub_ps(v, _mm512_cvtph_ps(p)));
+  }
+#endif
+  for (; i < n; i++) {
+    h[i] = dt_f32_to_f16(x[i]);
+    if (resid) resid[i] = x[i] - dt_f16_to_f32(h[i]);
+  }
+}
+
+void dt__cz_from_f16(const uint16_t *restrict h, float *restrict out, size_t n, int add) {
+  size_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i)));
+    if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(out + i));
+    _mm512_storeu_ps(out + i, v);
+  }
+#endif
+  for (; i < n; i++) out[i] = (add ? out[i] : 0.0f) + dt_f16_to_f32(h[i]);
+}
+
+static inline uint16_t bf16_of(uint32_t b) {
+  uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  uint32_t nan = (b >> 16) | 0x40u;
+  return (uint16_t)((b & 0x7fffffffu) > 0x7f800000u ? nan : r);
+}
+
+void dt__cz_to_bf16(const float *restrict x, uint16_t *restrict h, float *resid, size_t n) {
+  const uint32_t *xb = (const uint32_t *)x;
+  for (size_t i = 0; i < n; i++) h[i] = bf16_of(xb[i]);
+  if (resid)
+    for (size_t i = 0; i < n; i++) {
+      uint32_t b = (uint32_t)h[i] << 16;
+      float f;
+      memcpy(&f, &b, 4);
+      resid[i] = x[i] - f;
+    }
+}
+
+void dt__cz_from_bf16(const uint16_t *restrict h, float *restrict out, size_t n, int add) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t b = (uint32_t)h[i] << 16;
+    float f;
+    memcpy(&f, &b, 4);
+    out[i] = (add ? out[i] : 0.0f) + f;
+  }
+}
+
+/* ---- int8 / qsgd --------------------------------------------------------- */
+
+/* 16 lane accumulators: a plain max-reduction loop does not vectorise
+ * (NaN ordering), a fixed set of lanes does. */
+static float maxabs(const float *restrict x, size_t n) {
+  float acc[16] = {0};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; l++) {
+      float a = fabsf(x[i + l]);
+      acc[l] = a > acc[l] ? a : acc[l];
+    }
+  float m = 0;
+  for (int l = 0; l < 16; l++) m = acc[l] > m ? acc[l] : m;
+  for (; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+  return m;
+}
+
+static double sumsq(const float *restrict x, size_t n) {
+  float acc[16] = {0};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; l++) acc[l] += x[i + l] * x[i + l];
+  double s = 0;
+  for (int l = 0; l < 16; l++) s += acc[l];
+  for (; i < n; i++) s += (double)x[i] * x[i];
+  return s;
+}
+
+/* Any Inf or NaN: x * 0 is NaN exactly for those, and NaN survives sums. */
+static int nonfinite(const float *restrict x, size_t n) {
+  float acc[16] = {0};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; l++) acc[l] += x[i + l] * 0.0f;
+  float s = 0;
+  for (int l = 0; l < 16; l++) s += acc[l];
+  for (; i < n; i++) s += x[i] * 0.0f;
+  return s != s;
+}
+
+/* q[i] = stochastic round of x[i] * inv (|q| <= lim); resid = x - q*step. */
+static void quantize(const float *restrict x, int8_t *restrict q, float *resid, size_t n,
+                     float inv, float step, float lim, dt_cz_rng rng, int magnitude) {
+  float u[UBLOCK];
+  for (size_t b = 0; b * UBLOCK < n; b++) {
+    size_t lo = b * UBLOCK, m = n - lo < UBLOCK ? n - lo : UBLOCK;
+    uniform_block(rng, b, u);
+    const float *restrict xs = x + lo;
+    int8_t *restrict qs = q + lo;
+    float *rs = resid ? resid + lo : NULL;
+#if defined(__AVX512F__)
+    /* gcc leaves this loop scalar (the float -> int8 narrowing) */
+    if (m == UBLOCK) {
+      const __m512 vinv = _mm512_set1_ps(inv), vlim = _mm512_set1_ps(lim),
+                   vnlim = _mm512_set1_ps(-lim), vstep = _mm512_set1_ps(step);
+      const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+      for (size_t i = 0; i < UBLOCK; i += 16) {
+        __m512 v = _mm512_loadu_ps(xs + i), l;
+        if (magnitude) {
+          __m512 a = _mm512_abs_ps(v);
+          l = _mm512_roundscale_ps(_mm512_fmadd_ps(a, vinv, _mm512_loadu_ps(u + i)),
+                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+          l = _mm512_min_ps(l, vlim);
+          l = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(l),
+                                                  _mm512_and_si512(_mm512_castps_si512(v), sign)));
+        } else {
+          l = _mm512_roundscale_ps(_mm512_fmadd_ps(v, vinv, _mm512_loadu_ps(u + i)),
+                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+          l = _mm512_max_ps(_mm512_min_ps(l, vlim), vnlim);
+        }
+        _mm_storeu_si128((__m128i *)(qs + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(l)));
+        if (rs) _mm512_storeu_ps(rs + i, _mm512_fnmadd_ps(l, vstep, v));
+      }
+      continue;
+    }
+#endif
+    if (magnitude) {
+      /* qsgd: the magnitude is rounded, the sign kept */
+      for (size_t i = 0; i < m; i++) {
+        float l = floorf(fabsf(xs[i]) * inv + u[i]);
+        l = l > lim ? lim : l;
+        qs[i] = (int8_t)(int)copysignf(l, xs[i]);
+      }
+    } else {
+      for (size_t i = 0; i < m; i++) {
+        float l = floorf(xs[i] * inv + u[i]);
+        l = l > lim ? lim : l < -lim ? -lim : l;
+        qs[i] = (int8_t)(int)l;
+      }
+    }
+    if (rs)
+      for (size_t i = 0; i < m; i++) rs[i] = xs[i] - (float)qs[i] * step;
+  }
+}
+
+static void dequantize_add(const int8_t *restrict q, float *restrict out, size_t n, float step) {
+  for (size_t i = 0; i < n; i++) out[i] += (float)q[i] * step;
+}
+
+/* ---- sign ---------------------------------------------------------------- */
+
+static void sign_pack(const float *restrict x, uint8_t *restrict bits, float *resid, size_t n,
+                      float s) {
+  size_t i = 0;
+#if defined(__AVX512F__)
+  __m512 zero = _mm512_setzero_ps(), ps = _mm512_set1_ps(s), ns = _mm512_set1_ps(-s);
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    __mmask16 m = _mm512_cmp_ps_mask(v, zero, _CMP_GE_OQ);
+    bits[i / 8] = (uint8_t)m;
+    bits[i / 8 + 1] = (uint8_t)(m >> 8);
+    if (resid) _mm512_storeu_ps(resid + i, _mm512_sub_ps(v, _mm512_mask_blend_ps(m, ns, ps)));
+  }
+#endif
+  for (; i < n; i += 8) {
+    size_t m = n - i < 8 ? n - i : 8;
+    uint8_t b = 0;
+    for (size_t j = 0; j < m; j++) {
+      int pos = x[i + j] >= 0;
+      b |= (uint8_t)(pos << j);
+      if (resid) resid[i + j] = x[i + j] - (pos ? s : -s);
+    }
+    bits[i / 8] = b;
+  }
+}
+
+static void sign_unpack_add(const uint8_t *restrict bits, float *restrict out, size_t n, float s) {
+  size_t i = 0;
+#if defined(__AVX512F__)
+  __m512 ps = _mm512_set1_ps(s), ns = _mm512_set1_ps(-s);
+  for (; i + 16 <= n; i += 16) {
+    __mmask16 m = (__mmask16)(bits[i / 8] | (unsigned)bits[i / 8 + 1] << 8);
+    _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(out + i), _mm512_mask_blend_ps(m, ns, ps)));
+  }
+#endif
+  for (; i < n; i++) out[i] += (bits[i / 8] >> (i % 8)) & 1 ? s : -s;
+}
+
+/* ---- encode / decode ------------------------------------------------------ */
+
+int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_cz_rng rng,
+                 void *frame, float *resid) {
+  if (!x || !frame || n == 0 || n > UINT32_MAX)
+    return dt__seterr(DT_EINVAL, "compress encode: bad arguments (n = %zu)", n);
+  uint8_t *p = (uint8_t *)frame + DT_CZ_HDR_LEN;
+  int flags = nonfinite(x, n) ? DT_CZ_FLAG_NONFINITE : 0;
+  switch (codec) {
+  case DT_CODEC_FP16:
+    dt__cz_put_hdr(frame, codec, 0, 0, n, n, 1.0f);
+    dt__cz_to_f16(x, (uint16_t *)p, resid, n);
+    return DT_OK;
+  case DT_CODEC_BF16:
+    dt__cz_put_hdr(frame, codec, 0, 0, n, n, 1.0f);
+    dt__cz_to_bf16(x, (uint16_t *)p, resid, n);
+    return DT_OK;
+  case DT_CODEC_INT8: {
+    float m = flags ? 0 : maxabs(x, n);
+    float step = m / 127.0f;
+    dt__cz_put_hdr(frame, codec, 0, flags, n, n, step);
+    if (step > 0 && isfinite(127.0f / m)) {
+      quantize(x, (int8_t *)p, resid, n, 127.0f / m, step, 127.0f, rng, 0);
+    } else {
+      memset(p, 0, n);
+      if (resid && resid != x) memcpy(resid, x, n * sizeof *x);
+    }
+    return DT_OK;
+  }
+  case DT_CODEC_QSGD: {
+    if (levels < 1 || levels > 127)
+      return dt__seterr(DT_EINVAL, "dist.qsgd_levels = %d: must be 1..127", levels);
+    double norm = flags ? 0 : sqrt(sumsq(x, n));
+    float step = (float)(norm / levels);
+    dt__cz_put_hdr(frame, codec, levels, flags, n, n, step);
+    if (step > 0 && isfinite(1.0f / step)) {
+      quantize(x, (int8_t *)p, resid, n, 1.0f / step, step, (float)levels, rng, 1);
+    } else {
+      memset(p, 0, n);
+      if (resid && resid != x) memcpy(resid, x, n * sizeof *x);
+    }
+    return DT_OK;
+  }
+  case DT_CODEC_SIGN: {
+    float s = 0;
+    if (!flags) {
+      float acc[16] = {0};
+      size_t i = 0;
+      for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += fabsf(x[i + l]);
+      double t = 0;
+      for (int l = 0; l < 16; l++) t += acc[l];
+      for (; i < n; i++) t += fabsf(x[i]);
+      s = (float)(t / (double)n);
+    }
+    dt__cz_put_hdr(frame, codec, 0, flags, n, n, s);
+    sign_pack(x, p, resid, n, s);
+    return DT_OK;
+  }
+  case DT_CODEC_TOPK:
+    return dt__cz_topk_encode(x, n, k, rng, frame, resid, flags);
+  default:
+    return dt__seterr(DT_EINVAL, "compress encode: codec %d has no frames", codec);
+  }
+}
+
+int dt_cz_decode_add(int codec, const void *frame, size_t bytes, size_t n, float *out) {
+  dt_cz_hdr h;
+  DT_CHECK(dt__cz_check_hdr(codec, frame, bytes, n, &h));
+  const uint8_t *p = (const uint8_t *)frame + DT_CZ_HDR_LEN;
+  if (h.flags & DT_CZ_FLAG_NONFINITE) {
+    /* the sender's gradient was not finite: so is the sum (the training
+     * loop's divergence check sees it) */
+    for (size_t i = 0; i < n; i++) out[i] += NAN;
+    return DT_OK;
+  }
+  switch (codec) {
+  case DT_CODEC_TOPK: return dt__cz_topk_decode_add(&h, p, out);
+  case DT_CODEC_FP16: dt__cz_from_f16((const uint16_t *)p, out, n, 1); break;
+  case DT_CODEC_BF16: dt__cz_from_bf16((const uint16_t *)p, out, n, 1); break;
+  case DT_CODEC_INT8:
+  case DT_CODEC_QSGD: dequantize_add((const int8_t *)p, out, n, h.scale); break;
+  case DT_CODEC_SIGN: sign_unpack_add(p, out, n, h.scale); break;
+  default: return dt__seterr(DT_EINVAL, "compress decode: codec %d has no frames", codec);
+  }
+  return DT_OK;
+}

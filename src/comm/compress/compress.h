@@ -1,0 +1,157 @@
+/*
+ * compress.h — gradient compression for data-parallel synchronisation
+ * (docs/compress.md): codecs that shrink one bucket of f32 gradients for
+ * the wire, error feedback (what a codec did not send is added to the
+ * next step's gradient), and the per-bucket compressed reduction the ddp
+ * layer calls instead of a dense allreduce.
+ *
+ * Codecs, by how they are reduced:
+ *   linear (allreduce):  fp16, bf16 (cast for the wire, summed by the
+ *                        collective), powersgd (low rank: P = MQ and
+ *                        Q = M^T P are allreduced in f32);
+ *   framed (allgather):  int8 (per-bucket scale, stochastic rounding),
+ *                        qsgd (norm-scaled levels, stochastic rounding),
+ *                        sign (scaled sign, 1 bit per value), topk
+ *                        (DGC-style sparsification). Every rank sends one
+ *                        fixed-size frame; every rank decodes all frames
+ *                        in rank order, so all ranks end with the same bits.
+ * Randomness (stochastic rounding, top-k sampling, PowerSGD's first Q) is
+ * counter-based: keyed by (seed, step, bucket offset, rank), so a run is
+ * reproducible for a fixed worker count.
+ *
+ * Frames (compressed data crossing the network) are validated before a
+ * single value is used: a bad frame is DT_ECORRUPT with a message naming
+ * the field, never a wild write (tests/fuzz/fuzz_comm_compress.c).
+ *
+ * Not here: the choice of buckets (parallel/ddp.c), the transports, and
+ * the decision to compress at all (dt__compress_pays: compression is left
+ * off on one host unless forced).
+ */
+#ifndef DT_COMM_COMPRESS_H
+#define DT_COMM_COMPRESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+
+typedef enum dt_codec {
+  DT_CODEC_NONE,
+  DT_CODEC_FP16,
+  DT_CODEC_BF16,
+  DT_CODEC_INT8,
+  DT_CODEC_QSGD,
+  DT_CODEC_SIGN,
+  DT_CODEC_TOPK,
+  DT_CODEC_POWERSGD,
+  DT_CODEC_COUNT
+} dt_codec;
+
+/* "none", "fp16", ... (index = dt_codec, NULL-terminated). */
+extern const char *const dt__codec_names[];
+
+typedef struct dt_compress_cfg {
+  int codec;             /* enum dt_codec (dist.compress) */
+  int error_feedback;    /* dist.error_feedback: keep and re-add the residual */
+  double ratio;          /* topk: fraction of values sent (dist.compress_ratio) */
+  int qsgd_levels;       /* qsgd: levels per sign, 1..127 (dist.qsgd_levels) */
+  int rank;              /* powersgd: rank of the approximation (dist.powersgd_rank) */
+  int warmup_epochs;     /* topk: density 1/4, 1/16, ... over these epochs */
+  int64_t start_step;    /* dense allreduce before this step (dist.compress_start_step) */
+  float clip;            /* local L2 clip of a bucket's gradient, 0 = off */
+  float momentum;        /* topk: DGC momentum correction factor, 0 = off */
+  uint64_t seed;         /* train.seed */
+} dt_compress_cfg;
+#define DT_COMPRESS_CFG_INIT {DT_CODEC_NONE, 1, 0.01, 15, 2, 0, 0, 0.0f, 0.0f, 42}
+
+/* Linear codecs are reduced by allreduce, the others by allgather. */
+int dt_codec_is_linear(int codec);
+
+/* ---- frames (one bucket of one rank) --------------------------------------
+ * Little-endian header, then the payload:
+ *   int8, qsgd: n int8      sign: ceil(n/8) bytes (bit i = value i >= 0)
+ *   topk: k uint32 indices (strictly increasing, < n), then k f32 values
+ *   fp16, bf16: n uint16 (bench and tests; the reduction sends them raw) */
+#define DT_CZ_MAGIC 0x5a43544cu /* "LTCZ" */
+#define DT_CZ_VERSION 1
+#define DT_CZ_HDR_LEN 24
+typedef struct dt_cz_hdr {
+  uint32_t magic;
+  uint8_t codec, version, levels, flags; /* levels: qsgd only; flags: 0 */
+  uint32_t n;                            /* values in the bucket */
+  uint32_t k;                            /* entries: k for topk, n otherwise */
+  float scale;                           /* int8: step; qsgd: norm/levels; sign: mean |x| */
+  uint32_t reserved;                     /* 0 */
+} dt_cz_hdr;
+
+/* Bytes of a frame of codec for n values (k entries for topk), rounded up
+ * to 8 so frames can sit back to back. */
+size_t dt_cz_frame_bytes(int codec, size_t n, size_t k);
+
+/* Encodes x[0..n) into frame (dt_cz_frame_bytes(codec, n, k) bytes). If
+ * resid is not NULL it receives x minus what the frame decodes to (the
+ * error-feedback residual; may alias x). rng = (seed, step, stream id):
+ * the stochastic rounding of int8/qsgd, the threshold sample of topk.
+ * topk sends exactly k = the frame's entry count (1 <= k <= n). */
+typedef struct dt_cz_rng { uint64_t seed, step, stream; } dt_cz_rng;
+int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_cz_rng rng,
+                 void *frame, float *resid);
+/* Validates a frame (bytes long) for codec and n values and adds what it
+ * encodes to out[0..n). DT_ECORRUPT with a message naming the field (bad
+ * magic, version, codec, n, k beyond the bucket, an index out of range or
+ * out of order, a non-finite scale or value, a truncated frame); out is
+ * untouched then. */
+int dt_cz_decode_add(int codec, const void *frame, size_t bytes, size_t n, float *out);
+
+/* Counter-based uniform draws in [0,1) for stochastic rounding: u[i] for
+ * element `first + i` of stream (rng). Exposed for tests. */
+void dt__cz_uniform(dt_cz_rng rng, size_t first, float *u, size_t n);
+
+/* ---- PowerSGD pieces (exposed for tests) ---------------------------------- */
+/* Orthonormalises the r columns of p (m x r, row-major) in place: modified
+ * Gram-Schmidt in double, twice. A column with no norm left becomes 0. */
+void dt__cz_orthonormalize(float *p, int m, int r);
+
+/* ---- the compressed reduction of a model's buckets ------------------------ */
+
+typedef struct dt_compress dt_compress;
+
+/* A weight matrix inside the gradient buffer (rows x cols at off, row
+ * major): powersgd compresses these; everything else goes dense. */
+typedef struct dt_cz_matrix { size_t off; int rows, cols; } dt_cz_matrix;
+
+/* A compressor for nparams gradients of rank `rank` of nranks; mats (may be
+ * NULL with nmats 0) are copied. DT_EINVAL naming the key on a bad cfg. */
+int dt_compress_create(dt_compress **out, const dt_compress_cfg *cfg, size_t nparams,
+                       const dt_cz_matrix *mats, int nmats, int rank, int nranks);
+void dt_compress_destroy(dt_compress *z);
+/* The step (0-based optimizer step) and epoch (0-based) that follow. */
+void dt_compress_begin_step(dt_compress *z, int64_t step, int epoch);
+/* Collective over c: g[off .. off+n) of every rank, each scaled by its own
+ * `scale`, is compressed (with error feedback) and summed over ranks; the
+ * sum replaces g's span on every rank, bit-identical everywhere. Spans
+ * passed in one step must not overlap; the same spans come in the same
+ * order on every rank. One caller thread at a time. */
+int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n, float scale);
+
+/* The residual error feedback keeps (nparams floats; NULL without EF). */
+const float *dt_compress_residual(const dt_compress *z);
+
+typedef struct dt_compress_stats {
+  uint64_t bytes_sent;   /* payload this rank contributed to collectives */
+  uint64_t dense_bytes;  /* what 4-byte values would have been */
+  int64_t buckets;       /* reductions done */
+} dt_compress_stats;
+void dt_compress_get_stats(const dt_compress *z, dt_compress_stats *out);
+
+/* `dtrain bench compress`: every framed codec's encode and decode speed on
+ * one core for buckets of n values (topk at ratio), each measured for
+ * about `seconds`; a table to out_file (a FILE *). */
+int dt_cz_bench(void *out_file, size_t n, double ratio, double seconds);
+
+/* Whether compression pays on communicator c: not when every rank shares
+ * one host (memory speed; the tuning rule of docs/compress.md), unless
+ * forced. */
+int dt__compress_pays(const dt_comm *c, int forced);
+
+#endif /* DT_COMM_COMPRESS_H */

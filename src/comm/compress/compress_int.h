@@ -1,0 +1,52 @@
+/*
+ * compress_int.h — what the files of src/comm/compress/ share among
+ * themselves: header helpers, the raw fp16/bf16 kernels, top-k's frame
+ * halves and the compressor's state. Nothing outside this folder includes
+ * it (tests and the benchmark use compress.h).
+ */
+#ifndef DT_COMM_COMPRESS_INT_H
+#define DT_COMM_COMPRESS_INT_H
+
+#include "comm/compress/compress.h"
+
+#define DT_CZ_FLAG_NONFINITE 1 /* the encoded input held Inf/NaN: decode adds NaN */
+
+void dt__cz_put_hdr(void *frame, int codec, int levels, int flags, size_t n, size_t k, float scale);
+int dt__cz_check_hdr(int codec, const void *frame, size_t bytes, size_t n, dt_cz_hdr *h);
+
+/* Raw conversions; resid (may be NULL or alias x) gets x - decoded. */
+void dt__cz_to_f16(const float *x, uint16_t *h, float *resid, size_t n);
+void dt__cz_from_f16(const uint16_t *h, float *out, size_t n, int add);
+void dt__cz_to_bf16(const float *x, uint16_t *h, float *resid, size_t n);
+void dt__cz_from_bf16(const uint16_t *h, float *out, size_t n, int add);
+
+int dt__cz_topk_encode(const float *x, size_t n, size_t k, dt_cz_rng rng, void *frame, float *resid,
+                       int flags);
+int dt__cz_topk_decode_add(const dt_cz_hdr *h, const uint8_t *payload, float *out);
+/* Entries top-k sends for n values at density d (at least 1, at most n). */
+size_t dt__cz_topk_k(size_t n, double density);
+
+struct dt_compress {
+  dt_compress_cfg cfg;
+  size_t nparams;
+  int rank, nranks;
+  float *resid;          /* error feedback: nparams (NULL without EF) */
+  float *mom;            /* topk momentum correction: nparams (NULL without) */
+  float *work;           /* the bucket's gradient plus residual: nparams */
+  uint8_t *frames;       /* allgather: every rank's frame */
+  size_t frames_cap;
+  uint16_t *half;        /* fp16/bf16 wire buffer */
+  size_t half_cap;
+  dt_cz_matrix *mats;    /* powersgd */
+  int nmats;
+  float **q;             /* powersgd: each matrix's Q (cols x rank), warm-started */
+  float *pq;             /* powersgd: P's / Q's and the dense rest of a bucket */
+  size_t pq_cap;
+  int64_t step;
+  int epoch;
+  dt_compress_stats st;
+};
+
+int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n);
+
+#endif /* DT_COMM_COMPRESS_INT_H */

@@ -1,0 +1,255 @@
+/*
+ * reduce.c — the compressor of one model's gradients (dt_compress): per
+ * bucket it forms the value to send (this rank's scaled gradient, clipped
+ * if asked, passed through DGC's local momentum if asked, plus the error
+ * feedback residual), compresses it, runs the collective that suits the
+ * codec (allreduce for fp16/bf16/powersgd, allgather of fixed-size frames
+ * for int8/qsgd/sign/topk), writes the sum over ranks back into the
+ * gradient span and keeps what was not sent as the next residual.
+ *
+ * Error-feedback bookkeeping: residual_after = value - what this rank's
+ * frame decodes to, so over a run sum(sent) + final residual = sum of the
+ * scaled gradients up to rounding (tests/compress/test_compress_ef.c).
+ *
+ * Framed codecs are decoded in rank order on every rank, so the sum has the
+ * same bits everywhere (and run to run: the randomness is keyed by seed,
+ * step, bucket offset and rank).
+ *
+ * Not here: the codecs (codec.c, topk.c, powersgd.c), the buckets
+ * (parallel/ddp.c).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/compress/compress_int.h"
+#include "core/core.h"
+
+static int check_cfg(const dt_compress_cfg *c) {
+  if (c->codec < 0 || c->codec >= DT_CODEC_COUNT)
+    return dt__seterr(DT_EINVAL, "dist.compress = %d: unknown codec", c->codec);
+  if (c->codec == DT_CODEC_TOPK && !(c->ratio > 0 && c->ratio <= 1))
+    return dt__seterr(DT_EINVAL, "dist.compress_ratio = %g: must be in (0, 1]", c->ratio);
+  if (c->codec == DT_CODEC_QSGD && (c->qsgd_levels < 1 || c->qsgd_levels > 127))
+    return dt__seterr(DT_EINVAL, "dist.qsgd_levels = %d: must be 1..127", c->qsgd_levels);
+  if (c->codec == DT_CODEC_POWERSGD && (c->rank < 1 || c->rank > 64))
+    return dt__seterr(DT_EINVAL, "dist.powersgd_rank = %d: must be 1..64", c->rank);
+  if (!(c->clip >= 0) || !isfinite(c->clip))
+    return dt__seterr(DT_EINVAL, "dist.compress_clip = %g: must be >= 0", (double)c->clip);
+  if (!(c->momentum >= 0 && c->momentum < 1))
+    return dt__seterr(DT_EINVAL, "dist.compress_momentum = %g: must be in [0, 1)",
+                      (double)c->momentum);
+  if (c->momentum > 0 && c->codec != DT_CODEC_TOPK)
+    return dt__seterr(DT_EINVAL, "dist.compress_momentum = %g: momentum correction belongs to "
+                      "dist.compress = topk (it is '%s')", (double)c->momentum,
+                      dt__codec_names[c->codec]);
+  if (c->warmup_epochs < 0 || c->start_step < 0)
+    return dt__seterr(DT_EINVAL, "dist.compress_warmup_epochs / dist.compress_start_step must "
+                      "be >= 0");
+  return DT_OK;
+}
+
+int dt_compress_create(dt_compress **out, const dt_compress_cfg *cfg, size_t nparams,
+                       const dt_cz_matrix *mats, int nmats, int rank, int nranks) {
+  if (!out || !cfg || nranks < 1 || rank < 0 || rank >= nranks || nmats < 0 || (nmats && !mats))
+    return dt__seterr(DT_EINVAL, "compress: bad arguments (rank %d of %d)", rank, nranks);
+  *out = NULL;
+  DT_CHECK(check_cfg(cfg));
+  dt_compress *z = calloc(1, sizeof *z);
+  if (!z) return dt__seterr(DT_ENOMEM, "compress: out of memory");
+  z->cfg = *cfg;
+  z->nparams = nparams;
+  z->rank = rank;
+  z->nranks = nranks;
+  size_t np = nparams ? nparams : 1;
+  int fail = 0;
+  z->work = malloc(np * sizeof *z->work);
+  fail |= !z->work;
+  if (cfg->error_feedback && cfg->codec != DT_CODEC_NONE) {
+    z->resid = calloc(np, sizeof *z->resid);
+    fail |= !z->resid;
+  }
+  if (cfg->momentum > 0) {
+    z->mom = calloc(np, sizeof *z->mom);
+    fail |= !z->mom;
+  }
+  if (cfg->codec == DT_CODEC_POWERSGD && nmats) {
+    z->mats = malloc((size_t)nmats * sizeof *z->mats);
+    z->q = calloc((size_t)nmats, sizeof *z->q);
+    fail |= !z->mats || !z->q;
+    if (!fail) {
+      memcpy(z->mats, mats, (size_t)nmats * sizeof *mats);
+      z->nmats = nmats;
+      for (int i = 0; i < nmats && !fail; i++) {
+        if (mats[i].rows < 1 || mats[i].cols < 1 ||
+            mats[i].off + (size_t)mats[i].rows * (size_t)mats[i].cols > nparams ||
+            (i && mats[i].off < mats[i - 1].off + (size_t)mats[i - 1].rows * mats[i - 1].cols)) {
+          dt_compress_destroy(z);
+          return dt__seterr(DT_EINVAL, "compress: matrix %d (%dx%d at %zu) outside the %zu "
+                            "gradients or overlapping its predecessor", i, mats[i].rows,
+                            mats[i].cols, mats[i].off, nparams);
+        }
+        size_t qn = (size_t)mats[i].cols * (size_t)cfg->rank;
+        z->q[i] = malloc(qn * sizeof(float));
+        fail |= !z->q[i];
+        /* the same first Q on every rank: keyed by seed and matrix only */
+        if (!fail) dt_rng_uniform(z->q[i], qn, -1.0f, 1.0f, cfg->seed, DT_RNG_USER + 8, (uint64_t)i);
+      }
+    }
+  }
+  if (fail) {
+    dt_compress_destroy(z);
+    return dt__seterr(DT_ENOMEM, "compress: out of memory for %zu gradients", nparams);
+  }
+  *out = z;
+  return DT_OK;
+}
+
+void dt_compress_destroy(dt_compress *z) {
+  if (!z) return;
+  for (int i = 0; z->q && i < z->nmats; i++) free(z->q[i]);
+  free(z->q);
+  free(z->mats);
+  free(z->resid);
+  free(z->mom);
+  free(z->work);
+  free(z->frames);
+  free(z->half);
+  free(z->pq);
+  free(z);
+}
+
+void dt_compress_begin_step(dt_compress *z, int64_t step, int epoch) {
+  z->step = step;
+  z->epoch = epoch;
+}
+
+const float *dt_compress_residual(const dt_compress *z) { return z ? z->resid : NULL; }
+
+void dt_compress_get_stats(const dt_compress *z, dt_compress_stats *out) { *out = z->st; }
+
+static int grow(void **p, size_t *cap, size_t bytes) {
+  if (*cap >= bytes) return DT_OK;
+  void *q = realloc(*p, bytes);
+  if (!q) return dt__seterr(DT_ENOMEM, "compress: out of memory for %zu bytes", bytes);
+  *p = q;
+  *cap = bytes;
+  return DT_OK;
+}
+
+/* topk's density this epoch: DGC's warm-up 1/4, 1/16, 1/64, ... over the
+ * first warmup_epochs epochs, never below the configured ratio. */
+static double density(const dt_compress *z) {
+  double d = z->cfg.ratio;
+  if (z->epoch < z->cfg.warmup_epochs) {
+    double w = pow(0.25, z->epoch + 1);
+    if (w > d) d = w;
+  }
+  return d;
+}
+
+static int comm_err(dt_comm *c, int rc, const char *what) {
+  const char *m = dt_comm_errmsg(c);
+  return dt__seterr(rc, "%s: %s", what, m && *m ? m : dt_errmsg());
+}
+
+static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t off, size_t n) {
+  int codec = z->cfg.codec;
+  size_t k = codec == DT_CODEC_TOPK ? dt__cz_topk_k(n, density(z)) : n;
+  size_t fb = dt_cz_frame_bytes(codec, n, k);
+  DT_CHECK(grow((void **)&z->frames, &z->frames_cap, fb * (size_t)(z->nranks + 1)));
+  uint8_t *mine = z->frames + fb * (size_t)z->nranks;
+  memset(mine, 0, fb); /* padding too: every byte on the wire is defined */
+  dt_cz_rng rng = {z->cfg.seed, (uint64_t)z->step, ((uint64_t)z->rank << 32) | (uint32_t)off};
+  float *resid = z->resid ? z->resid + off : NULL;
+  DT_CHECK(dt_cz_encode(codec, w, n, k, z->cfg.qsgd_levels, rng, mine, resid));
+  if (z->mom && z->resid) {
+    /* DGC momentum factor masking: what was sent leaves the velocity too */
+    float *u = z->mom + off;
+    const uint8_t *ix = mine + DT_CZ_HDR_LEN;
+    for (size_t j = 0; j < k; j++) {
+      uint32_t i;
+      memcpy(&i, ix + 4 * j, 4);
+      u[i] = 0;
+    }
+  }
+  int rc = dt_comm_allgather(c, mine, z->frames, fb, DT_U8);
+  if (rc < 0) return comm_err(c, rc, "compressed gradients (allgather)");
+  z->st.bytes_sent += fb;
+  memset(g, 0, n * sizeof *g);
+  for (int r = 0; r < z->nranks; r++) {
+    rc = dt_cz_decode_add(codec, z->frames + fb * (size_t)r, fb, n, g);
+    if (rc < 0) return dt__preerr(rc, "gradient frame of rank %d (bucket at %zu)", r, off);
+  }
+  return DT_OK;
+}
+
+static int reduce_half(dt_compress *z, dt_comm *c, float *g, float *w, size_t off, size_t n) {
+  DT_CHECK(grow((void **)&z->half, &z->half_cap, n * sizeof *z->half));
+  float *resid = z->resid ? z->resid + off : NULL;
+  int bf = z->cfg.codec == DT_CODEC_BF16;
+  if (bf) dt__cz_to_bf16(w, z->half, resid, n);
+  else dt__cz_to_f16(w, z->half, resid, n);
+  int rc = dt_comm_allreduce(c, z->half, z->half, n, bf ? DT_BF16 : DT_F16, DT_OP_SUM);
+  if (rc < 0) return comm_err(c, rc, "compressed gradients (allreduce)");
+  z->st.bytes_sent += 2 * n;
+  if (bf) dt__cz_from_bf16(z->half, g, n, 0);
+  else dt__cz_from_f16(z->half, g, n, 0);
+  return DT_OK;
+}
+
+int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n, float scale) {
+  if (!z || !c || !g || off > z->nparams || n > z->nparams - off)
+    return dt__seterr(DT_EINVAL, "compress: span %zu+%zu outside the %zu gradients", off, n,
+                      z ? z->nparams : 0);
+  if (n == 0) return DT_OK;
+  g += off; /* from here on g is the span */
+  z->st.buckets++;
+  z->st.dense_bytes += 4 * n;
+  if (z->cfg.codec == DT_CODEC_NONE || z->step < z->cfg.start_step) {
+    if (scale != 1.0f)
+      for (size_t i = 0; i < n; i++) g[i] *= scale;
+    int rc = dt_comm_allreduce(c, g, g, n, DT_F32, DT_OP_SUM);
+    if (rc < 0) return comm_err(c, rc, "gradients (allreduce)");
+    z->st.bytes_sent += 4 * n;
+    return DT_OK;
+  }
+  float *restrict w = z->work + off;
+  for (size_t i = 0; i < n; i++) w[i] = g[i] * scale;
+  if (z->cfg.clip > 0) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)w[i] * w[i];
+    if (s > (double)z->cfg.clip * z->cfg.clip) {
+      float f = (float)(z->cfg.clip / sqrt(s));
+      for (size_t i = 0; i < n; i++) w[i] *= f;
+    }
+  }
+  if (z->mom) {
+    float *restrict u = z->mom + off;
+    float m = z->cfg.momentum;
+    for (size_t i = 0; i < n; i++) {
+      u[i] = m * u[i] + w[i];
+      w[i] = u[i];
+    }
+  }
+  if (z->resid) {
+    const float *restrict r = z->resid + off;
+    for (size_t i = 0; i < n; i++) w[i] += r[i];
+  }
+  switch (z->cfg.codec) {
+  case DT_CODEC_FP16:
+  case DT_CODEC_BF16: return reduce_half(z, c, g, w, off, n);
+  case DT_CODEC_POWERSGD: return dt__cz_powersgd_reduce(z, c, g, off, n);
+  default: return reduce_framed(z, c, g, w, off, n);
+  }
+}
+
+int dt__compress_pays(const dt_comm *c, int forced) {
+  if (forced) return 1;
+  if (!c || dt_comm_size(c) < 2) return 0;
+  struct dt_comm_topo t;
+  if (dt_comm_topology(c, &t) < 0) return 1;
+  /* one host: gradients move at memory speed and a codec only adds work
+   * (bench/RESULTS.md, compression on shm) */
+  return t.nhosts > 1;
+}

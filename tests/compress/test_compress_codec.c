@@ -1,0 +1,347 @@
+/*
+ * test_compress_codec.c — the codecs of src/comm/compress/ one bucket at a
+ * time: round trips of known vectors (exact where the codec is exact,
+ * bounded otherwise), the residual each encode returns (x = decoded +
+ * residual), unbiased stochastic rounding of int8 and qsgd over many
+ * draws, top-k keeping exactly the k largest (small buckets, and large ones
+ * where the threshold comes from a sample), sign packing at odd lengths,
+ * PowerSGD's orthonormalisation of ill-conditioned input, and malformed
+ * frames rejected with a message and the output untouched.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "comm/compress/compress.h"
+#include "core/core.h"
+
+static const dt_cz_rng RNG0 = {42, 0, 0};
+
+static void *frame_for(int codec, size_t n, size_t k) {
+  size_t b = dt_cz_frame_bytes(codec, n, k);
+  assert_true(b >= DT_CZ_HDR_LEN);
+  void *f = aligned_alloc(8, b);
+  assert_non_null(f);
+  memset(f, 0, b);
+  return f;
+}
+
+static void fill(float *x, size_t n, uint64_t seed) {
+  dt_rng_uniform(x, n, -1.0f, 1.0f, seed, DT_RNG_USER, 0);
+}
+
+/* decode(encode(x)) + resid == x, and the decode error is within tol(x). */
+static void round_trip(int codec, size_t n, size_t k, double abs_tol, double rel_tol) {
+  float *x = malloc(n * sizeof *x), *dec = calloc(n, sizeof *dec), *res = malloc(n * sizeof *res);
+  fill(x, n, 7 + n);
+  void *f = frame_for(codec, n, k);
+  assert_int_equal(dt_cz_encode(codec, x, n, k, 15, RNG0, f, res), DT_OK);
+  assert_int_equal(dt_cz_decode_add(codec, f, dt_cz_frame_bytes(codec, n, k), n, dec), DT_OK);
+  for (size_t i = 0; i < n; i++) {
+    assert_float_equal(dec[i] + res[i], x[i], 1e-6);
+    if (codec != DT_CODEC_TOPK && codec != DT_CODEC_SIGN)
+      assert_true(fabs(dec[i] - x[i]) <= abs_tol + rel_tol * fabs(x[i]));
+  }
+  free(x);
+  free(dec);
+  free(res);
+  free(f);
+}
+
+static void test_round_trips(void **st) {
+  (void)st;
+  size_t ns[] = {1, 7, 16, 33, 1000, 4099};
+  for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+    round_trip(DT_CODEC_FP16, ns[i], ns[i], 1e-7, 1.0 / 2048);
+    round_trip(DT_CODEC_BF16, ns[i], ns[i], 1e-38, 1.0 / 256);
+    round_trip(DT_CODEC_INT8, ns[i], ns[i], 1.0 / 127 + 1e-6, 0);
+    round_trip(DT_CODEC_QSGD, ns[i], ns[i], sqrt((double)ns[i]) / 15 + 1e-6, 0);
+    round_trip(DT_CODEC_SIGN, ns[i], ns[i], 0, 0);
+    round_trip(DT_CODEC_TOPK, ns[i], (ns[i] + 9) / 10, 0, 0);
+  }
+}
+
+/* Values every codec represents exactly come back exactly. */
+static void test_exact_values(void **st) {
+  (void)st;
+  float x[12] = {0, 1, -1, 0.5f, -0.25f, 2, 3, -4, 0.125f, 1024, -0.0f, 7};
+  float dec[12];
+  for (int c = DT_CODEC_FP16; c <= DT_CODEC_BF16; c++) {
+    void *f = frame_for(c, 12, 12);
+    memset(dec, 0, sizeof dec);
+    assert_int_equal(dt_cz_encode(c, x, 12, 12, 0, RNG0, f, NULL), DT_OK);
+    assert_int_equal(dt_cz_decode_add(c, f, dt_cz_frame_bytes(c, 12, 12), 12, dec), DT_OK);
+    static const float want[12] = {0, 1, -1, 0.5f, -0.25f, 2, 3, -4, 0.125f, 1024, 0, 7};
+    assert_memory_equal(dec, want, sizeof dec);
+    free(f);
+  }
+  /* int8: multiples of max/127 are exact whatever the random draw */
+  float q[5] = {127, -127, 0, 63, -1};
+  void *f = frame_for(DT_CODEC_INT8, 5, 5);
+  memset(dec, 0, sizeof dec);
+  assert_int_equal(dt_cz_encode(DT_CODEC_INT8, q, 5, 5, 0, RNG0, f, NULL), DT_OK);
+  assert_int_equal(dt_cz_decode_add(DT_CODEC_INT8, f, dt_cz_frame_bytes(DT_CODEC_INT8, 5, 5), 5, dec), DT_OK);
+  for (int i = 0; i < 5; i++) assert_float_equal(dec[i], q[i], 1e-5);
+  free(f);
+  /* sign: +-mean|x|, 0 counts as positive */
+  float s[9] = {1, -2, 3, -4, 0, 5, -6, 7, -8};
+  f = frame_for(DT_CODEC_SIGN, 9, 9);
+  memset(dec, 0, sizeof dec);
+  assert_int_equal(dt_cz_encode(DT_CODEC_SIGN, s, 9, 9, 0, RNG0, f, NULL), DT_OK);
+  assert_int_equal(dt_cz_decode_add(DT_CODEC_SIGN, f, dt_cz_frame_bytes(DT_CODEC_SIGN, 9, 9), 9, dec), DT_OK);
+  for (int i = 0; i < 9; i++) assert_float_equal(dec[i], s[i] >= 0 ? 4.0f : -4.0f, 1e-6);
+  free(f);
+}
+
+/* Mean over many independent draws approaches x (int8, qsgd). */
+static void unbiased(int codec, int levels) {
+  enum { N = 64, DRAWS = 4000 };
+  float x[N], dec[N];
+  double mean[N] = {0};
+  for (int i = 0; i < N; i++) x[i] = (float)((i * 37 % 64) - 31) / 32.0f * 0.77f;
+  void *f = frame_for(codec, N, N);
+  for (int d = 0; d < DRAWS; d++) {
+    dt_cz_rng rng = {9, (uint64_t)d, 3};
+    memset(dec, 0, sizeof dec);
+    assert_int_equal(dt_cz_encode(codec, x, N, N, levels, rng, f, NULL), DT_OK);
+    assert_int_equal(dt_cz_decode_add(codec, f, dt_cz_frame_bytes(codec, N, N), N, dec), DT_OK);
+    for (int i = 0; i < N; i++) mean[i] += dec[i];
+  }
+  dt_cz_hdr h;
+  memcpy(&h, f, sizeof h);
+  double step = h.scale; /* one quantum */
+  double worst = 0;
+  for (int i = 0; i < N; i++) {
+    double e = fabs(mean[i] / DRAWS - x[i]) / step;
+    worst = e > worst ? e : worst;
+  }
+  /* a draw's error is at most one quantum, so the mean of 4000 has a
+   * standard deviation below 0.5/sqrt(4000) ~ 0.008 quanta; a rounding
+   * that were biased (e.g. to nearest) would be off by up to 0.5 */
+  assert_true(worst < 0.05);
+  free(f);
+}
+
+static void test_unbiased_int8(void **st) {
+  (void)st;
+  unbiased(DT_CODEC_INT8, 0);
+}
+static void test_unbiased_qsgd(void **st) {
+  (void)st;
+  unbiased(DT_CODEC_QSGD, 4);
+  unbiased(DT_CODEC_QSGD, 127);
+}
+
+static void test_uniform_counter_based(void **st) {
+  (void)st;
+  float a[300], b[300], c[100];
+  dt_cz_rng r = {5, 11, 2};
+  dt__cz_uniform(r, 0, a, 300);
+  dt__cz_uniform(r, 0, b, 300);
+  assert_memory_equal(a, b, sizeof a);
+  dt__cz_uniform(r, 150, c, 100); /* element i is element i wherever the call starts */
+  assert_memory_equal(c, a + 150, sizeof c);
+  r.step = 12;
+  dt__cz_uniform(r, 0, b, 300);
+  assert_memory_not_equal(a, b, sizeof a);
+  double m = 0;
+  for (int i = 0; i < 300; i++) {
+    assert_true(a[i] > 0 && a[i] < 1);
+    m += a[i];
+  }
+  assert_true(fabs(m / 300 - 0.5) < 0.06);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Exactly k values sent, and they are the k largest by magnitude. */
+static void topk_case(size_t n, size_t k) {
+  float *x = malloc(n * sizeof *x), *dec = calloc(n, sizeof *dec), *mag = malloc(n * sizeof *mag);
+  fill(x, n, 100 + n);
+  for (size_t i = 0; i < n; i++) mag[i] = fabsf(x[i]);
+  qsort(mag, n, sizeof *mag, cmp_desc);
+  void *f = frame_for(DT_CODEC_TOPK, n, k);
+  assert_int_equal(dt_cz_encode(DT_CODEC_TOPK, x, n, k, 0, RNG0, f, NULL), DT_OK);
+  assert_int_equal(dt_cz_decode_add(DT_CODEC_TOPK, f, dt_cz_frame_bytes(DT_CODEC_TOPK, n, k), n, dec), DT_OK);
+  size_t sent = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (dec[i] != 0) {
+      sent++;
+      assert_float_equal(dec[i], x[i], 0);
+      assert_true(fabsf(x[i]) >= mag[k - 1]);
+    } else {
+      assert_true(fabsf(x[i]) <= mag[k - 1]);
+    }
+  }
+  assert_int_equal(sent, k);
+  free(x);
+  free(dec);
+  free(mag);
+  free(f);
+}
+
+static void test_topk(void **st) {
+  (void)st;
+  topk_case(10, 1);
+  topk_case(10, 10);
+  topk_case(1000, 10);
+  topk_case(100000, 1000); /* sampled threshold */
+  topk_case(262144, 26);   /* sampled, very sparse */
+  topk_case(50000, 12500); /* dense: exact selection */
+}
+
+/* Ties: a bucket of equal values still sends exactly k. */
+static void test_topk_ties(void **st) {
+  (void)st;
+  enum { N = 20000 };
+  float *x = malloc(N * sizeof *x), *dec = calloc(N, sizeof *dec);
+  for (int i = 0; i < N; i++) x[i] = i % 2 ? 0.5f : -0.5f;
+  void *f = frame_for(DT_CODEC_TOPK, N, 200);
+  assert_int_equal(dt_cz_encode(DT_CODEC_TOPK, x, N, 200, 0, RNG0, f, NULL), DT_OK);
+  assert_int_equal(dt_cz_decode_add(DT_CODEC_TOPK, f, dt_cz_frame_bytes(DT_CODEC_TOPK, N, 200), N, dec), DT_OK);
+  int sent = 0;
+  for (int i = 0; i < N; i++) sent += dec[i] != 0;
+  assert_int_equal(sent, 200);
+  free(x);
+  free(dec);
+  free(f);
+}
+
+static void check_orthonormal(const float *p, int m, int r, double tol) {
+  for (int a = 0; a < r; a++)
+    for (int b = 0; b < r; b++) {
+      double d = 0;
+      for (int i = 0; i < m; i++) d += (double)p[i * r + a] * p[i * r + b];
+      assert_true(fabs(d - (a == b)) < tol);
+    }
+}
+
+static void test_orthonormalize(void **st) {
+  (void)st;
+  enum { M = 300, R = 4 };
+  float p[M * R], noise[M * R];
+  fill(noise, M * R, 3);
+  /* columns nearly parallel: v, v + 1e-3 w1, v + 1e-3 w2, ... (condition
+   * number ~1e3 in float; one Gram-Schmidt pass loses ~1e-4 of it) */
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < R; j++)
+      p[i * R + j] = noise[i * R] * 100 + (j ? 1e-1f * noise[i * R + j] : 0);
+  dt__cz_orthonormalize(p, M, R);
+  check_orthonormal(p, M, R, 1e-5);
+  /* a zero column stays zero, the others orthonormal */
+  float q[M * 2];
+  for (int i = 0; i < M; i++) {
+    q[i * 2] = noise[i];
+    q[i * 2 + 1] = 0;
+  }
+  dt__cz_orthonormalize(q, M, 2);
+  for (int i = 0; i < M; i++) assert_float_equal(q[i * 2 + 1], 0, 0);
+  double s = 0;
+  for (int i = 0; i < M; i++) s += (double)q[i * 2] * q[i * 2];
+  assert_float_equal(s, 1.0, 1e-5);
+}
+
+/* A malformed frame: DT_ECORRUPT, a message naming what is wrong, out
+ * untouched. */
+static void expect_corrupt(int codec, const void *f, size_t bytes, size_t n, const char *word) {
+  float out[64];
+  for (int i = 0; i < 64; i++) out[i] = (float)i;
+  int rc = dt_cz_decode_add(codec, f, bytes, n, out);
+  assert_int_equal(rc, DT_ECORRUPT);
+  if (!strstr(dt_errmsg(), word)) fail_msg("message '%s' lacks '%s'", dt_errmsg(), word);
+  for (int i = 0; i < 64; i++) assert_float_equal(out[i], (float)i, 0);
+}
+
+static void test_malformed(void **st) {
+  (void)st;
+  enum { N = 64, K = 4 };
+  float x[N];
+  fill(x, N, 1);
+  size_t fb = dt_cz_frame_bytes(DT_CODEC_TOPK, N, K);
+  uint8_t *good = frame_for(DT_CODEC_TOPK, N, K), *f = frame_for(DT_CODEC_TOPK, N, K);
+  assert_int_equal(dt_cz_encode(DT_CODEC_TOPK, x, N, K, 0, RNG0, good, NULL), DT_OK);
+  uint32_t *idx = (uint32_t *)(f + DT_CZ_HDR_LEN);
+  dt_cz_hdr *h = (dt_cz_hdr *)f;
+  /* bad index */
+  memcpy(f, good, fb);
+  idx[K - 1] = N;
+  expect_corrupt(DT_CODEC_TOPK, f, fb, N, "beyond the bucket");
+  /* out of order (a repeated index would add twice) */
+  memcpy(f, good, fb);
+  idx[2] = idx[1];
+  expect_corrupt(DT_CODEC_TOPK, f, fb, N, "must increase");
+  /* count beyond the bucket */
+  memcpy(f, good, fb);
+  h->k = N + 1;
+  expect_corrupt(DT_CODEC_TOPK, f, fb, N, "beyond the bucket");
+  /* more entries than the bytes hold */
+  memcpy(f, good, fb);
+  h->k = K + 8;
+  expect_corrupt(DT_CODEC_TOPK, f, fb, N, "truncated");
+  /* the bucket size differs */
+  memcpy(f, good, fb);
+  expect_corrupt(DT_CODEC_TOPK, f, fb, N - 1, "bucket holds");
+  /* header fields */
+  memcpy(f, good, fb);
+  h->magic ^= 1;
+  expect_corrupt(DT_CODEC_TOPK, f, fb, N, "magic");
+  memcpy(f, good, fb);
+  h->version = 9;
+  expect_corrupt(DT_CODEC_TOPK, f, fb, N, "version");
+  memcpy(f, good, fb);
+  expect_corrupt(DT_CODEC_SIGN, f, fb, N, "codec");
+  expect_corrupt(DT_CODEC_TOPK, f, DT_CZ_HDR_LEN - 1, N, "shorter");
+  expect_corrupt(DT_CODEC_TOPK, f, fb - 8, N, "truncated");
+  /* dense codecs: entry count must be n, scale not negative, qsgd levels */
+  uint8_t *q = frame_for(DT_CODEC_QSGD, N, N);
+  size_t qb = dt_cz_frame_bytes(DT_CODEC_QSGD, N, N);
+  assert_int_equal(dt_cz_encode(DT_CODEC_QSGD, x, N, N, 7, RNG0, q, NULL), DT_OK);
+  ((dt_cz_hdr *)q)->k = N - 1;
+  expect_corrupt(DT_CODEC_QSGD, q, qb, N, "entries");
+  ((dt_cz_hdr *)q)->k = N;
+  ((dt_cz_hdr *)q)->levels = 0;
+  expect_corrupt(DT_CODEC_QSGD, q, qb, N, "levels");
+  ((dt_cz_hdr *)q)->levels = 7;
+  ((dt_cz_hdr *)q)->scale = -1;
+  expect_corrupt(DT_CODEC_QSGD, q, qb, N, "negative scale");
+  free(q);
+  free(good);
+  free(f);
+}
+
+/* A non-finite gradient is not hidden by compression: the sum is NaN. */
+static void test_nonfinite(void **st) {
+  (void)st;
+  float x[32], dec[32] = {0};
+  fill(x, 32, 4);
+  x[5] = INFINITY;
+  int codecs[] = {DT_CODEC_INT8, DT_CODEC_QSGD, DT_CODEC_SIGN, DT_CODEC_TOPK};
+  for (int c = 0; c < 4; c++) {
+    void *f = frame_for(codecs[c], 32, 3);
+    size_t k = codecs[c] == DT_CODEC_TOPK ? 3 : 32;
+    assert_int_equal(dt_cz_encode(codecs[c], x, 32, k, 7, RNG0, f, NULL), DT_OK);
+    assert_int_equal(dt_cz_decode_add(codecs[c], f, dt_cz_frame_bytes(codecs[c], 32, k), 32, dec), DT_OK);
+    assert_true(isnan(dec[0]));
+    free(f);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_round_trips),       cmocka_unit_test(test_exact_values),
+      cmocka_unit_test(test_unbiased_int8),     cmocka_unit_test(test_unbiased_qsgd),
+      cmocka_unit_test(test_uniform_counter_based), cmocka_unit_test(test_topk),
+      cmocka_unit_test(test_topk_ties),         cmocka_unit_test(test_orthonormalize),
+      cmocka_unit_test(test_malformed),         cmocka_unit_test(test_nonfinite),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,43 @@
+/*
+ * fuzz_comm_compress.c — libFuzzer target for compressed gradient frames
+ * (dt_cz_decode_add, src/comm/compress/codec.c): the first byte picks the
+ * codec, the next two the bucket size; the rest is the frame as it would
+ * arrive from a peer. A frame is either rejected (DT_ECORRUPT with a
+ * message, the output untouched) or accepted and decoded without touching
+ * memory outside the bucket (ASan); an accepted frame's header must hold
+ * the invariants the decoder relies on.
+ */
+#include "comm/compress/compress.h"
+#include "core/core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 3) return 0;
+  static const int codecs[] = {DT_CODEC_FP16, DT_CODEC_BF16, DT_CODEC_INT8,
+                               DT_CODEC_QSGD, DT_CODEC_SIGN, DT_CODEC_TOPK};
+  int codec = codecs[data[0] % 6];
+  size_t n = 1 + (((size_t)data[1] << 8 | data[2]) % 4096);
+  data += 3;
+  size -= 3;
+  /* frames arrive 8-byte aligned (allgather blocks): copy like the receiver */
+  uint8_t *f = aligned_alloc(8, size + 8);
+  float *out = calloc(n, sizeof *out);
+  if (!f || !out) abort();
+  memcpy(f, data, size);
+  int rc = dt_cz_decode_add(codec, f, size, n, out);
+  if (rc < 0) {
+    if (rc != DT_ECORRUPT || !dt_errmsg()[0]) abort();
+    for (size_t i = 0; i < n; i++)
+      if (out[i] != 0) abort(); /* untouched on rejection */
+  } else {
+    dt_cz_hdr h;
+    memcpy(&h, f, sizeof h);
+    if (h.magic != DT_CZ_MAGIC || h.n != n || h.k > n || h.codec != codec) abort();
+    if (dt_cz_frame_bytes(codec, n, h.k) > size) abort();
+  }
+  free(f);
+  free(out);
+  return 0;
+}
