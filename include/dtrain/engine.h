@@ -57,6 +57,8 @@ enum dt_dist_transport { DT_DIST_AUTO, DT_DIST_SHM, DT_DIST_TCP, DT_DIST_MPI };
  * the sum of every worker's own mean (sum, N times larger with N equal
  * slices — what frameworks that sum instead of average do). */
 enum dt_dist_reduce { DT_DIST_AVG, DT_DIST_SUM };
+/* dist.balance: how the global batch is cut between workers */
+enum dt_dist_balance { DT_BALANCE_STATIC, DT_BALANCE_DYNAMIC, DT_BALANCE_STEAL };
 
 /* The default data: Debian's dataset-fashion-mnist package. */
 #define DT_FASHION_DIR "/usr/share/datasets/fashion-mnist"
@@ -100,6 +102,9 @@ typedef struct dt_run_cfg {
   int base_batch;                      /* the batch optim.lr was tuned for */
   int deterministic;                   /* bitwise-identical params for any worker count */
   int micro_batch;                     /* deterministic mode: samples per micro-shard */
+  int balance;                         /* enum dt_dist_balance (stragglers) */
+  float straggler_threshold;           /* flag a rank this fraction slower than the median */
+  int balance_every;                   /* dynamic: re-plan the shares every N steps */
 } dt_run_cfg;
 
 /* Fills *cfg with the defaults of docs/config.md: the 2-conv CNN on

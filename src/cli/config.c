@@ -64,6 +64,7 @@ typedef struct key {
 #define sched_names dt__sched_names
 #define transport_names dt__transport_names
 #define reduce_names dt__reduce_names
+#define balance_names dt__balance_names
 
 #define OFF(f) offsetof(dt_run_cfg, f)
 #define BIG 1e18
@@ -106,6 +107,9 @@ static const key keys[] = {
     {"dist", "base_batch", K_INT, OFF(base_batch), 1, 65536, 0, NULL},
     {"dist", "deterministic", K_BOOL, OFF(deterministic), 0, 1, 0, NULL},
     {"dist", "micro_batch", K_INT, OFF(micro_batch), 1, 65536, 0, NULL},
+    {"dist", "balance", K_ENUM, OFF(balance), 0, 0, 0, balance_names},
+    {"dist", "straggler_threshold", K_FLOAT, OFF(straggler_threshold), 0, 1e6, R_LO_OPEN, NULL},
+    {"dist", "balance_every", K_INT, OFF(balance_every), 1, 1000000, 0, NULL},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 _Static_assert(sizeof keys / sizeof keys[0] <= DT_CONFIG_MAX_KEYS, "too many keys");

@@ -90,6 +90,8 @@ void dt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
   X(TCP_KEEPIDLE, INT, 2, NULL, 1, 32767, "tcp: seconds of idleness before keepalive probes start") \
   X(TCP_SPIN_US, INT, 0, NULL, 0, INT64_MAX / 1000, "tcp: poll this long before sleeping in epoll_wait, us") \
   X(TCP_USER_TIMEOUT_MS, INT, 0, NULL, 0, INT32_MAX, "tcp: TCP_USER_TIMEOUT for unacknowledged data, ms (0: off)") \
+  X(TEST_SLOW_RANK, INT, -1, "none", -1, 1 << 20, "tests only: the rank DTRAIN_TEST_SLOW_US slows down (-1: none)") \
+  X(TEST_SLOW_US, INT, 0, NULL, 0, 1000000, "tests only: microseconds rank DTRAIN_TEST_SLOW_RANK sleeps per sample of each step, a fake straggler") \
   X(TIMEOUT, INT, 60, NULL, 1, 86400 * 7, "deadline of every blocking step (connect, collective), seconds") \
   X(TRANSPORT, STR, 0, NULL, 0, 0, "overrides dist.transport: auto shm tcp mpi") \
   X(TREE_MAX_BYTES, INT, 32 << 10, NULL, 0, INT64_MAX, "allreduce up to this size uses the binomial tree, bytes") \

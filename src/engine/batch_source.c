@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "engine/balance.h"
 #include "engine/batch_source.h"
 
 /* ---- loader: one worker, one piece per step ----------------------------------- */
@@ -101,6 +102,7 @@ typedef struct shard_src {
   int64_t lo;      /* the planned step: first position of this worker's part */
   int64_t end;     /* one past the global batch's last position */
   int64_t mb;      /* samples per piece (micro-shards); the slice length otherwise */
+  double *weights; /* nranks: cut by speed (dist.balance = dynamic); NULL: equal */
 } shard_src;
 
 static int shard_bind(dt_batch_source *s, int rank, int nranks) {
@@ -109,6 +111,8 @@ static int shard_bind(dt_batch_source *s, int rank, int nranks) {
     return dt__seterr(DT_EINVAL, "batch source 'shards': rank %d of %d", rank, nranks);
   S->rank = rank;
   S->nranks = nranks;
+  free(S->weights);
+  S->weights = NULL;
   return DT_OK;
 }
 
@@ -123,7 +127,9 @@ static int shard_epoch(dt_batch_source *s, int epoch) {
 /* Slices: the global batch's g samples split into nranks contiguous slices
  * whose sizes differ by at most one (the first slices are the shorter ones).
  * Micro-shards: S = ceil(g / mb) shards of mb (the last may be short); worker
- * r of N takes the contiguous shards [S*r/N, S*(r+1)/N). */
+ * r of N takes the contiguous shards [S*r/N, S*(r+1)/N). With weights
+ * (dist.balance = dynamic) dt__split_range cuts the samples, or the
+ * micro-shards, in proportion to them instead. */
 static int shard_plan(dt_batch_source *s, int64_t k, dt_step_plan *p) {
   shard_src *S = (shard_src *)s;
   const int64_t B = S->batch, start = k * B;
@@ -133,7 +139,10 @@ static int shard_plan(dt_batch_source *s, int64_t k, dt_step_plan *p) {
   p->n_global = (int)g;
   S->end = start + g;
   if (!S->micro) {
-    int64_t lo = start + g * r / N, hi = start + g * (r + 1) / N;
+    int64_t lo, hi;
+    dt__split_range(S->weights, (int)N, g, (int)r, &lo, &hi);
+    lo += start;
+    hi += start;
     S->lo = lo;
     S->mb = hi - lo;
     p->n_local = (int)(hi - lo);
@@ -144,7 +153,8 @@ static int shard_plan(dt_batch_source *s, int64_t k, dt_step_plan *p) {
   }
   const int64_t mb = S->micro < B ? S->micro : B;
   const int64_t shards = (g + mb - 1) / mb;
-  const int64_t s0 = shards * r / N, s1 = shards * (r + 1) / N;
+  int64_t s0, s1;
+  dt__split_range(S->weights, (int)N, shards, (int)r, &s0, &s1);
   int64_t lo = start + s0 * mb, hi = start + s1 * mb;
   if (hi > S->end) hi = S->end;
   S->lo = lo;
@@ -177,6 +187,7 @@ static void shard_destroy(dt_batch_source *s) {
   dt_free(S->order);
   dt_free(S->xbuf);
   dt_free(S->ybuf);
+  free(S->weights);
   free(S);
 }
 
@@ -206,6 +217,22 @@ int dt__source_shards(dt_batch_source **out, const dt_dataset *train, int batch,
     return dt__seterr(DT_ENOMEM, "engine: out of memory for %lld samples", (long long)train->n);
   }
   *out = &S->base;
+  return DT_OK;
+}
+
+int dt__source_set_weights(dt_batch_source *s, const double *weights) {
+  if (s->ops != &shard_ops)
+    return dt__seterr(DT_EINVAL, "batch source '%s': cannot cut batches by weight",
+                      s->ops->name);
+  shard_src *S = (shard_src *)s;
+  if (!weights) {
+    free(S->weights);
+    S->weights = NULL;
+    return DT_OK;
+  }
+  if (!S->weights && !(S->weights = malloc((size_t)S->nranks * sizeof *S->weights)))
+    return dt__seterr(DT_ENOMEM, "batch source: out of memory");
+  memcpy(S->weights, weights, (size_t)S->nranks * sizeof *S->weights);
   return DT_OK;
 }
 

@@ -13,7 +13,9 @@
  *    per worker (micro = 0; slices differ by at most one sample, a worker
  *    may get none of a short last batch), or into fixed micro-shards of
  *    `micro` samples dealt out as contiguous runs of whole micro-shards
- *    (deterministic mode: the pieces do not depend on the worker count).
+ *    (deterministic mode: the pieces do not depend on the worker count);
+ *    both cut by per-rank weights instead of equally when the strategy sets
+ *    them (dist.balance = dynamic: shares that follow measured speed).
  * Later: pipeline micro-batches, federated client data.
  *
  * A source does not compute or communicate, and owns only its buffers: the
@@ -66,6 +68,10 @@ int dt__source_loader(dt_batch_source **out, const dt_dataset *train, int batch,
 /* The shards source: micro = 0 balanced slices, micro > 0 micro-shards. */
 int dt__source_shards(dt_batch_source **out, const dt_dataset *train, int batch, uint64_t seed,
                       int shuffle, int micro);
+/* Shards only: from the next plan on, cut every global batch (or its
+ * micro-shards) by these nranks weights (copied; every rank must set the
+ * same ones), NULL: equally again. DT_EINVAL for another source. */
+int dt__source_set_weights(dt_batch_source *s, const double *weights);
 /* NULL is a no-op. */
 void dt__source_destroy(dt_batch_source *s);
 

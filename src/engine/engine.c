@@ -84,6 +84,16 @@ static int check_cfg(const dt_run_cfg *c) {
     return dt__seterr(DT_EINVAL, "dist.base_batch = %d: expects at least 1", c->base_batch);
   if (c->reduce != DT_DIST_AVG && c->reduce != DT_DIST_SUM)
     return dt__seterr(DT_EINVAL, "dist.reduce %d: unknown", c->reduce);
+  if (c->balance < DT_BALANCE_STATIC || c->balance > DT_BALANCE_STEAL)
+    return dt__seterr(DT_EINVAL, "dist.balance %d: unknown", c->balance);
+  if (c->balance == DT_BALANCE_STEAL && !c->deterministic)
+    return dt__seterr(DT_EINVAL, "dist.balance = steal: needs dist.deterministic = true (stolen "
+                      "micro-shards give the same sums only in fixed point); use dynamic");
+  if (!(c->straggler_threshold > 0.0f) || !isfinite(c->straggler_threshold))
+    return dt__seterr(DT_EINVAL, "dist.straggler_threshold = %g: expects a number > 0",
+                      (double)c->straggler_threshold);
+  if (c->balance_every < 1)
+    return dt__seterr(DT_EINVAL, "dist.balance_every = %d: expects at least 1", c->balance_every);
   if (!(c->optim.lr >= 0.0f) || !isfinite(c->optim.lr))
     return dt__seterr(DT_EINVAL, "optim.lr = %g: expects a finite number >= 0", (double)c->optim.lr);
   return DT_OK;

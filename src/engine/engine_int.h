@@ -59,6 +59,7 @@ typedef struct dt_records {
   char dir[DT_CFG_PATH_MAX];
   char events_path[DT_CFG_PATH_MAX + 32];
   FILE *events;
+  const dt_strategy *strat;   /* per-rank speed for the records (perf_*), may be NULL */
 } dt_records;
 
 /* Creates dir (mkdir -p), writes dir/config.ini (config_text, if not NULL)

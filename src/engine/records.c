@@ -47,6 +47,28 @@ void dt__records_close(dt_records *r) {
   r->events = NULL;
 }
 
+/* Per-rank speed and wait (balance.h): "ranks" [{rank, ms_per_sample,
+ * compute_seconds, wait_seconds, samples, share, slower, straggler}] and
+ * "stragglers" [ranks flagged]. */
+static void add_ranks(cJSON *o, const dt_rank_perf *p, int n) {
+  cJSON *arr = cJSON_AddArrayToObject(o, "ranks");
+  cJSON *fl = cJSON_AddArrayToObject(o, "stragglers");
+  for (int i = 0; arr && fl && i < n; i++) {
+    cJSON *w = cJSON_CreateObject();
+    if (!w) break;
+    cJSON_AddNumberToObject(w, "rank", i);
+    cJSON_AddNumberToObject(w, "ms_per_sample", 1e3 * p[i].sec_per_sample);
+    cJSON_AddNumberToObject(w, "compute_seconds", p[i].compute_seconds);
+    cJSON_AddNumberToObject(w, "wait_seconds", p[i].wait_seconds);
+    cJSON_AddNumberToObject(w, "samples", p[i].samples);
+    cJSON_AddNumberToObject(w, "share", p[i].share);
+    cJSON_AddNumberToObject(w, "slower", p[i].slower);
+    cJSON_AddBoolToObject(w, "straggler", p[i].straggler);
+    cJSON_AddItemToArray(arr, w);
+    if (p[i].straggler) cJSON_AddItemToArray(fl, cJSON_CreateNumber(i));
+  }
+}
+
 int dt__records_event(dt_records *r, const dt_epoch_report *rep) {
   if (!r->events) return DT_OK;
   cJSON *o = cJSON_CreateObject();
@@ -65,6 +87,8 @@ int dt__records_event(dt_records *r, const dt_epoch_report *rep) {
   cJSON_AddNumberToObject(o, "samples_per_second", rep->samples_per_second);
   cJSON_AddNumberToObject(o, "lr", rep->lr);
   cJSON_AddNumberToObject(o, "time", rep->time);
+  if (r->strat && r->strat->perf_epoch && r->strat->nperf > 1)
+    add_ranks(o, r->strat->perf_epoch, r->strat->nperf);
   char *s = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
   if (!s) return dt__seterr(DT_ENOMEM, "events: out of memory");
@@ -162,9 +186,23 @@ int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary 
       if (!w) break;
       cJSON_AddNumberToObject(w, "rank", i);
       add_worker(w, &per[i]);
+      const dt_strategy *S = &e->strat;
+      if (S->perf_run && i < S->nperf) {
+        const dt_rank_perf *q = &S->perf_run[i];
+        cJSON_AddNumberToObject(w, "ms_per_sample", 1e3 * q->sec_per_sample);
+        cJSON_AddNumberToObject(w, "wait_seconds", q->wait_seconds);
+        cJSON_AddNumberToObject(w, "share", q->share);
+        cJSON_AddNumberToObject(w, "slower", q->slower);
+        cJSON_AddBoolToObject(w, "straggler", q->straggler);
+      }
       cJSON_AddItemToArray(arr, w);
     }
     cJSON_AddStringToObject(o, "transport", dt_comm_transport_name(e->comm, e->rank ? 0 : 1));
+    cJSON_AddStringToObject(o, "balance", dt__enum_name(dt__balance_names, e->cfg.balance));
+    const dt_strategy *S = &e->strat;
+    cJSON *fl = cJSON_AddArrayToObject(o, "stragglers");
+    for (int i = 0; fl && S->perf_run && i < S->nperf; i++)
+      if (S->perf_run[i].straggler) cJSON_AddItemToArray(fl, cJSON_CreateNumber(i));
   }
   cJSON_AddStringToObject(o, "strategy", e->strat.ops->name);
   cJSON_AddStringToObject(o, "blas_core", dt_tensor_blas_core());
@@ -232,6 +270,8 @@ void dt__config_fingerprint(const dt_run_cfg *c, int64_t train_n, int64_t test_n
   fp->seed = c->seed;
   fp->deterministic = c->deterministic;
   fp->micro_batch = c->deterministic ? c->micro_batch : 0;
+  fp->balance = c->balance;
+  fp->balance_every = c->balance != DT_BALANCE_STATIC ? c->balance_every : 0;
   fp->det_probe = c->deterministic ? dt_tensor_det_probe() : 0;
   dt_sha256(c->layers, strlen(c->layers), fp->layers_sha);
   struct {

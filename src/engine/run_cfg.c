@@ -16,6 +16,7 @@ const char *const dt__format_names[] = {"idx", "csv", "npy", NULL};
 const char *const dt__optim_names[] = {"sgd", "adamw", NULL};
 const char *const dt__sched_names[] = {"constant", "step", "cosine", NULL};
 const char *const dt__reduce_names[] = {"avg", "sum", NULL};
+const char *const dt__balance_names[] = {"static", "dynamic", "steal", NULL};
 
 void dt_run_cfg_defaults(dt_run_cfg *c) {
   if (!c) return;
@@ -57,4 +58,7 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->base_batch = 64;
   c->deterministic = 0;
   c->micro_batch = 8;
+  c->balance = DT_BALANCE_STATIC;
+  c->straggler_threshold = 0.25f;
+  c->balance_every = 8;
 }

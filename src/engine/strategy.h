@@ -25,6 +25,7 @@
 
 #include "comm/comm.h"
 #include "data/data.h"
+#include "engine/balance.h"
 #include "engine/batch_source.h"
 #include "engine/engine.h"
 #include "nn/nn.h"
@@ -66,6 +67,11 @@ typedef struct dt_strategy {
   int64_t step;                  /* optimizer steps taken (step_finish counts) */
   void *impl;                    /* set by setup, freed by teardown */
   void *grad_ud;                 /* handed to grad_ready (set by setup) */
+  dt_batch_source *source;       /* the source open_source made (lent, like the model) */
+  /* Per-rank speed and wait (balance.h), set by strategies that measure
+   * them, read by the records: the last epoch's and the run's, nperf ranks. */
+  const dt_rank_perf *perf_epoch, *perf_run;
+  int nperf;
 } dt_strategy;
 
 /* Named blobs of a strategy's state, for checkpoints. put copies len bytes
@@ -162,5 +168,13 @@ int dt__ddp_startup(dt_strategy *s);
 int dt__ddp_finish(dt_strategy *s, dt_ddp *ddp, uint64_t sent0, uint64_t recv0,
                    dt_worker_stats *me, dt_worker_stats *all);
 int dt__ddp_comm_err(dt_strategy *s, int rc, const char *what);
+/* Shared by ddp and ddp_det: the balance (balance.h) of a run, its numbers
+ * lent to the records through s->perf_*; a step's exchange timed (its
+ * compute up to here, then the wait in dt_ddp_finish_step); after the
+ * optimizer step, dynamic shares re-planned into s->source. */
+int dt__ddp_balance_create(dt_strategy *s, dt_balance **out);
+int dt__ddp_exchange(dt_strategy *s, dt_ddp *ddp, dt_balance *bal, const dt_step_plan *plan);
+int dt__ddp_replan(dt_strategy *s, dt_balance *bal);
+void dt__ddp_balance_destroy(dt_strategy *s, dt_balance *bal);
 
 #endif /* DT_ENGINE_STRATEGY_H */

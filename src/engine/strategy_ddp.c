@@ -8,7 +8,11 @@
  * dist.reduce = sum, the sum of every worker's mean) and applies the same
  * optimizer step. Start-up compares every rank's configuration and copies
  * rank 0's parameters; the end compares every rank's parameter hash.
- * Evaluation is sharded by contiguous ranges and summed.
+ * Evaluation is sharded by contiguous ranges and summed. Each step is timed
+ * (balance.h): compute up to step_finish, the wait in the exchange; with
+ * dist.balance = dynamic the slices follow the ranks' measured speed, and
+ * since every bucket is scaled by n_local / n_global the reduced gradient
+ * is the global-batch mean whatever the cut.
  *
  * The start-up, end-of-run and message helpers (dt__ddp_*) are shared with
  * strategy_ddp_det.c. It needs a communicator; one worker is "local".
@@ -23,6 +27,7 @@
 
 typedef struct ddp_impl {
   dt_ddp *ddp;
+  dt_balance *bal;
   dt_step_plan plan;
   uint64_t sent0, recv0; /* communicator bytes at start */
 } ddp_impl;
@@ -44,6 +49,36 @@ int dt__ddp_startup(dt_strategy *s) {
   rc = dt_ddp_broadcast_params(s->model, s->comm);
   if (rc < 0) return dt__preerr(rc, "rank %d", s->rank);
   return DT_OK;
+}
+
+int dt__ddp_balance_create(dt_strategy *s, dt_balance **out) {
+  DT_CHECK(dt__balance_create(out, s->cfg, s->rank, s->nranks));
+  int n = 0;
+  s->perf_epoch = dt__balance_epoch_perf(*out, &n);
+  s->perf_run = dt__balance_run_perf(*out, &n);
+  s->nperf = n;
+  return DT_OK;
+}
+
+int dt__ddp_exchange(dt_strategy *s, dt_ddp *ddp, dt_balance *bal, const dt_step_plan *plan) {
+  dt__balance_computed(bal, plan->n_local, plan->n_global);
+  double t0 = dt_now();
+  DT_CHECK(dt_ddp_finish_step(ddp));
+  dt__balance_waited(bal, dt_now() - t0);
+  return DT_OK;
+}
+
+int dt__ddp_replan(dt_strategy *s, dt_balance *bal) {
+  const double *w = NULL;
+  int changed = 0;
+  DT_CHECK(dt__balance_replan(bal, s->comm, s->step, &w, &changed));
+  return changed ? dt__source_set_weights(s->source, w) : DT_OK;
+}
+
+void dt__ddp_balance_destroy(dt_strategy *s, dt_balance *bal) {
+  dt__balance_destroy(bal);
+  s->perf_epoch = s->perf_run = NULL;
+  s->nperf = 0;
 }
 
 int dt__ddp_finish(dt_strategy *s, dt_ddp *ddp, uint64_t sent0, uint64_t recv0,
@@ -83,7 +118,9 @@ static int ddp_setup(dt_strategy *s) {
   ddp_impl *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
   int rc = dt_ddp_create(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes);
+  if (rc == DT_OK) rc = dt__ddp_balance_create(s, &d->bal);
   if (rc < 0) {
+    dt_ddp_destroy(d->ddp);
     free(d);
     return rc;
   }
@@ -96,6 +133,7 @@ static int ddp_setup(dt_strategy *s) {
 static int ddp_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   ddp_impl *d = s->impl;
   d->plan = *plan;
+  dt__balance_step_begin(d->bal);
   /* avg: scale by n / global, so the sum is the global-batch mean; sum:
    * every worker's own mean, summed */
   if (s->cfg->reduce == DT_DIST_SUM) dt_ddp_begin_step(d->ddp, plan->n_local > 0, 1);
@@ -110,10 +148,10 @@ static int ddp_step_finish(dt_strategy *s, float lr) {
     memset(dt_model_grads(s->model), 0, dt_model_nparams(s->model) * sizeof(float));
     dt_ddp_all_ready(d->ddp);
   }
-  DT_CHECK(dt_ddp_finish_step(d->ddp));
+  DT_CHECK(dt__ddp_exchange(s, d->ddp, d->bal, &d->plan));
   DT_CHECK(dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr));
   s->step++;
-  return DT_OK;
+  return dt__ddp_replan(s, d->bal);
 }
 
 static int ddp_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
@@ -144,7 +182,7 @@ static int ddp_eval_reduce(dt_strategy *s, dt_tally *t) {
 }
 
 static int ddp_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
-  (void)epoch;
+  DT_CHECK(dt__balance_epoch_end(((ddp_impl *)s->impl)->bal, s->comm, epoch));
   double v[3] = {t->loss, (double)t->correct, (double)t->samples};
   int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_F64, DT_OP_SUM);
   if (rc == DT_OK) rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
@@ -162,7 +200,10 @@ static int ddp_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all
 
 static void ddp_teardown(dt_strategy *s) {
   ddp_impl *d = s->impl;
-  if (d) dt_ddp_destroy(d->ddp);
+  if (d) {
+    dt_ddp_destroy(d->ddp);
+    dt__ddp_balance_destroy(s, d->bal);
+  }
   free(d);
   s->impl = s->grad_ud = NULL;
 }

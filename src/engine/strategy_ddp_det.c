@@ -26,6 +26,7 @@
 
 typedef struct det_impl {
   dt_ddp *ddp;
+  dt_balance *bal;
   dt_step_plan plan;
   uint64_t sent0, recv0;
 } det_impl;
@@ -44,7 +45,9 @@ static int det_setup(dt_strategy *s) {
   det_impl *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
   int rc = dt_ddp_create_det(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes);
+  if (rc == DT_OK) rc = dt__ddp_balance_create(s, &d->bal);
   if (rc < 0) {
+    dt_ddp_destroy(d->ddp);
     free(d);
     return rc;
   }
@@ -57,6 +60,7 @@ static int det_setup(dt_strategy *s) {
 static int det_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   det_impl *d = s->impl;
   d->plan = *plan;
+  dt__balance_step_begin(d->bal);
   dt_ddp_begin_step_det(d->ddp, plan->n_global, plan->pieces_global,
                         s->cfg->reduce == DT_DIST_SUM);
   return DT_OK;
@@ -72,10 +76,10 @@ static void det_backward_begin(dt_strategy *s, const dt_batch *b, int index, int
 static int det_step_finish(dt_strategy *s, float lr) {
   det_impl *d = s->impl;
   if (!d->plan.pieces) dt_ddp_all_ready(d->ddp);
-  DT_CHECK(dt_ddp_finish_step(d->ddp));
+  DT_CHECK(dt__ddp_exchange(s, d->ddp, d->bal, &d->plan));
   DT_CHECK(dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr));
   s->step++;
-  return DT_OK;
+  return dt__ddp_replan(s, d->bal);
 }
 
 /* The test set in fixed chunks of train.batch, whole chunks per rank.
@@ -103,7 +107,7 @@ static int det_eval_reduce(dt_strategy *s, dt_tally *t) {
 /* The epoch's train numbers over all workers, the loss summed in fixed point
  * (int64), so it has the same bits for any worker count. */
 static int det_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
-  (void)epoch;
+  DT_CHECK(dt__balance_epoch_end(((det_impl *)s->impl)->bal, s->comm, epoch));
   if (!s->comm) return DT_OK;
   int64_t v[3] = {t->loss_q, t->correct, t->samples};
   int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_I64, DT_OP_SUM);
@@ -122,7 +126,10 @@ static int det_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all
 
 static void det_teardown(dt_strategy *s) {
   det_impl *d = s->impl;
-  if (d) dt_ddp_destroy(d->ddp);
+  if (d) {
+    dt_ddp_destroy(d->ddp);
+    dt__ddp_balance_destroy(s, d->bal);
+  }
   free(d);
   s->impl = s->grad_ud = NULL;
 }

@@ -142,6 +142,7 @@ void dt__engine_lend(dt_engine *e) {
   S->steps_per_epoch = e->steps_per_epoch;
   S->train_n = e->train.n;
   S->test_n = e->test.n;
+  S->source = e->source;
 }
 
 int dt_engine_evaluate(dt_engine *e, double *loss, double *accuracy) {
@@ -200,7 +201,9 @@ static int open_records(dt_engine *e, const char *out_dir, const char *config_te
     e->out_fd = fd;
     snprintf(e->out_dir, sizeof e->out_dir, "%s", out_dir);
   }
-  return dt__records_open(rec, out_dir, config_text);
+  DT_CHECK(dt__records_open(rec, out_dir, config_text));
+  rec->strat = &e->strat;
+  return DT_OK;
 }
 
 int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,

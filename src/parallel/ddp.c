@@ -503,6 +503,8 @@ static const char *fp_diff(const dt_ddp_fingerprint *a, const dt_ddp_fingerprint
   NUM(batch, "train.batch")
   NUM(deterministic, "dist.deterministic")
   NUM(micro_batch, "dist.micro_batch")
+  NUM(balance, "dist.balance")
+  NUM(balance_every, "dist.balance_every")
   NUM(epochs, "train.epochs")
   NUM(seed, "train.seed")
   if (memcmp(a->layers_sha, b->layers_sha, 32)) return "model.layers differ";

@@ -103,6 +103,7 @@ int dt_ddp_check_params(dt_model *m, dt_comm *c);
 typedef struct dt_ddp_fingerprint {
   int64_t batch, epochs, train_n, test_n, nparams, workers;
   int64_t deterministic, micro_batch;
+  int64_t balance, balance_every;   /* dist.balance (enum), dist.balance_every */
   uint64_t seed;
   uint8_t layers_sha[32], optim_sha[32], config_sha[32];
   uint64_t det_probe; /* deterministic mode: dt_tensor_det_probe(), else 0 */

@@ -1,0 +1,293 @@
+/*
+ * balance.c — per-rank speed and wait, the straggler flag, and dynamic
+ * shares of the global batch (balance.h; docs/ddp.md "Stragglers").
+ *
+ * Measuring costs two clock reads per step. Static mode communicates only
+ * at the end of an epoch (one small allgather); dynamic mode adds one
+ * allgather of three doubles per rank every dist.balance_every steps.
+ *
+ * The speed estimate is a ratio of exponentially forgetting sums —
+ * seconds / samples, both decayed by exp(-T / tau) where T is the slowest
+ * rank's wall time of the window and tau DT_BALANCE_TAU seconds — rather than
+ * an average of per-window rates: a process under a CPU quota (cgroup
+ * cpu.cfs_quota_us) runs at full speed and then stalls for the rest of the
+ * quota period, so single windows are either fast or very slow, and only
+ * the ratio of sums over several periods gives its true average speed.
+ * Every rank runs this on the same gathered numbers, so every rank gets the
+ * same weights bit for bit.
+ *
+ * It does not decide what a step is or cut the pieces (batch_source.c
+ * does, with dt__split_range).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/core.h"
+#include "engine/balance.h"
+
+/* Memory of the speed estimate, seconds: several 100 ms CFS quota periods. */
+#define DT_BALANCE_TAU 1.0
+
+/* Gathered per rank at a replan: window compute seconds, samples, wall. */
+#define WIN_FIELDS 3
+/* Gathered per rank at an epoch end: compute, wait, samples, share sum, steps. */
+#define EP_FIELDS 5
+
+struct dt_balance {
+  int rank, nranks, mode, every;
+  double threshold;
+  int64_t slow_us;     /* test knob on this rank (0: none) */
+  double t0, t_last;   /* step start; end of the previous replan window */
+  /* this rank, since the last replan */
+  double win_compute, win_samples, win_wall;
+  /* this rank, this epoch */
+  double ep_compute, ep_wait, ep_samples, ep_share, ep_steps;
+  /* every rank: the forgetting sums and the weights */
+  double *sum_sec, *sum_n, *weights;
+  double *gather;      /* nranks x max(WIN_FIELDS, EP_FIELDS) */
+  dt_rank_perf *epoch, *run;
+  double *run_share, *run_steps; /* every rank: share sums and steps, the run */
+  int have_weights;
+};
+
+int dt__balance_create(dt_balance **out, const dt_run_cfg *cfg, int rank, int nranks) {
+  *out = NULL;
+  dt_balance *b = calloc(1, sizeof *b);
+  if (!b) return dt__seterr(DT_ENOMEM, "balance: out of memory");
+  const size_t n = (size_t)(nranks > 0 ? nranks : 1);
+  b->rank = rank;
+  b->nranks = (int)n;
+  b->mode = cfg->balance;
+  b->every = cfg->balance_every > 0 ? cfg->balance_every : 8;
+  b->threshold = cfg->straggler_threshold;
+  b->slow_us = dt_param(DT_PARAM_TEST_SLOW_RANK) == rank ? dt_param(DT_PARAM_TEST_SLOW_US) : 0;
+  b->sum_sec = calloc(n, sizeof(double));
+  b->sum_n = calloc(n, sizeof(double));
+  b->weights = calloc(n, sizeof(double));
+  b->gather = calloc(n * EP_FIELDS, sizeof(double));
+  b->epoch = calloc(n, sizeof(dt_rank_perf));
+  b->run = calloc(n, sizeof(dt_rank_perf));
+  b->run_share = calloc(n, sizeof(double));
+  b->run_steps = calloc(n, sizeof(double));
+  if (!b->sum_sec || !b->sum_n || !b->weights || !b->gather || !b->epoch || !b->run ||
+      !b->run_share || !b->run_steps) {
+    dt__balance_destroy(b);
+    return dt__seterr(DT_ENOMEM, "balance: out of memory");
+  }
+  b->t_last = dt_now();
+  *out = b;
+  return DT_OK;
+}
+
+void dt__balance_destroy(dt_balance *b) {
+  if (!b) return;
+  free(b->sum_sec);
+  free(b->sum_n);
+  free(b->weights);
+  free(b->gather);
+  free(b->epoch);
+  free(b->run);
+  free(b->run_share);
+  free(b->run_steps);
+  free(b);
+}
+
+void dt__balance_step_begin(dt_balance *b) { b->t0 = dt_now(); }
+
+static void sleep_us(int64_t us) {
+  struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+void dt__balance_computed(dt_balance *b, int n, int g) {
+  if (b->slow_us > 0 && n > 0) sleep_us(b->slow_us * n);
+  double dt = dt_now() - b->t0;
+  b->win_compute += dt;
+  b->win_samples += n;
+  b->ep_compute += dt;
+  b->ep_samples += n;
+  b->ep_share += g > 0 ? (double)n / g : 0;
+  b->ep_steps += 1;
+}
+
+void dt__balance_waited(dt_balance *b, double seconds) { b->ep_wait += seconds; }
+
+/* Weights from the forgetting sums: speed = samples / seconds. A rank with
+ * no measurement yet gets the mean speed of those that have one. */
+static void weights_from_sums(dt_balance *b) {
+  double mean = 0;
+  int have = 0;
+  for (int r = 0; r < b->nranks; r++)
+    if (b->sum_sec[r] > 0 && b->sum_n[r] > 0) {
+      b->weights[r] = b->sum_n[r] / b->sum_sec[r];
+      mean += b->weights[r];
+      have++;
+    } else {
+      b->weights[r] = 0;
+    }
+  mean = have ? mean / have : 1;
+  for (int r = 0; r < b->nranks; r++)
+    if (!(b->weights[r] > 0)) b->weights[r] = mean;
+}
+
+int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **weights,
+                       int *changed) {
+  *changed = 0;
+  *weights = b->have_weights ? b->weights : NULL;
+  if (b->mode != DT_BALANCE_DYNAMIC || !c || b->nranks < 2 || step % b->every) return DT_OK;
+  double now = dt_now();
+  double mine[WIN_FIELDS] = {b->win_compute, b->win_samples, now - b->t_last};
+  int rc = dt_comm_allgather(c, mine, b->gather, WIN_FIELDS, DT_F64);
+  if (rc < 0) {
+    const char *m = dt_comm_errmsg(c);
+    return dt__seterr(rc, "rank %d: balance: speed exchange: %s", b->rank,
+                      m && *m ? m : dt_errmsg());
+  }
+  b->t_last = now;
+  b->win_compute = b->win_samples = 0;
+  double wall = 0;
+  for (int r = 0; r < b->nranks; r++)
+    if (b->gather[r * WIN_FIELDS + 2] > wall) wall = b->gather[r * WIN_FIELDS + 2];
+  const double keep = exp(-wall / DT_BALANCE_TAU);
+  for (int r = 0; r < b->nranks; r++) {
+    b->sum_sec[r] = b->sum_sec[r] * keep + b->gather[r * WIN_FIELDS];
+    b->sum_n[r] = b->sum_n[r] * keep + b->gather[r * WIN_FIELDS + 1];
+  }
+  weights_from_sums(b);
+  b->have_weights = 1;
+  *weights = b->weights;
+  *changed = 1;
+  return DT_OK;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median of the other ranks' seconds per sample (ranks with samples
+ * only; 0 if none): with two ranks, the other one's. */
+static double median_others(const dt_rank_perf *p, int n, int self, double *v) {
+  int m = 0;
+  for (int r = 0; r < n; r++)
+    if (r != self && p[r].samples > 0) v[m++] = p[r].sec_per_sample;
+  if (!m) return 0;
+  qsort(v, (size_t)m, sizeof *v, cmp_double);
+  return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+/* Fills sec_per_sample, slower and straggler from the other fields: a rank
+ * is compared with the median of the others, so one slow rank among two is
+ * measured against the fast one, not against their mean. */
+static int flag(dt_rank_perf *p, int n, double threshold) {
+  double *v = malloc((size_t)n * sizeof *v);
+  if (!v) return dt__seterr(DT_ENOMEM, "balance: out of memory");
+  for (int r = 0; r < n; r++)
+    p[r].sec_per_sample = p[r].samples > 0 ? p[r].compute_seconds / p[r].samples : 0;
+  for (int r = 0; r < n; r++) {
+    double med = median_others(p, n, r, v);
+    p[r].slower = med > 0 && p[r].samples > 0 ? p[r].sec_per_sample / med - 1 : 0;
+    p[r].straggler = n > 1 && p[r].slower > threshold;
+  }
+  free(v);
+  return DT_OK;
+}
+
+int dt__balance_epoch_end(dt_balance *b, dt_comm *c, int epoch) {
+  double mine[EP_FIELDS] = {b->ep_compute, b->ep_wait, b->ep_samples, b->ep_share, b->ep_steps};
+  if (c && b->nranks > 1) {
+    int rc = dt_comm_allgather(c, mine, b->gather, EP_FIELDS, DT_F64);
+    if (rc < 0) {
+      const char *m = dt_comm_errmsg(c);
+      return dt__seterr(rc, "rank %d: balance: epoch statistics: %s", b->rank,
+                        m && *m ? m : dt_errmsg());
+    }
+  } else {
+    memcpy(b->gather, mine, sizeof mine);
+  }
+  b->ep_compute = b->ep_wait = b->ep_samples = b->ep_share = b->ep_steps = 0;
+  for (int r = 0; r < b->nranks; r++) {
+    const double *g = b->gather + r * EP_FIELDS;
+    dt_rank_perf *e = &b->epoch[r], *t = &b->run[r];
+    memset(e, 0, sizeof *e);
+    e->compute_seconds = g[0];
+    e->wait_seconds = g[1];
+    e->samples = g[2];
+    e->share = g[4] > 0 ? g[3] / g[4] : 0;
+    t->compute_seconds += g[0];
+    t->wait_seconds += g[1];
+    t->samples += g[2];
+    b->run_share[r] += g[3];
+    b->run_steps[r] += g[4];
+    t->share = b->run_steps[r] > 0 ? b->run_share[r] / b->run_steps[r] : 0;
+  }
+  DT_CHECK(flag(b->epoch, b->nranks, b->threshold));
+  DT_CHECK(flag(b->run, b->nranks, b->threshold));
+  if (b->rank != 0 || b->nranks < 2) return DT_OK;
+  int worst = -1;
+  for (int r = 0; r < b->nranks; r++)
+    if (b->epoch[r].straggler && (worst < 0 || b->epoch[r].slower > b->epoch[worst].slower))
+      worst = r;
+  if (worst < 0) return DT_OK;
+  const dt_rank_perf *w = &b->epoch[worst];
+  double others_wait = 0;
+  for (int r = 0; r < b->nranks; r++)
+    if (r != worst) others_wait += b->epoch[r].wait_seconds;
+  DT_LOG_WARN("epoch %d: rank %d is a straggler: %.3g ms per sample, %.0f%% slower than the "
+              "median of the others; its share of the batch %.0f%%, the other ranks waited %.2f s for the "
+              "exchange (dist.balance = %s)", epoch, worst, 1e3 * w->sec_per_sample,
+              100 * w->slower, 100 * w->share, others_wait,
+              dt__enum_name(dt__balance_names, b->mode));
+  return DT_OK;
+}
+
+const dt_rank_perf *dt__balance_epoch_perf(const dt_balance *b, int *n) {
+  *n = b->nranks;
+  return b->epoch;
+}
+
+const dt_rank_perf *dt__balance_run_perf(const dt_balance *b, int *n) {
+  *n = b->nranks;
+  return b->run;
+}
+
+void dt__split_range(const double *weights, int nranks, int64_t g, int r, int64_t *lo,
+                     int64_t *hi) {
+  const int64_t N = nranks;
+  int ok = weights && g >= N;
+  double W = 0;
+  for (int i = 0; ok && i < nranks; i++) {
+    if (!(weights[i] > 0) || !isfinite(weights[i])) ok = 0;
+    W += ok ? weights[i] : 0;
+  }
+  if (!ok || !(W > 0) || !isfinite(W)) {
+    *lo = g * r / N;
+    *hi = g * (r + 1) / N;
+    return;
+  }
+  /* one sample each, the rest by weight: floors, then the leftover samples
+   * one each to the largest remainders (ties: lower rank first) */
+  const int64_t rest = g - N;
+  int64_t given = 0, start = 0, mine = 0;
+  for (int i = 0; i < nranks; i++) given += (int64_t)floor((double)rest * weights[i] / W);
+  int64_t left = rest - given; /* 0 <= left < nranks */
+  for (int i = 0; i < nranks; i++) {
+    double q = (double)rest * weights[i] / W;
+    int64_t s = 1 + (int64_t)floor(q);
+    double fi = q - floor(q);
+    /* rank i's place among the remainders: how many beat it */
+    int64_t ahead = 0;
+    for (int j = 0; j < nranks && left; j++) {
+      double qj = (double)rest * weights[j] / W, fj = qj - floor(qj);
+      if (fj > fi || (fj == fi && j < i)) ahead++;
+    }
+    if (ahead < left) s++;
+    if (i < r) start += s;
+    if (i == r) mine = s;
+  }
+  *lo = start;
+  *hi = start + mine;
+}

@@ -1,0 +1,83 @@
+/*
+ * balance.h — stragglers seen and evened out (dist.balance, docs/ddp.md
+ * "Stragglers"). Every data-parallel worker times its own compute (from
+ * step_begin to the start of step_finish: forward, backward and fetching
+ * its pieces) and its wait in the gradient exchange; at the end of every
+ * epoch the job gathers each rank's numbers, flags a rank whose compute
+ * time per sample is more than dist.straggler_threshold above the median,
+ * and rank 0 logs which rank slows the job and by how much.
+ *
+ * With dist.balance = dynamic the ranks also exchange their measurements
+ * every dist.balance_every steps and give each rank a share of the global
+ * batch in proportion to its speed (an exponentially forgetting ratio of
+ * seconds to samples, so a quota-throttled process that runs and stalls in
+ * turns is judged by its average), every share at least one sample. The
+ * weights are computed on every rank from the same gathered numbers by the
+ * same code, so every rank cuts the global batch the same way.
+ *
+ * It neither reduces gradients nor cuts batches itself: the strategies call
+ * it around their steps and hand its weights to the batch source
+ * (dt__split_range cuts a batch by weights).
+ */
+#ifndef DT_ENGINE_BALANCE_H
+#define DT_ENGINE_BALANCE_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "engine/engine.h"
+
+/* One rank's numbers, for events.jsonl (this epoch) and summary.json
+ * (the whole run). */
+typedef struct dt_rank_perf {
+  double sec_per_sample;   /* compute seconds per sample (epoch: measured; run: total) */
+  double compute_seconds;  /* forward + backward + data of its pieces */
+  double wait_seconds;     /* waiting for the gradient exchange to finish */
+  double samples;          /* samples it trained on */
+  double share;            /* its mean fraction of the global batch */
+  double slower;           /* sec_per_sample / the median's - 1 (0.5 = 50% slower) */
+  int straggler;           /* slower > dist.straggler_threshold */
+} dt_rank_perf;
+
+typedef struct dt_balance dt_balance;
+
+/* For rank of nranks under cfg (dist.balance, straggler_threshold,
+ * balance_every). */
+int dt__balance_create(dt_balance **out, const dt_run_cfg *cfg, int rank, int nranks);
+/* NULL is a no-op. */
+void dt__balance_destroy(dt_balance *b);
+
+/* A step starts on this worker. */
+void dt__balance_step_begin(dt_balance *b);
+/* This worker's pieces of the step are computed (n samples of a global
+ * batch of g). The test knob DTRAIN_TEST_SLOW_US sleeps here on rank
+ * DTRAIN_TEST_SLOW_RANK (n x that many microseconds). */
+void dt__balance_computed(dt_balance *b, int n, int g);
+/* Seconds this worker waited for the gradient exchange of the step. */
+void dt__balance_waited(dt_balance *b, double seconds);
+
+/* After a step's exchange (every rank, step = steps done): in dynamic mode,
+ * every dist.balance_every steps, gathers every rank's recent speed and
+ * recomputes the weights (a collective; a no-op in between and in static
+ * mode). *weights is then the nranks weights to cut batches by (NULL in
+ * static mode); *changed says whether they moved. */
+int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **weights,
+                       int *changed);
+
+/* End of an epoch, every rank (a collective with a communicator): gathers
+ * the epoch's numbers, flags stragglers; rank 0 logs the slowest rank when
+ * it is one. */
+int dt__balance_epoch_end(dt_balance *b, dt_comm *c, int epoch);
+/* The last epoch's numbers per rank (*n = nranks) and the run's. */
+const dt_rank_perf *dt__balance_epoch_perf(const dt_balance *b, int *n);
+const dt_rank_perf *dt__balance_run_perf(const dt_balance *b, int *n);
+
+/* Cuts g samples into nranks contiguous ranges by weights (NULL or any
+ * weight not finite and > 0: equal sizes differing by at most one, the
+ * first ranges the shorter). With weights and g >= nranks every range has
+ * at least one sample and the rest goes by weight (largest remainders,
+ * ties to the lower rank). Rank r's range is [*lo, *hi) within [0, g). */
+void dt__split_range(const double *weights, int nranks, int64_t g, int r, int64_t *lo,
+                     int64_t *hi);
+
+#endif /* DT_ENGINE_BALANCE_H */

@@ -1,0 +1,324 @@
+/*
+ * test_balance_mt.c — stragglers (balance.h, docs/ddp.md "Stragglers"):
+ *   - dt__split_range: ranges tile the batch, every share >= 1 with weights,
+ *     shares follow the weights, bad weights fall back to the equal cut;
+ *   - dist.balance = dynamic vs static with 2 forked workers, rank 1 slowed
+ *     by the test knob (DTRAIN_TEST_SLOW_US per sample): after 51 steps the
+ *     parameters agree to 1e-5 relative (the gradient is the global-batch
+ *     mean whatever the cut), both ranks hold the same bytes, and the
+ *     records show the cut moved (rank 1's share below one half) and name
+ *     rank 1 as the straggler in events.jsonl and summary.json;
+ *   - the same in deterministic mode: dynamic cuts whole micro-shards, so
+ *     the parameters are bitwise those of the static run.
+ * The slow rank sleeps 1 ms per sample, hundreds of times the tiny MLP's
+ * own compute, so the straggler is unmistakable even on a loaded machine.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "comm/comm.h"
+#include "core/core.h"
+#include "engine/balance.h"
+#include "engine/engine.h"
+#include "fork_workers.h"
+
+static char tmpdir[256];
+
+static void path(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", tmpdir, name); }
+
+/* n samples of 3 classes in 6 dimensions with deterministic jitter. */
+static void write_csv(const char *file, int n, uint64_t seed) {
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fprintf(f, "label,a,b,c,d,e,g\n");
+  for (int i = 0; i < n; i++) {
+    int k = i % 3;
+    float j[6];
+    dt_rng_uniform(j, 6, -1.5f, 1.5f, seed, DT_RNG_USER, (uint64_t)i);
+    fprintf(f, "%d", k);
+    for (int d = 0; d < 6; d++) fprintf(f, ",%.5f", (d / 2 == k ? 1.0f : 0.0f) + j[d]);
+    fprintf(f, "\n");
+  }
+  fclose(f);
+}
+
+static void base_cfg(dt_run_cfg *c, int workers) {
+  dt_run_cfg_defaults(c);
+  snprintf(c->layers, sizeof c->layers, "linear(32) relu dropout(0.2) linear(16) relu linear(3)");
+  c->format = DT_FMT_CSV;
+  path(c->train_images, sizeof c->train_images, "train.csv");
+  path(c->test_images, sizeof c->test_images, "test.csv");
+  c->train_labels[0] = c->test_labels[0] = '\0';
+  c->label_col = 0;
+  c->epochs = 1;
+  c->batch = 32;
+  c->optim.lr = 0.05f;
+  c->workers = workers;
+  c->balance_every = 2;
+}
+
+/* Child body: returns the exit status; on failure the message goes to
+ * <tmp>/<tag>_<rank>.err. */
+static int child(const dt_run_cfg *c, int rank, const char *tag) {
+  char errp[400], outd[400], parp[400], sdir[400];
+  snprintf(errp, sizeof errp, "%s/%s_%d.err", tmpdir, tag, rank);
+  snprintf(outd, sizeof outd, "%s/%s_run", tmpdir, tag);
+  snprintf(parp, sizeof parp, "%s/%s_%d.params", tmpdir, tag, rank);
+  snprintf(sdir, sizeof sdir, "%s/%s_store", tmpdir, tag);
+  dt_engine *e = NULL;
+  dt_store *s = NULL;
+  dt_comm *comm = NULL;
+  int rc = dt_engine_create(&e, c);
+  if (rc == DT_OK && c->workers > 1) {
+    struct dt_comm_config cc = DT_COMM_CONFIG_INIT;
+    cc.transport = "auto";
+    cc.rank = rank;
+    cc.size = c->workers;
+    cc.job = tag;
+    cc.timeout_s = 20;
+    rc = dt_store_open_file(&s, sdir);
+    if (rc == DT_OK) rc = dt_comm_create(&comm, s, &cc);
+    if (rc == DT_OK) rc = dt_engine_set_comm(e, comm);
+  }
+  dt_run_summary sum;
+  if (rc == DT_OK) rc = dt_engine_run(e, outd, "cfg", NULL, &sum);
+  if (rc == DT_OK) {
+    FILE *f = fopen(parp, "wb");
+    const dt_model *m = dt_engine_model(e);
+    size_t n = dt_model_nparams(m);
+    if (!f || fwrite(dt_model_params((dt_model *)m), sizeof(float), n, f) != n) rc = DT_EIO;
+    if (f) fclose(f);
+    snprintf(parp, sizeof parp, "%s/%s_%d.acc", tmpdir, tag, rank);
+    f = fopen(parp, "w");
+    if (!f || fprintf(f, "%.17g\n", sum.test_accuracy) < 0) rc = DT_EIO;
+    if (f) fclose(f);
+  } else {
+    FILE *f = fopen(errp, "w");
+    if (f) {
+      fprintf(f, "%s\n", dt_errmsg());
+      fclose(f);
+    }
+  }
+  dt_comm_destroy(comm);
+  dt_store_destroy(s);
+  dt_engine_destroy(e);
+  return rc == DT_OK ? 0 : rc == DT_EMISMATCH ? 3 : 1;
+}
+
+struct job_arg {
+  const dt_run_cfg *cfgs;
+  const char *tag;
+};
+
+static int job_child(void *arg, int r) {
+  const struct job_arg *a = arg;
+  return child(&a->cfgs[r], r, a->tag);
+}
+
+/* One forked worker per config; status[r] as fork_workers reports it. */
+static void run_job(const dt_run_cfg *cfgs, int n, const char *tag, int *status) {
+  struct job_arg a = {cfgs, tag};
+  fork_workers(n, job_child, &a, 50, tag, status);
+}
+
+static float *read_params(const char *tag, int rank, size_t *n) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.params", tmpdir, tag, rank);
+  FILE *f = fopen(p, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  float *v = malloc((size_t)len);
+  assert_non_null(v);
+  assert_int_equal(fread(v, 1, (size_t)len, f), (size_t)len);
+  fclose(f);
+  *n = (size_t)len / sizeof(float);
+  return v;
+}
+
+static void read_err(const char *tag, int rank, char *buf, size_t cap) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.err", tmpdir, tag, rank);
+  buf[0] = '\0';
+  FILE *f = fopen(p, "r");
+  if (!f) return;
+  size_t k = fread(buf, 1, cap - 1, f);
+  buf[k] = '\0';
+  fclose(f);
+}
+
+
+static void test_split_range(void **state) {
+  (void)state;
+  const double w[3] = {1.0, 2.0, 5.0};
+  for (int64_t g = 0; g < 70; g++) {
+    int64_t prev = 0;
+    for (int r = 0; r < 3; r++) {
+      int64_t lo, hi;
+      dt__split_range(w, 3, g, r, &lo, &hi);
+      assert_int_equal(lo, prev); /* contiguous, in rank order */
+      assert_true(hi >= lo);
+      if (g >= 3) assert_true(hi - lo >= 1);
+      prev = hi;
+    }
+    assert_int_equal(prev, g); /* tiles the whole batch */
+  }
+  int64_t lo, hi;
+  dt__split_range(w, 3, 64, 2, &lo, &hi); /* 1 + 61 x 5/8 = 39.1 */
+  assert_true(hi - lo >= 38 && hi - lo <= 40);
+  dt__split_range(w, 3, 64, 0, &lo, &hi);
+  assert_true(hi - lo >= 8 && hi - lo <= 9);
+  /* equal cut without weights, or with a bad one */
+  const double bad[2] = {1.0, NAN}, zero[2] = {1.0, 0.0};
+  dt__split_range(NULL, 2, 7, 0, &lo, &hi);
+  assert_int_equal(lo, 0);
+  assert_int_equal(hi, 3);
+  dt__split_range(bad, 2, 7, 1, &lo, &hi);
+  assert_int_equal(lo, 3);
+  assert_int_equal(hi, 7);
+  dt__split_range(zero, 2, 8, 1, &lo, &hi);
+  assert_int_equal(hi - lo, 4);
+  /* fewer samples than ranks: the equal cut, some ranks empty */
+  dt__split_range(w, 3, 2, 0, &lo, &hi);
+  assert_int_equal(hi - lo, 0);
+}
+
+static char *slurp(const char *file) {
+  FILE *f = fopen(file, "r");
+  if (!f) return NULL;
+  static char buf[1 << 16];
+  size_t k = fread(buf, 1, sizeof buf - 1, f);
+  buf[k] = '\0';
+  fclose(f);
+  return buf;
+}
+
+/* The "share" of rank r in summary.json's per_worker (-1 if missing). */
+static double summary_share(const char *tag, int r) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_run/summary.json", tmpdir, tag);
+  char *s = slurp(p);
+  assert_non_null(s);
+  char key[32];
+  snprintf(key, sizeof key, "\"rank\":\t%d", r);
+  char *w = strstr(s, key);
+  if (!w) return -1;
+  char *sh = strstr(w, "\"share\":");
+  return sh ? atof(sh + 8) : -1;
+}
+
+static void run_pair(const char *tag, int deterministic, int balance, int *st) {
+  dt_run_cfg cfgs[2];
+  for (int r = 0; r < 2; r++) {
+    base_cfg(&cfgs[r], 2);
+    cfgs[r].deterministic = deterministic;
+    cfgs[r].micro_batch = 4;
+    cfgs[r].balance = balance;
+  }
+  run_job(cfgs, 2, tag, st);
+  for (int r = 0; r < 2; r++) {
+    char msg[600];
+    read_err(tag, r, msg, sizeof msg);
+    if (st[r] != 0) fail_msg("%s: rank %d exit %d: %s", tag, r, st[r], msg);
+  }
+}
+
+static void check_balance(int deterministic) {
+  setenv("DTRAIN_TEST_SLOW_RANK", "1", 1);
+  setenv("DTRAIN_TEST_SLOW_US", "1000", 1);
+  dt__param_reload(); /* the knob table caches the environment; children inherit it */
+  int st[2];
+  const char *ts = deterministic ? "det_static" : "static";
+  const char *td = deterministic ? "det_dynamic" : "dynamic";
+  run_pair(ts, deterministic, DT_BALANCE_STATIC, st);
+  run_pair(td, deterministic, DT_BALANCE_DYNAMIC, st);
+  unsetenv("DTRAIN_TEST_SLOW_RANK");
+  unsetenv("DTRAIN_TEST_SLOW_US");
+  dt__param_reload();
+  size_t n, m;
+  float *a = read_params(ts, 0, &n);
+  float *b = read_params(td, 0, &m);
+  assert_int_equal(n, m);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = (double)a[i] - (double)b[i];
+    num += d * d;
+    den += (double)a[i] * a[i];
+  }
+  double rel = sqrt(num / den);
+  printf("# %s: dynamic vs static after 51 steps: relative difference %.3g; rank 1's share "
+         "%.3f (static %.3f)\n", deterministic ? "deterministic" : "normal", rel,
+         summary_share(td, 1), summary_share(ts, 1));
+  if (deterministic) assert_memory_equal(a, b, n * sizeof(float));
+  else assert_true(rel < 1e-5);
+  float *b1 = read_params(td, 1, &m);
+  assert_memory_equal(b, b1, n * sizeof(float));
+  free(a);
+  free(b);
+  free(b1);
+  /* the cut followed speed; the records name the straggler */
+  assert_true(fabs(summary_share(ts, 1) - 0.5) < 0.02);
+  assert_true(summary_share(td, 1) > 0 && summary_share(td, 1) < 0.4);
+  const char *tags[2] = {ts, td};
+  for (int k = 0; k < 2; k++) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s_run/events.jsonl", tmpdir, tags[k]);
+    char *ev = slurp(p);
+    assert_non_null(ev);
+    if (!strstr(ev, "\"stragglers\":[1]")) fail_msg("%s: events.jsonl: %s", tags[k], ev);
+    snprintf(p, sizeof p, "%s/%s_run/summary.json", tmpdir, tags[k]);
+    char *sm = slurp(p);
+    assert_non_null(strstr(sm, "\"straggler\":\ttrue"));
+    assert_non_null(strstr(sm, deterministic || k == 0 ? "\"balance\":" : "\"dynamic\""));
+  }
+}
+
+static void test_dynamic_normal(void **state) {
+  (void)state;
+  check_balance(0);
+}
+
+static void test_dynamic_det(void **state) {
+  (void)state;
+  check_balance(1);
+}
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_test_balance_XXXXXX");
+  if (!mkdtemp(tmpdir)) return -1;
+  char p[300];
+  path(p, sizeof p, "train.csv");
+  write_csv(p, 32 * 50 + 1, 7); /* 51 steps; the last global batch holds 1 sample */
+  path(p, sizeof p, "test.csv");
+  write_csv(p, 301, 8);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_split_range),
+      cmocka_unit_test(test_dynamic_normal),
+      cmocka_unit_test(test_dynamic_det),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
