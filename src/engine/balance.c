@@ -30,6 +30,12 @@
 /* Memory of the speed estimate, seconds: several 100 ms CFS quota periods. */
 #define DT_BALANCE_TAU 1.0
 
+/* A straggler is a warning rather than a debug line when it is flagged two
+ * epochs running and the others waited this long in the epoch (and 10% of
+ * their time): one short or noisy epoch on a shared machine flags ranks
+ * that do not matter. */
+#define DT_BALANCE_WARN_S 0.5
+
 /* Gathered per rank at a replan: window compute seconds, samples, wall. */
 #define WIN_FIELDS 3
 /* Gathered per rank at an epoch end: compute, wait, samples, share sum, steps. */
@@ -50,6 +56,7 @@ struct dt_balance {
   dt_rank_perf *epoch, *run;
   double *run_share, *run_steps; /* every rank: share sums and steps, the run */
   int have_weights;
+  int last_worst;      /* rank 0: the previous epoch's worst straggler, or -1 */
 };
 
 int dt__balance_create(dt_balance **out, const dt_run_cfg *cfg, int rank, int nranks) {
@@ -77,6 +84,7 @@ int dt__balance_create(dt_balance **out, const dt_run_cfg *cfg, int rank, int nr
     return dt__seterr(DT_ENOMEM, "balance: out of memory");
   }
   b->t_last = dt_now();
+  b->last_worst = -1;
   *out = b;
   return DT_OK;
 }
@@ -231,16 +239,27 @@ int dt__balance_epoch_end(dt_balance *b, dt_comm *c, int epoch) {
   for (int r = 0; r < b->nranks; r++)
     if (b->epoch[r].straggler && (worst < 0 || b->epoch[r].slower > b->epoch[worst].slower))
       worst = r;
-  if (worst < 0) return DT_OK;
+  if (worst < 0) {
+    b->last_worst = -1;
+    return DT_OK;
+  }
   const dt_rank_perf *w = &b->epoch[worst];
-  double others_wait = 0;
+  /* the others' mean wait: a warning only when the straggler cost them real
+   * time (short or noisy epochs on a shared machine flag ranks that do not
+   * matter; those go to the debug log and the records) */
+  double wait = 0, busy = 0;
   for (int r = 0; r < b->nranks; r++)
-    if (r != worst) others_wait += b->epoch[r].wait_seconds;
-  DT_LOG_WARN("epoch %d: rank %d is a straggler: %.3g ms per sample, %.0f%% slower than the "
-              "median of the others; its share of the batch %.0f%%, the other ranks waited %.2f s for the "
-              "exchange (dist.balance = %s)", epoch, worst, 1e3 * w->sec_per_sample,
-              100 * w->slower, 100 * w->share, others_wait,
-              dt__enum_name(dt__balance_names, b->mode));
+    if (r != worst) {
+      wait += b->epoch[r].wait_seconds / (b->nranks - 1);
+      busy += (b->epoch[r].wait_seconds + b->epoch[r].compute_seconds) / (b->nranks - 1);
+    }
+  int costly = wait >= DT_BALANCE_WARN_S && wait >= 0.1 * busy && b->last_worst == worst;
+  b->last_worst = worst;
+  dt_log(costly ? DT_LOG_WARN : DT_LOG_DEBUG,
+         "epoch %d: rank %d is a straggler: %.3g ms per sample, %.0f%% slower than the median "
+         "of the others; its share of the batch %.0f%%, the others waited %.2f s each for the "
+         "exchange (dist.balance = %s)", epoch, worst, 1e3 * w->sec_per_sample, 100 * w->slower,
+         100 * w->share, wait, dt__enum_name(dt__balance_names, b->mode));
   return DT_OK;
 }
 
