@@ -48,6 +48,7 @@ extern "C" {
 
 #define DT_CFG_PATH_MAX 1024
 #define DT_CFG_SPEC_MAX 2048
+#define DT_CFG_MAX_STAGES 64
 
 /* data.format */
 enum dt_data_format { DT_FMT_IDX, DT_FMT_CSV, DT_FMT_NPY };
@@ -105,6 +106,12 @@ typedef struct dt_run_cfg {
   int balance;                         /* enum dt_dist_balance (stragglers) */
   float straggler_threshold;           /* flag a rank this fraction slower than the median */
   int balance_every;                   /* dynamic: re-plan the shares every N steps */
+  /* pipeline parallelism (docs/pipeline.md) */
+  int pipeline_stages;                 /* dist.pipeline_stages: P (1: no pipeline) */
+  int schedule;                        /* dist.schedule: 0 gpipe, 1 1f1b */
+  int micro_batches;                   /* dist.micro_batches: m per global batch */
+  int stages[DT_CFG_MAX_STAGES];       /* model.stages: [0] = cut points, then each */
+  int recompute;                       /* train.recompute: activation recomputation */
 } dt_run_cfg;
 
 /* Fills *cfg with the defaults of docs/config.md: the 2-conv CNN on

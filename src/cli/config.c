@@ -43,7 +43,7 @@ static int cfg_err(int rc, const char *fmt, ...) {
   return dt__seterr(rc, "%s", safe);
 }
 
-enum ktype { K_SPEC, K_PATH, K_INT, K_I64, K_U64, K_FLOAT, K_BOOL, K_ENUM, K_SHAPE };
+enum ktype { K_SPEC, K_PATH, K_INT, K_I64, K_U64, K_FLOAT, K_BOOL, K_ENUM, K_SHAPE, K_CUTS };
 
 /* Range flags: lo/hi bounds are inclusive unless the OPEN flag is set. */
 #define R_LO_OPEN 1
@@ -65,12 +65,14 @@ typedef struct key {
 #define transport_names dt__transport_names
 #define reduce_names dt__reduce_names
 #define balance_names dt__balance_names
+#define schedule_names dt__schedule_names
 
 #define OFF(f) offsetof(dt_run_cfg, f)
 #define BIG 1e18
 
 static const key keys[] = {
     {"model", "layers", K_SPEC, OFF(layers), 0, 0, 0, NULL},
+    {"model", "stages", K_CUTS, OFF(stages), 0, 0, 0, NULL},
     {"data", "format", K_ENUM, OFF(format), 0, 0, 0, fmt_names},
     {"data", "train_images", K_PATH, OFF(train_images), 0, 0, 0, NULL},
     {"data", "train_labels", K_PATH, OFF(train_labels), 0, 0, 0, NULL},
@@ -94,6 +96,7 @@ static const key keys[] = {
     {"train", "batch", K_INT, OFF(batch), 1, 65536, 0, NULL},
     {"train", "seed", K_U64, OFF(seed), 0, 0, 0, NULL},
     {"train", "eval_every", K_INT, OFF(eval_every), 1, 1000000, 0, NULL},
+    {"train", "recompute", K_BOOL, OFF(recompute), 0, 1, 0, NULL},
     {"schedule", "kind", K_ENUM, OFF(sched.kind), 0, 0, 0, sched_names},
     {"schedule", "warmup_steps", K_I64, OFF(sched.warmup_steps), 0, BIG, 0, NULL},
     {"schedule", "step_size", K_I64, OFF(sched.step_size), 1, BIG, 0, NULL},
@@ -110,6 +113,9 @@ static const key keys[] = {
     {"dist", "balance", K_ENUM, OFF(balance), 0, 0, 0, balance_names},
     {"dist", "straggler_threshold", K_FLOAT, OFF(straggler_threshold), 0, 1e6, R_LO_OPEN, NULL},
     {"dist", "balance_every", K_INT, OFF(balance_every), 1, 1000000, 0, NULL},
+    {"dist", "pipeline_stages", K_INT, OFF(pipeline_stages), 1, DT_CFG_MAX_STAGES, 0, NULL},
+    {"dist", "schedule", K_ENUM, OFF(schedule), 0, 0, 0, schedule_names},
+    {"dist", "micro_batches", K_INT, OFF(micro_batches), 1, 65536, 0, NULL},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 _Static_assert(sizeof keys / sizeof keys[0] <= DT_CONFIG_MAX_KEYS, "too many keys");
@@ -273,6 +279,35 @@ static int set_value(dt_run_cfg *r, const key *k, const char *v, char *why, size
       if (*p) return snprintf(why, cap, "expects C,H,W (three positive integers): '%s'", v), -1;
     }
     memcpy(field, s, sizeof s);
+    return 0;
+  }
+  case K_CUTS: {
+    /* "4,7": increasing layer indices where the next stage starts */
+    int cuts[DT_CFG_MAX_STAGES] = {0};
+    const char *p = v;
+    while (*p) {
+      char *end;
+      errno = 0;
+      long x = strtol(p, &end, 10);
+      if (end == p || errno || x < 1 || x > 65536)
+        return snprintf(why, cap, "expects cut points, increasing positive layer indices "
+                        "separated by commas: '%s'", v), -1;
+      if (cuts[0] + 1 >= DT_CFG_MAX_STAGES)
+        return snprintf(why, cap, "at most %d cut points", DT_CFG_MAX_STAGES - 1), -1;
+      if (cuts[0] && x <= cuts[cuts[0]])
+        return snprintf(why, cap, "cut points must increase (%ld after %d)", x, cuts[cuts[0]]), -1;
+      cuts[++cuts[0]] = (int)x;
+      p = end;
+      while (*p == ' ' || *p == '\t') p++;
+      if (*p == ',') {
+        p++;
+        while (*p == ' ' || *p == '\t') p++;
+        if (!*p) return snprintf(why, cap, "trailing ',' in '%s'", v), -1;
+      } else if (*p) {
+        return snprintf(why, cap, "expects cut points separated by commas: '%s'", v), -1;
+      }
+    }
+    memcpy(field, cuts, sizeof cuts);
     return 0;
   }
   }
@@ -525,6 +560,15 @@ int dt_config_validate(const dt_config *c) {
   if (r->sched.kind == DT_SCHED_COSINE && r->sched.min_lr > r->optim.lr)
     return key_error(c, find_key("schedule", "min_lr"), "must not exceed optim.lr (%g > %g)",
                      r->sched.min_lr, r->optim.lr);
+  if (r->stages[0] && r->stages[0] != r->pipeline_stages - 1)
+    return key_error(c, find_key("model", "stages"), "%d cut points for dist.pipeline_stages = %d "
+                     "(expects %d)", r->stages[0], r->pipeline_stages, r->pipeline_stages - 1);
+  if (r->pipeline_stages > 1 && r->workers > 1 && r->workers % r->pipeline_stages)
+    return key_error(c, find_key("dist", "pipeline_stages"), "%d workers are not a multiple of "
+                     "%d stages", r->workers, r->pipeline_stages);
+  if (r->deterministic && (r->pipeline_stages > 1 || r->micro_batches > 1 || r->recompute))
+    return key_error(c, find_key("dist", "deterministic"), "not with pipeline parallelism yet "
+                     "(dist.pipeline_stages, dist.micro_batches, train.recompute)");
   static const char *const paths[] = {"train_images", "train_labels", "test_images",
                                       "test_labels"};
   for (int i = 0; i < 4; i++) {
@@ -564,6 +608,14 @@ static size_t value_text(const dt_run_cfg *r, const key *k, char *buf, size_t ca
     const int *s = (const int *)field;
     if (!s[0]) return (size_t)snprintf(buf, cap, "%s", "");
     return (size_t)snprintf(buf, cap, "%d,%d,%d", s[0], s[1], s[2]);
+  }
+  case K_CUTS: {
+    const int *s = (const int *)field;
+    size_t n = 0;
+    if (cap) buf[0] = '\0';
+    for (int i = 1; i <= s[0] && n < cap; i++)
+      n += (size_t)snprintf(buf + n, cap - n, "%s%d", i > 1 ? "," : "", s[i]);
+    return n;
   }
   }
   return 0;

@@ -36,5 +36,6 @@ extern const char *const dt__optim_names[];
 extern const char *const dt__sched_names[];
 extern const char *const dt__reduce_names[];
 extern const char *const dt__balance_names[];
+extern const char *const dt__schedule_names[];
 
 #endif /* DT_ENGINE_H */

@@ -17,6 +17,7 @@ const char *const dt__optim_names[] = {"sgd", "adamw", NULL};
 const char *const dt__sched_names[] = {"constant", "step", "cosine", NULL};
 const char *const dt__reduce_names[] = {"avg", "sum", NULL};
 const char *const dt__balance_names[] = {"static", "dynamic", "steal", NULL};
+const char *const dt__schedule_names[] = {"gpipe", "1f1b", NULL};
 
 void dt_run_cfg_defaults(dt_run_cfg *c) {
   if (!c) return;
@@ -61,4 +62,9 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->balance = DT_BALANCE_STATIC;
   c->straggler_threshold = 0.25f;
   c->balance_every = 8;
+  c->pipeline_stages = 1;
+  c->schedule = 1; /* 1f1b */
+  c->micro_batches = 1;
+  c->stages[0] = 0;
+  c->recompute = 0;
 }

@@ -110,6 +110,13 @@ struct dt_strategy_ops {
   int (*step_begin)(dt_strategy *s, const dt_step_plan *plan);
   /* Between the forward and the backward of each piece (may be NULL). */
   void (*backward_begin)(dt_strategy *s, const dt_batch *b, int index, int count);
+  /* Runs this worker's pieces of a step itself, adding each forward's loss
+   * to *t (dt__tally_add): for strategies whose pieces are not one forward
+   * and one backward of the whole model in order (pipeline stages: a
+   * schedule of micro-batch forwards and backwards over part of the
+   * model). NULL: the loop runs them (forward, backward_begin, backward
+   * with grad_ready, one piece after another). */
+  int (*run_pieces)(dt_strategy *s, dt_batch_source *src, const dt_step_plan *plan, dt_tally *t);
   /* Handed to dt_model_backward as the grad-ready callback with ud =
    * s->grad_ud (NULL: none). Called on the compute thread, in reverse layer order, with
    * each layer's gradient span as soon as it is final: overlap starts here. */
@@ -147,11 +154,13 @@ struct dt_strategy_ops {
 extern const struct dt_strategy_ops dt__strategy_local;
 extern const struct dt_strategy_ops dt__strategy_ddp;
 extern const struct dt_strategy_ops dt__strategy_ddp_det;
+extern const struct dt_strategy_ops dt__strategy_pipeline;
 
 /* The table entry called name, or NULL. */
 const struct dt_strategy_ops *dt__strategy_find(const char *name);
-/* The strategy a configuration asks for: ddp_det with dist.deterministic,
- * ddp with more than one worker, local otherwise. */
+/* The strategy a configuration asks for: pipeline with dist.pipeline_stages
+ * > 1, dist.micro_batches > 1 or train.recompute; ddp_det with
+ * dist.deterministic, ddp with more than one worker, local otherwise. */
 const char *dt__strategy_for(const dt_run_cfg *cfg);
 
 /* Shared by the strategies built so far: the optimizer state ("optim", its

@@ -255,7 +255,8 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
       lr = dt_sched_lr(&e->sched, S->step);
       DT_CHECK_GOTO(src->ops->plan(src, k, &plan), rc, step_failed);
       DT_CHECK_GOTO(S->ops->step_begin(S, &plan), rc, step_failed);
-      for (int i = 0; i < plan.pieces; i++) {
+      if (S->ops->run_pieces) DT_CHECK_GOTO(S->ops->run_pieces(S, src, &plan, &st), rc, step_failed);
+      for (int i = 0; !S->ops->run_pieces && i < plan.pieces; i++) {
         dt_batch b;
         DT_CHECK_GOTO(src->ops->piece(src, i, &b), rc, step_failed);
         /* dropout masks are keyed by (seed, step, global position) */

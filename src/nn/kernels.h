@@ -29,6 +29,14 @@ void dt_linear_forward_f(int gemm_flags, float *out, const float *inp, const flo
 void dt_linear_backward_f(int gemm_flags, float *dinp, float *dweight, float *dbias, const float *dout,
                           const float *inp, const float *weight, int B, int C, int OC);
 
+/* The same, ADDING dweight and dbias to what they hold (beta = 1): the one
+ * exception to "never accumulate", for micro-batch accumulation in pipeline
+ * stages, where a separate pass over a large weight gradient would cost as
+ * much as the product. dinp is still overwritten. */
+void dt_linear_backward_acc_f(int gemm_flags, float *dinp, float *dweight, float *dbias,
+                              const float *dout, const float *inp, const float *weight, int B,
+                              int C, int OC);
+
 /* conv2d geometry. OH = (H + 2*pad - KH)/stride + 1, same for OW. */
 typedef struct dt_conv2d_geom {
   int B, C, H, W;      /* input  (B,C,H,W) */

@@ -44,3 +44,18 @@ void dt_linear_backward_f(int gemm_flags, float *dinp, float *dweight, float *db
     }
   }
 }
+
+void dt_linear_backward_acc_f(int gemm_flags, float *dinp, float *dweight, float *dbias,
+                              const float *dout, const float *inp, const float *weight, int B,
+                              int C, int OC) {
+  if (dinp) dt_sgemm_f(gemm_flags, 0, 0, B, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+  /* beta = 1: the product is added to what dweight holds (micro-batches) */
+  if (dweight) dt_sgemm_f(gemm_flags, 1, 0, OC, C, B, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dbias) {
+    for (int b = 0; b < B; b++) {
+      const float *restrict d = dout + (size_t)b * OC;
+      float *restrict db = dbias;
+      for (int o = 0; o < OC; o++) db[o] += d[o];
+    }
+  }
+}

@@ -32,8 +32,17 @@
  * before it is used. The unfused layers chunk the same way, so fused and
  * unfused stay bitwise equal.
  *
- * It does not do losses other than softmax cross-entropy, micro-batch
- * gradient accumulation (callers add up gradients themselves) or threads.
+ * Pipeline stages (dt__model_create_range, nn.h): a model of a contiguous
+ * range of another spec's layers, whose parameters, gradients and state may
+ * be borrowed from the whole model's buffers (dt__model_share), whose
+ * backward can start from an output gradient and produce the input
+ * gradient, and which can add its parameter gradients to the buffer instead
+ * of overwriting it (micro-batch accumulation: linear layers through GEMM's
+ * beta = 1, the small others through one layer-sized scratch). Dropout masks
+ * are keyed by the layer's index in the whole model, so a stage draws the
+ * masks the whole model would.
+ *
+ * It does not do losses other than softmax cross-entropy or threads.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -91,6 +100,14 @@ struct dt_model {
   int train;
   const float *logits;
   int gemm_flags;         /* dt_sgemm_f flags of every product (dt_model_set_gemm_flags) */
+  /* pipeline stages (nn.h, dt__model_*) */
+  int layer_base;         /* index of layer 0 in the whole model (dropout keys) */
+  int need_dx;            /* backward goes down to layer 0 and keeps the input gradient */
+  int accum;              /* backward adds parameter gradients instead of writing them */
+  float gscale;           /* the loss gradient is multiplied by this */
+  const float *dx;        /* input gradient of the last backward (need_dx) */
+  float *gtmp;            /* accum: a non-linear layer's gradients before they are added */
+  int shared;             /* params, grads and bufs are another model's */
 };
 
 /* Does layer i start a `relu maxpool(2)` pair the fused kernel can run? */
@@ -106,9 +123,12 @@ static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 void dt_model_destroy(dt_model *m) {
   if (!m) return;
-  dt_free(m->params);
-  dt_free(m->own_grads);
-  dt_free(m->bufs);
+  if (!m->shared) {
+    dt_free(m->params);
+    dt_free(m->own_grads);
+    dt_free(m->bufs);
+  }
+  dt_free(m->gtmp);
   dt_free(m->acts);
   dt_free(m->iacts);
   dt_free(m->dbuf[0]);
@@ -119,14 +139,11 @@ void dt_model_destroy(dt_model *m) {
   free(m);
 }
 
-int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int max_batch) {
-  if (!out) return dt__seterr(DT_EINVAL, "model create: out is NULL");
-  *out = NULL;
-  if (!spec) return dt__seterr(DT_EINVAL, "model create: spec is NULL");
-  if (max_batch < 1 || max_batch > (1 << 24))
-    return dt__seterr(DT_EINVAL, "model: max_batch %d must be in [1, %d]", max_batch, 1 << 24);
-  dt__spec sp;
-  DT_CHECK(dt__spec_parse(&sp, spec, c, h, w));
+/* The model of a parsed spec (freed here, success or not). stage != 0: a
+ * pipeline stage (no chunked first-conv backward, so that accumulation and
+ * input gradients take the plain path). */
+static int create_from(dt_model **out, dt__spec sp, int c, int h, int w, int max_batch,
+                       int stage) {
   int rc = DT_OK;
   dt_model *m = calloc(1, sizeof *m);
   if (!m) {
@@ -169,7 +186,8 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
       int64_t c = chunk_bytes / (int64_t)(l->out_el * sizeof(float));
       c = c < 1 ? 1 : c > max_batch ? max_batch : c;
       if (relu_pool_at(&sp, i + 1)) l->chunk = (int)c;
-      if (m->first_param == i && c < max_batch) l->bchunk = (int)c, nacts += al16(in->nparams);
+      if (m->first_param == i && c < max_batch && !stage)
+        l->bchunk = (int)c, nacts += al16(in->nparams);
     }
     if (in->kind == DT_L_MAXPOOL2D && i > 0 && m->L[i - 1].fused == FUSE_ABSORBED)
       l->fused = FUSE_RELU_POOL;
@@ -195,6 +213,11 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
     }
   }
   m->out_dim = m->L[sp.n - 1].out_el;
+  m->gscale = 1.0f;
+  size_t ntmp = 1;
+  for (int i = 0; i < sp.n; i++)
+    if (sp.L[i].info.kind != DT_L_LINEAR && sp.L[i].info.nparams > ntmp)
+      ntmp = sp.L[i].info.nparams;
 
   /* Pass 2: allocate once and lay the pointers into the arenas. */
   m->params = dt_calloc((m->nparams ? m->nparams : 1) * sizeof(float));
@@ -205,8 +228,9 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
   m->dbuf[0] = dt_alloc(al16(MB * sp.max_elems) * sizeof(float));
   m->dbuf[1] = dt_alloc(al16(MB * sp.max_elems) * sizeof(float));
   m->ws = dt_alloc((nws ? nws : 1) * sizeof(float));
+  m->gtmp = dt_alloc(ntmp * sizeof(float));
   if (!m->params || !m->grads || !m->bufs || !m->acts || !m->iacts || !m->dbuf[0] ||
-      !m->dbuf[1] || !m->ws)
+      !m->dbuf[1] || !m->ws || !m->gtmp)
     goto nomem;
   float *a = m->acts;
   int32_t *ia = m->iacts;
@@ -259,6 +283,100 @@ fail:
   dt_model_destroy(m);
   return rc;
 }
+
+int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int max_batch) {
+  if (!out) return dt__seterr(DT_EINVAL, "model create: out is NULL");
+  *out = NULL;
+  if (!spec) return dt__seterr(DT_EINVAL, "model create: spec is NULL");
+  if (max_batch < 1 || max_batch > (1 << 24))
+    return dt__seterr(DT_EINVAL, "model: max_batch %d must be in [1, %d]", max_batch, 1 << 24);
+  dt__spec sp;
+  DT_CHECK(dt__spec_parse(&sp, spec, c, h, w));
+  return create_from(out, sp, c, h, w, max_batch, 0);
+}
+
+int dt__model_spec_layers(const char *spec, int c, int h, int w, int *nlayers) {
+  dt__spec sp;
+  DT_CHECK(dt__spec_parse(&sp, spec, c, h, w));
+  *nlayers = sp.n;
+  dt__spec_free(&sp);
+  return DT_OK;
+}
+
+int dt__model_create_range(dt_model **out, const char *spec, int c, int h, int w, int max_batch,
+                           int l0, int l1, int need_dx) {
+  *out = NULL;
+  if (max_batch < 1 || max_batch > (1 << 24))
+    return dt__seterr(DT_EINVAL, "model: max_batch %d must be in [1, %d]", max_batch, 1 << 24);
+  dt__spec sp;
+  DT_CHECK(dt__spec_parse(&sp, spec, c, h, w));
+  if (l0 < 0 || l1 > sp.n || l0 >= l1) {
+    int n = sp.n;
+    dt__spec_free(&sp);
+    return dt__seterr(DT_EINVAL, "model stage: layers [%d, %d) outside the %d layers", l0, l1, n);
+  }
+  /* The range as a spec of its own: offsets rebased to its first layer. */
+  size_t p0 = sp.L[l0].info.param_off, b0 = sp.L[l0].info.buf_off;
+  dt__spec sub = {0};
+  sub.n = l1 - l0;
+  sub.L = malloc((size_t)sub.n * sizeof *sub.L);
+  if (!sub.L) {
+    dt__spec_free(&sp);
+    return dt__seterr(DT_ENOMEM, "model stage: out of memory");
+  }
+  for (int i = 0; i < sub.n; i++) {
+    dt__layer_spec *l = &sub.L[i];
+    *l = sp.L[l0 + i];
+    l->info.param_off -= p0;
+    l->info.buf_off -= b0;
+    sub.nparams += l->info.nparams;
+    sub.nbufs += l->info.nbufs;
+    size_t in = (size_t)l->info.in_c * l->info.in_h * l->info.in_w;
+    size_t o = (size_t)l->info.out_c * l->info.out_h * l->info.out_w;
+    if (in > sub.max_elems) sub.max_elems = in;
+    if (o > sub.max_elems) sub.max_elems = o;
+  }
+  const dt_layer_info *first = &sp.L[l0].info;
+  int ic = first->in_c, ih = first->in_h, iw = first->in_w;
+  dt__spec_free(&sp);
+  DT_CHECK(create_from(out, sub, ic, ih, iw, max_batch, 1));
+  (*out)->layer_base = l0;
+  (*out)->need_dx = need_dx;
+  return DT_OK;
+}
+
+void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_off) {
+  float *P = owner->params + param_off, *G = owner->grads + param_off, *S = owner->bufs + buf_off;
+  for (int i = 0; i < m->n; i++) {
+    layer *l = &m->L[i];
+    if (l->s.info.nparams) {
+      l->w = P + (l->w - m->params);
+      l->b = P + (l->b - m->params);
+      l->dw = G + (l->dw - m->grads);
+      l->db = G + (l->db - m->grads);
+    }
+    if (l->run_mean) {
+      l->run_mean = S + (l->run_mean - m->bufs);
+      l->run_var = S + (l->run_var - m->bufs);
+    }
+  }
+  if (!m->shared) {
+    dt_free(m->params);
+    dt_free(m->own_grads);
+    dt_free(m->bufs);
+  }
+  m->params = P;
+  m->grads = G;
+  m->own_grads = NULL;
+  m->bufs = S;
+  m->shared = 1;
+}
+
+void dt__model_set_accum(dt_model *m, int accumulate, float gscale) {
+  m->accum = accumulate;
+  m->gscale = gscale;
+}
+
 
 int dt_model_init(dt_model *m, uint64_t seed) {
   if (!m) return dt__seterr(DT_EINVAL, "model init: model is NULL");
@@ -408,7 +526,7 @@ int dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx)
     case DT_L_DROPOUT:
       if (train && s->p > 0.0f)
         dt_dropout_forward(l->out, l->mask, cur, B, l->out_el, s->p, ctx->seed, ctx->step,
-                           ctx->sample0, i);
+                           ctx->sample0, m->layer_base + i);
       else
         memcpy(l->out, cur, N * sizeof(float));
       break;
@@ -488,21 +606,37 @@ static void conv_first_backward_chunked(dt_model *m, layer *c, const float *d, c
   }
 }
 
-int dt_model_backward(dt_model *m, const int32_t *labels, int B, float *loss_out, int *ncorrect,
-                      dt_grad_ready_fn on_ready, void *ud) {
-  DT_CHECK(check_labels(m, labels, B, "backward"));
-  float *d = m->dbuf[0];
-  float loss = dt_softmax_xent(d, ncorrect, m->logits, labels, B, (int)m->out_dim);
-  if (loss_out) *loss_out = loss;
-  for (int i = m->n - 1; i >= m->first_param; i--) {
+/* Where a non-linear layer's backward writes its parameter gradients: the
+ * buffer itself, or with accumulation the scratch that add_grads adds. */
+static float *gdst(const dt_model *m, const layer *l) { return m->accum ? m->gtmp : l->dw; }
+static void add_grads(const dt_model *m, layer *l) {
+  if (!m->accum) return;
+  float *restrict g = l->dw;
+  const float *restrict t = m->gtmp;
+  for (size_t j = 0; j < l->s.info.nparams; j++) g[j] += t[j];
+}
+
+/* Backward through the layers from the output gradient d (B samples). */
+static int backward_layers(dt_model *m, float *d, int B, dt_grad_ready_fn on_ready, void *ud) {
+  const int stop = m->need_dx ? 0 : m->first_param;
+  for (int i = m->n - 1; i >= stop; i--) {
     layer *l = &m->L[i];
     const dt__layer_spec *s = &l->s;
     const dt_layer_info *in = &s->info;
-    float *dinp = i == m->first_param ? NULL : (d == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0]);
+    float *dinp = i == m->first_param && !m->need_dx
+                      ? NULL
+                      : (d == m->dbuf[0] ? m->dbuf[1] : m->dbuf[0]);
     size_t N = (size_t)B * l->out_el;
+    float *gw = in->nparams ? gdst(m, l) : NULL;
+    float *gb = in->nparams ? gw + (l->db - l->dw) : NULL;
     switch (in->kind) {
     case DT_L_LINEAR:
-      dt_linear_backward_f(m->gemm_flags, dinp, l->dw, l->db, d, l->in, l->w, B, (int)l->in_el, s->oc);
+      if (m->accum)
+        dt_linear_backward_acc_f(m->gemm_flags, dinp, l->dw, l->db, d, l->in, l->w, B,
+                                 (int)l->in_el, s->oc);
+      else
+        dt_linear_backward_f(m->gemm_flags, dinp, l->dw, l->db, d, l->in, l->w, B, (int)l->in_el,
+                             s->oc);
       break;
     case DT_L_CONV2D:
       if (l->bchunk) {
@@ -510,7 +644,8 @@ int dt_model_backward(dt_model *m, const int32_t *labels, int B, float *loss_out
         break;
       }
       l->g.B = B;
-      dt_conv2d_backward(dinp, l->dw, l->db, d, l->in, l->w, &l->g, m->ws);
+      dt_conv2d_backward(dinp, gw, gb, d, l->in, l->w, &l->g, m->ws);
+      add_grads(m, l);
       break;
     case DT_L_MAXPOOL2D:
       if (l->fused == FUSE_RELU_POOL && i >= 2 && m->L[i - 2].chunk && m->L[i - 2].bchunk) {
@@ -545,16 +680,44 @@ int dt_model_backward(dt_model *m, const int32_t *labels, int B, float *loss_out
       break;
     case DT_L_FLATTEN: dinp = d; break;
     case DT_L_LAYERNORM:
-      dt_layernorm_backward(dinp, l->dw, l->db, d, l->in, l->w, l->mean, l->rstd, B,
-                            (int)l->in_el);
+      dt_layernorm_backward(dinp, gw, gb, d, l->in, l->w, l->mean, l->rstd, B, (int)l->in_el);
+      add_grads(m, l);
       break;
     case DT_L_BATCHNORM:
-      dt_batchnorm_backward(dinp, l->dw, l->db, d, l->in, l->w, l->mean, l->rstd, B, s->bn_c,
-                            s->bn_s);
+      dt_batchnorm_backward(dinp, gw, gb, d, l->in, l->w, l->mean, l->rstd, B, s->bn_c, s->bn_s);
+      add_grads(m, l);
       break;
     }
     if (in->nparams && on_ready) on_ready(ud, in->param_off, in->nparams);
     d = dinp;
   }
+  m->dx = d;
   return DT_OK;
 }
+
+int dt_model_backward(dt_model *m, const int32_t *labels, int B, float *loss_out, int *ncorrect,
+                      dt_grad_ready_fn on_ready, void *ud) {
+  DT_CHECK(check_labels(m, labels, B, "backward"));
+  float *d = m->dbuf[0];
+  float loss = dt_softmax_xent(d, ncorrect, m->logits, labels, B, (int)m->out_dim);
+  if (loss_out) *loss_out = loss;
+  if (m->gscale != 1.0f) {
+    const float g = m->gscale;
+    for (size_t j = 0; j < (size_t)B * m->out_dim; j++) d[j] *= g;
+  }
+  return backward_layers(m, d, B, on_ready, ud);
+}
+
+int dt__model_backward_dy(dt_model *m, const float *dy, int B, const float **dx,
+                          dt_grad_ready_fn on_ready, void *ud) {
+  if (!m->logits) return dt__seterr(DT_EINVAL, "model backward: no forward pass ran before");
+  if (B != m->B)
+    return dt__seterr(DT_EINVAL, "model backward: batch %d does not match the last forward (%d)",
+                      B, m->B);
+  /* the kernels only read the output gradient (const in every signature) */
+  DT_CHECK(backward_layers(m, (float *)dy, B, on_ready, ud));
+  if (dx) *dx = m->dx;
+  return DT_OK;
+}
+
+const float *dt__model_dx(const dt_model *m) { return m->dx; }

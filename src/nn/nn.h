@@ -44,4 +44,32 @@ int64_t *dt_optim_step_count(dt_optim *o);
  * needs no pass of its own over the gradient. */
 float dt__optim_grad_maxabs(const dt_optim *o);
 
+/* ---- pipeline stages (model.c) --------------------------------------------
+ * A stage is a model of layers [l0, l1) of a spec, used by parallel/pipe.c. */
+
+/* How many layers spec has for input (c,h,w). DT_EINVAL as dt_model_create. */
+int dt__model_spec_layers(const char *spec, int c, int h, int w, int *nlayers);
+/* A model of layers [l0, l1) of spec (input: what layer l0 receives). Its
+ * dropout masks are those of the whole model's layers l0.. ; need_dx: its
+ * backward also produces the input gradient (every stage but the first).
+ * Owned by the caller (dt_model_destroy). */
+int dt__model_create_range(dt_model **out, const char *spec, int c, int h, int w, int max_batch,
+                           int l0, int l1, int need_dx);
+/* m's parameters, gradients and state become owner's, starting at
+ * param_off / buf_off floats (m's own are freed): several stage models over
+ * one span (micro-batches in flight), or a stage over the whole model's
+ * buffers. owner must outlive m. */
+void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_off);
+/* accumulate: backward adds to the parameter gradients instead of
+ * overwriting them; gscale multiplies the loss gradient (a micro-batch of n
+ * samples in a batch of N: n / N, so the sum is the batch mean). */
+void dt__model_set_accum(dt_model *m, int accumulate, float gscale);
+/* Backward from the output gradient dy (B samples, after a forward of B);
+ * *dx (may be NULL) gets the input gradient when the model was made with
+ * need_dx (model memory, valid until the next backward). */
+int dt__model_backward_dy(dt_model *m, const float *dy, int B, const float **dx,
+                          dt_grad_ready_fn on_ready, void *ud);
+/* The input gradient of the last backward (need_dx), or NULL. */
+const float *dt__model_dx(const dt_model *m);
+
 #endif /* DT_NN_H */

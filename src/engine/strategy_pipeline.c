@@ -1,0 +1,409 @@
+/*
+ * strategy_pipeline.c — the "pipeline" strategy (docs/pipeline.md): the
+ * model's layers cut into P stages on P ranks (parallel/partition.h), each
+ * global batch's share of a pipeline replica cut into m micro-batches that
+ * flow through the stages on a schedule (gpipe or 1f1b, parallel/pipe.h),
+ * gradients accumulated over the micro-batches, one optimizer step per
+ * stage on its own span of the parameters. With W = R x P workers there are
+ * R replicas (ranks r*P .. r*P+P-1, so one replica's stages share a host
+ * when ranks are laid out by host): each stage's gradients are summed over
+ * its R replicas on a communicator split by stage. P = 1 is micro-batch
+ * accumulation in one process (with train.recompute: keeping only the
+ * micro-batches' inputs).
+ *
+ * The whole model stays on every rank as the place the stages' spans live
+ * (a stage trains its span in place) and evaluation runs on it after every
+ * stage's span is broadcast to its replica, like ddp's sharded evaluation.
+ * Its batch source is a "replica" view of the shards source: rank r trains
+ * on replica r / P's slice of every global batch, one piece per step that
+ * run_pieces cuts into micro-batches.
+ *
+ * It does not do deterministic mode, ZeRO or elastic membership yet.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "engine/engine_int.h"
+#include "engine/strategy.h"
+#include "parallel/partition.h"
+#include "parallel/pipe.h"
+
+/* ---- the replica source ------------------------------------------------------ */
+
+typedef struct replica_src {
+  dt_batch_source base;
+  dt_batch_source *inner; /* shards over R replicas */
+  int P;
+} replica_src;
+
+static int rs_bind(dt_batch_source *s, int rank, int nranks) {
+  replica_src *r = (replica_src *)s;
+  if (nranks % r->P)
+    return dt__seterr(DT_EINVAL, "dist.pipeline_stages = %d: %d workers are not a multiple of it",
+                      r->P, nranks);
+  return r->inner->ops->bind(r->inner, rank / r->P, nranks / r->P);
+}
+static int64_t rs_steps(const dt_batch_source *s) {
+  const replica_src *r = (const replica_src *)s;
+  return r->inner->ops->steps_per_epoch(r->inner);
+}
+static int rs_epoch(dt_batch_source *s, int epoch) {
+  replica_src *r = (replica_src *)s;
+  return r->inner->ops->epoch_begin(r->inner, epoch);
+}
+static int rs_plan(dt_batch_source *s, int64_t k, dt_step_plan *plan) {
+  replica_src *r = (replica_src *)s;
+  return r->inner->ops->plan(r->inner, k, plan);
+}
+static int rs_piece(dt_batch_source *s, int i, dt_batch *b) {
+  replica_src *r = (replica_src *)s;
+  return r->inner->ops->piece(r->inner, i, b);
+}
+static void rs_destroy(dt_batch_source *s) {
+  replica_src *r = (replica_src *)s;
+  dt__source_destroy(r->inner);
+  free(r);
+}
+static const struct dt_batch_source_ops replica_ops = {
+    "replica", rs_bind, rs_steps, rs_epoch, rs_plan, rs_piece, rs_destroy};
+
+/* ---- settings ------------------------------------------------------------------ */
+
+static int check_settings(const dt_run_cfg *c, const dt_dataset *train) {
+  const int P = c->pipeline_stages;
+  if (c->deterministic)
+    return dt__seterr(DT_EINVAL, "dist.deterministic: not with pipeline parallelism yet "
+                      "(dist.pipeline_stages, dist.micro_batches, train.recompute)");
+  if (c->micro_batches < 1)
+    return dt__seterr(DT_EINVAL, "dist.micro_batches = %d: expects at least 1", c->micro_batches);
+  if (c->workers % P)
+    return dt__seterr(DT_EINVAL, "dist.pipeline_stages = %d: %d workers are not a multiple of "
+                      "it (--workers must be replicas x stages)", P, c->workers);
+  int n = 0;
+  DT_CHECK(dt__model_spec_layers(c->layers, train->c, train->h, train->w, &n));
+  return dt_partition_check(n, P, c->stages + 1, c->stages[0]);
+}
+
+static int pipe_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
+  DT_CHECK(check_settings(cfg, train));
+  replica_src *r = calloc(1, sizeof *r);
+  if (!r) return dt__seterr(DT_ENOMEM, "pipeline: out of memory");
+  int rc = dt__source_shards(&r->inner, train, cfg->batch, cfg->seed, cfg->shuffle, 0);
+  if (rc < 0) {
+    free(r);
+    return rc;
+  }
+  r->base.ops = &replica_ops;
+  r->P = cfg->pipeline_stages;
+  *out = &r->base;
+  return DT_OK;
+}
+
+/* ---- the strategy --------------------------------------------------------------- */
+
+typedef struct pipe_impl {
+  dt_partition part;
+  int P, R, stage, replica;
+  dt_comm *pcomm;    /* this replica's stages (rank = stage); NULL with P = 1 */
+  dt_comm *scomm;    /* this stage over the replicas (rank = replica); NULL with R = 1 */
+  dt_pipe *pipe;
+  dt_optim *optim;   /* over this stage's span */
+  dt_pipe_mb *mb;
+  float *loss;
+  int *correct;
+  dt_step_plan plan;
+  uint64_t sent0, recv0;
+  double reduce_s;
+} pipe_impl;
+
+static int pcomm_err(dt_strategy *s, int rc, const char *what) {
+  return dt__ddp_comm_err(s, rc, what);
+}
+
+/* Every rank's partition: cut points, or balanced by costs rank 0 measured. */
+static int partition(dt_strategy *s, pipe_impl *d) {
+  const dt_run_cfg *c = s->cfg;
+  dt_model *m = s->model;
+  const int n = dt_model_nlayers(m);
+  if (c->stages[0] || d->P == 1)
+    return dt_partition_from_cuts(&d->part, m, d->P, c->stages + 1, c->stages[0]);
+  double *cost = calloc((size_t)n, sizeof *cost);
+  if (!cost) return dt__seterr(DT_ENOMEM, "pipeline: out of memory");
+  int rc = DT_OK;
+  int mb = (c->batch / d->R + c->micro_batches - 1) / c->micro_batches;
+  if (mb < 1) mb = 1;
+  int li = dt_model_layer(m, 0)->in_c, hi = dt_model_layer(m, 0)->in_h,
+      wi = dt_model_layer(m, 0)->in_w;
+  if (s->rank == 0) rc = dt_partition_profile(c->layers, li, hi, wi, mb, 5, cost);
+  /* every rank learns rank 0's verdict, then its costs */
+  int ok = rc == DT_OK;
+  int rc2 = dt_comm_broadcast(s->comm, &ok, 1, DT_I32, 0);
+  if (rc2 == DT_OK && ok) rc2 = dt_comm_broadcast(s->comm, cost, (size_t)n, DT_F64, 0);
+  if (rc2 < 0) rc = pcomm_err(s, rc2, "pipeline partition");
+  else if (!ok && rc == DT_OK) rc = dt__seterr(DT_EIO, "rank %d: pipeline partition: rank 0 "
+                                               "could not profile the layers", s->rank);
+  if (rc == DT_OK) rc = dt_partition_balance(&d->part, m, d->P, cost);
+  free(cost);
+  return rc;
+}
+
+static void pipe_teardown(dt_strategy *s) {
+  pipe_impl *d = s->impl;
+  if (!d) return;
+  dt_pipe_destroy(d->pipe);
+  dt_optim_destroy(d->optim);
+  dt_comm_destroy(d->scomm);
+  dt_comm_destroy(d->pcomm);
+  free(d->mb), free(d->loss), free(d->correct);
+  free(d);
+  s->impl = NULL;
+}
+
+static int pipe_setup(dt_strategy *s) {
+  const dt_run_cfg *c = s->cfg;
+  const int P = c->pipeline_stages;
+  if (P > 1 && !s->comm)
+    return dt__seterr(DT_EINVAL, "dist.pipeline_stages = %d: the engine needs a communicator "
+                      "(dt_engine_set_comm) of a multiple of %d workers", P, P);
+  if (s->nranks % P)
+    return dt__seterr(DT_EINVAL, "dist.pipeline_stages = %d: %d workers are not a multiple of it",
+                      P, s->nranks);
+  DT_CHECK(dt__ddp_startup(s));
+  pipe_impl *d = calloc(1, sizeof *d);
+  if (!d) return dt__seterr(DT_ENOMEM, "pipeline: out of memory");
+  s->impl = d;
+  d->P = P;
+  d->R = s->nranks / P;
+  d->stage = s->rank % P;
+  d->replica = s->rank / P;
+  int rc = DT_OK;
+  if (s->comm) {
+    dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
+    if ((rc = dt_comm_split(s->comm, d->replica, d->stage, &d->pcomm)) < 0 ||
+        (rc = dt_comm_split(s->comm, d->stage, d->replica, &d->scomm)) < 0) {
+      rc = pcomm_err(s, rc, "pipeline communicators");
+      goto fail;
+    }
+    if (P == 1) dt_comm_destroy(d->pcomm), d->pcomm = NULL;
+    if (d->R == 1) dt_comm_destroy(d->scomm), d->scomm = NULL;
+  }
+  DT_CHECK_GOTO(partition(s, d), rc, fail);
+  if (s->rank == 0 && P > 1) {
+    char desc[4096];
+    dt_partition_describe(&d->part, s->model, desc, sizeof desc);
+    DT_LOG_INFO("pipeline: %d stages x %d replica%s, schedule %s, %d micro-batches%s\n%s", P,
+                d->R, d->R == 1 ? "" : "s", dt__schedule_names[c->schedule], c->micro_batches,
+                c->recompute ? ", recompute" : "", desc);
+  }
+  const int st = d->stage, m = c->micro_batches;
+  int per_replica = (c->batch + d->R - 1) / d->R;
+  dt_pipe_cfg pc = {
+      .spec = c->layers,
+      .l0 = d->part.first[st],
+      .l1 = d->part.first[st + 1],
+      .param_off = d->part.param_off[st],
+      .buf_off = d->part.buf_off[st],
+      .nbufs = d->part.nbufs[st],
+      .stage = st,
+      .nstages = P,
+      .schedule = c->schedule,
+      .micro = m,
+      .max_batch = (per_replica + m - 1) / m,
+      .recompute = c->recompute,
+      .whole = s->model,
+      .comm = d->pcomm,
+  };
+  const dt_layer_info *l0 = dt_model_layer(s->model, 0);
+  pc.c = l0->in_c, pc.h = l0->in_h, pc.w = l0->in_w;
+  DT_CHECK_GOTO(dt_pipe_create(&d->pipe, &pc), rc, fail);
+  DT_CHECK_GOTO(dt_optim_create(&d->optim, &c->optim, d->part.params[st] ? d->part.params[st] : 1),
+                rc, fail);
+  d->mb = calloc((size_t)m, sizeof *d->mb);
+  d->loss = calloc((size_t)m, sizeof *d->loss);
+  d->correct = calloc((size_t)m, sizeof *d->correct);
+  if (!d->mb || !d->loss || !d->correct) {
+    rc = dt__seterr(DT_ENOMEM, "pipeline: out of memory");
+    goto fail;
+  }
+  return DT_OK;
+fail:
+  if (rc < 0 && !strstr(dt_errmsg(), "rank ")) dt__preerr(rc, "rank %d (stage %d)", s->rank, d->stage);
+  pipe_teardown(s);
+  return rc;
+}
+
+static int pipe_step_begin(dt_strategy *s, const dt_step_plan *plan) {
+  pipe_impl *d = s->impl;
+  d->plan = *plan;
+  return DT_OK;
+}
+
+static int pipe_run(dt_strategy *s, dt_batch_source *src, const dt_step_plan *plan, dt_tally *t) {
+  pipe_impl *d = s->impl;
+  int m = 0;
+  dt_batch b = {0};
+  if (plan->pieces > 0) {
+    DT_CHECK(src->ops->piece(src, 0, &b));
+    const int M = s->cfg->micro_batches, n = b.n;
+    const size_t dim = (size_t)dt_model_in_dim(s->model);
+    for (int j = 0; j < M; j++) {
+      int lo = (int)((int64_t)n * j / M), hi = (int)((int64_t)n * (j + 1) / M);
+      if (hi == lo) continue; /* fewer samples than micro-batches */
+      d->mb[m] = (dt_pipe_mb){b.x + (size_t)lo * dim, b.y + lo, hi - lo, b.sample0 + lo};
+      m++;
+    }
+  }
+  int rc = dt_pipe_step(d->pipe, d->mb, m, plan->n_global, s->cfg->seed, (uint64_t)s->step,
+                        d->loss, d->correct);
+  if (rc < 0) return rc;
+  for (int j = 0; j < m; j++) dt__tally_add(t, d->loss[j], d->mb[j].n, d->correct[j], plan->terms);
+  return DT_OK;
+}
+
+static int pipe_step_finish(dt_strategy *s, float lr) {
+  pipe_impl *d = s->impl;
+  const int st = d->stage;
+  const size_t off = d->part.param_off[st], n = d->part.params[st];
+  float *g = dt_model_grads(s->model) + off;
+  if (d->scomm && n) {
+    /* the stage's gradient over its replicas (each already weighted by its
+     * share of the global batch) */
+    double t0 = dt_now();
+    int rc = dt_comm_allreduce(d->scomm, g, g, n, DT_F32, DT_OP_SUM);
+    d->reduce_s += dt_now() - t0;
+    if (rc < 0) return pcomm_err(s, rc, "stage gradient allreduce");
+  }
+  if (n) DT_CHECK(dt_optim_step(d->optim, dt_model_params(s->model) + off, g, lr));
+  s->step++;
+  return DT_OK;
+}
+
+/* Every stage's span of the parameters and running statistics to every
+ * rank of its replica; running statistics averaged over the replicas. */
+static int gather_whole(dt_strategy *s) {
+  pipe_impl *d = s->impl;
+  dt_model *m = s->model;
+  if (!d || !d->pcomm) return DT_OK;
+  for (int t = 0; t < d->P; t++) {
+    int rc = DT_OK;
+    if (d->part.params[t])
+      rc = dt_comm_broadcast(d->pcomm, dt_model_params(m) + d->part.param_off[t],
+                             d->part.params[t], DT_F32, t);
+    if (rc == DT_OK && d->part.nbufs[t])
+      rc = dt_comm_broadcast(d->pcomm, dt_model_bufs(m) + d->part.buf_off[t], d->part.nbufs[t],
+                             DT_F32, t);
+    if (rc < 0) return pcomm_err(s, rc, "gathering the stages' parameters");
+  }
+  return DT_OK;
+}
+
+static int pipe_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
+  (void)chunk;
+  *lo = 0;
+  *hi = n;
+  if (!s->comm || s->nranks < 2) return DT_OK;
+  DT_CHECK(gather_whole(s));
+  dt_model *m = s->model;
+  if (dt_model_nbufs(m)) {
+    int rc = dt_comm_allreduce(s->comm, dt_model_bufs(m), dt_model_bufs(m), dt_model_nbufs(m),
+                               DT_F32, DT_OP_AVG);
+    if (rc < 0) return pcomm_err(s, rc, "evaluation buffers");
+  }
+  *lo = n * s->rank / s->nranks;
+  *hi = n * (s->rank + 1) / s->nranks;
+  return DT_OK;
+}
+
+static int pipe_eval_reduce(dt_strategy *s, dt_tally *t) {
+  if (!s->comm || s->nranks < 2) return DT_OK;
+  double v[2] = {t->loss, (double)t->correct};
+  int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_F64, DT_OP_SUM);
+  if (rc < 0) return pcomm_err(s, rc, "evaluation");
+  t->loss = v[0];
+  t->correct = (int64_t)(v[1] + 0.5);
+  return DT_OK;
+}
+
+static int pipe_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
+  (void)epoch;
+  pipe_impl *d = s->impl;
+  if (!s->comm) return DT_OK;
+  /* every stage of a replica saw the same losses: count stage 0's */
+  int mine = d->stage == 0;
+  double v[3] = {mine ? t->loss : 0, mine ? (double)t->correct : 0, mine ? (double)t->samples : 0};
+  int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_F64, DT_OP_SUM);
+  if (rc == DT_OK) rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
+  if (rc < 0) return pcomm_err(s, rc, "epoch statistics");
+  t->loss = v[0];
+  t->correct = (int64_t)(v[1] + 0.5);
+  t->samples = (int64_t)(v[2] + 0.5);
+  return DT_OK;
+}
+
+static int pipe_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all) {
+  pipe_impl *d = s->impl;
+  DT_CHECK(gather_whole(s));
+  if (s->comm) {
+    int rc = dt_ddp_check_params(s->model, s->comm);
+    if (rc < 0) return dt__preerr(rc, "rank %d", s->rank);
+  }
+  double comp = 0, wait = 0;
+  dt_pipe_times(d->pipe, &comp, &wait);
+  uint64_t sent = 0, recv = 0;
+  if (s->comm) dt_comm_bytes(s->comm, &sent, &recv);
+  me->compute_seconds = comp;
+  me->comm_seconds = wait + d->reduce_s;
+  me->comm_hidden = 0;
+  me->bytes_sent = (double)(sent - d->sent0);
+  me->bytes_received = (double)(recv - d->recv0);
+  all[0] = *me;
+  if (!s->comm) return DT_OK;
+  int rc = dt_comm_allgather(s->comm, me, all, DT_WORKER_STATS_FIELDS, DT_F64);
+  return rc < 0 ? pcomm_err(s, rc, "summary statistics") : DT_OK;
+}
+
+static int pipe_export(dt_strategy *s, const dt_state_writer *w) {
+  pipe_impl *d = s->impl;
+  DT_CHECK(w->put(w->ud, "optim", dt_optim_state(d->optim),
+                  dt_optim_state_floats(d->optim) * sizeof(float)));
+  DT_CHECK(w->put(w->ud, "optim_step", dt_optim_step_count(d->optim), sizeof(int64_t)));
+  return w->put(w->ud, "step", &s->step, sizeof s->step);
+}
+
+static int pipe_import(dt_strategy *s, const dt_state_reader *r) {
+  pipe_impl *d = s->impl;
+  size_t n = dt_optim_state_floats(d->optim), len = 0;
+  int64_t step = 0, ostep = 0;
+  DT_CHECK(r->get(r->ud, "optim_step", &ostep, sizeof ostep, &len));
+  if (len != sizeof ostep) return dt__seterr(DT_ECORRUPT, "strategy state 'optim_step': bad size");
+  DT_CHECK(r->get(r->ud, "step", &step, sizeof step, &len));
+  if (len != sizeof step) return dt__seterr(DT_ECORRUPT, "strategy state 'step': bad size");
+  DT_CHECK(r->get(r->ud, "optim", dt_optim_state(d->optim), n * sizeof(float), &len));
+  if (len != n * sizeof(float))
+    return dt__seterr(DT_ECORRUPT, "strategy state 'optim': %zu bytes, expected %zu (another "
+                      "stage or partition?)", len, n * sizeof(float));
+  *dt_optim_step_count(d->optim) = ostep;
+  s->step = step;
+  return DT_OK;
+}
+
+const struct dt_strategy_ops dt__strategy_pipeline = {
+    .name = "pipeline",
+    .fixed_point = 0,
+    .open_source = pipe_source,
+    .setup = pipe_setup,
+    .step_begin = pipe_step_begin,
+    .run_pieces = pipe_run,
+    .backward_begin = NULL,
+    .grad_ready = NULL,
+    .step_finish = pipe_step_finish,
+    .eval_begin = pipe_eval_begin,
+    .eval_reduce = pipe_eval_reduce,
+    .epoch_end = pipe_epoch_end,
+    .state_export = pipe_export,
+    .state_import = pipe_import,
+    .membership_change = dt__strategy_no_membership,
+    .run_end = pipe_run_end,
+    .teardown = pipe_teardown,
+};

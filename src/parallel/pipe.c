@@ -1,0 +1,263 @@
+/*
+ * pipe.c — one pipeline stage and its schedules (pipe.h). Memory per stage:
+ * K stage models (activations of one micro-batch each; K = m for gpipe,
+ * min(P - s, m) for 1f1b, 1 with recompute) sharing the stage's span of the
+ * whole model's parameters and gradients, S input slots (the received
+ * activations a backward still needs), S send slots for activations and S
+ * for gradients (so a model can be reused while its output is in flight).
+ *
+ * Messages: activations of micro-batch j go to the next stage with tag
+ * TAG_ACT + j; gradients of j go back with tag TAG_GRAD + j, followed in the
+ * same message by two floats, j's loss and correct count. It does not
+ * reduce over replicas or step the optimizer.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "parallel/pipe.h"
+
+#define TAG_ACT 0x100000
+#define TAG_GRAD 0x200000
+#define MAX_SLOTS 65536
+
+struct dt_pipe {
+  dt_pipe_cfg c;
+  int K, S;                  /* stage models, slots */
+  dt_model **inst;           /* K models of this stage */
+  int *inst_mb;              /* micro-batch whose activations model k holds (-1: none) */
+  size_t in_dim, out_dim;
+  float **in;                /* S input slots (stages after the first) */
+  float **aout, **gout;      /* S send slots: activations, gradients (+2) */
+  float *gin;                /* received gradients (+2) */
+  float *bufsave;            /* recompute: the stage's running statistics */
+  dt_comm_req *areq, *greq;  /* S pending sends each */
+  int *apend, *gpend;
+  const float **xin;         /* per micro-batch of the step: its input */
+  double compute_s, wait_s;
+};
+
+static int nslots(const dt_pipe_cfg *c) {
+  int inflight = c->schedule == DT_PIPE_GPIPE ? c->micro : c->nstages - c->stage;
+  return inflight < c->micro ? inflight : c->micro;
+}
+
+void dt_pipe_destroy(dt_pipe *p) {
+  if (!p) return;
+  /* pending sends are finished by dt_pipe_step before it returns */
+  for (int k = 0; p->inst && k < p->K; k++) dt_model_destroy(p->inst[k]);
+  for (int s = 0; s < p->S; s++) {
+    if (p->in) dt_free(p->in[s]);
+    if (p->aout) dt_free(p->aout[s]);
+    if (p->gout) dt_free(p->gout[s]);
+  }
+  free(p->inst), free(p->inst_mb), free(p->in), free(p->aout), free(p->gout);
+  dt_free(p->gin);
+  dt_free(p->bufsave);
+  free(p->areq), free(p->greq), free(p->apend), free(p->gpend), free((void *)p->xin);
+  free(p);
+}
+
+int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
+  *out = NULL;
+  if (cfg->micro < 1 || cfg->micro > MAX_SLOTS || cfg->max_batch < 1 || cfg->nstages < 1 ||
+      cfg->stage < 0 || cfg->stage >= cfg->nstages || (cfg->nstages > 1 && !cfg->comm))
+    return dt__seterr(DT_EINVAL, "pipeline stage %d of %d: bad arguments (micro-batches %d, "
+                      "batch %d)", cfg->stage, cfg->nstages, cfg->micro, cfg->max_batch);
+  dt_pipe *p = calloc(1, sizeof *p);
+  if (!p) return dt__seterr(DT_ENOMEM, "pipeline: out of memory");
+  p->c = *cfg;
+  p->S = nslots(cfg);
+  p->K = cfg->recompute ? 1 : p->S;
+  const int first = cfg->stage == 0, last = cfg->stage == cfg->nstages - 1;
+  int rc = DT_OK;
+  p->inst = calloc((size_t)p->K, sizeof *p->inst);
+  p->inst_mb = calloc((size_t)p->K, sizeof *p->inst_mb);
+  p->in = calloc((size_t)p->S, sizeof *p->in);
+  p->aout = calloc((size_t)p->S, sizeof *p->aout);
+  p->gout = calloc((size_t)p->S, sizeof *p->gout);
+  p->areq = calloc((size_t)p->S, sizeof *p->areq);
+  p->greq = calloc((size_t)p->S, sizeof *p->greq);
+  p->apend = calloc((size_t)p->S, sizeof *p->apend);
+  p->gpend = calloc((size_t)p->S, sizeof *p->gpend);
+  p->xin = calloc((size_t)cfg->micro, sizeof *p->xin);
+  if (!p->inst || !p->inst_mb || !p->in || !p->aout || !p->gout || !p->areq || !p->greq ||
+      !p->apend || !p->gpend || !p->xin)
+    goto nomem;
+  for (int k = 0; k < p->K; k++) {
+    DT_CHECK_GOTO(dt__model_create_range(&p->inst[k], cfg->spec, cfg->c, cfg->h, cfg->w,
+                                         cfg->max_batch, cfg->l0, cfg->l1, !first), rc, fail);
+    dt__model_share(p->inst[k], cfg->whole, cfg->param_off, cfg->buf_off);
+    p->inst_mb[k] = -1;
+  }
+  p->in_dim = (size_t)dt_model_in_dim(p->inst[0]);
+  p->out_dim = (size_t)dt_model_out_dim(p->inst[0]);
+  const size_t B = (size_t)cfg->max_batch;
+  for (int s = 0; s < p->S; s++) {
+    if (!first && !(p->in[s] = dt_alloc(B * p->in_dim * sizeof(float)))) goto nomem;
+    if (!last && !(p->aout[s] = dt_alloc(B * p->out_dim * sizeof(float)))) goto nomem;
+    if (!first && !(p->gout[s] = dt_alloc((B * p->in_dim + 2) * sizeof(float)))) goto nomem;
+  }
+  if (!last && !(p->gin = dt_alloc((B * p->out_dim + 2) * sizeof(float)))) goto nomem;
+  if (cfg->recompute && !(p->bufsave = dt_alloc((cfg->nbufs + 1) * sizeof(float)))) goto nomem;
+  *out = p;
+  return DT_OK;
+nomem:
+  rc = dt__seterr(DT_ENOMEM, "pipeline stage %d: out of memory for micro-batches of %d samples",
+                  cfg->stage, cfg->max_batch);
+fail:
+  dt_pipe_destroy(p);
+  return rc;
+}
+
+dt_model *dt_pipe_model(dt_pipe *p) { return p->inst[0]; }
+
+void dt_pipe_times(const dt_pipe *p, double *compute_s, double *wait_s) {
+  *compute_s = p->compute_s;
+  *wait_s = p->wait_s;
+}
+
+/* A communication failure, naming both ends. */
+static int comm_err(dt_pipe *p, int rc, const char *what, int j, int peer) {
+  dt_comm *c = p->c.comm;
+  const char *m = dt_comm_errmsg(c);
+  return dt__seterr(rc, "pipeline stage %d (rank %d): %s micro-batch %d %s stage %d (rank %d): %s",
+                    p->c.stage, dt_comm_world_rank(c, p->c.stage), what, j,
+                    what[0] == 's' ? "to" : "from", peer, dt_comm_world_rank(c, peer),
+                    m && *m ? m : dt_errmsg());
+}
+
+static int wait_send(dt_pipe *p, dt_comm_req *req, int *pend, int peer, int j) {
+  if (!*pend) return DT_OK;
+  *pend = 0;
+  double t0 = dt_now();
+  int rc = dt_comm_waitall(p->c.comm, req, 1);
+  p->wait_s += dt_now() - t0;
+  return rc < 0 ? comm_err(p, rc, "sending", j, peer) : DT_OK;
+}
+
+static int recv_msg(dt_pipe *p, int peer, int tag, void *buf, size_t bytes, int j,
+                    const char *what) {
+  double t0 = dt_now();
+  int rc = dt_comm_recv(p->c.comm, peer, tag, buf, bytes);
+  p->wait_s += dt_now() - t0;
+  return rc < 0 ? comm_err(p, rc, what, j, peer) : DT_OK;
+}
+
+/* Forward of micro-batch j. */
+static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t step) {
+  const int s = p->c.stage, P = p->c.nstages, slot = j % p->S, n = mb[j].n;
+  if (s > 0) {
+    DT_CHECK(recv_msg(p, s - 1, TAG_ACT + j, p->in[slot], (size_t)n * p->in_dim * sizeof(float),
+                      j, "receiving activations of"));
+    p->xin[j] = p->in[slot];
+  } else {
+    p->xin[j] = mb[j].x;
+  }
+  int k = p->c.recompute ? 0 : j % p->K;
+  dt_step_ctx ctx = {1, seed, step, mb[j].sample0};
+  double t0 = dt_now();
+  DT_CHECK(dt_model_forward(p->inst[k], p->xin[j], n, &ctx));
+  p->inst_mb[k] = j;
+  if (s < P - 1) {
+    DT_CHECK(wait_send(p, &p->areq[slot], &p->apend[slot], s + 1, j));
+    size_t bytes = (size_t)n * p->out_dim * sizeof(float);
+    memcpy(p->aout[slot], dt_model_logits(p->inst[k]), bytes);
+    p->compute_s += dt_now() - t0;
+    int rc = dt_comm_isend(p->c.comm, s + 1, TAG_ACT + j, p->aout[slot], bytes, &p->areq[slot]);
+    if (rc < 0) return comm_err(p, rc, "sending activations of", j, s + 1);
+    p->apend[slot] = 1;
+  } else {
+    p->compute_s += dt_now() - t0;
+  }
+  return DT_OK;
+}
+
+/* Backward of micro-batch j; first: the step's first backward (overwrites). */
+static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global, uint64_t seed,
+               uint64_t step, float *loss, int *correct) {
+  const int s = p->c.stage, P = p->c.nstages, slot = j % p->S, n = mb[j].n;
+  int k = p->c.recompute ? 0 : j % p->K;
+  dt_model *m = p->inst[k];
+  if (s < P - 1)
+    DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin, ((size_t)n * p->out_dim + 2) * sizeof(float),
+                      j, "receiving gradients of"));
+  double t0 = dt_now();
+  if (p->inst_mb[k] != j) {
+    /* recompute: the forward again, from the kept input, without counting
+     * its batch statistics twice */
+    float *bufs = dt_model_bufs(m);
+    if (p->c.nbufs) memcpy(p->bufsave, bufs, p->c.nbufs * sizeof(float));
+    dt_step_ctx ctx = {1, seed, step, mb[j].sample0};
+    DT_CHECK(dt_model_forward(m, p->xin[j], n, &ctx));
+    if (p->c.nbufs) memcpy(bufs, p->bufsave, p->c.nbufs * sizeof(float));
+    p->inst_mb[k] = j;
+  }
+  dt__model_set_accum(m, !first, (float)n / (float)n_global);
+  const float *dx = NULL;
+  if (s == P - 1) {
+    DT_CHECK(dt_model_backward(m, mb[j].y, n, &loss[j], &correct[j], NULL, NULL));
+    dx = dt__model_dx(m);
+  } else {
+    DT_CHECK(dt__model_backward_dy(m, p->gin, n, &dx, NULL, NULL));
+    loss[j] = p->gin[(size_t)n * p->out_dim];
+    correct[j] = (int)p->gin[(size_t)n * p->out_dim + 1];
+  }
+  if (s > 0) {
+    DT_CHECK(wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
+    size_t nd = (size_t)n * p->in_dim;
+    float *g = p->gout[slot];
+    memcpy(g, dx, nd * sizeof(float));
+    g[nd] = loss[j];
+    g[nd + 1] = (float)correct[j];
+    p->compute_s += dt_now() - t0;
+    int rc = dt_comm_isend(p->c.comm, s - 1, TAG_GRAD + j, g, (nd + 2) * sizeof(float),
+                           &p->greq[slot]);
+    if (rc < 0) return comm_err(p, rc, "sending gradients of", j, s - 1);
+    p->gpend[slot] = 1;
+  } else {
+    p->compute_s += dt_now() - t0;
+  }
+  p->inst_mb[k] = -1;
+  return DT_OK;
+}
+
+/* Every send of the step delivered (or the first error). */
+static int drain(dt_pipe *p, int rc) {
+  for (int i = 0; i < p->S; i++) {
+    int r1 = wait_send(p, &p->areq[i], &p->apend[i], p->c.stage + 1, -1);
+    int r2 = wait_send(p, &p->greq[i], &p->gpend[i], p->c.stage - 1, -1);
+    if (rc == DT_OK) rc = r1 < 0 ? r1 : r2;
+  }
+  return rc;
+}
+
+int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t seed,
+                 uint64_t step, float *loss, int *correct) {
+  if (m < 0 || m > p->c.micro)
+    return dt__seterr(DT_EINVAL, "pipeline stage %d: %d micro-batches (at most %d)", p->c.stage,
+                      m, p->c.micro);
+  if (m == 0) {
+    /* nothing to train on this step: zero gradients */
+    size_t np = 0;
+    for (int l = 0; l < dt_model_nlayers(p->inst[0]); l++)
+      np += dt_model_layer(p->inst[0], l)->nparams;
+    memset(dt_model_grads(p->inst[0]), 0, np * sizeof(float));
+    return DT_OK;
+  }
+  const int s = p->c.stage, P = p->c.nstages;
+  int rc = DT_OK;
+  if (p->c.schedule == DT_PIPE_GPIPE) {
+    for (int j = 0; j < m && rc == DT_OK; j++) rc = fwd(p, mb, j, seed, step);
+    for (int j = 0; j < m && rc == DT_OK; j++)
+      rc = bwd(p, mb, j, j == 0, n_global, seed, step, loss, correct);
+  } else {
+    int warm = P - 1 - s < m ? P - 1 - s : m;
+    for (int j = 0; j < warm && rc == DT_OK; j++) rc = fwd(p, mb, j, seed, step);
+    for (int i = 0; i < m && rc == DT_OK; i++) {
+      if (warm + i < m) rc = fwd(p, mb, warm + i, seed, step);
+      if (rc == DT_OK) rc = bwd(p, mb, i, i == 0, n_global, seed, step, loss, correct);
+    }
+  }
+  return p->c.comm ? drain(p, rc) : rc;
+}

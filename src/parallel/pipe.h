@@ -1,0 +1,75 @@
+/*
+ * pipe.h — one pipeline stage: its layers of the model (as stage models
+ * over the whole model's parameter, gradient and state buffers, one per
+ * micro-batch in flight) and one step of a schedule over m micro-batches,
+ * with activations sent to the next stage and their gradients back over a
+ * communicator (isend, so transfers overlap the next computation; blocking
+ * receives). Schedules:
+ *  - gpipe: every micro-batch forward, then every one backward (m in flight);
+ *  - 1f1b: P-1-s warm-up forwards on stage s, then one forward one backward,
+ *    then the drain (at most P-s micro-batches in flight on stage s).
+ * Any m >= 1 works with any number of stages. The stage's gradients are the
+ * sum over micro-batches of n_j / n_global times each micro-batch's mean
+ * gradient (accumulated in place: dt__model_set_accum), so one optimizer
+ * step afterwards is the step of the whole batch. Each micro-batch's loss
+ * and correct count travel back with its gradients, so every stage knows
+ * them. With recompute only one set of activations exists: each stage keeps
+ * its micro-batches' inputs and repeats the forward before the backward
+ * (dropout masks are counter-based, batch-norm running statistics are
+ * restored after the repeat).
+ *
+ * It does not choose the partition (partition.h), reduce gradients over
+ * replicas or step the optimizer (the pipeline strategy does).
+ */
+#ifndef DT_PARALLEL_PIPE_H
+#define DT_PARALLEL_PIPE_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "nn/nn.h"
+
+enum dt_pipe_schedule { DT_PIPE_GPIPE = 0, DT_PIPE_1F1B = 1 };
+
+typedef struct dt_pipe_cfg {
+  const char *spec;       /* the whole model's spec, input (c,h,w) */
+  int c, h, w;
+  int l0, l1;             /* this stage's layers [l0, l1) */
+  size_t param_off, buf_off, nbufs; /* its spans in the whole model's buffers */
+  int stage, nstages;     /* stage = this rank in comm */
+  int schedule;           /* enum dt_pipe_schedule */
+  int micro;              /* most micro-batches per step (m) */
+  int max_batch;          /* most samples per micro-batch */
+  int recompute;
+  dt_model *whole;        /* lends its buffers; must outlive the pipe */
+  dt_comm *comm;          /* rank = stage; NULL with one stage */
+} dt_pipe_cfg;
+
+/* One micro-batch: x on the first stage, y on the last (others may be NULL). */
+typedef struct dt_pipe_mb {
+  const float *x;
+  const int32_t *y;
+  int n;
+  int64_t sample0;        /* epoch position of its first sample (dropout keys) */
+} dt_pipe_mb;
+
+typedef struct dt_pipe dt_pipe;
+
+int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg);
+void dt_pipe_destroy(dt_pipe *p);
+
+/* One step over mb[0..m) (m <= cfg.micro, every n >= 1; every stage passes
+ * the same sizes): the stage's gradients become the n_global-weighted sum
+ * described above; loss[j] and correct[j] are filled on every stage. Errors
+ * name this stage and rank, the peer stage and rank, and the micro-batch. */
+int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t seed,
+                 uint64_t step, float *loss, int *correct);
+
+/* The stage model that owns the gradient span (for reductions over replicas). */
+dt_model *dt_pipe_model(dt_pipe *p);
+
+/* Seconds this stage spent computing and waiting for its neighbours over
+ * every step so far (the bubble is the waiting share). */
+void dt_pipe_times(const dt_pipe *p, double *compute_s, double *wait_s);
+
+#endif /* DT_PARALLEL_PIPE_H */
