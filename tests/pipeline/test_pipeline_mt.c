@@ -1,0 +1,325 @@
+/*
+ * test_pipeline_mt.c — pipeline parallelism through the engine, with stage
+ * processes forked by the test and joined through a file store:
+ *   - equivalence: P = 2 and 3 stages, gpipe and 1f1b, m in {1, P-1, P, 4P}
+ *     micro-batches, on an MLP with dropout and batch norm, end with the
+ *     parameters of one process accumulating the same m micro-batches
+ *     (batch-norm statistics are per micro-batch, docs/pipeline.md) to 1e-5
+ *     relative after 51 steps (the last global batch one sample, so m > n);
+ *     every rank holds the same bytes;
+ *   - without batch norm, P = 2 equals plain one-process training (local
+ *     strategy, whole batch) to 1e-5, and so do hybrid 2 x 2 replicas and
+ *     recomputation;
+ *   - a stage that dies makes the others fail within the deadline naming
+ *     its stage and rank.
+ * Every child is waited for with a deadline and SIGKILLed past it.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "comm/comm.h"
+#include "core/core.h"
+#include "engine/engine.h"
+#include "../engine/fork_workers.h"
+
+static char tmpdir[256];
+
+static void path(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", tmpdir, name); }
+
+/* n samples of 3 classes in 6 dimensions with deterministic jitter. */
+static void write_csv(const char *file, int n, uint64_t seed) {
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fprintf(f, "label,a,b,c,d,e,g\n");
+  for (int i = 0; i < n; i++) {
+    int k = i % 3;
+    float j[6];
+    dt_rng_uniform(j, 6, -1.5f, 1.5f, seed, DT_RNG_USER, (uint64_t)i);
+    fprintf(f, "%d", k);
+    for (int d = 0; d < 6; d++) fprintf(f, ",%.5f", (d / 2 == k ? 1.0f : 0.0f) + j[d]);
+    fprintf(f, "\n");
+  }
+  fclose(f);
+}
+
+static void base_cfg(dt_run_cfg *c, int workers) {
+  dt_run_cfg_defaults(c);
+  snprintf(c->layers, sizeof c->layers, "linear(32) relu dropout(0.2) linear(16) batchnorm relu linear(3)");
+  c->format = DT_FMT_CSV;
+  path(c->train_images, sizeof c->train_images, "train.csv");
+  path(c->test_images, sizeof c->test_images, "test.csv");
+  c->train_labels[0] = c->test_labels[0] = '\0';
+  c->label_col = 0;
+  c->epochs = 1;
+  c->batch = 32;
+  c->optim.lr = 0.05f;
+  c->workers = workers;
+}
+
+/* The rank that SIGKILLs itself after its 5th step (-1: none). */
+static int kill_rank = -1;
+static void die_at_step(void *ud, const dt_progress *p) {
+  (void)ud;
+  if (p->step == 5) raise(SIGKILL);
+}
+
+/* Child body: returns the exit status; on failure the message goes to
+ * <tmp>/<tag>_<rank>.err. */
+static int child(const dt_run_cfg *c, int rank, const char *tag) {
+  char errp[400], outd[400], parp[400], sdir[400];
+  snprintf(errp, sizeof errp, "%s/%s_%d.err", tmpdir, tag, rank);
+  snprintf(outd, sizeof outd, "%s/%s_run", tmpdir, tag);
+  snprintf(parp, sizeof parp, "%s/%s_%d.params", tmpdir, tag, rank);
+  snprintf(sdir, sizeof sdir, "%s/%s_store", tmpdir, tag);
+  dt_engine *e = NULL;
+  dt_store *s = NULL;
+  dt_comm *comm = NULL;
+  int rc = dt_engine_create(&e, c);
+  if (rc == DT_OK && c->workers > 1) {
+    struct dt_comm_config cc = DT_COMM_CONFIG_INIT;
+    cc.transport = "auto";
+    cc.rank = rank;
+    cc.size = c->workers;
+    cc.job = tag;
+    cc.timeout_s = 30;
+    rc = dt_store_open_file(&s, sdir);
+    if (rc == DT_OK) rc = dt_comm_create(&comm, s, &cc);
+    if (rc == DT_OK) rc = dt_engine_set_comm(e, comm);
+  }
+  dt_run_summary sum;
+  dt_engine_hooks hooks = {die_at_step, NULL, NULL};
+  if (rc == DT_OK) rc = dt_engine_run(e, outd, "cfg", rank == kill_rank ? &hooks : NULL, &sum);
+  if (rc == DT_OK) {
+    FILE *f = fopen(parp, "wb");
+    const dt_model *m = dt_engine_model(e);
+    size_t n = dt_model_nparams(m);
+    if (!f || fwrite(dt_model_params((dt_model *)m), sizeof(float), n, f) != n) rc = DT_EIO;
+    if (f) fclose(f);
+    snprintf(parp, sizeof parp, "%s/%s_%d.acc", tmpdir, tag, rank);
+    f = fopen(parp, "w");
+    if (!f || fprintf(f, "%.17g\n", sum.test_accuracy) < 0) rc = DT_EIO;
+    if (f) fclose(f);
+  } else {
+    FILE *f = fopen(errp, "w");
+    if (f) {
+      fprintf(f, "%s\n", dt_errmsg());
+      fclose(f);
+    }
+  }
+  dt_comm_destroy(comm);
+  dt_store_destroy(s);
+  dt_engine_destroy(e);
+  return rc == DT_OK ? 0 : rc == DT_EMISMATCH ? 3 : 1;
+}
+
+struct job_arg {
+  const dt_run_cfg *cfgs;
+  const char *tag;
+};
+
+static int job_child(void *arg, int r) {
+  const struct job_arg *a = arg;
+  return child(&a->cfgs[r], r, a->tag);
+}
+
+/* One forked worker per config; status[r] as fork_workers reports it. */
+static void run_job(const dt_run_cfg *cfgs, int n, const char *tag, int *status) {
+  struct job_arg a = {cfgs, tag};
+  fork_workers(n, job_child, &a, 50, tag, status);
+}
+
+static float *read_params(const char *tag, int rank, size_t *n) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.params", tmpdir, tag, rank);
+  FILE *f = fopen(p, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  float *v = malloc((size_t)len);
+  assert_non_null(v);
+  assert_int_equal(fread(v, 1, (size_t)len, f), (size_t)len);
+  fclose(f);
+  *n = (size_t)len / sizeof(float);
+  return v;
+}
+
+static void read_err(const char *tag, int rank, char *buf, size_t cap) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.err", tmpdir, tag, rank);
+  buf[0] = '\0';
+  FILE *f = fopen(p, "r");
+  if (!f) return;
+  size_t k = fread(buf, 1, cap - 1, f);
+  buf[k] = '\0';
+  fclose(f);
+}
+
+/* Relative L2 difference of two parameter vectors. */
+static double rel_diff(const float *a, const float *b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = (double)a[i] - (double)b[i];
+    num += d * d;
+    den += (double)b[i] * b[i];
+  }
+  return sqrt(num / den);
+}
+
+/* Runs cfg on N ranks under tag; every rank must succeed and hold the
+ * bytes of rank 0, which are returned. */
+static float *run_ok(dt_run_cfg *cfg, int N, const char *tag, size_t *n) {
+  dt_run_cfg cfgs[8];
+  int st[8];
+  for (int r = 0; r < N; r++) cfgs[r] = *cfg;
+  run_job(cfgs, N, tag, st);
+  for (int r = 0; r < N; r++) {
+    char msg[600];
+    read_err(tag, r, msg, sizeof msg);
+    if (st[r] != 0) fail_msg("%s: rank %d exit %d: %s", tag, r, st[r], msg);
+  }
+  float *p0 = read_params(tag, 0, n);
+  for (int r = 1; r < N; r++) {
+    size_t m;
+    float *pr = read_params(tag, r, &m);
+    assert_int_equal(m, *n);
+    assert_memory_equal(pr, p0, m * sizeof(float));
+    free(pr);
+  }
+  return p0;
+}
+
+static void test_equivalence(void **state) {
+  (void)state;
+  for (int P = 2; P <= 3; P++) {
+    const int ms[4] = {1, P - 1, P, 4 * P};
+    for (int k = 0; k < 4; k++) {
+      if (k == 1 && P == 2) continue; /* P - 1 = 1 already ran */
+      int m = ms[k];
+      /* the reference: one process accumulating the same micro-batches */
+      dt_run_cfg c;
+      base_cfg(&c, 1);
+      c.micro_batches = m;
+      char tag[32];
+      snprintf(tag, sizeof tag, "ref_m%d", m);
+      size_t n0, n;
+      float *ref = run_ok(&c, 1, tag, &n0);
+      for (int sched = 0; sched < 2; sched++) {
+        base_cfg(&c, P);
+        c.pipeline_stages = P;
+        c.micro_batches = m;
+        c.schedule = sched;
+        snprintf(tag, sizeof tag, "p%d_m%d_%s", P, m, sched ? "1f1b" : "gpipe");
+        float *p = run_ok(&c, P, tag, &n);
+        assert_int_equal(n, n0);
+        double rel = rel_diff(p, ref, n);
+        printf("# P=%d m=%d %s vs one process: relative difference %.3g\n", P, m,
+               sched ? "1f1b" : "gpipe", rel);
+        assert_true(rel < 1e-5);
+        free(p);
+      }
+      free(ref);
+    }
+  }
+}
+
+/* Without batch norm a micro-batched pipeline is the whole-batch step. */
+static void test_plain_reference(void **state) {
+  (void)state;
+  static const char *mlp = "linear(32) relu dropout(0.2) linear(16) relu linear(3)";
+  dt_run_cfg c;
+  base_cfg(&c, 1);
+  snprintf(c.layers, sizeof c.layers, "%s", mlp);
+  size_t n0, n;
+  float *ref = run_ok(&c, 1, "plain_local", &n0);
+  static const struct { int W, P, m, recompute, sched; const char *cuts; } runs[] = {
+      {2, 2, 4, 0, 1, NULL}, {4, 2, 3, 0, 1, NULL}, {2, 2, 4, 1, 0, NULL}, {3, 3, 5, 1, 1, "2,4"}};
+  for (int i = 0; i < 4; i++) {
+    base_cfg(&c, runs[i].W);
+    snprintf(c.layers, sizeof c.layers, "%s", mlp);
+    c.pipeline_stages = runs[i].P;
+    c.micro_batches = runs[i].m;
+    c.recompute = runs[i].recompute;
+    c.schedule = runs[i].sched;
+    if (runs[i].cuts) c.stages[0] = 2, c.stages[1] = 2, c.stages[2] = 4;
+    char tag[32];
+    snprintf(tag, sizeof tag, "plain%d", i);
+    float *p = run_ok(&c, runs[i].W, tag, &n);
+    assert_int_equal(n, n0);
+    double rel = rel_diff(p, ref, n);
+    printf("# W=%d P=%d m=%d recompute=%d vs whole-batch local: relative difference %.3g\n",
+           runs[i].W, runs[i].P, runs[i].m, runs[i].recompute, rel);
+    assert_true(rel < 1e-5);
+    free(p);
+  }
+  free(ref);
+}
+
+/* A stage killed mid-run: every other rank fails (no hang), naming it. */
+static void test_stage_killed(void **state) {
+  (void)state;
+  dt_run_cfg c[3];
+  for (int r = 0; r < 3; r++) {
+    base_cfg(&c[r], 3);
+    c[r].pipeline_stages = 3;
+    c[r].micro_batches = 4;
+    c[r].epochs = 50;
+  }
+  kill_rank = 1;
+  int st[3];
+  double t0 = dt_now();
+  run_job(c, 3, "killed", st);
+  kill_rank = -1;
+  double took = dt_now() - t0;
+  printf("# stage 1 killed: ranks exit %d %d %d after %.1f s\n", st[0], st[1], st[2], took);
+  assert_int_equal(st[1], 1000 + SIGKILL);
+  for (int r = 0; r < 3; r += 2) {
+    char msg[600];
+    read_err("killed", r, msg, sizeof msg);
+    printf("# rank %d: %s", r, msg);
+    assert_int_not_equal(st[r], 0);
+    assert_non_null(strstr(msg, "rank 1"));
+  }
+  char msg[600];
+  read_err("killed", 0, msg, sizeof msg);
+  assert_non_null(strstr(msg, "stage 1"));
+}
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_test_pipe_XXXXXX");
+  if (!mkdtemp(tmpdir)) return -1;
+  char p[300];
+  path(p, sizeof p, "train.csv");
+  write_csv(p, 32 * 50 + 1, 7); /* 51 steps; the last global batch holds 1 sample */
+  path(p, sizeof p, "test.csv");
+  write_csv(p, 301, 8);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_equivalence),
+      cmocka_unit_test(test_plain_reference),
+      cmocka_unit_test(test_stage_killed),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
