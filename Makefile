@@ -3,13 +3,14 @@
 #   make test   install what is missing, build, run the whole test suite
 #   make bench  dtrain vs PyTorch 1.13, back to back, with ratios
 #   make bench-comm  allreduce vs Open MPI and Gloo
+#   make bench-pipeline  pipeline stages on the deep MLP vs one process and PyTorch Pipe
 #   make install [PREFIX=/usr/local]  the dtrain binary, libdtrain (.a, .so),
 #                headers, dtrain.pc and the CMake package under PREFIX
 JOBS ?= $(shell nproc)
 BUILD ?= build/release
 PREFIX ?= /usr/local
 
-.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm clean deps deps-test deps-bench
+.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-pipeline clean deps deps-test deps-bench
 
 all: build
 
@@ -51,10 +52,15 @@ test-main: build
 
 bench: deps-bench build
 	BUILD=$(BUILD) bench/run.sh
+	BUILD=$(BUILD) bench/pipeline.sh
 
 # allreduce: dtrain (shm, tcp) vs Open MPI and Gloo, 2 and 4 ranks, back to back
 bench-comm: deps-bench build
 	BUILD=$(BUILD) bench/comm.sh
+
+# pipeline stages: speed-up, bubble, PyTorch Pipe, peak RSS (docs/pipeline.md)
+bench-pipeline: deps-bench build
+	BUILD=$(BUILD) bench/pipeline.sh
 
 clean:
 	rm -rf build

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# bench/pipeline.sh — `make bench-pipeline`: pipeline parallelism on the deep
+# MLP (examples/fashion_deep_mlp.ini, 18.4M parameters, batch 256), back to
+# back on this machine:
+#   1. samples/s of one process vs 2 stages, 1f1b, m = 8 (target >= 1.7x);
+#   2. the measured bubble (mean share of a stage's step time spent waiting
+#      for its neighbours) next to (p-1)/(m+p-1), m = 2, 4, 8, 16;
+#   3. PyTorch 1.13 Pipe (2 stages on CPU, same model and m; target: dtrain
+#      >= 3x its samples/s);
+#   4. peak RSS per rank (VmHWM): 1f1b vs gpipe at m = 16, recompute.
+# Each dtrain figure is the median of DT_BENCH_REPS runs of DT_BENCH_STEPS
+# steps (training time only, from summary.json). The machine has 2 cores
+# and is shared: re-run before believing a single number.
+# Env: BUILD (default build/release), DT_BENCH_STEPS (30), DT_BENCH_REPS (3).
+set -u
+SRC="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$SRC" || exit 1
+BUILD="${BUILD:-build/release}"
+STEPS="${DT_BENCH_STEPS:-30}"
+REPS="${DT_BENCH_REPS:-3}"
+DT="$BUILD/dtrain"
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/dt_bench_pipe.XXXXXX")
+trap 'rm -rf "$OUT"' EXIT
+CFG=examples/fashion_deep_mlp.ini
+BASE=(--set train.epochs=1 --set "data.limit_train=$((256 * STEPS))" --set data.limit_test=256)
+
+# run NAME ARGS... -> prints samples/s, bubble and peak RSS (MiB, max over ranks)
+run() {
+  local name=$1
+  shift
+  "$DT" train "$CFG" "${BASE[@]}" "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1 &
+  local pid=$! hwm=0
+  while kill -0 "$pid" 2>/dev/null; do
+    for p in $pid $(pgrep -P "$pid"); do
+      local v
+      v=$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null)
+      [ -n "$v" ] && [ "$v" -gt "$hwm" ] && hwm=$v
+    done
+    sleep 0.2
+  done
+  wait "$pid" || { echo "FAILED: $name: $(tail -2 "$OUT/$name.log")" >&2; echo "0 0 0"; return; }
+  /usr/bin/python3 - "$OUT/$name/summary.json" "$hwm" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+per = d.get("per_worker") or []
+b = [w["comm_seconds"] / w["train_seconds"] for w in per if w.get("train_seconds")]
+print(f'{d["samples_per_second"]:.1f} {sum(b) / len(b) if b else 0:.3f} {int(sys.argv[2]) / 1024:.0f}')
+PY
+}
+
+# median NAME ARGS... -> "samples/s bubble rss" of the run with the median samples/s
+median() {
+  local name=$1
+  shift
+  for i in $(seq "$REPS"); do run "$name$i" "$@"; done | sort -n | awk '{a[NR]=$0} END {print a[int((NR+1)/2)]}'
+}
+
+echo "== deep MLP, batch 256, $STEPS steps, median of $REPS (machine shared by seven helpers)"
+one=$(median one)
+echo "1 process:              $one  (samples/s, -, peak RSS MiB)"
+p2=$(median p2 --workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist.micro_batches=8)
+echo "2 stages 1f1b m=8:      $p2  (samples/s, bubble, peak RSS MiB per rank)"
+awk -v a="${one%% *}" -v b="${p2%% *}" 'BEGIN {printf "speed-up: %.2fx (target >= 1.7x)\n", b / a}'
+
+echo "== bubble, 2 stages 1f1b: measured vs (p-1)/(m+p-1)"
+for m in 2 4 8 16; do
+  r=$(median "b$m" --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=$m)
+  awk -v m=$m -v r="$r" 'BEGIN {split(r, f, " "); printf "m=%-3d samples/s %8.1f  bubble %.3f  ideal %.3f\n", m, f[1], f[2], 1 / (m + 1)}'
+done
+
+echo "== PyTorch 1.13 Pipe, 2 stages on CPU, m=8, back to back"
+t=$(/usr/bin/python3 bench/pipeline_vs_torch.py 8 "$((STEPS / 3 + 2))" 2>/dev/null | awk '/torch_pipe/ {print $3}')
+p2b=$(median p2b --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=8)
+echo "torch Pipe: $t samples/s; dtrain: ${p2b%% *} samples/s"
+awk -v a="$t" -v b="${p2b%% *}" 'BEGIN {if (a > 0) printf "dtrain / Pipe: %.2fx (target >= 3x)\n", b / a}'
+
+echo "== peak RSS per rank (MiB), 2 stages, m=16"
+for v in "1f1b 0" "gpipe 0" "1f1b 1" "gpipe 1"; do
+  set -- $v
+  r=$(run "rss_$1_$2" --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 \
+    --set dist.schedule=$1 --set train.recompute=$2)
+  echo "$1 recompute=$2: ${r##* } MiB (samples/s ${r%% *})"
+done

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""pipeline_vs_torch.py — PyTorch 1.13's GPipe (torch.distributed.pipeline.sync.Pipe)
+on the deep MLP of examples/fashion_deep_mlp.ini, 2 stages on CPU, the same
+micro-batch count, batch and optimizer as dtrain's run; prints one line
+"torch_pipe samples_per_second X" after STEPS timed steps (synthetic data of
+Fashion-MNIST's shape: the speed does not depend on the values).
+Usage: pipeline_vs_torch.py M STEPS [BATCH]"""
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.distributed.rpc as rpc
+from torch.distributed.pipeline.sync import Pipe
+
+m = int(sys.argv[1])
+steps = int(sys.argv[2])
+batch = int(sys.argv[3]) if len(sys.argv) > 3 else 256
+torch.manual_seed(0)
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+tmp = tempfile.NamedTemporaryFile(delete=False)
+rpc.init_rpc("worker", rank=0, world_size=1,
+             rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method="file://" + tmp.name))
+W = 2048
+s0 = nn.Sequential(nn.Flatten(), nn.Linear(784, W), nn.ReLU(), nn.Linear(W, W), nn.ReLU(),
+                   nn.Dropout(0.2), nn.Linear(W, W), nn.ReLU())
+s1 = nn.Sequential(nn.Linear(W, W), nn.ReLU(), nn.Dropout(0.2), nn.Linear(W, W), nn.ReLU(),
+                   nn.Linear(W, 10))
+model = Pipe(nn.Sequential(s0, s1), chunks=m)
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+x = torch.randn(batch, 1, 28, 28)
+y = torch.randint(0, 10, (batch,))
+lossf = nn.CrossEntropyLoss()
+
+
+def step():
+    opt.zero_grad()
+    out = model(x).local_value()
+    loss = lossf(out, y)
+    loss.backward()
+    opt.step()
+
+
+for _ in range(3):
+    step()
+t0 = time.perf_counter()
+for _ in range(steps):
+    step()
+dt = time.perf_counter() - t0
+print(f"torch_pipe samples_per_second {steps * batch / dt:.1f}")
+rpc.shutdown()
+os.unlink(tmp.name)
