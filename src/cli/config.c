@@ -566,9 +566,6 @@ int dt_config_validate(const dt_config *c) {
   if (r->pipeline_stages > 1 && r->workers > 1 && r->workers % r->pipeline_stages)
     return key_error(c, find_key("dist", "pipeline_stages"), "%d workers are not a multiple of "
                      "%d stages", r->workers, r->pipeline_stages);
-  if (r->deterministic && (r->pipeline_stages > 1 || r->micro_batches > 1 || r->recompute))
-    return key_error(c, find_key("dist", "deterministic"), "not with pipeline parallelism yet "
-                     "(dist.pipeline_stages, dist.micro_batches, train.recompute)");
   static const char *const paths[] = {"train_images", "train_labels", "test_images",
                                       "test_labels"};
   for (int i = 0; i < 4; i++) {

@@ -17,6 +17,7 @@ static const struct dt_strategy_ops *const table[] = {
     &dt__strategy_ddp,
     &dt__strategy_ddp_det,
     &dt__strategy_pipeline,
+    &dt__strategy_pipeline_det,
 };
 
 const struct dt_strategy_ops *dt__strategy_find(const char *name) {
@@ -26,7 +27,8 @@ const struct dt_strategy_ops *dt__strategy_find(const char *name) {
 }
 
 const char *dt__strategy_for(const dt_run_cfg *cfg) {
-  if (cfg->pipeline_stages > 1 || cfg->micro_batches > 1 || cfg->recompute) return "pipeline";
+  if (cfg->pipeline_stages > 1 || cfg->micro_batches > 1 || cfg->recompute)
+    return cfg->deterministic ? "pipeline_det" : "pipeline";
   if (cfg->deterministic) return "ddp_det";
   return cfg->workers > 1 ? "ddp" : "local";
 }

@@ -155,11 +155,13 @@ extern const struct dt_strategy_ops dt__strategy_local;
 extern const struct dt_strategy_ops dt__strategy_ddp;
 extern const struct dt_strategy_ops dt__strategy_ddp_det;
 extern const struct dt_strategy_ops dt__strategy_pipeline;
+extern const struct dt_strategy_ops dt__strategy_pipeline_det;
 
 /* The table entry called name, or NULL. */
 const struct dt_strategy_ops *dt__strategy_find(const char *name);
-/* The strategy a configuration asks for: pipeline with dist.pipeline_stages
- * > 1, dist.micro_batches > 1 or train.recompute; ddp_det with
+/* The strategy a configuration asks for: pipeline (pipeline_det with
+ * dist.deterministic) with dist.pipeline_stages > 1, dist.micro_batches > 1
+ * or train.recompute; ddp_det with
  * dist.deterministic, ddp with more than one worker, local otherwise. */
 const char *dt__strategy_for(const dt_run_cfg *cfg);
 

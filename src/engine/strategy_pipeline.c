@@ -18,7 +18,14 @@
  * on replica r / P's slice of every global batch, one piece per step that
  * run_pieces cuts into micro-batches.
  *
- * It does not do deterministic mode, ZeRO or elastic membership yet.
+ * Deterministic mode ("pipeline_det", dist.deterministic): the source
+ * deals fixed micro-shards as ddp_det's does, micro-batches are runs of
+ * whole micro-shards, and each stage sums its micro-shards' gradients in
+ * fixed point through parallel/ddp.c's deterministic path (over the stage
+ * communicator), so params_sha256 is ddp_det's for any P, m, schedule and
+ * replica count.
+ *
+ * It does not do ZeRO or elastic membership.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +35,7 @@
 #include "engine/strategy.h"
 #include "parallel/partition.h"
 #include "parallel/pipe.h"
+#include "tensor/tensor.h"
 
 /* ---- the replica source ------------------------------------------------------ */
 
@@ -72,9 +80,8 @@ static const struct dt_batch_source_ops replica_ops = {
 
 static int check_settings(const dt_run_cfg *c, const dt_dataset *train) {
   const int P = c->pipeline_stages;
-  if (c->deterministic)
-    return dt__seterr(DT_EINVAL, "dist.deterministic: not with pipeline parallelism yet "
-                      "(dist.pipeline_stages, dist.micro_batches, train.recompute)");
+  if (c->deterministic && c->micro_batch < 1)
+    return dt__seterr(DT_EINVAL, "dist.micro_batch = %d: expects at least 1", c->micro_batch);
   if (c->micro_batches < 1)
     return dt__seterr(DT_EINVAL, "dist.micro_batches = %d: expects at least 1", c->micro_batches);
   if (c->workers % P)
@@ -89,7 +96,8 @@ static int pipe_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_
   DT_CHECK(check_settings(cfg, train));
   replica_src *r = calloc(1, sizeof *r);
   if (!r) return dt__seterr(DT_ENOMEM, "pipeline: out of memory");
-  int rc = dt__source_shards(&r->inner, train, cfg->batch, cfg->seed, cfg->shuffle, 0);
+  int rc = dt__source_shards(&r->inner, train, cfg->batch, cfg->seed, cfg->shuffle,
+                             cfg->deterministic ? cfg->micro_batch : 0);
   if (rc < 0) {
     free(r);
     return rc;
@@ -108,6 +116,10 @@ typedef struct pipe_impl {
   dt_comm *pcomm;    /* this replica's stages (rank = stage); NULL with P = 1 */
   dt_comm *scomm;    /* this stage over the replicas (rank = replica); NULL with R = 1 */
   dt_pipe *pipe;
+  int det;           /* deterministic mode */
+  dt_ddp *ddp;       /* det: the stage's fixed-point sums over its replicas */
+  float *xstep;      /* det: this step's micro-shards, side by side */
+  int32_t *ystep;
   dt_optim *optim;   /* over this stage's span */
   dt_pipe_mb *mb;
   float *loss;
@@ -151,7 +163,10 @@ static int partition(dt_strategy *s, pipe_impl *d) {
 static void pipe_teardown(dt_strategy *s) {
   pipe_impl *d = s->impl;
   if (!d) return;
+  dt_ddp_destroy(d->ddp);
   dt_pipe_destroy(d->pipe);
+  dt_free(d->xstep);
+  dt_free(d->ystep);
   dt_optim_destroy(d->optim);
   dt_comm_destroy(d->scomm);
   dt_comm_destroy(d->pcomm);
@@ -169,10 +184,14 @@ static int pipe_setup(dt_strategy *s) {
   if (s->nranks % P)
     return dt__seterr(DT_EINVAL, "dist.pipeline_stages = %d: %d workers are not a multiple of it",
                       P, s->nranks);
+  const int det = c->deterministic;
+  /* deterministic: every product through our own kernels (ddp_det's rule) */
+  if (det) dt_model_set_gemm_flags(s->model, DT_GEMM_FIXED);
   DT_CHECK(dt__ddp_startup(s));
   pipe_impl *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "pipeline: out of memory");
   s->impl = d;
+  d->det = det;
   d->P = P;
   d->R = s->nranks / P;
   d->stage = s->rank % P;
@@ -211,12 +230,31 @@ static int pipe_setup(dt_strategy *s) {
       .micro = m,
       .max_batch = (per_replica + m - 1) / m,
       .recompute = c->recompute,
+      .det = det,
       .whole = s->model,
       .comm = d->pcomm,
   };
   const dt_layer_info *l0 = dt_model_layer(s->model, 0);
   pc.c = l0->in_c, pc.h = l0->in_h, pc.w = l0->in_w;
+  if (det) {
+    /* micro-batches are runs of whole micro-shards: as large as the share */
+    pc.max_batch = per_replica;
+  }
   DT_CHECK_GOTO(dt_pipe_create(&d->pipe, &pc), rc, fail);
+  if (det) {
+    /* one bucket: the fixed-point sums are reduced after the drain on this
+     * thread, never beside the pipeline's own messages */
+    DT_CHECK_GOTO(dt_ddp_create_det(&d->ddp, dt_pipe_model(d->pipe), d->scomm, 1 << 30), rc,
+                  fail);
+    dt_pipe_set_det(d->pipe, d->ddp);
+    const size_t dim = (size_t)dt_model_in_dim(s->model);
+    d->xstep = dt_alloc((size_t)per_replica * dim * sizeof(float));
+    d->ystep = dt_alloc((size_t)per_replica * sizeof(int32_t));
+    if (!d->xstep || !d->ystep) {
+      rc = dt__seterr(DT_ENOMEM, "pipeline: out of memory");
+      goto fail;
+    }
+  }
   DT_CHECK_GOTO(dt_optim_create(&d->optim, &c->optim, d->part.params[st] ? d->part.params[st] : 1),
                 rc, fail);
   d->mb = calloc((size_t)m, sizeof *d->mb);
@@ -236,6 +274,45 @@ fail:
 static int pipe_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   pipe_impl *d = s->impl;
   d->plan = *plan;
+  if (d->det)
+    dt_ddp_begin_step_det(d->ddp, plan->n_global, plan->pieces_global,
+                          s->cfg->reduce == DT_DIST_SUM);
+  return DT_OK;
+}
+
+/* Deterministic mode: this replica's micro-shards side by side, grouped
+ * into at most m micro-batches of whole micro-shards. */
+static int det_micro(dt_strategy *s, pipe_impl *d, dt_batch_source *src, const dt_step_plan *plan,
+                     int *m) {
+  const size_t dim = (size_t)dt_model_in_dim(s->model);
+  const int np = plan->pieces, M = s->cfg->micro_batches;
+  int at = 0, shard = 0;
+  int64_t first = 0;
+  int *start = malloc(((size_t)np + 1) * sizeof *start);
+  if (!start) return dt__seterr(DT_ENOMEM, "pipeline: out of memory");
+  for (int i = 0; i < np; i++) {
+    dt_batch b;
+    int rc = src->ops->piece(src, i, &b);
+    if (rc < 0) {
+      free(start);
+      return rc;
+    }
+    if (i == 0) first = b.sample0, shard = b.n;
+    start[i] = at;
+    memcpy(d->xstep + (size_t)at * dim, b.x, (size_t)b.n * dim * sizeof(float));
+    memcpy(d->ystep + at, b.y, (size_t)b.n * sizeof(int32_t));
+    at += b.n;
+  }
+  start[np] = at;
+  *m = 0;
+  for (int j = 0; j < M; j++) {
+    int a = (int)((int64_t)np * j / M), e = (int)((int64_t)np * (j + 1) / M);
+    if (a == e) continue;
+    d->mb[*m] = (dt_pipe_mb){d->xstep + (size_t)start[a] * dim, d->ystep + start[a],
+                             start[e] - start[a], first + start[a], shard};
+    (*m)++;
+  }
+  free(start);
   return DT_OK;
 }
 
@@ -243,14 +320,16 @@ static int pipe_run(dt_strategy *s, dt_batch_source *src, const dt_step_plan *pl
   pipe_impl *d = s->impl;
   int m = 0;
   dt_batch b = {0};
-  if (plan->pieces > 0) {
+  if (d->det) {
+    if (plan->pieces > 0) DT_CHECK(det_micro(s, d, src, plan, &m));
+  } else if (plan->pieces > 0) {
     DT_CHECK(src->ops->piece(src, 0, &b));
     const int M = s->cfg->micro_batches, n = b.n;
     const size_t dim = (size_t)dt_model_in_dim(s->model);
     for (int j = 0; j < M; j++) {
       int lo = (int)((int64_t)n * j / M), hi = (int)((int64_t)n * (j + 1) / M);
       if (hi == lo) continue; /* fewer samples than micro-batches */
-      d->mb[m] = (dt_pipe_mb){b.x + (size_t)lo * dim, b.y + lo, hi - lo, b.sample0 + lo};
+      d->mb[m] = (dt_pipe_mb){b.x + (size_t)lo * dim, b.y + lo, hi - lo, b.sample0 + lo, 0};
       m++;
     }
   }
@@ -266,7 +345,10 @@ static int pipe_step_finish(dt_strategy *s, float lr) {
   const int st = d->stage;
   const size_t off = d->part.param_off[st], n = d->part.params[st];
   float *g = dt_model_grads(s->model) + off;
-  if (d->scomm && n) {
+  if (d->det) {
+    int rc = dt_ddp_finish_step(d->ddp);
+    if (rc < 0) return dt__preerr(rc, "rank %d (stage %d)", s->rank, st);
+  } else if (d->scomm && n) {
     /* the stage's gradient over its replicas (each already weighted by its
      * share of the global batch) */
     double t0 = dt_now();
@@ -305,6 +387,17 @@ static int pipe_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, in
   if (!s->comm || s->nranks < 2) return DT_OK;
   DT_CHECK(gather_whole(s));
   dt_model *m = s->model;
+  pipe_impl *d = s->impl;
+  if (d && d->det) {
+    /* ddp_det's ranges (whole chunks); running statistics are already
+     * the same bits on every replica */
+    const int64_t C = (n + chunk - 1) / chunk;
+    *lo = C * s->rank / s->nranks * chunk;
+    *hi = C * (s->rank + 1) / s->nranks * chunk;
+    if (*hi > n) *hi = n;
+    if (*lo > n) *lo = n;
+    return DT_OK;
+  }
   if (dt_model_nbufs(m)) {
     int rc = dt_comm_allreduce(s->comm, dt_model_bufs(m), dt_model_bufs(m), dt_model_nbufs(m),
                                DT_F32, DT_OP_AVG);
@@ -317,6 +410,14 @@ static int pipe_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, in
 
 static int pipe_eval_reduce(dt_strategy *s, dt_tally *t) {
   if (!s->comm || s->nranks < 2) return DT_OK;
+  if (t->fixed) {
+    int64_t v[2] = {t->loss_q, t->correct};
+    int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_I64, DT_OP_SUM);
+    if (rc < 0) return pcomm_err(s, rc, "evaluation");
+    t->loss_q = v[0];
+    t->correct = v[1];
+    return DT_OK;
+  }
   double v[2] = {t->loss, (double)t->correct};
   int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_F64, DT_OP_SUM);
   if (rc < 0) return pcomm_err(s, rc, "evaluation");
@@ -331,6 +432,17 @@ static int pipe_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
   if (!s->comm) return DT_OK;
   /* every stage of a replica saw the same losses: count stage 0's */
   int mine = d->stage == 0;
+  if (t->fixed) {
+    int64_t q[3] = {mine ? t->loss_q : 0, mine ? t->correct : 0, mine ? t->samples : 0};
+    int rc = dt_comm_allreduce(s->comm, q, q, 3, DT_I64, DT_OP_SUM);
+    if (rc == DT_OK)
+      rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
+    if (rc < 0) return pcomm_err(s, rc, "epoch statistics");
+    t->loss_q = q[0];
+    t->correct = q[1];
+    t->samples = q[2];
+    return DT_OK;
+  }
   double v[3] = {mine ? t->loss : 0, mine ? (double)t->correct : 0, mine ? (double)t->samples : 0};
   int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_F64, DT_OP_SUM);
   if (rc == DT_OK) rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
@@ -391,6 +503,27 @@ static int pipe_import(dt_strategy *s, const dt_state_reader *r) {
 const struct dt_strategy_ops dt__strategy_pipeline = {
     .name = "pipeline",
     .fixed_point = 0,
+    .open_source = pipe_source,
+    .setup = pipe_setup,
+    .step_begin = pipe_step_begin,
+    .run_pieces = pipe_run,
+    .backward_begin = NULL,
+    .grad_ready = NULL,
+    .step_finish = pipe_step_finish,
+    .eval_begin = pipe_eval_begin,
+    .eval_reduce = pipe_eval_reduce,
+    .epoch_end = pipe_epoch_end,
+    .state_export = pipe_export,
+    .state_import = pipe_import,
+    .membership_change = dt__strategy_no_membership,
+    .run_end = pipe_run_end,
+    .teardown = pipe_teardown,
+};
+
+/* Deterministic mode: the same strategy, tallies in fixed point. */
+const struct dt_strategy_ops dt__strategy_pipeline_det = {
+    .name = "pipeline_det",
+    .fixed_point = 1,
     .open_source = pipe_source,
     .setup = pipe_setup,
     .step_begin = pipe_step_begin,

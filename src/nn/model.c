@@ -304,7 +304,8 @@ int dt__model_spec_layers(const char *spec, int c, int h, int w, int *nlayers) {
 }
 
 int dt__model_create_range(dt_model **out, const char *spec, int c, int h, int w, int max_batch,
-                           int l0, int l1, int need_dx) {
+                           int l0, int l1, int flags) {
+  const int need_dx = flags & DT__STAGE_NEED_DX;
   *out = NULL;
   if (max_batch < 1 || max_batch > (1 << 24))
     return dt__seterr(DT_EINVAL, "model: max_batch %d must be in [1, %d]", max_batch, 1 << 24);
@@ -339,7 +340,9 @@ int dt__model_create_range(dt_model **out, const char *spec, int c, int h, int w
   const dt_layer_info *first = &sp.L[l0].info;
   int ic = first->in_c, ih = first->in_h, iw = first->in_w;
   dt__spec_free(&sp);
-  DT_CHECK(create_from(out, sub, ic, ih, iw, max_batch, 1));
+  /* the chunked first-conv backward neither accumulates nor gives dx */
+  int plain = need_dx || !(flags & DT__STAGE_KEEP_CHUNKS);
+  DT_CHECK(create_from(out, sub, ic, ih, iw, max_batch, plain));
   (*out)->layer_base = l0;
   (*out)->need_dx = need_dx;
   return DT_OK;

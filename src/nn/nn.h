@@ -50,11 +50,15 @@ float dt__optim_grad_maxabs(const dt_optim *o);
 /* How many layers spec has for input (c,h,w). DT_EINVAL as dt_model_create. */
 int dt__model_spec_layers(const char *spec, int c, int h, int w, int *nlayers);
 /* A model of layers [l0, l1) of spec (input: what layer l0 receives). Its
- * dropout masks are those of the whole model's layers l0.. ; need_dx: its
- * backward also produces the input gradient (every stage but the first).
- * Owned by the caller (dt_model_destroy). */
+ * dropout masks are those of the whole model's layers l0.. . Flags:
+ * DT__STAGE_NEED_DX: its backward also produces the input gradient (every
+ * stage but the first); DT__STAGE_KEEP_CHUNKS: a first-layer conv keeps the
+ * whole model's chunked backward (bitwise the whole model's gradients, for
+ * deterministic mode; not with accumulation). Owned by the caller. */
+#define DT__STAGE_NEED_DX 1
+#define DT__STAGE_KEEP_CHUNKS 2
 int dt__model_create_range(dt_model **out, const char *spec, int c, int h, int w, int max_batch,
-                           int l0, int l1, int need_dx);
+                           int l0, int l1, int flags);
 /* m's parameters, gradients and state become owner's, starting at
  * param_off / buf_off floats (m's own are freed): several stage models over
  * one span (micro-batches in flight), or a stage over the whole model's

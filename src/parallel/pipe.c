@@ -15,7 +15,9 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "parallel/ddp.h"
 #include "parallel/pipe.h"
+#include "tensor/tensor.h"
 
 #define TAG_ACT 0x100000
 #define TAG_GRAD 0x200000
@@ -34,6 +36,8 @@ struct dt_pipe {
   dt_comm_req *areq, *greq;  /* S pending sends each */
   int *apend, *gpend;
   const float **xin;         /* per micro-batch of the step: its input */
+  dt_ddp *ddp;               /* deterministic mode: the fixed-point sums */
+  int nshards_left;          /* deterministic mode: micro-shards still to go back */
   double compute_s, wait_s;
 };
 
@@ -68,7 +72,7 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
   if (!p) return dt__seterr(DT_ENOMEM, "pipeline: out of memory");
   p->c = *cfg;
   p->S = nslots(cfg);
-  p->K = cfg->recompute ? 1 : p->S;
+  p->K = cfg->recompute || cfg->det ? 1 : p->S;
   const int first = cfg->stage == 0, last = cfg->stage == cfg->nstages - 1;
   int rc = DT_OK;
   p->inst = calloc((size_t)p->K, sizeof *p->inst);
@@ -85,9 +89,11 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
       !p->apend || !p->gpend || !p->xin)
     goto nomem;
   for (int k = 0; k < p->K; k++) {
+    int fl = (first ? 0 : DT__STAGE_NEED_DX) | (cfg->det ? DT__STAGE_KEEP_CHUNKS : 0);
     DT_CHECK_GOTO(dt__model_create_range(&p->inst[k], cfg->spec, cfg->c, cfg->h, cfg->w,
-                                         cfg->max_batch, cfg->l0, cfg->l1, !first), rc, fail);
+                                         cfg->max_batch, cfg->l0, cfg->l1, fl), rc, fail);
     dt__model_share(p->inst[k], cfg->whole, cfg->param_off, cfg->buf_off);
+    if (cfg->det) dt_model_set_gemm_flags(p->inst[k], DT_GEMM_FIXED);
     p->inst_mb[k] = -1;
   }
   p->in_dim = (size_t)dt_model_in_dim(p->inst[0]);
@@ -99,7 +105,7 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
     if (!first && !(p->gout[s] = dt_alloc((B * p->in_dim + 2) * sizeof(float)))) goto nomem;
   }
   if (!last && !(p->gin = dt_alloc((B * p->out_dim + 2) * sizeof(float)))) goto nomem;
-  if (cfg->recompute && !(p->bufsave = dt_alloc((cfg->nbufs + 1) * sizeof(float)))) goto nomem;
+  if ((cfg->recompute || cfg->det) && !(p->bufsave = dt_alloc((cfg->nbufs + 1) * sizeof(float)))) goto nomem;
   *out = p;
   return DT_OK;
 nomem:
@@ -111,6 +117,7 @@ fail:
 }
 
 dt_model *dt_pipe_model(dt_pipe *p) { return p->inst[0]; }
+void dt_pipe_set_det(dt_pipe *p, struct dt_ddp *ddp) { p->ddp = ddp; }
 
 void dt_pipe_times(const dt_pipe *p, double *compute_s, double *wait_s) {
   *compute_s = p->compute_s;
@@ -154,15 +161,33 @@ static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t 
   } else {
     p->xin[j] = mb[j].x;
   }
-  int k = p->c.recompute ? 0 : j % p->K;
+  int k = p->K == 1 ? 0 : j % p->K;
   dt_step_ctx ctx = {1, seed, step, mb[j].sample0};
   double t0 = dt_now();
-  DT_CHECK(dt_model_forward(p->inst[k], p->xin[j], n, &ctx));
-  p->inst_mb[k] = j;
+  if (p->c.det) {
+    /* micro-shard by micro-shard, running statistics untouched (the
+     * backward's repeat is the forward that counts) */
+    if (s < P - 1) DT_CHECK(wait_send(p, &p->areq[slot], &p->apend[slot], s + 1, j));
+    const int u = mb[j].shard;
+    for (int q0 = 0; q0 < n; q0 += u) {
+      int nq = n - q0 < u ? n - q0 : u;
+      if (p->c.nbufs) memcpy(p->bufsave, dt_model_bufs(p->inst[0]), p->c.nbufs * sizeof(float));
+      ctx.sample0 = mb[j].sample0 + q0;
+      DT_CHECK(dt_model_forward(p->inst[0], p->xin[j] + (size_t)q0 * p->in_dim, nq, &ctx));
+      if (p->c.nbufs) memcpy(dt_model_bufs(p->inst[0]), p->bufsave, p->c.nbufs * sizeof(float));
+      if (s < P - 1)
+        memcpy(p->aout[slot] + (size_t)q0 * p->out_dim, dt_model_logits(p->inst[0]),
+               (size_t)nq * p->out_dim * sizeof(float));
+    }
+    p->inst_mb[0] = -1;
+  } else {
+    DT_CHECK(dt_model_forward(p->inst[k], p->xin[j], n, &ctx));
+    p->inst_mb[k] = j;
+  }
   if (s < P - 1) {
     DT_CHECK(wait_send(p, &p->areq[slot], &p->apend[slot], s + 1, j));
     size_t bytes = (size_t)n * p->out_dim * sizeof(float);
-    memcpy(p->aout[slot], dt_model_logits(p->inst[k]), bytes);
+    if (!p->c.det) memcpy(p->aout[slot], dt_model_logits(p->inst[k]), bytes);
     p->compute_s += dt_now() - t0;
     int rc = dt_comm_isend(p->c.comm, s + 1, TAG_ACT + j, p->aout[slot], bytes, &p->areq[slot]);
     if (rc < 0) return comm_err(p, rc, "sending activations of", j, s + 1);
@@ -173,16 +198,75 @@ static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t 
   return DT_OK;
 }
 
+/* Deterministic mode: micro-batch j's micro-shards, each forward again,
+ * counted (dt_ddp_det_shard) and backward into the fixed-point sums; its
+ * input gradient goes to the gradient send slot (its trailer is the
+ * caller's). The loss is the micro-batch's mean. */
+static int det_backward(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t step,
+                        float *loss, int *correct) {
+  const int s = p->c.stage, P = p->c.nstages, slot = j % p->S, n = mb[j].n, u = mb[j].shard;
+  dt_model *m = p->inst[0];
+  double lsum = 0;
+  int csum = 0;
+  dt__model_set_accum(m, 0, 1.0f);
+  for (int q0 = 0; q0 < n; q0 += u) {
+    int nq = n - q0 < u ? n - q0 : u;
+    dt_step_ctx ctx = {1, seed, step, mb[j].sample0 + q0};
+    DT_CHECK(dt_model_forward(m, p->xin[j] + (size_t)q0 * p->in_dim, nq, &ctx));
+    dt_ddp_det_shard(p->ddp, nq, --p->nshards_left == 0);
+    const float *dx = NULL;
+    if (s == P - 1) {
+      float l = 0;
+      int c = 0;
+      DT_CHECK(dt_model_backward(m, mb[j].y + q0, nq, &l, &c, dt_ddp_grad_ready, p->ddp));
+      lsum += (double)l * nq;
+      csum += c;
+      dx = dt__model_dx(m);
+    } else {
+      DT_CHECK(dt__model_backward_dy(m, p->gin + (size_t)q0 * p->out_dim, nq, &dx,
+                                     dt_ddp_grad_ready, p->ddp));
+    }
+    if (s > 0)
+      memcpy(p->gout[slot] + (size_t)q0 * p->in_dim, dx, (size_t)nq * p->in_dim * sizeof(float));
+  }
+  if (s == P - 1) {
+    loss[j] = (float)(lsum / n);
+    correct[j] = csum;
+  } else {
+    loss[j] = p->gin[(size_t)n * p->out_dim];
+    correct[j] = (int)p->gin[(size_t)n * p->out_dim + 1];
+  }
+  p->inst_mb[0] = -1;
+  return DT_OK;
+}
+
 /* Backward of micro-batch j; first: the step's first backward (overwrites). */
 static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global, uint64_t seed,
                uint64_t step, float *loss, int *correct) {
   const int s = p->c.stage, P = p->c.nstages, slot = j % p->S, n = mb[j].n;
-  int k = p->c.recompute ? 0 : j % p->K;
+  int k = p->K == 1 ? 0 : j % p->K;
   dt_model *m = p->inst[k];
   if (s < P - 1)
     DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin, ((size_t)n * p->out_dim + 2) * sizeof(float),
                       j, "receiving gradients of"));
   double t0 = dt_now();
+  if (p->c.det) {
+    DT_CHECK(wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
+    DT_CHECK(det_backward(p, mb, j, seed, step, loss, correct));
+    if (s > 0) {
+      size_t nd = (size_t)n * p->in_dim;
+      p->gout[slot][nd] = loss[j];
+      p->gout[slot][nd + 1] = (float)correct[j];
+      p->compute_s += dt_now() - t0;
+      int rc = dt_comm_isend(p->c.comm, s - 1, TAG_GRAD + j, p->gout[slot],
+                             (nd + 2) * sizeof(float), &p->greq[slot]);
+      if (rc < 0) return comm_err(p, rc, "sending gradients of", j, s - 1);
+      p->gpend[slot] = 1;
+    } else {
+      p->compute_s += dt_now() - t0;
+    }
+    return DT_OK;
+  }
   if (p->inst_mb[k] != j) {
     /* recompute: the forward again, from the kept input, without counting
      * its batch statistics twice */
@@ -237,6 +321,14 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
   if (m < 0 || m > p->c.micro)
     return dt__seterr(DT_EINVAL, "pipeline stage %d: %d micro-batches (at most %d)", p->c.stage,
                       m, p->c.micro);
+  if (p->c.det) {
+    p->nshards_left = 0;
+    for (int j = 0; j < m; j++) p->nshards_left += (mb[j].n + mb[j].shard - 1) / mb[j].shard;
+    if (m == 0) {
+      dt_ddp_all_ready(p->ddp);
+      return DT_OK;
+    }
+  }
   if (m == 0) {
     /* nothing to train on this step: zero gradients */
     size_t np = 0;

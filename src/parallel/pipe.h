@@ -41,6 +41,7 @@ typedef struct dt_pipe_cfg {
   int micro;              /* most micro-batches per step (m) */
   int max_batch;          /* most samples per micro-batch */
   int recompute;
+  int det;                /* deterministic mode: see dt_pipe_set_det */
   dt_model *whole;        /* lends its buffers; must outlive the pipe */
   dt_comm *comm;          /* rank = stage; NULL with one stage */
 } dt_pipe_cfg;
@@ -51,6 +52,7 @@ typedef struct dt_pipe_mb {
   const int32_t *y;
   int n;
   int64_t sample0;        /* epoch position of its first sample (dropout keys) */
+  int shard;              /* deterministic mode: samples per micro-shard */
 } dt_pipe_mb;
 
 typedef struct dt_pipe dt_pipe;
@@ -64,6 +66,18 @@ void dt_pipe_destroy(dt_pipe *p);
  * name this stage and rank, the peer stage and rank, and the micro-batch. */
 int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t seed,
                  uint64_t step, float *loss, int *correct);
+
+/* Deterministic mode (cfg.det): every micro-batch is a run of fixed
+ * micro-shards (mb.shard samples each, the last may be shorter); each
+ * micro-shard goes forward and backward on its own, as in ddp_det (an extra
+ * forward per micro-shard: the backward repeats it), and its gradient and
+ * running statistics go to ddp's fixed-point sums (dt_ddp_det_shard,
+ * dt_ddp_grad_ready), so the stage's reduced gradient has the bits of
+ * ddp_det's for any P, m, schedule and replica count. ddp must be made with
+ * dt_ddp_create_det over dt_pipe_model(p) and outlive the pipe's steps; the
+ * caller begins and finishes its steps. */
+struct dt_ddp;
+void dt_pipe_set_det(dt_pipe *p, struct dt_ddp *ddp);
 
 /* The stage model that owns the gradient span (for reductions over replicas). */
 dt_model *dt_pipe_model(dt_pipe *p);
