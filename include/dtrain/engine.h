@@ -112,6 +112,11 @@ typedef struct dt_run_cfg {
   int micro_batches;                   /* dist.micro_batches: m per global batch */
   int stages[DT_CFG_MAX_STAGES];       /* model.stages: [0] = cut points, then each */
   int recompute;                       /* train.recompute: activation recomputation */
+  /* [obs] (docs/observability.md) */
+  char obs_metrics[64];                /* "HOST:PORT" the launcher serves /metrics on; "" off */
+  int obs_trace;                       /* write DIR/trace.json (Chrome trace events) */
+  int obs_trace_steps;                 /* the trace keeps the spans of the last N steps */
+  int obs_log_format;                  /* 0 text, 1 json (one object per log line) */
 } dt_run_cfg;
 
 /* Fills *cfg with the defaults of docs/config.md: the 2-conv CNN on

@@ -117,9 +117,15 @@ struct dt_job_config {
                          * workers are released */
   dt_job_notify_fn notify; /* NULL: lines go to dt_log (stderr) */
   void *notify_ud;
+  /* Called by the launcher of a local job (dt_job_create) on its own
+   * thread: once the workers are released, then about every 20 ms while
+   * it waits for them (dt_job_failed_worker tells whether one failed).
+   * Serving metrics, diagnosing a hang. NULL: none. It must not block. */
+  void (*watch)(void *ud, const dt_job *job);
+  void *watch_ud;
 };
 #define DT_JOB_CONFIG_INIT                                                     \
-  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL }
+  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL }
 
 /* What a worker function gets. Everything is borrowed for the duration of
  * the call. */

@@ -8,8 +8,10 @@
 #ifndef DT_CLI_H
 #define DT_CLI_H
 
+#include <signal.h>
 #include <stddef.h>
 
+#include "engine/engine.h"
 #include "launch/launch.h"
 
 /* Runs the dtrain command line; returns the process exit status
@@ -46,5 +48,22 @@ void dt__cli_job_notify(void *ud, int level, const char *line);
 int dt__cli_job_status(const dt_job *job, int rc);
 /* A loss as printed: "0.3127", "NaN" (never "-nan"), "inf", "-inf". */
 void dt__cli_fmt_loss(double x, char *buf, size_t cap);
+
+/* The launcher's observability (obs_cli.c): clears DIR/obs, catches
+ * SIGUSR1; watch (a dt_job_config.watch) serves metrics and prints the hang
+ * diagnosis on a worker's failure or SIGUSR1; end merges the traces. */
+struct dt__cli_obs {
+  char out[DT_CFG_PATH_MAX], dir[DT_CFG_PATH_MAX + 8];
+  char metrics[64];
+  int r0, n, trace, diagnosed, have_old, serve_tried;
+  struct sigaction old_usr1;
+  struct dt_obs_server *srv;
+};
+int dt__cli_obs_begin(struct dt__cli_obs *co, const char *out, int r0, int n, const char *metrics,
+                      int trace);
+void dt__cli_obs_watch(void *ud, const dt_job *job);
+/* Starts the metrics endpoint (obs.metrics), once; never before a fork. */
+void dt__cli_obs_serve(struct dt__cli_obs *co);
+void dt__cli_obs_end(struct dt__cli_obs *co);
 
 #endif

@@ -300,7 +300,7 @@ static int build_config(dt_config *cfg, const struct train_args *ta, int world, 
  * this node of `dtrain launch` (L), or local --workers. Prints the reason
  * and returns the exit status on failure, -1 on success. */
 static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_config *cfg,
-                    const char *transport, const dt_engine *e) {
+                    const char *transport, const dt_engine *e, struct dt__cli_obs *co) {
   struct dt_job_config jc = DT_JOB_CONFIG_INIT;
   double timeout = (double)dt_param_int("DTRAIN_TIMEOUT", 60);
   size_t np = dt_model_nparams(dt_engine_model(e));
@@ -310,6 +310,8 @@ static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_
   jc.grace_s = (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8);
   jc.print_pids = 1;
   jc.notify = dt__cli_job_notify;
+  jc.watch = dt__cli_obs_watch;
+  jc.watch_ud = co;
   /* parameters, gradients and up to two optimizer moments, plus room for
    * activations and buffers; the gradient window is shared memory */
   jc.worker_bytes = np * sizeof(float) * 4 + ((size_t)64 << 20);
@@ -388,6 +390,8 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   char *text = NULL;
   dt_engine *e = NULL;
   dt_job *job = NULL;
+  struct dt__cli_obs co;
+  int obs_on = 0;
   const char *transport, *out = ta.out;
   char outbuf[DT_CFG_PATH_MAX];
   if (!cfg) {
@@ -423,7 +427,7 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   /* A world of one trains here, without a job: nothing to fork (and the
    * single-worker engine has started its loader thread already). */
   int multi = cfg->run.workers > 1;
-  if (multi && (status = make_job(&job, L, ext, cfg, transport, e)) >= 0) goto done;
+  if (multi && (status = make_job(&job, L, ext, cfg, transport, e, &co)) >= 0) goto done;
   if (!out) {
     default_out_dir(outbuf, sizeof outbuf);
     out = outbuf;
@@ -442,6 +446,12 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   if (isatty(STDERR_FILENO)) v.bar = stderr;
   else if (isatty(STDOUT_FILENO)) v.bar = stdout;
   header(cfg, e, L, &ew, ext, has_rank0, out);
+  /* this node's ranks: their pages, metrics, diagnosis and traces */
+  int r0 = L ? L->node_rank * L->nproc : ext ? ew.rank : 0;
+  int nloc = L ? L->nproc : 1;
+  if (multi && !ext) nloc = L ? L->nproc : cfg->run.workers;
+  dt__cli_obs_begin(&co, out, r0, nloc, cfg->run.obs_metrics, cfg->run.obs_trace);
+  obs_on = 1;
   if (multi) {
     struct worker_args wa = {e, out, text, L || ext, &v};
     status = dt__cli_job_status(job, dt_job_run(job, run_worker, &wa));
@@ -449,6 +459,7 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   }
   dt_engine_hooks hooks = {on_step, on_epoch, &v};
   dt_run_summary s;
+  dt__cli_obs_serve(&co);
   rc = dt_engine_run(e, out, text, &hooks, &s);
   if (v.bar && v.drawn) fprintf(v.bar, "\r\033[K");
   if (rc < 0) {
@@ -459,6 +470,7 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
     status = DT_EXIT_OK;
   }
 done:
+  if (obs_on) dt__cli_obs_end(&co);
   dt_job_destroy(job);
   dt_engine_destroy(e);
   free(text);

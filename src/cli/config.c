@@ -43,7 +43,7 @@ static int cfg_err(int rc, const char *fmt, ...) {
   return dt__seterr(rc, "%s", safe);
 }
 
-enum ktype { K_SPEC, K_PATH, K_INT, K_I64, K_U64, K_FLOAT, K_BOOL, K_ENUM, K_SHAPE, K_CUTS };
+enum ktype { K_SPEC, K_PATH, K_INT, K_I64, K_U64, K_FLOAT, K_BOOL, K_ENUM, K_SHAPE, K_CUTS, K_ADDR };
 
 /* Range flags: lo/hi bounds are inclusive unless the OPEN flag is set. */
 #define R_LO_OPEN 1
@@ -116,12 +116,16 @@ static const key keys[] = {
     {"dist", "pipeline_stages", K_INT, OFF(pipeline_stages), 1, DT_CFG_MAX_STAGES, 0, NULL},
     {"dist", "schedule", K_ENUM, OFF(schedule), 0, 0, 0, schedule_names},
     {"dist", "micro_batches", K_INT, OFF(micro_batches), 1, 65536, 0, NULL},
+    {"obs", "metrics", K_ADDR, OFF(obs_metrics), 0, 0, 0, NULL},
+    {"obs", "trace", K_BOOL, OFF(obs_trace), 0, 1, 0, NULL},
+    {"obs", "trace_steps", K_INT, OFF(obs_trace_steps), 1, 1000000, 0, NULL},
+    {"obs", "log_format", K_ENUM, OFF(obs_log_format), 0, 0, 0, dt__log_format_names},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 _Static_assert(sizeof keys / sizeof keys[0] <= DT_CONFIG_MAX_KEYS, "too many keys");
 
 static const char *const sections[] = {"model", "data", "optim", "train", "schedule", "dist",
-                                       NULL};
+                                       "obs", NULL};
 
 /* ---- lookup ------------------------------------------------------------ */
 
@@ -210,6 +214,27 @@ static int set_value(dt_run_cfg *r, const key *k, const char *v, char *why, size
       if ((*q == ' ' || *q == '\t') && q[1] == ';')
         return snprintf(why, cap, "' ;' in value (it starts a comment in INI files)"), -1;
     }
+    memcpy(field, v, strlen(v) + 1);
+    return 0;
+  }
+  case K_ADDR: {
+    /* "" (off) or HOST:PORT: an IPv4 address or "localhost", port 0..65535 */
+    if (!*v) return *field = '\0', 0;
+    const char *colon = strrchr(v, ':');
+    char host[64];
+    unsigned a, b, c2, d;
+    char extra;
+    long long port;
+    if (!colon || colon == v || (size_t)(colon - v) >= sizeof host || parse_i64(colon + 1, &port) ||
+        port < 0 || port > 65535)
+      return snprintf(why, cap, "expects HOST:PORT (e.g. 127.0.0.1:9400): '%s'", v), -1;
+    memcpy(host, v, (size_t)(colon - v));
+    host[colon - v] = '\0';
+    if (strcmp(host, "localhost") &&
+        (sscanf(host, "%u.%u.%u.%u%c", &a, &b, &c2, &d, &extra) != 4 || a > 255 || b > 255 ||
+         c2 > 255 || d > 255))
+      return snprintf(why, cap, "host '%s' is not an IPv4 address or localhost", host), -1;
+    if (strlen(v) >= 64) return snprintf(why, cap, "value too long (max 63 bytes)"), -1;
     memcpy(field, v, strlen(v) + 1);
     return 0;
   }
@@ -584,7 +609,8 @@ static size_t value_text(const dt_run_cfg *r, const key *k, char *buf, size_t ca
   const char *field = (const char *)r + k->off;
   switch (k->type) {
   case K_SPEC:
-  case K_PATH: return (size_t)snprintf(buf, cap, "%s", field);
+  case K_PATH:
+  case K_ADDR: return (size_t)snprintf(buf, cap, "%s", field);
   case K_BOOL: return (size_t)snprintf(buf, cap, "%s", *(const int *)field ? "true" : "false");
   case K_ENUM: return (size_t)snprintf(buf, cap, "%s", k->enums[*(const int *)field]);
   case K_INT: return (size_t)snprintf(buf, cap, "%d", *(const int *)field);

@@ -128,6 +128,10 @@ void dt_comm_set_algo(dt_comm *c, dt_algo a) {
   if ((unsigned)a < DT_ALGO_COUNT) c->algo = a;
 }
 dt_algo dt_comm_algo(const dt_comm *c) { return c->algo; }
+void dt_comm_set_obs(dt_comm *c, dt_obs *o) {
+  if (c) c->w->obs = o;
+}
+dt_obs *dt_comm_obs(const dt_comm *c) { return c ? c->w->obs : NULL; }
 void dt_comm_bytes(const dt_comm *c, uint64_t *sent, uint64_t *recvd) {
   if (sent) *sent = atomic_load(&c->w->sent);
   if (recvd) *recvd = atomic_load(&c->w->recvd);
@@ -441,15 +445,23 @@ int dt_comm_test(dt_comm *c, dt_comm_req *req, bool *done) {
   return DT_OK;
 }
 
+/* Blocking point-to-point calls are flight-recorder entries of their own
+ * (numbered per communicator and peer direction by tag). */
 int dt_comm_send(dt_comm *c, int peer, int tag, const void *buf, size_t bytes) {
   dt_comm_req r;
-  DT_CHECK(dt_comm_isend(c, peer, tag, buf, bytes, &r));
-  return dt_comm_waitall(c, &r, 1);
+  int64_t t = c ? dt_obs_fr_begin(c->w->obs, "send", c->ctxid, (uint64_t)tag, bytes, peer) : -1;
+  int rc = dt_comm_isend(c, peer, tag, buf, bytes, &r);
+  if (rc == DT_OK) rc = dt_comm_waitall(c, &r, 1);
+  if (c) dt_obs_fr_end(c->w->obs, t, rc);
+  return rc;
 }
 int dt_comm_recv(dt_comm *c, int peer, int tag, void *buf, size_t bytes) {
   dt_comm_req r;
-  DT_CHECK(dt_comm_irecv(c, peer, tag, buf, bytes, &r));
-  return dt_comm_waitall(c, &r, 1);
+  int64_t t = c ? dt_obs_fr_begin(c->w->obs, "recv", c->ctxid, (uint64_t)tag, bytes, peer) : -1;
+  int rc = dt_comm_irecv(c, peer, tag, buf, bytes, &r);
+  if (rc == DT_OK) rc = dt_comm_waitall(c, &r, 1);
+  if (c) dt_obs_fr_end(c->w->obs, t, rc);
+  return rc;
 }
 
 int dt__coll_sendrecv(dt_comm *c, int to, const void *sbuf, size_t sbytes, int from, void *rbuf,
@@ -481,6 +493,9 @@ int dt__coll_begin(dt_comm *c, dt_coll coll, dt_redop op, dt_dtype t, size_t cou
   c->in_coll = true;
   c->deadline_ns = dt_now_ns() + (int64_t)(c->timeout * 1e9);
   c->cur = (struct fp){++c->seq, count, root, c->rank, (uint8_t)coll, (uint8_t)op, (uint8_t)t};
+  c->fr_ticket = dt_obs_fr_begin(c->w->obs, dt_coll_name(coll), c->ctxid, c->seq,
+                                 (uint64_t)count * dt_dtype_size(t),
+                                 coll == DT_COLL_BROADCAST || coll == DT_COLL_REDUCE ? root : -1);
   fp_encode(&c->cur, c->fp_out);
   memset(c->fp_sent, 0, (size_t)c->size);
   memset(c->fp_posted, 0, (size_t)c->size);
@@ -506,6 +521,7 @@ int dt__coll_end(dt_comm *c, int rc) {
         rc = dt__comm_err(c, DT_EPROTO, "comm: internal: fingerprint from rank %d never arrived", p);
   }
   c->in_coll = false;
+  dt_obs_fr_end(c->w->obs, c->fr_ticket, rc);
   if (rc < 0) {
     /* A failed collective leaves peers mid-call: abort the world so they
      * return now with this message instead of waiting for their deadline. */

@@ -21,6 +21,7 @@
 
 #include "core/core.h"
 #include "dtrain/comm.h"
+#include "obs/obs.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -109,6 +110,11 @@ dt_algo dt_comm_algo(const dt_comm *c);
 /* Bytes this rank sent and received through the communicator (and its
  * sub-communicators' shared connections). */
 void dt_comm_bytes(const dt_comm *c, uint64_t *sent, uint64_t *received);
+/* The flight recorder every collective and blocking point-to-point call of
+ * c's world (c and its splits) records into (src/obs; borrowed, it must
+ * outlive the calls; NULL: none). */
+void dt_comm_set_obs(dt_comm *c, dt_obs *o);
+dt_obs *dt_comm_obs(const dt_comm *c);
 
 /* ---- point-to-point ---------------------------------------------------- */
 

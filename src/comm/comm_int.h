@@ -11,6 +11,7 @@
 
 #include "comm/comm.h"
 #include "comm/transport.h"
+#include "obs/obs.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -47,6 +48,7 @@ struct world {
   char abort_msg[512];
   int abort_rc;
   _Atomic uint64_t sent, recvd;
+  dt_obs *obs;              /* flight recorder (borrowed; NULL: none) */
 };
 
 struct fp {
@@ -68,6 +70,7 @@ struct dt_comm {
   dt_algo algo;
   /* current collective */
   bool in_coll;
+  int64_t fr_ticket;        /* the current collective's flight-recorder entry */
   int64_t deadline_ns;
   uint64_t seq;
   struct fp cur;

@@ -348,6 +348,9 @@ int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, fl
   if (atomic_load(&w->aborted))
     return dt__seterr(DT_EABORTED, "window allreduce: aborted (%s)", w->hdr[r]->why);
   uint32_t seq = ++w->seq;
+  /* flight recorder: its own numbering (stream "WIN"), one window per world */
+  dt_obs *obs = dt_comm_obs(w->c);
+  int64_t fr = dt_obs_fr_begin(obs, "allreduce", DT_OBS_STREAM_WINDOW, seq, (uint64_t)count * 4, -1);
   struct win_hdr *me = w->hdr[r];
   me->fp[seq & 1] = (struct span_fp){off, count, scale, seq};
   post(me, &me->ready, seq);
@@ -392,6 +395,7 @@ int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, fl
 out:
   if (sv != scales) free(sv);
   if (src != stack_src) free(src);
+  dt_obs_fr_end(obs, fr, rc);
   if (rc < 0) {
     /* peers must not wait for a rank that left the protocol */
     dt_comm_window_abort(w, dt_errmsg());

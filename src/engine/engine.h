@@ -37,5 +37,6 @@ extern const char *const dt__sched_names[];
 extern const char *const dt__reduce_names[];
 extern const char *const dt__balance_names[];
 extern const char *const dt__schedule_names[];
+extern const char *const dt__log_format_names[]; /* obs.log_format */
 
 #endif /* DT_ENGINE_H */

@@ -13,6 +13,15 @@
 #include "engine/engine.h"
 #include "engine/strategy.h"
 #include "parallel/ddp.h"
+#include "obs/obs.h"
+
+/* This rank's observability during a run (observe.c). */
+typedef struct dt_eobs {
+  dt_obs *o;                /* NULL: none (before or after a run) */
+  char dir[DT_CFG_PATH_MAX + 8]; /* DIR/obs, or "" (in memory) */
+  dt_obs_metric *samples, *steps, *step_s, *sps, *loss, *lr, *epoch, *test_acc, *test_loss;
+  dt_obs_metric *sent, *recv;
+} dt_eobs;
 
 struct dt_engine {
   dt_run_cfg cfg;
@@ -30,11 +39,27 @@ struct dt_engine {
   int from_memory;          /* data sets given by the caller, not paths */
   int out_fd;               /* DIR/.lock held (flock) for out_dir, or -1 */
   char out_dir[DT_CFG_PATH_MAX];
+  dt_eobs obs;              /* metrics, flight recorder, trace of the current run */
 };
 
 /* Fills e->strat with what the engine lends its strategy (strategy.h):
  * model, optimizer, communicator, rank, sizes. */
 void dt__engine_lend(dt_engine *e);
+
+/* ---- observability (observe.c) ---------------------------------------------------- */
+
+/* Opens this rank's page (DIR/obs/rank-R, or memory without out_dir),
+ * registers the loop's metrics and lends the page to the communicator and
+ * the strategy. */
+int dt__eobs_open(dt_engine *e, const char *out_dir);
+/* obs.trace: a barrier (with a communicator), then spans are kept. */
+int dt__eobs_trace_start(dt_engine *e);
+void dt__eobs_step(dt_engine *e, double seconds, int64_t samples, double loss, double lr,
+                   double sps);
+void dt__eobs_epoch(dt_engine *e, const dt_epoch_report *r);
+/* End of the run: a failure recorded (and this rank's recorder dumped for a
+ * communication failure), the trace written, the page closed. */
+void dt__eobs_end(dt_engine *e, const char *out_dir, int rc, const char *msg);
 
 /* ---- files (files.c) ------------------------------------------------------------ */
 

@@ -18,6 +18,7 @@ const char *const dt__sched_names[] = {"constant", "step", "cosine", NULL};
 const char *const dt__reduce_names[] = {"avg", "sum", NULL};
 const char *const dt__balance_names[] = {"static", "dynamic", "steal", NULL};
 const char *const dt__schedule_names[] = {"gpipe", "1f1b", NULL};
+const char *const dt__log_format_names[] = {"text", "json", NULL};
 
 void dt_run_cfg_defaults(dt_run_cfg *c) {
   if (!c) return;
@@ -67,4 +68,8 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->micro_batches = 1;
   c->stages[0] = 0;
   c->recompute = 0;
+  c->obs_metrics[0] = '\0';
+  c->obs_trace = 0;
+  c->obs_trace_steps = 1000;
+  c->obs_log_format = 0;
 }

@@ -72,6 +72,7 @@ typedef struct dt_strategy {
    * them, read by the records: the last epoch's and the run's, nperf ranks. */
   const dt_rank_perf *perf_epoch, *perf_run;
   int nperf;
+  dt_obs *obs;                   /* metrics, flight recorder, spans (src/obs; may be NULL) */
 } dt_strategy;
 
 /* Named blobs of a strategy's state, for checkpoints. put copies len bytes

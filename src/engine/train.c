@@ -161,12 +161,15 @@ static int end_epoch(dt_engine *e, dt_epoch_report *r, double t_start, dt_record
                      const dt_engine_hooks *hooks, double *test_loss, double *test_acc) {
   const dt_run_cfg *c = &e->cfg;
   if (r->epoch % c->eval_every == 0 || r->epoch == c->epochs) {
+    int64_t n0 = dt_obs_tracing(e->obs.o) ? dt_now_ns() : 0;
     DT_CHECK(evaluate(e, test_loss, test_acc));
+    if (n0) dt_obs_span(e->obs.o, "evaluate", 0, n0, dt_now_ns(), r->epoch);
     r->evaluated = 1;
     r->test_loss = *test_loss;
     r->test_accuracy = *test_acc;
   }
   r->time = dt_now() - t_start;
+  dt__eobs_epoch(e, r);
   DT_CHECK(dt__records_event(rec, r));
   if (hooks->on_epoch) hooks->on_epoch(hooks->ud, r);
   return DT_OK;
@@ -232,12 +235,16 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   int rc = DT_OK;
 
   int epoch = 0;
+  /* this rank's metrics and flight recorder (observe.c), before any collective */
+  DT_CHECK_GOTO(dt__eobs_open(e, out_dir), rc, done);
 
   /* Start: rank 0 owns the records; every rank runs the strategy's checks. */
   if (e->rank == 0 && out_dir) DT_CHECK_GOTO(open_records(e, out_dir, config_text, &rec), rc, done);
   if (e->rank == 0) warn_settings(e);
   DT_CHECK_GOTO(S->ops->setup(S), rc, done);
   DT_CHECK_GOTO(src->ops->bind(src, e->rank, e->nranks), rc, done);
+  DT_CHECK_GOTO(dt__eobs_trace_start(e), rc, done);
+  dt_obs *ob = e->obs.o;
 
   double t_start = dt_now(), train_seconds = 0, test_loss = 0, test_acc = 0, first_loss = 0;
   int64_t samples_total = 0, global_total = 0;
@@ -250,6 +257,10 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
     dt_tally ep = {.fixed = S->ops->fixed_point};
     for (int64_t k = 0; k < e->steps_per_epoch; k++) {
       double t0 = dt_now();
+      /* spans only when tracing: four clock reads per piece */
+      const int tr = dt_obs_tracing(ob);
+      const int64_t s0 = tr ? dt_now_ns() : 0;
+      int64_t n0 = s0, n1;
       dt_tally st = {.fixed = S->ops->fixed_point};
       dt_step_plan plan;
       lr = dt_sched_lr(&e->sched, S->step);
@@ -259,17 +270,25 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
       for (int i = 0; !S->ops->run_pieces && i < plan.pieces; i++) {
         dt_batch b;
         DT_CHECK_GOTO(src->ops->piece(src, i, &b), rc, step_failed);
+        if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "data", 0, n0, n1, -1), n0 = n1;
         /* dropout masks are keyed by (seed, step, global position) */
         dt_step_ctx ctx = {1, c->seed, (uint64_t)S->step, b.sample0};
         DT_CHECK_GOTO(dt_model_forward(e->model, b.x, b.n, &ctx), rc, step_failed);
+        if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "forward", 0, n0, n1, b.n), n0 = n1;
         if (S->ops->backward_begin) S->ops->backward_begin(S, &b, i, plan.pieces);
         int nc = 0;
         float loss = 0.0f;
         DT_CHECK_GOTO(dt_model_backward(e->model, b.y, b.n, &loss, &nc, S->ops->grad_ready,
                                         S->grad_ud), rc, step_failed);
+        if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "backward", 0, n0, n1, b.n), n0 = n1;
         dt__tally_add(&st, loss, b.n, nc, plan.terms);
       }
       DT_CHECK_GOTO(S->ops->step_finish(S, lr), rc, step_failed);
+      if (tr) {
+        n1 = dt_now_ns();
+        dt_obs_span(ob, "reduce+update", 0, n0, n1, -1);
+        dt_obs_span(ob, "step", 0, s0, n1, S->step);
+      }
       DT_CHECK_GOTO(check_step(e, epoch, plan.pieces ? dt__tally_mean(&st) : 0), rc, done);
       ep.seconds += dt_now() - t0;
       ep.loss += st.loss;
@@ -277,6 +296,8 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
       ep.samples += st.samples;
       ep.correct += st.correct;
       ep.global += plan.n_global;
+      dt__eobs_step(e, dt_now() - t0, st.samples, dt__tally_mean(&ep), lr,
+                    ep.seconds > 0 ? (double)ep.global / ep.seconds : 0);
       if (hooks->on_step) {
         p.epoch = epoch;
         p.step_in_epoch = k + 1;
@@ -341,6 +362,7 @@ step_failed:
 done:
   free(all);
   S->ops->teardown(S);
+  dt__eobs_end(e, out_dir, rc, rc < 0 ? dt_errmsg() : NULL);
   if (rc < 0 && rec.open) {
     /* the failure, not a stale success: summary.json was removed at start */
     char msg[512];

@@ -233,6 +233,7 @@ static void reap(dt_job *j, pid_t *pids, int n, int quiet, _Atomic int *order) {
       killed = 1;
     }
     if (left <= 0) break;
+    if (j->cfg.watch && !quiet) j->cfg.watch(j->cfg.watch_ud, j);
     if (j->sigfd >= 0) {
       struct pollfd pf = {j->sigfd, POLLIN, 0};
       poll(&pf, 1, period_ms);

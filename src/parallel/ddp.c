@@ -89,6 +89,9 @@ struct dt_ddp {
   size_t nbad, bad_index;      /* this rank's out-of-range values this step */
   float bad_value;
   int64_t overflow_total;      /* over all ranks, from the head's allreduce */
+  /* observability (src/obs; NULL slots when the communicator has no recorder) */
+  dt_obs *obs;
+  dt_obs_metric *m_ar, *m_wait;
 };
 
 /* Deterministic mode: fixed point of a span of the current gradients (or,
@@ -105,9 +108,26 @@ static void det_add(dt_ddp *d, int64_t *acc, const float *x, size_t n, double w,
   }
 }
 
+static int reduce_bucket_now(dt_ddp *d, int i, float scale);
+
+/* One bucket's reduction as the flight recorder, the allreduce histogram
+ * and the trace see it (tid 1: the communication thread). */
+static int reduce_bucket(dt_ddp *d, int i, float scale, int tid) {
+  if (!d->obs) return reduce_bucket_now(d, i, scale);
+  char note[24];
+  snprintf(note, sizeof note, "bucket %d", i);
+  dt_obs_fr_note(d->obs, note);
+  int64_t t0 = dt_now_ns();
+  int rc = reduce_bucket_now(d, i, scale);
+  int64_t t1 = dt_now_ns();
+  dt_obs_observe(d->m_ar, (double)(t1 - t0) / 1e9);
+  dt_obs_span(d->obs, "allreduce", tid, t0, t1, i);
+  return rc;
+}
+
 /* Allreduce of bucket i (in place) and, in deterministic mode, conversion
  * back to floats. Returns the allreduce's status. */
-static int reduce_bucket(dt_ddp *d, int i, float scale) {
+static int reduce_bucket_now(dt_ddp *d, int i, float scale) {
   float *g = d->grads + d->b[i].off;
   size_t n = d->b[i].n;
   if (!d->det && d->win)
@@ -160,7 +180,7 @@ static void *comm_main(void *arg) {
     pthread_mutex_unlock(&d->mu);
     int rc = DT_OK;
     double t0 = dt_now();
-    if (!skip) rc = reduce_bucket(d, i, scale);
+    if (!skip) rc = reduce_bucket(d, i, scale, 1);
     double dt = dt_now() - t0;
     pthread_mutex_lock(&d->mu);
     d->st.comm_seconds += dt;
@@ -198,6 +218,11 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
   d->model = m;
   d->comm = c;
+  d->obs = dt_comm_obs(c);
+  d->m_ar = dt_obs_histogram(d->obs, "dtrain_allreduce_seconds",
+                             "Time to reduce one gradient bucket over all workers", NULL, 0);
+  d->m_wait = dt_obs_counter(d->obs, "dtrain_peer_wait_seconds_total",
+                             "Time the training thread waited for gradient reduction after backward");
   d->grads = dt_model_grads(m);
   int nl = dt_model_nlayers(m);
   d->b = calloc((size_t)nl + 1, sizeof *d->b);
@@ -412,8 +437,9 @@ static int finish_inline(dt_ddp *d) {
   double t0 = dt_now();
   int rc = DT_OK;
   if (d->det) d->acc[d->nbufs] = (int64_t)d->nbad;
-  for (int i = 0; i < d->nb && rc == DT_OK; i++) rc = reduce_bucket(d, i, d->scale);
+  for (int i = 0; i < d->nb && rc == DT_OK; i++) rc = reduce_bucket(d, i, d->scale, 0);
   double dt = dt_now() - t0;
+  dt_obs_add(d->m_wait, dt);
   pthread_mutex_lock(&d->mu);
   d->st.comm_seconds += dt;
   d->st.exposed_seconds += dt;
@@ -435,7 +461,9 @@ int dt_ddp_finish_step(dt_ddp *d) {
   for (int i = 0; i < d->nb; i++) enqueue_locked(d, i);
   while (d->ndone < d->nb) pthread_cond_wait(&d->done_cv, &d->mu);
   int rc = d->err;
-  d->st.exposed_seconds += dt_now() - t0;
+  double waited = dt_now() - t0;
+  d->st.exposed_seconds += waited;
+  dt_obs_add(d->m_wait, waited);
   d->st.steps++;
   pthread_mutex_unlock(&d->mu);
   if (rc < 0) return dt__seterr(rc, "gradient allreduce: %s: %s", dt_strerror(rc), d->errmsg);

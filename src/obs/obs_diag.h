@@ -1,0 +1,46 @@
+/*
+ * obs_diag.h — what the launcher (or `dtrain report`) reads out of the
+ * rank pages: the hang diagnosis and the flight-recorder tables (diag.c),
+ * the Prometheus exposition of every rank's metrics (expo.c) and the
+ * metrics endpoint serving it (http.c).
+ */
+#ifndef DT_OBS_DIAG_H
+#define DT_OBS_DIAG_H
+
+#include <stdio.h>
+
+#include "obs/obs_file.h"
+
+/* Reads the pages of ranks r0..r0+n-1 in obs_dir and writes one line into
+ * msg naming the rank that is behind and the operation the others wait in
+ * (file comment of diag.c). dump: if not NULL, every rank's recorder as a
+ * table. Returns 1 when some rank is inside an operation (msg names it), 0
+ * when none is (msg says so), or a negative DT_E*. now_ns: dt_now_ns(). */
+int dt_obs_diagnose(const char *obs_dir, int r0, int n, int64_t now_ns, char *msg, size_t cap,
+                    FILE *dump);
+/* One page's recorder as a table, its last `last` entries. */
+void dt_obs_fr_dump(const struct dt_obs_page *pg, FILE *f, int64_t now_ns, int last);
+/* The state letter of /proc/pid/stat ('R', 'S', 'T', ...); 'X' if gone. */
+int dt__obs_proc_state(int pid);
+
+/* ---- exposition (expo.c) ----------------------------------------------------------- */
+
+/* Appends the Prometheus text exposition (format 0.0.4) of n pages to a
+ * growing buffer (*buf of *cap bytes, *len used; realloc'd): one HELP and
+ * TYPE line per name, every series labelled job, rank, host, histograms
+ * cumulative with +Inf = _count, plus dtrain_resident_memory_bytes read
+ * from /proc for each live pid. DT_ENOMEM. */
+int dt_obs_expose(const struct dt_obs_page *pages, int n, char **buf, size_t *len, size_t *cap);
+
+/* ---- the metrics endpoint (http.c) ---------------------------------------------------- */
+
+typedef struct dt_obs_server dt_obs_server;
+/* Serves GET /metrics on addr ("HOST:PORT", an IPv4 address or "localhost";
+ * port 0: any free one) with the pages of ranks r0..r0+n-1 in obs_dir, read
+ * at every scrape. DT_EINVAL for a bad address (naming it), DT_EIO when the
+ * port cannot be bound. */
+int dt_obs_server_start(dt_obs_server **out, const char *addr, const char *obs_dir, int r0, int n);
+int dt_obs_server_port(const dt_obs_server *s);
+void dt_obs_server_stop(dt_obs_server *s);
+
+#endif /* DT_OBS_DIAG_H */

@@ -1,0 +1,33 @@
+/*
+ * obs_int.h — private to src/obs: the handle's fields, shared by obs.c
+ * (page, metrics, flight recorder) and trace.c (spans).
+ */
+#ifndef DT_OBS_INT_H
+#define DT_OBS_INT_H
+
+#include <pthread.h>
+
+#include "obs/obs_file.h"
+
+struct dt_span {
+  const char *name;
+  int64_t t0, t1, arg;
+  int tid;
+};
+
+struct dt_obs {
+  struct dt_obs_page *pg;
+  size_t len;
+  pthread_mutex_t mu;   /* registration; the span ring */
+  int full_warned;
+  char note[24];        /* for the next flight-recorder entry */
+  /* trace.c */
+  struct dt_span *spans;
+  size_t span_cap, span_n, span_head; /* ring: head is the oldest when full */
+  int64_t t0_ns;
+  _Atomic int tracing;
+};
+
+void dt__obs_trace_free(dt_obs *o);
+
+#endif /* DT_OBS_INT_H */
