@@ -7,7 +7,7 @@
  * with le="+Inf" equal to _count, then _sum and _count; the file ends with
  * a newline. Values are printed as the shortest text that reads back exactly (Inf and NaN spelled +Inf, -Inf,
  * NaN as the format wants). It reads copies of the pages (obs_file.h); it
- * serves nothing (http.c).
+ * serves nothing (http_mhd.c).
  */
 #include <math.h>
 #include <stdarg.h>

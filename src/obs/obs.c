@@ -4,7 +4,7 @@
  * updating them with single atomic operations, and the flight recorder's
  * ring of the last DT_OBS_FR_LEN operations. Readers in other processes
  * see every store as it happens (obs_file.h); nothing here formats,
- * serves or diagnoses (expo.c, http.c, diag.c), and spans live in trace.c.
+ * serves or diagnoses (expo.c, http_mhd.c, diag.c), and spans live in trace.c.
  */
 #define _GNU_SOURCE
 #include "obs/obs_int.h"

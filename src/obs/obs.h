@@ -18,7 +18,7 @@
  * (obs_file.h), a file DIR/obs/rank-R mapped shared when the run has an
  * output directory (anonymous memory otherwise). Writers store into it; the
  * launcher of the node maps the same files read-only, so it can serve every
- * rank's metrics on one port (http.c, expo.c) and name the rank that is
+ * rank's metrics on one port (http_mhd.c, expo.c) and name the rank that is
  * behind and the operation it is stuck in (diag.c) even when that rank is
  * stopped or dead and cannot speak for itself.
  *

@@ -2,7 +2,7 @@
  * obs_diag.h — what the launcher (or `dtrain report`) reads out of the
  * rank pages: the hang diagnosis and the flight-recorder tables (diag.c),
  * the Prometheus exposition of every rank's metrics (expo.c) and the
- * metrics endpoint serving it (http.c).
+ * metrics endpoint serving it (http_mhd.c).
  */
 #ifndef DT_OBS_DIAG_H
 #define DT_OBS_DIAG_H
@@ -32,7 +32,7 @@ int dt__obs_proc_state(int pid);
  * from /proc for each live pid. DT_ENOMEM. */
 int dt_obs_expose(const struct dt_obs_page *pages, int n, char **buf, size_t *len, size_t *cap);
 
-/* ---- the metrics endpoint (http.c) ---------------------------------------------------- */
+/* ---- the metrics endpoint (http_mhd.c) ---------------------------------------------------- */
 
 typedef struct dt_obs_server dt_obs_server;
 /* Serves GET /metrics on addr ("HOST:PORT", an IPv4 address or "localhost";

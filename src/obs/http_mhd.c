@@ -1,11 +1,13 @@
 /*
- * http.c — the metrics endpoint: libmicrohttpd on one address (loopback
+ * http_mhd.c — the metrics endpoint: libmicrohttpd on one address (loopback
  * unless the user names another), GET /metrics answered with the
  * exposition of every local rank's page read at that moment (expo.c), any
  * other path 404, any other method 405. One internal polling thread; a
  * scrape reads n small files and formats them (well under a millisecond
  * for a few ranks). It does not aggregate over nodes: each node's
  * launcher serves its own ranks, so Prometheus scrapes one target per node.
+ * Built into the dtrain binary only (CMakeLists.txt: *_mhd.c), not into
+ * libdtrain.
  */
 #include <arpa/inet.h>
 #include <microhttpd.h>
