@@ -31,6 +31,7 @@
 #ifndef DTRAIN_ENGINE_H
 #define DTRAIN_ENGINE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -117,6 +118,18 @@ typedef struct dt_run_cfg {
   int obs_trace;                       /* write DIR/trace.json (Chrome trace events) */
   int obs_trace_steps;                 /* the trace keeps the spans of the last N steps */
   int obs_log_format;                  /* 0 text, 1 json (one object per log line) */
+  /* [model] init: start from these weights (a safetensors file, e.g. one
+   * PyTorch wrote: tools/torch_safetensors.py); "" = initialise from seed */
+  char model_init[DT_CFG_PATH_MAX];
+  /* [ckpt] checkpoints (docs/checkpoint.md); written by rank 0 only, and
+   * only when the run has an output directory or ckpt_dir is set */
+  char ckpt_dir[DT_CFG_PATH_MAX];      /* "" = <out>/ckpt */
+  int64_t ckpt_every_steps;            /* every N optimizer steps; 0 = off */
+  float ckpt_every_seconds;            /* at the first step boundary N s after the last; 0 = off */
+  int ckpt_epoch_end;                  /* at the end of every epoch (default on) */
+  int ckpt_on_signal;                  /* when the caller's stop flag is raised (SIGTERM/SIGINT) */
+  int ckpt_keep;                       /* keep the newest N; 0 = all */
+  int ckpt_async;                      /* written by a background thread (default on) */
 } dt_run_cfg;
 
 /* Fills *cfg with the defaults of docs/config.md: the 2-conv CNN on
@@ -259,6 +272,33 @@ DT_API int dt_engine_set_out_dir(dt_engine *e, const char *dir);
  * parameters), DT_EPEERLOST / DT_ETIMEDOUT naming the rank. */
 DT_API int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
                          const dt_engine_hooks *hooks, dt_run_summary *sum);
+
+/* Continues from a checkpoint in the coming dt_engine_run (docs/checkpoint.md).
+ * path is a checkpoint directory (step-NNNNNNNN), a checkpoint root (holding
+ * step-* and `latest`) or a run directory (holding ckpt/). The newest valid
+ * checkpoint is chosen; damaged, truncated or half-written ones are skipped
+ * with a warning naming them (an explicit checkpoint that is damaged falls
+ * back to an older one). Its config fingerprint must match the engine's:
+ * another model, data set, batch, seed, optimizer or schedule is refused
+ * with DT_EMISMATCH naming the key; train.epochs and the worker count may
+ * change. The weights are loaded at once; the optimizer state and the
+ * position (epoch, step, data cursor) are applied after the strategy's
+ * setup. DT_ENOENT when there is no valid checkpoint, DT_ENOTSUP for a
+ * newer checkpoint format. Call before dt_engine_run (before forking
+ * workers, so each inherits it). */
+DT_API int dt_engine_resume(dt_engine *e, const char *path);
+
+/* The checkpoint directory dt_engine_resume chose (and its step in *step),
+ * or NULL. Owned by the engine. */
+DT_API const char *dt_engine_resumed_from(const dt_engine *e, int64_t *step);
+
+/* A flag the run reads at every step boundary (set by a SIGTERM/SIGINT
+ * handler, say). When it is nonzero, rank 0 writes a checkpoint
+ * (ckpt.on_signal) and dt_engine_run returns DT_EABORTED naming it; the
+ * other ranks ignore the flag and end when rank 0 has left (a lost peer),
+ * so the checkpoint is always of a step every rank finished. NULL: none.
+ * The flag is borrowed for the engine's life. */
+DT_API int dt_engine_set_stop_flag(dt_engine *e, const volatile sig_atomic_t *flag);
 
 /* Evaluates the current model on the test set: mean loss and accuracy.
  * With a communicator each rank evaluates its part and the sums are

@@ -29,6 +29,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,7 @@
 static void train_usage(FILE *f) {
   fprintf(f,
           "usage: dtrain train [CONFIG] [--set section.key=value ...] [--out DIR] [--workers N]\n"
+          "                    [--resume [DIR]]\n"
           "\n"
           "Trains the model of CONFIG (an INI file; without it the built-in CNN on\n"
           "Fashion-MNIST, as in examples/fashion_cnn.ini) and writes DIR/summary.json,\n"
@@ -54,6 +56,9 @@ static void train_usage(FILE *f) {
           "                           --set optim.lr=0.1 --set train.epochs=5\n"
           "  --out DIR                output directory (default runs/<date>-<time>)\n"
           "  --workers N              local worker processes, data parallel (docs/ddp.md)\n"
+          "  --resume [DIR]           continue from the newest valid checkpoint under DIR (a\n"
+          "                           checkpoint, its root or a run directory; default:\n"
+          "                           ckpt.dir, else --out) (docs/checkpoint.md)\n"
           "  -h, --help               this help\n"
           "\n"
           "Across machines: dtrain launch ... -- train CONFIG (dtrain launch --help), or\n"
@@ -140,10 +145,34 @@ static void final_line(const dt_run_summary *s, const char *out) {
          s->samples_per_second, s->gflops, (long long)s->steps, s->train_seconds, out);
 }
 
+/* ---- signals ------------------------------------------------------------------ */
+
+/* SIGTERM/SIGINT while training with checkpoints: the engine reads this
+ * flag at every step boundary, rank 0 writes a checkpoint and the run ends
+ * (dt_engine_set_stop_flag). The one global of the command: a signal
+ * handler has nowhere else to write. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+/* Installs the handler when the run takes a checkpoint on a signal. */
+static void catch_stop(dt_engine *e, const dt_run_cfg *c) {
+  if (!c->ckpt_on_signal) return;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  dt_engine_set_stop_flag(e, &stop_signal);
+}
+
 /* ---- workers ------------------------------------------------------------------ */
 
 struct worker_args {
   dt_engine *e;
+  const dt_run_cfg *cfg;
   const char *out, *text;
   int describe;          /* rank 0 prints which transport reaches which rank */
   view *v;
@@ -176,6 +205,7 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
   view *v = a->v;
   if (r == 0 && a->describe) describe_links(c);
   int rc = dt_engine_set_comm(a->e, c);
+  catch_stop(a->e, a->cfg);
   dt_engine_hooks hooks = {NULL, NULL, NULL};
   if (r == 0) hooks = (dt_engine_hooks){on_step, on_epoch, v};
   dt_run_summary s;
@@ -188,6 +218,7 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
     if (!strncmp(m, "rank ", 5)) fprintf(stderr, "dtrain: %s\n", m);
     else fprintf(stderr, "dtrain: rank %d: %s\n", r, m);
     status = rc == DT_EMISMATCH ? DT_EXIT_USAGE : DT_EXIT_FAIL;
+    if (rc == DT_EABORTED && stop_signal) status = 128 + stop_signal;
   } else if (r == 0) {
     final_line(&s, a->out);
   }
@@ -216,6 +247,8 @@ static const char *pick_transport(const dt_config *cfg) {
 /* The command line of `dtrain train`. */
 struct train_args {
   const char *config_path, *out;
+  int resume;                 /* --resume given */
+  const char *resume_dir;     /* its DIR, or NULL for the default */
   const char *sets[256];
   int nsets, workers;
 };
@@ -228,6 +261,18 @@ static int parse_args(int argc, char **argv, struct train_args *ta) {
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       train_usage(stdout);
       return DT_EXIT_OK;
+    }
+    if (!strcmp(a, "--resume") || !strncmp(a, "--resume=", 9)) {
+      /* DIR is optional: the next argument is taken when it is a directory
+       * (a CONFIG is a file) */
+      struct stat st;
+      ta->resume = 1;
+      if (a[8] == '=') ta->resume_dir = a + 9;
+      else if (i + 1 < argc && argv[i + 1][0] != '-' && stat(argv[i + 1], &st) == 0 &&
+               S_ISDIR(st.st_mode))
+        ta->resume_dir = argv[++i];
+      if (ta->resume_dir && !*ta->resume_dir) return bad("--resume=: empty directory name%s", "");
+      continue;
     }
     const char *opts[] = {"--set", "--out", "--workers"};
     int which = -1;
@@ -424,6 +469,26 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
     status = rc == DT_ENOMEM ? DT_EXIT_FAIL : DT_EXIT_USAGE;
     goto done;
   }
+  /* --resume: the checkpoint is found, checked and loaded now, before any
+   * worker is forked (each inherits it); none valid is bad input. */
+  if (ta.resume) {
+    const char *from = ta.resume_dir ? ta.resume_dir
+                       : cfg->run.ckpt_dir[0] ? cfg->run.ckpt_dir : out;
+    if (!from) {
+      status = bad("--resume: name the checkpoint (--resume DIR) or the run's --out%s", "");
+      goto done;
+    }
+    rc = dt_engine_resume(e, from);
+    if (rc < 0) {
+      fprintf(stderr, "dtrain: --resume: %s\n", dt_errmsg());
+      status = rc == DT_ENOMEM ? DT_EXIT_FAIL : DT_EXIT_USAGE;
+      goto done;
+    }
+    int64_t step = 0;
+    const char *dir = dt_engine_resumed_from(e, &step);
+    printf("resuming from %s (step %lld)\n", dir, (long long)step);
+    fflush(stdout);
+  }
   /* A world of one trains here, without a job: nothing to fork (and the
    * single-worker engine has started its loader thread already). */
   int multi = cfg->run.workers > 1;
@@ -438,7 +503,8 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
    * another run holds is refused, naming its pid. */
   int has_rank0 = L ? L->node_rank == 0 : ext ? ew.rank == 0 : 1;
   if (has_rank0 && (rc = dt_engine_set_out_dir(e, out)) < 0) {
-    fprintf(stderr, "dtrain: --out: %s\n", dt_errmsg());
+    const char *m = dt_errmsg();
+    fprintf(stderr, "dtrain: %s%s\n", strncmp(m, "ckpt.dir", 8) ? "--out: " : "", m);
     status = rc == DT_EAGAIN ? DT_EXIT_FAIL : DT_EXIT_USAGE;
     goto done;
   }
@@ -453,18 +519,19 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   dt__cli_obs_begin(&co, out, r0, nloc, cfg->run.obs_metrics, cfg->run.obs_trace);
   obs_on = 1;
   if (multi) {
-    struct worker_args wa = {e, out, text, L || ext, &v};
+    struct worker_args wa = {e, &cfg->run, out, text, L || ext, &v};
     status = dt__cli_job_status(job, dt_job_run(job, run_worker, &wa));
     goto done;
   }
   dt_engine_hooks hooks = {on_step, on_epoch, &v};
   dt_run_summary s;
   dt__cli_obs_serve(&co);
+  catch_stop(e, &cfg->run);
   rc = dt_engine_run(e, out, text, &hooks, &s);
   if (v.bar && v.drawn) fprintf(v.bar, "\r\033[K");
   if (rc < 0) {
     fprintf(stderr, "dtrain: %s\n", dt_errmsg());
-    status = DT_EXIT_FAIL;
+    status = rc == DT_EABORTED && stop_signal ? 128 + stop_signal : DT_EXIT_FAIL;
   } else {
     final_line(&s, out);
     status = DT_EXIT_OK;

@@ -73,6 +73,7 @@ typedef struct key {
 static const key keys[] = {
     {"model", "layers", K_SPEC, OFF(layers), 0, 0, 0, NULL},
     {"model", "stages", K_CUTS, OFF(stages), 0, 0, 0, NULL},
+    {"model", "init", K_PATH, OFF(model_init), 0, 0, 0, NULL},
     {"data", "format", K_ENUM, OFF(format), 0, 0, 0, fmt_names},
     {"data", "train_images", K_PATH, OFF(train_images), 0, 0, 0, NULL},
     {"data", "train_labels", K_PATH, OFF(train_labels), 0, 0, 0, NULL},
@@ -120,12 +121,20 @@ static const key keys[] = {
     {"obs", "trace", K_BOOL, OFF(obs_trace), 0, 1, 0, NULL},
     {"obs", "trace_steps", K_INT, OFF(obs_trace_steps), 1, 1000000, 0, NULL},
     {"obs", "log_format", K_ENUM, OFF(obs_log_format), 0, 0, 0, dt__log_format_names},
+    /* checkpoints (docs/checkpoint.md) */
+    {"ckpt", "dir", K_PATH, OFF(ckpt_dir), 0, 0, 0, NULL},
+    {"ckpt", "every_steps", K_I64, OFF(ckpt_every_steps), 0, BIG, 0, NULL},
+    {"ckpt", "every_seconds", K_FLOAT, OFF(ckpt_every_seconds), 0, 1e9, 0, NULL},
+    {"ckpt", "epoch_end", K_BOOL, OFF(ckpt_epoch_end), 0, 1, 0, NULL},
+    {"ckpt", "on_signal", K_BOOL, OFF(ckpt_on_signal), 0, 1, 0, NULL},
+    {"ckpt", "keep", K_INT, OFF(ckpt_keep), 0, 1000000, 0, NULL},
+    {"ckpt", "async", K_BOOL, OFF(ckpt_async), 0, 1, 0, NULL},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 _Static_assert(sizeof keys / sizeof keys[0] <= DT_CONFIG_MAX_KEYS, "too many keys");
 
 static const char *const sections[] = {"model", "data", "optim", "train", "schedule", "dist",
-                                       "obs", NULL};
+                                       "obs", "ckpt", NULL};
 
 /* ---- lookup ------------------------------------------------------------ */
 

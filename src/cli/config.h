@@ -17,7 +17,7 @@
 #include "engine/engine.h"
 
 #define DT_CONFIG_MAX_BYTES (1 << 20)
-#define DT_CONFIG_MAX_KEYS 64
+#define DT_CONFIG_MAX_KEYS 128
 
 /* A config being built: the values plus where each key was last set, so
  * cross-key checks can name a line. */

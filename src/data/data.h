@@ -49,6 +49,9 @@ int dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_cfg 
 void dt_loader_destroy(dt_loader *l); /* joins the thread; NULL is a no-op */
 /* Starts epoch `epoch` (computes its order, restarts prefetching). */
 int dt_loader_start_epoch(dt_loader *l, uint64_t epoch);
+/* Restarts the current epoch at batch `first` (0-based; a resumed run):
+ * the batches before it are never copied. DT_EINVAL past the end. */
+int dt_loader_seek(dt_loader *l, int64_t first);
 /* Next batch of the current epoch: returns 1 and fills *b, 0 at the end of the
  * epoch, or a negative error. The batch stays valid until the next call. */
 int dt_loader_next(dt_loader *l, dt_batch *b);

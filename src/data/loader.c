@@ -183,6 +183,29 @@ int dt_loader_start_epoch(dt_loader *l, uint64_t epoch) {
   return DT_OK;
 }
 
+int dt_loader_seek(dt_loader *l, int64_t first) {
+  if (!l) return dt__seterr(DT_EINVAL, "dt_loader_seek: loader is NULL");
+  if (first < 0 || first > l->nbatches)
+    return dt__seterr(DT_EINVAL, "dt_loader_seek: batch %lld of %lld", (long long)first,
+                      (long long)l->nbatches);
+  if (l->threaded) {
+    /* the worker stops at a batch boundary, as in dt_loader_start_epoch */
+    pthread_mutex_lock(&l->mu);
+    l->gen++;
+    l->active = 0;
+    while (l->busy) pthread_cond_wait(&l->cv_ready, &l->mu);
+  }
+  l->produced = first;
+  l->consumed = first;
+  l->holding = 0;
+  l->active = 1;
+  if (l->threaded) {
+    pthread_cond_broadcast(&l->cv_work);
+    pthread_mutex_unlock(&l->mu);
+  }
+  return DT_OK;
+}
+
 int dt_loader_next(dt_loader *l, dt_batch *b) {
   if (!l || !b) return dt__seterr(DT_EINVAL, "dt_loader_next: NULL argument");
   int64_t i;

@@ -19,6 +19,7 @@ typedef struct loader_src {
   dt_loader *l;
   dt_batch cur;
   int64_t steps;
+  int64_t next;  /* the batch the loader hands out next */
 } loader_src;
 
 static int loader_bind(dt_batch_source *s, int rank, int nranks) {
@@ -31,11 +32,15 @@ static int loader_bind(dt_batch_source *s, int rank, int nranks) {
 static int64_t loader_steps(const dt_batch_source *s) { return ((const loader_src *)s)->steps; }
 
 static int loader_epoch(dt_batch_source *s, int epoch) {
+  ((loader_src *)s)->next = 0;
   return dt_loader_start_epoch(((loader_src *)s)->l, (uint64_t)(epoch - 1));
 }
 
 static int loader_plan(dt_batch_source *s, int64_t k, dt_step_plan *p) {
   loader_src *L = (loader_src *)s;
+  /* a resumed run starts inside an epoch: the loader jumps to batch k */
+  if (k != L->next) DT_CHECK(dt_loader_seek(L->l, k));
+  L->next = k + 1;
   int more = dt_loader_next(L->l, &L->cur);
   if (more < 0) return more;
   if (!more)

@@ -163,6 +163,7 @@ static int build(dt_engine *e) {
     return dt__seterr(DT_EINVAL, "model.layers: the last layer has %d outputs but the data has %d "
                       "classes", dt_model_out_dim(e->model), classes);
   dt_model_init(e->model, cfg->seed);
+  if (cfg->model_init[0]) DT_CHECK(dt__ckpt_model_init(e, cfg->model_init));
   DT_CHECK(dt_optim_create(&e->optim, &cfg->optim, dt_model_nparams(e->model)));
 
   /* The strategy, by name; its batch source now (data-parallel sources start
@@ -233,6 +234,8 @@ fail:
 void dt_engine_destroy(dt_engine *e) {
   if (!e) return;
   if (e->out_fd >= 0) close(e->out_fd);
+  dt__ckpt_resume_free(e->ck.res);
+  dt__snap_free(&e->ck.snap);
   dt__source_destroy(e->source);
   dt_optim_destroy(e->optim);
   dt_model_destroy(e->model);
@@ -252,6 +255,12 @@ int dt_engine_set_out_dir(dt_engine *e, const char *dir) {
   if (e->ran) return dt__seterr(DT_EINVAL, "dt_engine_set_out_dir: engine already ran");
   int fd;
   DT_CHECK(dt__outdir_claim(dir, &fd));
+  /* a checkpoint directory that cannot be written is bad input: refused now */
+  int rc = dt__ckpt_check_root(e, dir);
+  if (rc < 0) {
+    close(fd);
+    return rc;
+  }
   if (e->out_fd >= 0) close(e->out_fd);
   e->out_fd = fd;
   snprintf(e->out_dir, sizeof e->out_dir, "%s", dir);

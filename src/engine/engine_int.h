@@ -6,8 +6,10 @@
 #ifndef DT_ENGINE_INT_H
 #define DT_ENGINE_INT_H
 
+#include <signal.h>
 #include <stdio.h>
 
+#include "ckpt/ckpt.h"
 #include "data/data.h"
 #include "engine/batch_source.h"
 #include "engine/engine.h"
@@ -22,6 +24,45 @@ typedef struct dt_eobs {
   dt_obs_metric *samples, *steps, *step_s, *sps, *loss, *lr, *epoch, *test_acc, *test_loss;
   dt_obs_metric *sent, *recv;
 } dt_eobs;
+
+/* ---- checkpoints (ckpt_state.c, ckpt_run.c) ---------------------------------------- */
+
+/* Where the loop stands: the next step is step k (0-based) of epoch
+ * `epoch`; ep is that epoch's tally so far. */
+typedef struct dt_ckpt_pos {
+  int epoch;
+  int64_t k;
+  dt_tally ep;
+  double first_loss, test_loss, test_acc;
+} dt_ckpt_pos;
+
+/* A checkpoint loaded by dt_engine_resume, applied by dt_engine_run. */
+typedef struct dt_ckpt_resume {
+  dt_ckpt_info info;
+  uint8_t *model_buf, *state_buf;
+  dt_st model_st, state_st;
+  dt_ckpt_pos pos;
+  int64_t step;
+  int workers;  /* of the run that wrote it */
+} dt_ckpt_resume;
+
+typedef struct dt_ckpt_run {
+  int on;                            /* this rank writes checkpoints in this run */
+  char root[DT_CFG_PATH_MAX + 16];
+  dt_ckpt_writer *w;                 /* ckpt.async */
+  dt_ckpt_snap snap;                 /* synchronous writes */
+  double last_t;
+  int64_t last_step;                 /* step of the last snapshot */
+  int pending;                       /* due at the epoch's last step: taken at its end */
+  int finished;                      /* dt__ckpt_finish ran */
+  int sync_written, sync_failed;
+  int64_t sync_failed_step;
+  char sync_err[512], last_dir[DT_CKPT_PATH_MAX + 32];
+  double snap_seconds, wait_seconds; /* training-thread time: copies, waits for the writer */
+  dt_ckpt_stats stats;               /* the run's totals (dt__ckpt_finish) */
+  dt_ckpt_resume *res;
+  const volatile sig_atomic_t *stop;
+} dt_ckpt_run;
 
 struct dt_engine {
   dt_run_cfg cfg;
@@ -40,7 +81,33 @@ struct dt_engine {
   int out_fd;               /* DIR/.lock held (flock) for out_dir, or -1 */
   char out_dir[DT_CFG_PATH_MAX];
   dt_eobs obs;              /* metrics, flight recorder, trace of the current run */
+  dt_ckpt_run ck;           /* checkpoints and resuming (ckpt_run.c) */
 };
+
+/* The checkpoint root of a run writing to out_dir (ckpt.dir, else
+ * out_dir/ckpt); 0 when the run takes no checkpoints. */
+int dt__ckpt_root(const dt_engine *e, const char *out_dir, char *root, size_t cap);
+/* Refuses (DT_EIO naming ckpt.dir) a root that cannot hold checkpoints. */
+int dt__ckpt_check_root(dt_engine *e, const char *out_dir);
+/* Start of a run, after the strategy's setup: the writer (rank 0) and a
+ * resumed checkpoint's state; *pos is where the loop starts. */
+int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos);
+/* After every step (pos: the next step). Rank 0 takes a checkpoint when
+ * due; when the stop flag is up it writes one and returns DT_EABORTED. */
+int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *pos);
+/* After an epoch's records (pos: epoch + 1, step 0). */
+void dt__ckpt_epoch_end(dt_engine *e, const dt_ckpt_pos *pos);
+/* End of a run, whatever its outcome: waits for the writer, totals. */
+void dt__ckpt_finish(dt_engine *e);
+void dt__ckpt_resume_free(dt_ckpt_resume *r);
+/* ckpt_state.c */
+int dt__ckpt_snapshot(dt_engine *e, dt_ckpt_snap *s, const dt_ckpt_pos *p);
+int dt__ckpt_export_model(dt_engine *e, dt_st *st);
+int dt__ckpt_load_model(dt_engine *e, const dt_st *st, const char *what, int strict);
+int dt__ckpt_read_trainer(dt_engine *e, dt_ckpt_resume *r, const uint8_t *text, size_t len);
+int dt__ckpt_apply(dt_engine *e, dt_ckpt_resume *r);
+/* model.init: the weights of a safetensors file into the model. */
+int dt__ckpt_model_init(dt_engine *e, const char *path);
 
 /* Fills e->strat with what the engine lends its strategy (strategy.h):
  * model, optimizer, communicator, rank, sizes. */

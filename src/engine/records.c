@@ -131,6 +131,36 @@ static int write_json(const char *path, cJSON *o) {
   return rc;
 }
 
+/* What checkpointing did in this run, and where it resumed from. */
+static void add_checkpoints(cJSON *o, const dt_engine *e) {
+  const dt_ckpt_run *k = &e->ck;
+  if (k->res) {
+    cJSON *r = cJSON_AddObjectToObject(o, "resumed_from");
+    if (r) {
+      cJSON_AddStringToObject(r, "dir", k->res->info.dir);
+      cJSON_AddNumberToObject(r, "step", (double)k->res->step);
+      cJSON_AddNumberToObject(r, "workers", k->res->workers);
+    }
+  }
+  if (!k->on) return;
+  const dt_ckpt_stats *st = &k->stats;
+  cJSON *c = cJSON_AddObjectToObject(o, "checkpoints");
+  if (!c) return;
+  cJSON_AddStringToObject(c, "dir", k->root);
+  cJSON_AddNumberToObject(c, "written", st->written);
+  cJSON_AddNumberToObject(c, "failed", st->failed);
+  if (st->written) cJSON_AddStringToObject(c, "last", st->last_dir);
+  if (st->failed) {
+    cJSON_AddNumberToObject(c, "failed_step", (double)st->failed_step);
+    cJSON_AddStringToObject(c, "last_error", st->last_error);
+  }
+  cJSON_AddBoolToObject(c, "async", e->cfg.ckpt_async != 0);
+  cJSON_AddNumberToObject(c, "snapshot_seconds", k->snap_seconds);
+  cJSON_AddNumberToObject(c, "wait_seconds", k->wait_seconds);
+  cJSON_AddNumberToObject(c, "write_seconds", st->write_seconds);
+  cJSON_AddNumberToObject(c, "bytes", st->bytes);
+}
+
 int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary *s,
                         const dt_worker_stats *per, int nper) {
   if (!r->open) return DT_OK;
@@ -205,6 +235,7 @@ int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary 
       if (S->perf_run[i].straggler) cJSON_AddItemToArray(fl, cJSON_CreateNumber(i));
   }
   cJSON_AddStringToObject(o, "strategy", e->strat.ops->name);
+  add_checkpoints(o, e);
   cJSON_AddStringToObject(o, "blas_core", dt_tensor_blas_core());
   cJSON_AddStringToObject(o, "gemm", dt_tensor_gemm_impl());
   cJSON_AddStringToObject(o, "dtrain_version", dt_version());

@@ -72,4 +72,10 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->obs_trace = 0;
   c->obs_trace_steps = 1000;
   c->obs_log_format = 0;
+  c->ckpt_every_steps = 0;
+  c->ckpt_every_seconds = 0;
+  c->ckpt_epoch_end = 1;
+  c->ckpt_on_signal = 1;
+  c->ckpt_keep = 3;
+  c->ckpt_async = 1;
 }

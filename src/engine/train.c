@@ -245,17 +245,23 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   DT_CHECK_GOTO(src->ops->bind(src, e->rank, e->nranks), rc, done);
   DT_CHECK_GOTO(dt__eobs_trace_start(e), rc, done);
   dt_obs *ob = e->obs.o;
+  /* checkpoints: the writer, and where a resumed run starts (ckpt_run.c) */
+  dt_ckpt_pos start;
+  DT_CHECK_GOTO(dt__ckpt_start(e, out_dir, &start), rc, done);
 
-  double t_start = dt_now(), train_seconds = 0, test_loss = 0, test_acc = 0, first_loss = 0;
+  double t_start = dt_now(), train_seconds = 0, test_loss = start.test_loss,
+         test_acc = start.test_acc, first_loss = start.first_loss;
   int64_t samples_total = 0, global_total = 0;
   float lr = 0;
   dt_progress p = {0};
   p.epochs = c->epochs;
   p.steps_per_epoch = e->steps_per_epoch;
-  for (epoch = 1; epoch <= c->epochs; epoch++) {
+  for (epoch = start.epoch; epoch <= c->epochs; epoch++) {
     DT_CHECK_GOTO(src->ops->epoch_begin(src, epoch), rc, done);
     dt_tally ep = {.fixed = S->ops->fixed_point};
-    for (int64_t k = 0; k < e->steps_per_epoch; k++) {
+    const int64_t k0 = epoch == start.epoch ? start.k : 0;
+    if (k0) ep = start.ep;
+    for (int64_t k = k0; k < e->steps_per_epoch; k++) {
       double t0 = dt_now();
       /* spans only when tracing: four clock reads per piece */
       const int tr = dt_obs_tracing(ob);
@@ -308,6 +314,8 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
         p.lr = lr;
         hooks->on_step(hooks->ud, &p);
       }
+      dt_ckpt_pos cp = {epoch, k + 1, ep, first_loss, test_loss, test_acc};
+      DT_CHECK_GOTO(dt__ckpt_after_step(e, &cp), rc, done);
     }
     train_seconds += ep.seconds;
     samples_total += ep.samples;
@@ -325,6 +333,9 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
     if (epoch == 1) first_loss = r.train_loss;
     DT_CHECK_GOTO(check_epoch(epoch, r.train_loss, first_loss), rc, done);
     DT_CHECK_GOTO(end_epoch(e, &r, t_start, &rec, hooks, &test_loss, &test_acc), rc, done);
+    dt_ckpt_pos cp = {epoch + 1, 0, {.fixed = S->ops->fixed_point}, first_loss, test_loss,
+                      test_acc};
+    dt__ckpt_epoch_end(e, &cp);
   }
 
   /* End: the strategy's checks and numbers, then the summary. */
@@ -354,6 +365,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   uint8_t psha[32];
   dt__params_sha256(e->model, psha);
   dt_hex(psha, 32, s.params_sha256);
+  dt__ckpt_finish(e); /* the last checkpoint on disk before the summary reports it */
   rc = dt__records_summary(&rec, e, &s, e->comm ? all : NULL, e->comm ? e->nranks : 0);
   if (rc == DT_OK && sum) *sum = s;
   goto done;
@@ -361,6 +373,7 @@ step_failed:
   step_err(e, rc, epoch);
 done:
   free(all);
+  dt__ckpt_finish(e);
   S->ops->teardown(S);
   dt__eobs_end(e, out_dir, rc, rc < 0 ? dt_errmsg() : NULL);
   if (rc < 0 && rec.open) {

@@ -111,7 +111,7 @@ static void test_full_file(void **state) {
   assert_int_equal(c.run.sched.kind, DT_SCHED_STEP);
   assert_int_equal(c.run.sched.warmup_steps, 10);
   assert_int_equal(c.run.sched.step_size, 100);
-  assert_int_equal(c.where[2], 7); /* data.format (after model.layers, model.stages) */
+  assert_int_equal(c.where[3], 7); /* data.format (after model.layers, model.stages, model.init) */
   assert_int_equal(dt_config_validate(&c), DT_OK);
 }
 

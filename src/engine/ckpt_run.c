@@ -1,0 +1,263 @@
+/*
+ * ckpt_run.c — checkpoints during a run (docs/checkpoint.md): when to take
+ * one (ckpt.every_steps, ckpt.every_seconds, the end of every epoch, the
+ * caller's stop flag — SIGTERM/SIGINT in the CLI — before the run ends),
+ * who writes (rank 0 only: every rank holds the same replicated state after
+ * a step), and how: the training thread copies the flat buffers into a
+ * snapshot (ckpt_state.c) and the ckpt layer's background thread writes it
+ * while training goes on (ckpt.async = false writes on the training
+ * thread). A write that fails (a full disk) is a warning naming the path;
+ * older checkpoints stay, training goes on, and summary.json reports it.
+ *
+ * Also resuming: dt_engine_resume finds the newest valid checkpoint, checks
+ * its config fingerprint against the engine, loads the weights at once and
+ * keeps the strategy state and the loop position for dt_engine_run, which
+ * applies them after the strategy's setup.
+ *
+ * The stop flag is read only by rank 0: other ranks go on until rank 0
+ * leaves after its checkpoint, then see a lost peer. So the checkpoint is
+ * always taken at a step boundary that every rank has passed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "engine/engine_int.h"
+
+static int wants_ckpt(const dt_run_cfg *c) {
+  return c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0 || c->ckpt_epoch_end ||
+         c->ckpt_on_signal;
+}
+
+int dt__ckpt_root(const dt_engine *e, const char *out_dir, char *root, size_t cap) {
+  root[0] = '\0';
+  if (!wants_ckpt(&e->cfg)) return 0;
+  if (e->cfg.ckpt_dir[0]) snprintf(root, cap, "%s", e->cfg.ckpt_dir);
+  else if (out_dir && out_dir[0]) snprintf(root, cap, "%s/ckpt", out_dir);
+  return root[0] != '\0';
+}
+
+int dt__ckpt_check_root(dt_engine *e, const char *out_dir) {
+  char root[DT_CFG_PATH_MAX + 16];
+  if (!dt__ckpt_root(e, out_dir, root, sizeof root)) return DT_OK;
+  int rc = dt__ckpt_root_check(root);
+  if (rc < 0) return dt__seterr(rc, "ckpt.dir: %s", dt_errmsg());
+  return DT_OK;
+}
+
+/* ---- taking a checkpoint --------------------------------------------------------- */
+
+static void note_failure(dt_ckpt_run *k, int64_t step, const char *msg) {
+  k->sync_failed++;
+  k->sync_failed_step = step;
+  snprintf(k->sync_err, sizeof k->sync_err, "%s", msg);
+}
+
+/* Snapshot now; written by the thread (or here when sync). Never fails the
+ * run: a failure is a warning and a count. */
+static void take(dt_engine *e, const dt_ckpt_pos *p, int sync) {
+  dt_ckpt_run *k = &e->ck;
+  double t0 = dt_now(), waited = 0;
+  const int64_t step = e->strat.step;
+  k->last_t = t0;
+  k->last_step = step;
+  if (k->w) {
+    dt_ckpt_snap *s = dt__writer_acquire(k->w, &waited);
+    int rc = dt__ckpt_snapshot(e, s, p);
+    k->wait_seconds += waited;
+    k->snap_seconds += dt_now() - t0 - waited;
+    if (rc < 0) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", dt_errmsg());
+      DT_LOG_WARN("checkpoint of step %lld not taken (training goes on): %s", (long long)step, msg);
+      note_failure(k, step, msg);
+      return;
+    }
+    dt__writer_submit(k->w);
+    if (sync) dt__writer_drain(k->w);
+    return;
+  }
+  int rc = dt__ckpt_snapshot(e, &k->snap, p);
+  k->snap_seconds += dt_now() - t0;
+  char dir[DT_CKPT_PATH_MAX + 32];
+  if (rc == DT_OK) rc = dt__ckpt_write(k->root, &k->snap, e->cfg.ckpt_keep, dir, sizeof dir);
+  if (rc < 0) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", dt_errmsg());
+    DT_LOG_WARN("checkpoint of step %lld not written (training goes on, older checkpoints "
+                "kept): %s", (long long)step, msg);
+    note_failure(k, step, msg);
+    return;
+  }
+  k->sync_written++;
+  snprintf(k->last_dir, sizeof k->last_dir, "%s", dir);
+}
+
+int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos) {
+  dt_ckpt_run *k = &e->ck;
+  k->on = e->rank == 0 && dt__ckpt_root(e, out_dir, k->root, sizeof k->root);
+  k->last_t = dt_now();
+  k->last_step = -1;
+  k->sync_failed_step = -1;
+  if (k->on) {
+    int rc = dt__ckpt_root_check(k->root);
+    if (rc < 0) return dt__seterr(rc, "ckpt.dir: %s", dt_errmsg());
+    if (e->cfg.ckpt_async) DT_CHECK(dt__writer_create(&k->w, k->root, e->cfg.ckpt_keep));
+  }
+  memset(pos, 0, sizeof *pos);
+  pos->epoch = 1;
+  if (!k->res) return DT_OK;
+  DT_CHECK(dt__ckpt_apply(e, k->res));
+  *pos = k->res->pos;
+  /* the epoch's tally so far counts only when the same single worker had it */
+  if (!(k->res->workers == 1 && e->nranks == 1) || pos->ep.fixed != e->strat.ops->fixed_point) {
+    dt_tally z = {.fixed = e->strat.ops->fixed_point};
+    pos->ep = z;
+  }
+  k->last_step = e->strat.step;
+  return DT_OK;
+}
+
+int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *p) {
+  dt_ckpt_run *k = &e->ck;
+  if (e->rank != 0) return DT_OK;
+  const dt_run_cfg *c = &e->cfg;
+  const int64_t step = e->strat.step;
+  if (k->stop && *k->stop) {
+    char where[DT_CKPT_PATH_MAX + 64] = "no checkpoint (checkpoints are off)";
+    if (k->on && c->ckpt_on_signal) {
+      take(e, p, 1);
+      dt_ckpt_stats st;
+      if (k->w) dt__writer_stats(k->w, &st);
+      int ok = k->w ? st.last_step == step : k->last_step == step && k->sync_failed_step != step;
+      if (ok) snprintf(where, sizeof where, "checkpoint written: %s",
+                       k->w ? st.last_dir : k->last_dir);
+      else snprintf(where, sizeof where, "the checkpoint failed: %s",
+                    k->w ? st.last_error : k->sync_err);
+    }
+    return dt__seterr(DT_EABORTED, "stopped by a signal after step %lld (epoch %d); %s",
+                      (long long)step, p->epoch, where);
+  }
+  if (!k->on || step == k->last_step) return DT_OK;
+  int due = (c->ckpt_every_steps > 0 && step % c->ckpt_every_steps == 0) ||
+            (c->ckpt_every_seconds > 0 && dt_now() - k->last_t >= c->ckpt_every_seconds);
+  if (!due) return DT_OK;
+  /* the epoch's last step: the epoch-end checkpoint follows its records */
+  if (p->k >= e->steps_per_epoch) {
+    k->pending = 1;
+    return DT_OK;
+  }
+  take(e, p, 0);
+  return DT_OK;
+}
+
+void dt__ckpt_epoch_end(dt_engine *e, const dt_ckpt_pos *p) {
+  dt_ckpt_run *k = &e->ck;
+  if (!k->on || (!e->cfg.ckpt_epoch_end && !k->pending) || e->strat.step == k->last_step) {
+    k->pending = 0;
+    return;
+  }
+  k->pending = 0;
+  take(e, p, 0);
+}
+
+void dt__ckpt_finish(dt_engine *e) {
+  dt_ckpt_run *k = &e->ck;
+  if (k->finished) return;
+  k->finished = 1;
+  dt_ckpt_stats *st = &k->stats;
+  memset(st, 0, sizeof *st);
+  st->last_step = st->failed_step = -1;
+  if (k->w) {
+    dt__writer_drain(k->w);
+    dt__writer_stats(k->w, st);
+    dt__writer_destroy(k->w);
+    k->w = NULL;
+  } else {
+    st->written = k->sync_written;
+    snprintf(st->last_dir, sizeof st->last_dir, "%s", k->last_dir);
+  }
+  st->failed += k->sync_failed;
+  if (k->sync_failed) {
+    st->failed_step = k->sync_failed_step;
+    snprintf(st->last_error, sizeof st->last_error, "%s", k->sync_err);
+  }
+  dt__snap_free(&k->snap);
+}
+
+/* ---- resuming --------------------------------------------------------------------- */
+
+void dt__ckpt_resume_free(dt_ckpt_resume *r) {
+  if (!r) return;
+  dt__st_free(&r->model_st);
+  dt__st_free(&r->state_st);
+  free(r->model_buf);
+  free(r->state_buf);
+  free(r);
+}
+
+int dt_engine_resume(dt_engine *e, const char *path) {
+  if (!e) return dt__seterr(DT_EINVAL, "dt_engine_resume: engine is NULL");
+  if (!path || !*path) return dt__seterr(DT_EINVAL, "dt_engine_resume: path is empty");
+  if (e->ran) return dt__seterr(DT_EINVAL, "dt_engine_resume: engine already ran");
+  dt_ckpt_resume *r = calloc(1, sizeof *r);
+  if (!r) return dt__seterr(DT_ENOMEM, "resume: out of memory");
+  int rc = dt__ckpt_find(path, &r->info);
+  uint8_t *tj = NULL;
+  size_t tl = 0, n = 0;
+  if (rc == DT_OK) rc = dt__ckpt_load(&r->info, "trainer.json", &tj, &tl);
+  if (rc == DT_OK) rc = dt__ckpt_read_trainer(e, r, tj, tl);
+  free(tj);
+  if (rc == DT_OK) rc = dt__ckpt_load(&r->info, "model.safetensors", &r->model_buf, &n);
+  if (rc == DT_OK) rc = dt__st_parse(&r->model_st, r->model_buf, n, "model.safetensors");
+  if (rc == DT_OK) rc = dt__ckpt_load(&r->info, "state.safetensors", &r->state_buf, &n);
+  if (rc == DT_OK) rc = dt__st_parse(&r->state_st, r->state_buf, n, "state.safetensors");
+  if (rc == DT_OK) {
+    char what[DT_CKPT_PATH_MAX + 32];
+    snprintf(what, sizeof what, "checkpoint '%s'", r->info.dir);
+    rc = dt__ckpt_load_model(e, &r->model_st, what, 1);
+  }
+  if (rc < 0) {
+    dt__ckpt_resume_free(r);
+    return rc;
+  }
+  /* the weights are in the model; the rest waits for dt_engine_run */
+  dt__st_free(&r->model_st);
+  free(r->model_buf);
+  r->model_buf = NULL;
+  dt__ckpt_resume_free(e->ck.res);
+  e->ck.res = r;
+  return DT_OK;
+}
+
+int dt_engine_set_stop_flag(dt_engine *e, const volatile sig_atomic_t *flag) {
+  if (!e) return dt__seterr(DT_EINVAL, "dt_engine_set_stop_flag: engine is NULL");
+  e->ck.stop = flag;
+  return DT_OK;
+}
+
+const char *dt_engine_resumed_from(const dt_engine *e, int64_t *step) {
+  if (!e || !e->ck.res) return NULL;
+  if (step) *step = e->ck.res->step;
+  return e->ck.res->info.dir;
+}
+
+/* ---- model.init ------------------------------------------------------------------- */
+
+int dt__ckpt_model_init(dt_engine *e, const char *path) {
+  uint8_t *b = NULL;
+  size_t n = 0;
+  int rc = dt__read_all(path, (size_t)1 << 40, &b, &n);
+  if (rc < 0) return dt__preerr(rc, "model.init");
+  char what[DT_CFG_PATH_MAX + 32];
+  snprintf(what, sizeof what, "model.init '%s'", path);
+  dt_st st;
+  rc = dt__st_parse(&st, b, n, what);
+  if (rc == DT_OK) {
+    rc = dt__ckpt_load_model(e, &st, what, 1);
+    dt__st_free(&st);
+  }
+  free(b);
+  return rc;
+}
