@@ -27,6 +27,12 @@ static void usage(FILE *f) {
           "        allreduce bandwidth between local worker processes (nccl-tests columns)\n"
           "  env [--markdown]\n"
           "        every DTRAIN_* environment knob: value, default, meaning\n"
+          "  train CONFIG --resume [DIR]\n"
+          "        continue from the newest valid checkpoint (docs/checkpoint.md)\n"
+          "  ckpt ls|verify DIR\n"
+          "        list / check byte for byte the checkpoints under DIR\n"
+          "  export CKPT --out FILE.safetensors\n"
+          "        the weights of a checkpoint for PyTorch (tools/torch_safetensors.py)\n"
           "\n"
           "options:\n"
           "  -h, --help     this help (dtrain train --help, dtrain launch --help)\n"
@@ -59,6 +65,8 @@ int dt_cli_main(int argc, char **argv) {
       {"launch", dt__cmd_launch},
       {"bench", dt__cmd_bench},
       {"env", dt__cmd_env},
+      {"ckpt", dt__cmd_ckpt},
+      {"export", dt__cmd_export},
   };
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].run(argc - 1, argv + 1);

@@ -267,7 +267,8 @@ static char *trainer_json(const dt_engine *e, const dt_ckpt_pos *p) {
 }
 
 int dt__ckpt_snapshot(dt_engine *e, dt_ckpt_snap *s, const dt_ckpt_pos *p) {
-  dt__snap_reset(s, e->strat.step, p->epoch);
+  /* the manifest's epoch counts finished epochs; trainer.json has the position */
+  dt__snap_reset(s, e->strat.step, p->epoch - 1);
   const size_t np = dt_model_nparams(e->model), nb = dt_model_nbufs(e->model);
   float *params = dt__snap_alloc(s, np * sizeof(float));
   float *bufs = dt__snap_alloc(s, (nb ? nb : 1) * sizeof(float));

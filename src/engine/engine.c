@@ -253,10 +253,12 @@ int dt_engine_set_out_dir(dt_engine *e, const char *dir) {
   if (!e) return dt__seterr(DT_EINVAL, "dt_engine_set_out_dir: engine is NULL");
   if (!dir) return dt__seterr(DT_EINVAL, "dt_engine_set_out_dir: dir is NULL");
   if (e->ran) return dt__seterr(DT_EINVAL, "dt_engine_set_out_dir: engine already ran");
+  /* a checkpoint directory that cannot be written is bad input: refused now,
+   * before the output directory is made when it lies elsewhere */
+  if (e->cfg.ckpt_dir[0]) DT_CHECK(dt__ckpt_check_root(e, dir));
   int fd;
   DT_CHECK(dt__outdir_claim(dir, &fd));
-  /* a checkpoint directory that cannot be written is bad input: refused now */
-  int rc = dt__ckpt_check_root(e, dir);
+  int rc = e->cfg.ckpt_dir[0] ? DT_OK : dt__ckpt_check_root(e, dir);
   if (rc < 0) {
     close(fd);
     return rc;
