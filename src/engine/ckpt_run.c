@@ -32,7 +32,7 @@ static int wants_ckpt(const dt_run_cfg *c) {
 
 int dt__ckpt_root(const dt_engine *e, const char *out_dir, char *root, size_t cap) {
   root[0] = '\0';
-  if (!wants_ckpt(&e->cfg)) return 0;
+  if (!wants_ckpt(&e->cfg) || e->strat.ops->state_sharded) return 0;
   if (e->cfg.ckpt_dir[0]) snprintf(root, cap, "%s", e->cfg.ckpt_dir);
   else if (out_dir && out_dir[0]) snprintf(root, cap, "%s/ckpt", out_dir);
   return root[0] != '\0';
@@ -97,6 +97,10 @@ static void take(dt_engine *e, const dt_ckpt_pos *p, int sync) {
 int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos) {
   dt_ckpt_run *k = &e->ck;
   k->on = e->rank == 0 && dt__ckpt_root(e, out_dir, k->root, sizeof k->root);
+  if (e->rank == 0 && e->strat.ops->state_sharded && wants_ckpt(&e->cfg) &&
+      (e->cfg.ckpt_every_steps > 0 || e->cfg.ckpt_every_seconds > 0))
+    DT_LOG_WARN("strategy '%s' keeps its state sharded over ranks: checkpoints are not taken "
+                "(per-owner checkpoint files are not built yet)", e->strat.ops->name);
   k->last_t = dt_now();
   k->last_step = -1;
   k->sync_failed_step = -1;
@@ -201,6 +205,9 @@ int dt_engine_resume(dt_engine *e, const char *path) {
   if (!e) return dt__seterr(DT_EINVAL, "dt_engine_resume: engine is NULL");
   if (!path || !*path) return dt__seterr(DT_EINVAL, "dt_engine_resume: path is empty");
   if (e->ran) return dt__seterr(DT_EINVAL, "dt_engine_resume: engine already ran");
+  if (e->strat.ops->state_sharded)
+    return dt__seterr(DT_ENOTSUP, "strategy '%s' keeps its state sharded over ranks; its "
+                      "checkpoints (one file per owner) are not built yet", e->strat.ops->name);
   dt_ckpt_resume *r = calloc(1, sizeof *r);
   if (!r) return dt__seterr(DT_ENOMEM, "resume: out of memory");
   int rc = dt__ckpt_find(path, &r->info);

@@ -99,6 +99,12 @@ struct dt_strategy_ops {
   const char *name;
   /* 1: tallies in fixed point (evaluation chunks aligned to train.batch). */
   int fixed_point;
+  /* 1: each rank holds a different part of the state (pipeline stages), so
+   * rank 0 alone cannot write a checkpoint; until per-owner shard files are
+   * written (the manifest has room for them) checkpoints are off for it.
+   * 0 (every strategy so far but pipeline): state_export of rank 0 is the
+   * whole replicated state. */
+  int state_sharded;
   /* At dt_engine_create (no communicator yet, may precede a fork): the
    * batch source this strategy trains from. */
   int (*open_source)(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out);

@@ -503,6 +503,7 @@ static int pipe_import(dt_strategy *s, const dt_state_reader *r) {
 const struct dt_strategy_ops dt__strategy_pipeline = {
     .name = "pipeline",
     .fixed_point = 0,
+    .state_sharded = 1, /* each stage its own parameters and optimizer: no rank-0 checkpoint */
     .open_source = pipe_source,
     .setup = pipe_setup,
     .step_begin = pipe_step_begin,
