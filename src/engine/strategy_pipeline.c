@@ -525,6 +525,7 @@ const struct dt_strategy_ops dt__strategy_pipeline = {
 const struct dt_strategy_ops dt__strategy_pipeline_det = {
     .name = "pipeline_det",
     .fixed_point = 1,
+    .state_sharded = 1,
     .open_source = pipe_source,
     .setup = pipe_setup,
     .step_begin = pipe_step_begin,
