@@ -113,6 +113,17 @@ typedef struct dt_run_cfg {
   int micro_batches;                   /* dist.micro_batches: m per global batch */
   int stages[DT_CFG_MAX_STAGES];       /* model.stages: [0] = cut points, then each */
   int recompute;                       /* train.recompute: activation recomputation */
+  /* [dist] gradient compression (docs/compress.md) */
+  int compress;                        /* codec: 0 none, fp16, bf16, int8, qsgd, sign, topk, powersgd */
+  int error_feedback;                  /* keep what a codec did not send for the next step */
+  float compress_ratio;                /* topk: fraction of values sent */
+  int qsgd_levels;                     /* qsgd: levels per sign (1..127) */
+  int powersgd_rank;                   /* powersgd: rank of the approximation */
+  int compress_warmup_epochs;          /* topk: denser over the first epochs (DGC warm-up) */
+  int64_t compress_start_step;         /* dense allreduce before this step */
+  float compress_clip;                 /* local L2 clip of each bucket's gradient (0: off) */
+  float compress_momentum;             /* topk: DGC momentum correction (0: off) */
+  int compress_force;                  /* compress even when every rank shares one host */
   /* [obs] (docs/observability.md) */
   char obs_metrics[64];                /* "HOST:PORT" the launcher serves /metrics on; "" off */
   int obs_trace;                       /* write DIR/trace.json (Chrome trace events) */

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "comm/compress/compress.h"
 #include "core/core.h"
 
 /* Records an error message with every control byte of it (from a config
@@ -117,6 +118,17 @@ static const key keys[] = {
     {"dist", "pipeline_stages", K_INT, OFF(pipeline_stages), 1, DT_CFG_MAX_STAGES, 0, NULL},
     {"dist", "schedule", K_ENUM, OFF(schedule), 0, 0, 0, schedule_names},
     {"dist", "micro_batches", K_INT, OFF(micro_batches), 1, 65536, 0, NULL},
+    /* gradient compression (docs/compress.md) */
+    {"dist", "compress", K_ENUM, OFF(compress), 0, 0, 0, dt__codec_names},
+    {"dist", "error_feedback", K_BOOL, OFF(error_feedback), 0, 1, 0, NULL},
+    {"dist", "compress_ratio", K_FLOAT, OFF(compress_ratio), 0, 1, R_LO_OPEN, NULL},
+    {"dist", "qsgd_levels", K_INT, OFF(qsgd_levels), 1, 127, 0, NULL},
+    {"dist", "powersgd_rank", K_INT, OFF(powersgd_rank), 1, 64, 0, NULL},
+    {"dist", "compress_warmup_epochs", K_INT, OFF(compress_warmup_epochs), 0, 1000000, 0, NULL},
+    {"dist", "compress_start_step", K_I64, OFF(compress_start_step), 0, BIG, 0, NULL},
+    {"dist", "compress_clip", K_FLOAT, OFF(compress_clip), 0, 1e30, 0, NULL},
+    {"dist", "compress_momentum", K_FLOAT, OFF(compress_momentum), 0, 1, R_HI_OPEN, NULL},
+    {"dist", "compress_force", K_BOOL, OFF(compress_force), 0, 1, 0, NULL},
     {"obs", "metrics", K_ADDR, OFF(obs_metrics), 0, 0, 0, NULL},
     {"obs", "trace", K_BOOL, OFF(obs_trace), 0, 1, 0, NULL},
     {"obs", "trace_steps", K_INT, OFF(obs_trace_steps), 1, 1000000, 0, NULL},

@@ -68,6 +68,16 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->micro_batches = 1;
   c->stages[0] = 0;
   c->recompute = 0;
+  c->compress = 0;
+  c->error_feedback = 1;
+  c->compress_ratio = 0.01f;
+  c->qsgd_levels = 15;
+  c->powersgd_rank = 2;
+  c->compress_warmup_epochs = 0;
+  c->compress_start_step = 0;
+  c->compress_clip = 0;
+  c->compress_momentum = 0;
+  c->compress_force = 0;
   c->obs_metrics[0] = '\0';
   c->obs_trace = 0;
   c->obs_trace_steps = 1000;

@@ -23,6 +23,7 @@
 #include "core/core.h"
 #include "engine/engine_int.h"
 #include "engine/strategy.h"
+#include "comm/compress/compress.h"
 #include "parallel/ddp.h"
 
 typedef struct ddp_impl {
@@ -104,9 +105,42 @@ int dt__ddp_finish(dt_strategy *s, dt_ddp *ddp, uint64_t sent0, uint64_t recv0,
   return rc < 0 ? dt__ddp_comm_err(s, rc, "summary statistics") : DT_OK;
 }
 
+/* The compression settings of this run (docs/compress.md): none unless
+ * dist.compress names a codec and it pays here (not when every rank shares
+ * one host, unless dist.compress_force). Every rank decides alike: the
+ * inputs are the config and the host topology. */
+static int compress_cfg(dt_strategy *s, dt_compress_cfg *cz) {
+  const dt_run_cfg *c = s->cfg;
+  *cz = (dt_compress_cfg)DT_COMPRESS_CFG_INIT;
+  if (c->compress == DT_CODEC_NONE) return DT_OK;
+  if (!dt__compress_pays(s->comm, c->compress_force)) {
+    if (s->rank == 0)
+      DT_LOG_INFO("dist.compress = %s left off: every worker is on one host, where gradients "
+                  "move at memory speed (dist.compress_force = true compresses anyway)",
+                  dt__codec_names[c->compress]);
+    return DT_OK;
+  }
+  cz->codec = c->compress;
+  cz->error_feedback = c->error_feedback;
+  cz->ratio = c->compress_ratio;
+  cz->qsgd_levels = c->qsgd_levels;
+  cz->rank = c->powersgd_rank;
+  cz->warmup_epochs = c->compress_warmup_epochs;
+  cz->start_step = c->compress_start_step;
+  cz->clip = c->compress_clip;
+  cz->momentum = c->compress_momentum;
+  cz->seed = c->seed;
+  return DT_OK;
+}
+
 /* ---- the strategy -------------------------------------------------------------- */
 
 static int ddp_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
+  if (cfg->compress && cfg->compress_momentum > 0 &&
+      (cfg->optim.kind != DT_OPT_SGD || cfg->optim.momentum > 0))
+    return dt__seterr(DT_EINVAL, "dist.compress_momentum = %g: DGC momentum correction replaces "
+                      "the optimizer's momentum; set optim.name = sgd and optim.momentum = 0",
+                      (double)cfg->compress_momentum);
   return dt__source_shards(out, train, cfg->batch, cfg->seed, cfg->shuffle, 0);
 }
 
@@ -115,9 +149,13 @@ static int ddp_setup(dt_strategy *s) {
     return dt__seterr(DT_EINVAL, "dist.workers = %d: the engine needs a communicator "
                       "(dt_engine_set_comm) to train with several workers", s->cfg->workers);
   DT_CHECK(dt__ddp_startup(s));
+  dt_compress_cfg cz;
+  DT_CHECK(compress_cfg(s, &cz));
   ddp_impl *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
-  int rc = dt_ddp_create(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes);
+  int rc = cz.codec != DT_CODEC_NONE
+               ? dt_ddp_create_compressed(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes, &cz)
+               : dt_ddp_create(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes);
   if (rc == DT_OK) rc = dt__ddp_balance_create(s, &d->bal);
   if (rc < 0) {
     dt_ddp_destroy(d->ddp);
@@ -134,6 +172,8 @@ static int ddp_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   ddp_impl *d = s->impl;
   d->plan = *plan;
   dt__balance_step_begin(d->bal);
+  dt_ddp_set_step(d->ddp, s->step,
+                  s->steps_per_epoch > 0 ? (int)(s->step / s->steps_per_epoch) : 0);
   /* avg: scale by n / global, so the sum is the global-batch mean; sum:
    * every worker's own mean, summed */
   if (s->cfg->reduce == DT_DIST_SUM) dt_ddp_begin_step(d->ddp, plan->n_local > 0, 1);

@@ -22,6 +22,7 @@
 #include "engine/engine_int.h"
 #include "engine/strategy.h"
 #include "tensor/tensor.h"
+#include "comm/compress/compress.h"
 #include "parallel/ddp.h"
 
 typedef struct det_impl {
@@ -34,6 +35,14 @@ typedef struct det_impl {
 static int det_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
   if (cfg->micro_batch < 1)
     return dt__seterr(DT_EINVAL, "dist.micro_batch = %d: expects at least 1", cfg->micro_batch);
+  /* docs/compress.md "Deterministic mode": a codec acts on each worker's
+   * partial sum, which depends on how the batch is split over workers */
+  if (cfg->compress != 0)
+    return dt__seterr(DT_EINVAL, "dist.compress = %s with dist.deterministic = true: no codec keeps "
+                      "the bitwise any-worker-count guarantee (each worker compresses its own "
+                      "partial sum, and that depends on the worker count); use dist.compress = "
+                      "none, or dist.deterministic = false (compressed runs are still "
+                      "reproducible for a fixed worker count)", dt__enum_name(dt__codec_names, cfg->compress));
   return dt__source_shards(out, train, cfg->batch, cfg->seed, cfg->shuffle, cfg->micro_batch);
 }
 

@@ -30,6 +30,10 @@
  * each rank sums its slice over every rank's window, scale included, and
  * writes it back everywhere — no staging copies, no separate scaling pass.
  *
+ * With compression (dt_ddp_create_compressed) a bucket's reduction is
+ * dt_compress_reduce of comm/compress instead: the scale, the codec, its
+ * error feedback and collective in one call; no shared window.
+ *
  * The communication thread is the only user of the communicator during a
  * step; it records the first error (with its message, since dt_errmsg is
  * per thread) and skips the remaining buckets of that step, so the compute
@@ -43,6 +47,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm/compress/compress.h"
 #include "comm/window.h"
 #include "core/core.h"
 #include "parallel/ddp.h"
@@ -75,6 +80,7 @@ struct dt_ddp {
   int err;
   char errmsg[512];
   dt_ddp_stats st;
+  dt_compress *cz;         /* compressed buckets (NULL: plain allreduce) */
   /* deterministic mode */
   int det;
   size_t nparams, nbufs, head; /* head = nbufs + 1 (the overflow count) */
@@ -130,6 +136,7 @@ static int reduce_bucket(dt_ddp *d, int i, float scale, int tid) {
 static int reduce_bucket_now(dt_ddp *d, int i, float scale) {
   float *g = d->grads + d->b[i].off;
   size_t n = d->b[i].n;
+  if (d->cz) return dt_compress_reduce(d->cz, d->comm, d->grads, d->b[i].off, n, scale);
   if (!d->det && d->win)
     return dt_comm_window_allreduce_f32(d->win, d->b[i].off * sizeof(float), n, scale);
   if (!d->det) {
@@ -155,7 +162,7 @@ static int reduce_bucket_now(dt_ddp *d, int i, float scale) {
 
 /* The message of reduce_bucket's failure, on the thread that saw it. */
 static const char *reduce_errmsg(dt_ddp *d) {
-  const char *m = d->win || !d->comm ? NULL : dt_comm_errmsg(d->comm);
+  const char *m = d->win || d->cz || !d->comm ? NULL : dt_comm_errmsg(d->comm);
   return m && *m ? m : dt_errmsg();
 }
 
@@ -212,7 +219,28 @@ static int overlap_pays(dt_ddp *d, dt_comm *c) {
   return 2L * t.local_size <= cores;
 }
 
-static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, int det) {
+/* The weight matrices powersgd may factor: linear and conv layers' weights
+ * (out_c rows, the rest of the layer's parameters but its out_c biases). */
+static int compressor(dt_ddp *d, dt_model *m, dt_comm *c, const dt_compress_cfg *cz) {
+  int nl = dt_model_nlayers(m), nm = 0;
+  dt_cz_matrix *mats = calloc((size_t)nl + 1, sizeof *mats);
+  if (!mats) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
+  for (int i = 0; i < nl; i++) {
+    const dt_layer_info *li = dt_model_layer(m, i);
+    if ((li->kind != DT_L_LINEAR && li->kind != DT_L_CONV2D) || li->out_c < 1 || !li->nparams)
+      continue;
+    size_t oc = (size_t)li->out_c;
+    if (li->nparams % oc || li->nparams / oc < 2) continue;
+    mats[nm++] = (dt_cz_matrix){li->param_off, li->out_c, (int)(li->nparams / oc - 1)};
+  }
+  int rc = dt_compress_create(&d->cz, cz, dt_model_nparams(m), mats, nm, dt_comm_rank(c),
+                              dt_comm_size(c));
+  free(mats);
+  return rc;
+}
+
+static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, int det,
+                  const dt_compress_cfg *cz) {
   *out = NULL;
   dt_ddp *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
@@ -273,7 +301,13 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
    * or mpi transport, DTRAIN_WINDOW=0, deterministic mode's integer sums)
    * the transport's allreduce. */
   size_t np = dt_model_nparams(m);
-  if (!det && c && dt_comm_size(c) > 1 && np) {
+  if (cz && cz->codec != DT_CODEC_NONE) {
+    int rc = compressor(d, m, c, cz);
+    if (rc < 0) {
+      dt_ddp_destroy(d);
+      return rc;
+    }
+  } else if (!det && c && dt_comm_size(c) > 1 && np) {
     int rc = dt_comm_window_create(c, np * sizeof(float), &d->win);
     if (rc == DT_OK) {
       dt_model_set_grads(m, dt_comm_window_base(d->win));
@@ -305,11 +339,31 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
     *out = NULL;
     return dt__seterr(DT_EINVAL, "ddp: a communicator is needed outside deterministic mode");
   }
-  return create(out, m, c, bucket_bytes, 0);
+  return create(out, m, c, bucket_bytes, 0, NULL);
+}
+
+int dt_ddp_create_compressed(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes,
+                             const dt_compress_cfg *cz) {
+  if (!c) {
+    *out = NULL;
+    return dt__seterr(DT_EINVAL, "ddp: a communicator is needed for compressed gradients");
+  }
+  return create(out, m, c, bucket_bytes, 0, cz);
+}
+
+void dt_ddp_set_step(dt_ddp *d, int64_t step, int epoch) {
+  if (d->cz) dt_compress_begin_step(d->cz, step, epoch);
+}
+
+void dt_ddp_compress_bytes(const dt_ddp *d, uint64_t *sent, uint64_t *dense) {
+  dt_compress_stats st = {0, 0, 0};
+  if (d->cz) dt_compress_get_stats(d->cz, &st);
+  *sent = st.bytes_sent;
+  *dense = st.dense_bytes;
 }
 
 int dt_ddp_create_det(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
-  return create(out, m, c, bucket_bytes, 1);
+  return create(out, m, c, bucket_bytes, 1, NULL);
 }
 
 void dt_ddp_destroy(dt_ddp *d) {
@@ -328,6 +382,7 @@ void dt_ddp_destroy(dt_ddp *d) {
     dt_model_set_grads(d->model, NULL);
     dt_comm_window_destroy(d->win);
   }
+  dt_compress_destroy(d->cz);
   free(d->b);
   free(d->queue);
   free(d->acc);

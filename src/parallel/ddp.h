@@ -67,6 +67,22 @@ int dt_ddp_finish_step(dt_ddp *d);
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out);
 
+/* ---- compressed gradients (docs/compress.md) ---------------------------------
+ * Like dt_ddp_create, but every bucket goes through the compressor of
+ * comm/compress (cz->codec != none; its seed and settings must be the same
+ * on every rank): no shared window, the weight matrices of linear and conv
+ * layers are what powersgd factors. */
+struct dt_compress_cfg;
+int dt_ddp_create_compressed(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes,
+                             const struct dt_compress_cfg *cz);
+/* The optimizer step (0-based) and epoch (0-based) of the next step, for
+ * the codecs that depend on them (start step, top-k warm-up, randomness);
+ * call before dt_ddp_begin_step. A no-op without compression. */
+void dt_ddp_set_step(dt_ddp *d, int64_t step, int epoch);
+/* Bytes this rank put into compressed collectives and what dense f32 would
+ * have been (both 0 without compression). */
+void dt_ddp_compress_bytes(const dt_ddp *d, uint64_t *sent, uint64_t *dense);
+
 /* ---- deterministic mode ------------------------------------------------------
  * Per step: dt_ddp_begin_step_det; for each of this worker's micro-shards
  * (in order): forward, dt_ddp_det_shard, dt_model_backward with

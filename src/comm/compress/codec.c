@@ -143,8 +143,8 @@ size_t dt_cz_frame_bytes(int codec, size_t n, size_t k) {
   switch (codec) {
   case DT_CODEC_FP16:
   case DT_CODEC_BF16: p = 2 * n; break;
-  case DT_CODEC_INT8:
-  case DT_CODEC_QSGD: p = n; break;
+  case DT_CODEC_INT8: p = n; break;
+  case DT_CODEC_QSGD: p = 4 * ((n + DT_CZ_QSGD_CHUNK - 1) / DT_CZ_QSGD_CHUNK) + n; break;
   case DT_CODEC_SIGN: p = (n + 7) / 8; break;
   case DT_CODEC_TOPK: p = 8 * k; break;
   default: return 0;
@@ -295,11 +295,11 @@ static int nonfinite(const float *restrict x, size_t n) {
 
 /* q[i] = stochastic round of x[i] * inv (|q| <= lim); resid = x - q*step. */
 static void quantize(const float *restrict x, int8_t *restrict q, float *resid, size_t n,
-                     float inv, float step, float lim, dt_cz_rng rng, int magnitude) {
+                     float inv, float step, float lim, dt_cz_rng rng, uint64_t block0, int magnitude) {
   float u[UBLOCK];
   for (size_t b = 0; b * UBLOCK < n; b++) {
     size_t lo = b * UBLOCK, m = n - lo < UBLOCK ? n - lo : UBLOCK;
-    uniform_block(rng, b, u);
+    uniform_block(rng, block0 + b, u);
     const float *restrict xs = x + lo;
     int8_t *restrict qs = q + lo;
     float *rs = resid ? resid + lo : NULL;
@@ -413,7 +413,7 @@ int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_c
     float step = m / 127.0f;
     dt__cz_put_hdr(frame, codec, 0, flags, n, n, step);
     if (step > 0 && isfinite(127.0f / m)) {
-      quantize(x, (int8_t *)p, resid, n, 127.0f / m, step, 127.0f, rng, 0);
+      quantize(x, (int8_t *)p, resid, n, 127.0f / m, step, 127.0f, rng, 0, 0);
     } else {
       memset(p, 0, n);
       if (resid && resid != x) memcpy(resid, x, n * sizeof *x);
@@ -423,14 +423,24 @@ int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_c
   case DT_CODEC_QSGD: {
     if (levels < 1 || levels > 127)
       return dt__seterr(DT_EINVAL, "dist.qsgd_levels = %d: must be 1..127", levels);
-    double norm = flags ? 0 : sqrt(sumsq(x, n));
-    float step = (float)(norm / levels);
-    dt__cz_put_hdr(frame, codec, levels, flags, n, n, step);
-    if (step > 0 && isfinite(1.0f / step)) {
-      quantize(x, (int8_t *)p, resid, n, 1.0f / step, step, (float)levels, rng, 1);
-    } else {
-      memset(p, 0, n);
-      if (resid && resid != x) memcpy(resid, x, n * sizeof *x);
+    /* QSGD's bucketing: one norm per DT_CZ_QSGD_CHUNK values, else the
+     * variance grows with the square root of the bucket */
+    size_t nc = (n + DT_CZ_QSGD_CHUNK - 1) / DT_CZ_QSGD_CHUNK;
+    dt__cz_put_hdr(frame, codec, levels, flags, n, n, 1.0f);
+    float *norms = (float *)p;
+    int8_t *q = (int8_t *)(p + 4 * nc);
+    for (size_t c = 0; c < nc; c++) {
+      size_t lo = c * DT_CZ_QSGD_CHUNK, m = n - lo < DT_CZ_QSGD_CHUNK ? n - lo : DT_CZ_QSGD_CHUNK;
+      double norm = flags ? 0 : sqrt(sumsq(x + lo, m));
+      float step = (float)(norm / levels);
+      norms[c] = step;
+      if (step > 0 && isfinite(1.0f / step)) {
+        quantize(x + lo, q + lo, resid ? resid + lo : NULL, m, 1.0f / step, step, (float)levels,
+                 rng, lo / UBLOCK, 1);
+      } else {
+        memset(q + lo, 0, m);
+        if (resid && resid != x) memcpy(resid + lo, x + lo, m * sizeof *x);
+      }
     }
     return DT_OK;
   }
@@ -471,8 +481,25 @@ int dt_cz_decode_add(int codec, const void *frame, size_t bytes, size_t n, float
   case DT_CODEC_TOPK: return dt__cz_topk_decode_add(&h, p, out);
   case DT_CODEC_FP16: dt__cz_from_f16((const uint16_t *)p, out, n, 1); break;
   case DT_CODEC_BF16: dt__cz_from_bf16((const uint16_t *)p, out, n, 1); break;
-  case DT_CODEC_INT8:
-  case DT_CODEC_QSGD: dequantize_add((const int8_t *)p, out, n, h.scale); break;
+  case DT_CODEC_INT8: dequantize_add((const int8_t *)p, out, n, h.scale); break;
+  case DT_CODEC_QSGD: {
+    size_t nc = (n + DT_CZ_QSGD_CHUNK - 1) / DT_CZ_QSGD_CHUNK;
+    const int8_t *q = (const int8_t *)(p + 4 * nc);
+    for (size_t c = 0; c < nc; c++) { /* checked before any is used */
+      float st;
+      memcpy(&st, p + 4 * c, 4);
+      if (st < 0)
+        return dt__seterr(DT_ECORRUPT, "compressed frame: qsgd chunk %zu has negative scale %g", c,
+                          (double)st);
+    }
+    for (size_t c = 0; c < nc; c++) {
+      size_t lo = c * DT_CZ_QSGD_CHUNK, m = n - lo < DT_CZ_QSGD_CHUNK ? n - lo : DT_CZ_QSGD_CHUNK;
+      float st;
+      memcpy(&st, p + 4 * c, 4);
+      dequantize_add(q + lo, out + lo, m, st);
+    }
+    break;
+  }
   case DT_CODEC_SIGN: sign_unpack_add(p, out, n, h.scale); break;
   default: return dt__seterr(DT_EINVAL, "compress decode: codec %d has no frames", codec);
   }

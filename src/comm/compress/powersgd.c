@@ -2,7 +2,8 @@
  * powersgd.c — PowerSGD (Vogels et al., 2019) for one bucket: every weight
  * matrix M of the bucket large enough to gain (rank x (rows + cols) below
  * half of rows x cols) is sent as two thin factors: P = M Q is allreduced,
- * orthonormalised, Q = M^T P is allreduced, and M ~ P Q^T. Q is
+ * orthonormalised, Q = M^T P is allreduced, and M ~ P Q^T (Q kept as r
+ * contiguous columns). Q is
  * warm-started from the previous step's (the first comes from the
  * counter-based RNG keyed by seed and matrix, the same on every rank).
  * What is not in such a matrix (biases, small layers) rides dense in the
@@ -67,6 +68,23 @@ void dt__cz_orthonormalize(float *p, int m, int r) {
   free(cols);
 }
 
+/* Q is kept as r contiguous columns (r x cols), so both products are dot
+ * products and axpys over contiguous rows that vectorise. */
+static float dot(const float *restrict a, const float *restrict b, int n) {
+  float acc[16] = {0};
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+  float s = 0;
+  for (int l = 0; l < 16; l++) s += acc[l];
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+static void axpy(float *restrict y, const float *restrict x, float a, int n) {
+  for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
 static int pays(const dt_cz_matrix *mt, int r) {
   return (double)r * (mt->rows + mt->cols) * 2 < (double)mt->rows * mt->cols;
 }
@@ -109,11 +127,7 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     float *P = pbuf + pat;
     for (int a = 0; a < mt->rows; a++) {
       const float *row = M + (size_t)a * mt->cols;
-      for (int j = 0; j < r; j++) {
-        float s = 0;
-        for (int b = 0; b < mt->cols; b++) s += row[b] * Q[(size_t)b * r + j];
-        P[(size_t)a * r + j] = s;
-      }
+      for (int j = 0; j < r; j++) P[(size_t)a * r + j] = dot(row, Q + (size_t)j * mt->cols, mt->cols);
     }
     pat += (size_t)mt->rows * r;
     at = lo + (size_t)mt->rows * mt->cols;
@@ -133,19 +147,15 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     memset(Q, 0, (size_t)mt->cols * r * sizeof *Q);
     for (int a = 0; a < mt->rows; a++) {
       const float *row = M + (size_t)a * mt->cols;
-      for (int j = 0; j < r; j++) {
-        float pj = P[(size_t)a * r + j];
-        for (int b = 0; b < mt->cols; b++) Q[(size_t)b * r + j] += row[b] * pj;
-      }
+      for (int j = 0; j < r; j++) axpy(Q + (size_t)j * mt->cols, row, P[(size_t)a * r + j], mt->cols);
     }
     if (resid) {
       float *E = resid + (mt->off - off);
-      for (int a = 0; a < mt->rows; a++)
-        for (int b = 0; b < mt->cols; b++) {
-          float s = 0;
-          for (int j = 0; j < r; j++) s += P[(size_t)a * r + j] * Q[(size_t)b * r + j];
-          E[(size_t)a * mt->cols + b] = M[(size_t)a * mt->cols + b] - s;
-        }
+      for (int a = 0; a < mt->rows; a++) {
+        float *e = E + (size_t)a * mt->cols;
+        memcpy(e, M + (size_t)a * mt->cols, (size_t)mt->cols * sizeof *e);
+        for (int j = 0; j < r; j++) axpy(e, Q + (size_t)j * mt->cols, -P[(size_t)a * r + j], mt->cols);
+      }
     }
     pat += (size_t)mt->rows * r;
     qat += (size_t)mt->cols * r;
@@ -167,12 +177,11 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     dat += lo - at;
     const float *P = pbuf + pat, *Q = qbuf + qat;
     float *G = g + lo;
-    for (int a = 0; a < mt->rows; a++)
-      for (int b = 0; b < mt->cols; b++) {
-        float s = 0;
-        for (int j = 0; j < r; j++) s += P[(size_t)a * r + j] * Q[(size_t)b * r + j];
-        G[(size_t)a * mt->cols + b] = s;
-      }
+    for (int a = 0; a < mt->rows; a++) {
+      float *gr = G + (size_t)a * mt->cols;
+      memset(gr, 0, (size_t)mt->cols * sizeof *gr);
+      for (int j = 0; j < r; j++) axpy(gr, Q + (size_t)j * mt->cols, P[(size_t)a * r + j], mt->cols);
+    }
     memcpy(z->q[i], Q, (size_t)mt->cols * r * sizeof *Q); /* warm start */
     pat += (size_t)mt->rows * r;
     qat += (size_t)mt->cols * r;
