@@ -4,13 +4,14 @@
 #   make bench  dtrain vs PyTorch 1.13, back to back, with ratios
 #   make bench-comm  allreduce vs Open MPI and Gloo
 #   make bench-pipeline  pipeline stages on the deep MLP vs one process and PyTorch Pipe
+#   make bench-ckpt  checkpoint cost, write speed vs dd and torch.save, resume time, kills
 #   make install [PREFIX=/usr/local]  the dtrain binary, libdtrain (.a, .so),
 #                headers, dtrain.pc and the CMake package under PREFIX
 JOBS ?= $(shell nproc)
 BUILD ?= build/release
 PREFIX ?= /usr/local
 
-.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-pipeline clean deps deps-test deps-bench
+.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-pipeline bench-ckpt clean deps deps-test deps-bench
 
 all: build
 
@@ -53,6 +54,7 @@ test-main: build
 bench: deps-bench build
 	BUILD=$(BUILD) bench/run.sh
 	BUILD=$(BUILD) bench/pipeline.sh
+	BUILD=$(BUILD) bench/ckpt.sh
 
 # allreduce: dtrain (shm, tcp) vs Open MPI and Gloo, 2 and 4 ranks, back to back
 bench-comm: deps-bench build
@@ -61,6 +63,10 @@ bench-comm: deps-bench build
 # pipeline stages: speed-up, bubble, PyTorch Pipe, peak RSS (docs/pipeline.md)
 bench-pipeline: deps-bench build
 	BUILD=$(BUILD) bench/pipeline.sh
+
+# checkpoints: cost every 200 steps, write speed vs dd/torch.save, resume time, 30 kills
+bench-ckpt: deps-bench build
+	BUILD=$(BUILD) bench/ckpt.sh
 
 clean:
 	rm -rf build

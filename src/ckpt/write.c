@@ -12,6 +12,7 @@
  * file writer with a running hash. It does not decide what is saved or
  * when (the engine does), and it never prints: errors name the path.
  */
+#define _GNU_SOURCE /* sync_file_range */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -47,13 +48,38 @@ int dt__wf_open(dt_wfile *w, const char *path) {
   return DT_OK;
 }
 
-/* Hashing a chunk just before writing it keeps it in cache for write(). */
+/* Hashing a chunk just before writing it keeps it in cache for write().
+ * Each written chunk is handed to the disk at once (sync_file_range WRITE)
+ * and the one WF_WINDOW chunks back is waited for, so the device works while
+ * the next chunks are hashed and copied, dirty pages stay bounded, and the
+ * final fsync has little left to do: the file streams at close to the
+ * disk's sequential rate instead of copy time plus flush time. */
 #define WF_CHUNK (4u << 20)
+#define WF_WINDOW 4
+
+static void stream_out(dt_wfile *w, uint64_t end) {
+#ifdef SYNC_FILE_RANGE_WRITE
+  uint64_t start = end >= WF_CHUNK ? end - WF_CHUNK : 0;
+  (void)sync_file_range(w->fd, (off_t)start, (off_t)(end - start), SYNC_FILE_RANGE_WRITE);
+  const uint64_t lag = (uint64_t)WF_WINDOW * WF_CHUNK;
+  if (end > lag) {
+    uint64_t wend = end - lag, wstart = wend >= WF_CHUNK ? wend - WF_CHUNK : 0;
+    (void)sync_file_range(w->fd, (off_t)wstart, (off_t)(wend - wstart),
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                              SYNC_FILE_RANGE_WAIT_AFTER);
+  }
+#else
+  (void)w;
+  (void)end;
+#endif
+}
 
 int dt__wf_write(dt_wfile *w, const void *data, size_t len) {
   const char *p = data;
   while (len) {
-    size_t n = len < WF_CHUNK ? len : WF_CHUNK;
+    /* chunks end on WF_CHUNK boundaries of the file */
+    size_t room = WF_CHUNK - (size_t)(w->bytes % WF_CHUNK);
+    size_t n = len < room ? len : room;
     EVP_DigestUpdate(w->md, p, n);
     size_t done = 0;
     while (done < n) {
@@ -67,6 +93,7 @@ int dt__wf_write(dt_wfile *w, const void *data, size_t len) {
       done += (size_t)r;
     }
     w->bytes += n;
+    if (w->bytes % WF_CHUNK == 0) stream_out(w, w->bytes);
     p += n;
     len -= n;
   }

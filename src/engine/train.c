@@ -296,12 +296,16 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
         dt_obs_span(ob, "step", 0, s0, n1, S->step);
       }
       DT_CHECK_GOTO(check_step(e, epoch, plan.pieces ? dt__tally_mean(&st) : 0), rc, done);
-      ep.seconds += dt_now() - t0;
       ep.loss += st.loss;
       ep.loss_q += st.loss_q;
       ep.samples += st.samples;
       ep.correct += st.correct;
       ep.global += plan.n_global;
+      /* a checkpoint due now: its snapshot (and any wait for the writer)
+       * holds up training, so it counts in the step's time */
+      dt_ckpt_pos cp = {epoch, k + 1, ep, first_loss, test_loss, test_acc};
+      DT_CHECK_GOTO(dt__ckpt_after_step(e, &cp), rc, done);
+      ep.seconds += dt_now() - t0;
       dt__eobs_step(e, dt_now() - t0, st.samples, dt__tally_mean(&ep), lr,
                     ep.seconds > 0 ? (double)ep.global / ep.seconds : 0);
       if (hooks->on_step) {
@@ -314,8 +318,6 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
         p.lr = lr;
         hooks->on_step(hooks->ud, &p);
       }
-      dt_ckpt_pos cp = {epoch, k + 1, ep, first_loss, test_loss, test_acc};
-      DT_CHECK_GOTO(dt__ckpt_after_step(e, &cp), rc, done);
     }
     train_seconds += ep.seconds;
     samples_total += ep.samples;
