@@ -503,8 +503,69 @@ static void test_strategy_state(void **state) {
   assert_non_null(dt__strategy_find("ddp"));
 }
 
+/* Checkpoints through the library: a run resumed from a mid-run checkpoint,
+ * and one stopped by the flag, end with the uninterrupted run's hash; the
+ * new calls refuse bad arguments. */
+static void test_resume_api(void **state) {
+  (void)state;
+  dt_run_cfg c;
+  base_cfg(&c);
+  char ck[300], dir[400];
+  snprintf(ck, sizeof ck, "%s/ck", tmpdir);
+  snprintf(c.ckpt_dir, sizeof c.ckpt_dir, "%s", ck);
+  c.ckpt_every_steps = 10;
+  c.ckpt_keep = 0;
+  dt_engine *e = new_engine(&c);
+  assert_int_equal(dt_engine_resume(NULL, ck), DT_EINVAL);
+  assert_int_equal(dt_engine_resume(e, NULL), DT_EINVAL);
+  assert_int_equal(dt_engine_resume(e, ""), DT_EINVAL);
+  assert_int_equal(dt_engine_resume(e, "/nonexistent/ckpt"), DT_ENOENT);
+  assert_int_equal(dt_engine_set_stop_flag(NULL, NULL), DT_EINVAL);
+  assert_null(dt_engine_resumed_from(NULL, NULL));
+  assert_null(dt_engine_resumed_from(e, NULL));
+  dt_run_summary ref, s;
+  assert_int_equal(dt_engine_run(e, NULL, NULL, NULL, &ref), DT_OK);
+  dt_engine_destroy(e);
+
+  e = new_engine(&c);
+  snprintf(dir, sizeof dir, "%s/step-00000030", ck);
+  assert_int_equal(dt_engine_resume(e, dir), DT_OK);
+  int64_t step = 0;
+  assert_string_equal(dt_engine_resumed_from(e, &step), dir);
+  assert_int_equal(step, 30);
+  assert_int_equal(dt_engine_run(e, NULL, NULL, NULL, &s), DT_OK);
+  assert_string_equal(s.params_sha256, ref.params_sha256);
+  dt_engine_destroy(e);
+
+  /* the stop flag: a checkpoint after the first step, DT_EABORTED naming it */
+  char ck2[300];
+  snprintf(ck2, sizeof ck2, "%s/ck2", tmpdir);
+  snprintf(c.ckpt_dir, sizeof c.ckpt_dir, "%s", ck2);
+  c.ckpt_every_steps = 0;
+  static volatile sig_atomic_t flag = 1;
+  e = new_engine(&c);
+  assert_int_equal(dt_engine_set_stop_flag(e, &flag), DT_OK);
+  assert_int_equal(dt_engine_run(e, NULL, NULL, NULL, &s), DT_EABORTED);
+  HAS("stopped by a signal after step 1");
+  HAS("step-00000001");
+  dt_engine_destroy(e);
+  e = new_engine(&c);
+  assert_int_equal(dt_engine_resume(e, ck2), DT_OK);
+  assert_int_equal(dt_engine_run(e, NULL, NULL, NULL, &s), DT_OK);
+  assert_string_equal(s.params_sha256, ref.params_sha256);
+  dt_engine_destroy(e);
+
+  /* another model: refused naming the key */
+  snprintf(c.layers, sizeof c.layers, "linear(7) relu linear(3)");
+  e = new_engine(&c);
+  assert_int_equal(dt_engine_resume(e, ck2), DT_EMISMATCH);
+  HAS("model.layers");
+  dt_engine_destroy(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_resume_api),
       cmocka_unit_test(test_create_fails),
       cmocka_unit_test(test_create_with_data_fails),
       cmocka_unit_test(test_memory_run_null_out),
