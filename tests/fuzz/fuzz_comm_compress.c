@@ -22,7 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   data += 3;
   size -= 3;
   /* frames arrive 8-byte aligned (allgather blocks): copy like the receiver */
-  uint8_t *f = aligned_alloc(8, size + 8);
+  uint8_t *f = aligned_alloc(8, (size + 15) & ~(size_t)7); /* C11: size a multiple of 8 */
   float *out = calloc(n, sizeof *out);
   if (!f || !out) abort();
   memcpy(f, data, size);
