@@ -141,6 +141,14 @@ typedef struct dt_run_cfg {
   int ckpt_on_signal;                  /* when the caller's stop flag is raised (SIGTERM/SIGINT) */
   int ckpt_keep;                       /* keep the newest N; 0 = all */
   int ckpt_async;                      /* written by a background thread (default on) */
+  /* [ps] parameter server (docs/ps.md); used when servers > 0 or colocate */
+  struct dt_run_ps_cfg {
+    int servers;                       /* separate server processes (ranks after the workers) */
+    int colocate;                      /* a server inside every worker instead */
+    int consistency;                   /* 0 bsp, 1 ssp, 2 asp */
+    int staleness;                     /* ssp: the bound s */
+    int backup_workers;                /* bsp: a clock closes with workers - b pushes */
+  } ps;
 } dt_run_cfg;
 
 /* Fills *cfg with the defaults of docs/config.md: the 2-conv CNN on

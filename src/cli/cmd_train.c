@@ -47,6 +47,7 @@ static void train_usage(FILE *f) {
   fprintf(f,
           "usage: dtrain train [CONFIG] [--set section.key=value ...] [--out DIR] [--workers N]\n"
           "                    [--resume [DIR]]\n"
+          "                    [--servers S]\n"
           "\n"
           "Trains the model of CONFIG (an INI file; without it the built-in CNN on\n"
           "Fashion-MNIST, as in examples/fashion_cnn.ini) and writes DIR/summary.json,\n"
@@ -59,6 +60,8 @@ static void train_usage(FILE *f) {
           "  --resume [DIR]           continue from the newest valid checkpoint under DIR (a\n"
           "                           checkpoint, its root or a run directory; default:\n"
           "                           ckpt.dir, else --out) (docs/checkpoint.md)\n"
+          "  --servers S              S parameter-server processes besides the workers\n"
+          "                           (ps.servers; docs/ps.md)\n"
           "  -h, --help               this help\n"
           "\n"
           "Across machines: dtrain launch ... -- train CONFIG (dtrain launch --help), or\n"
@@ -173,6 +176,8 @@ static void catch_stop(dt_engine *e, const dt_run_cfg *c) {
 struct worker_args {
   dt_engine *e;
   const dt_run_cfg *cfg;
+  int servers;           /* ps.servers: ranks from `workers` on serve */
+  int workers;
   const char *out, *text;
   int describe;          /* rank 0 prints which transport reaches which rank */
   view *v;
@@ -200,11 +205,31 @@ static void describe_links(const dt_comm *c) {
  * over the job's communicator; returns the exit status. */
 static int run_worker(const struct dt_job_worker *w, void *arg) {
   const struct worker_args *a = arg;
-  dt_comm *c = w->comm;
+  dt_comm *c = w->comm, *job = NULL;
   int r = w->rank;
   view *v = a->v;
   if (r == 0 && a->describe) describe_links(c);
-  int rc = dt_engine_set_comm(a->e, c);
+  int rc = DT_OK;
+  if (a->servers > 0) {
+    /* a parameter-server job: workers first, then servers; the engine
+     * trains over the workers' communicator and talks to the servers over
+     * the job's */
+    job = c;
+    c = NULL;
+    rc = dt_comm_split(job, r < a->workers ? 0 : 1, r, &c);
+    if (rc == DT_OK && r >= a->workers) {
+      rc = dt__engine_serve(a->e, job, r - a->workers);
+      dt_comm_destroy(c);
+      if (rc < 0) {
+        fprintf(stderr, "dtrain: rank %d (server %d): %s\n", r, r - a->workers, dt_errmsg());
+        fflush(stderr);
+        return DT_EXIT_FAIL;
+      }
+      return DT_EXIT_OK;
+    }
+    if (rc == DT_OK) rc = dt__engine_set_job_comm(a->e, job);
+  }
+  if (rc == DT_OK) rc = dt_engine_set_comm(a->e, c);
   catch_stop(a->e, a->cfg);
   dt_engine_hooks hooks = {NULL, NULL, NULL};
   if (r == 0) hooks = (dt_engine_hooks){on_step, on_epoch, v};
@@ -222,6 +247,7 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
   } else if (r == 0) {
     final_line(&s, a->out);
   }
+  if (job) dt_comm_destroy(c);
   fflush(stdout);
   fflush(stderr);
   return status;
@@ -250,7 +276,7 @@ struct train_args {
   int resume;                 /* --resume given */
   const char *resume_dir;     /* its DIR, or NULL for the default */
   const char *sets[256];
-  int nsets, workers;
+  int nsets, workers, servers;
 };
 
 /* Parses argv; returns -1 to go on, else the exit status (help, bad usage). */
@@ -274,9 +300,9 @@ static int parse_args(int argc, char **argv, struct train_args *ta) {
       if (ta->resume_dir && !*ta->resume_dir) return bad("--resume=: empty directory name%s", "");
       continue;
     }
-    const char *opts[] = {"--set", "--out", "--workers"};
+    const char *opts[] = {"--set", "--out", "--workers", "--servers"};
     int which = -1;
-    for (int j = 0; j < 3; j++) {
+    for (int j = 0; j < 4; j++) {
       size_t n = strlen(opts[j]);
       if (!strncmp(a, opts[j], n) && (a[n] == '\0' || a[n] == '=')) {
         which = j;
@@ -299,6 +325,13 @@ static int parse_args(int argc, char **argv, struct train_args *ta) {
       if (end == val || *end || errno || w < 1 || w > 4096)
         return bad("--workers '%s': expects a positive integer", val);
       ta->workers = (int)w;
+    } else if (which == 3) {
+      char *end;
+      errno = 0;
+      long sv = strtol(val, &end, 10);
+      if (end == val || *end || errno || sv < 1 || sv > 4096)
+        return bad("--servers '%s': expects a positive integer", val);
+      ta->servers = (int)sv;
     } else if (a[0] == '-' && a[1]) {
       return bad("train: unknown option '%s' (see dtrain train --help)", a);
     } else if (ta->config_path) {
@@ -324,7 +357,22 @@ static int build_config(dt_config *cfg, const struct train_args *ta, int world, 
     snprintf(w, sizeof w, "dist.workers=%d", ta->workers);
     rc = dt_config_set(cfg, w);
   }
+  if (rc == DT_OK && ta->servers) {
+    char sv[32];
+    snprintf(sv, sizeof sv, "ps.servers=%d", ta->servers);
+    rc = dt_config_set(cfg, sv);
+  }
   for (int i = 0; rc == DT_OK && i < ta->nsets; i++) rc = dt_config_set(cfg, ta->sets[i]);
+  /* a launched parameter-server job: the world is workers + servers */
+  if (rc == DT_OK && world && cfg->run.ps.servers > 0) {
+    if (world <= cfg->run.ps.servers) {
+      fprintf(stderr, "dtrain: ps.servers = %d, but %s started only %d ranks (workers come "
+              "first, then the servers)\n", cfg->run.ps.servers, by, world);
+      return DT_EXIT_USAGE;
+    }
+    world -= cfg->run.ps.servers;
+    if (cfg->run.workers == 1) cfg->run.workers = world;
+  }
   if (rc == DT_OK) rc = dt_config_validate(cfg);
   if (rc < 0) {
     fprintf(stderr, "dtrain: %s\n", dt_errmsg());
@@ -372,7 +420,7 @@ static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_
       jc.rdzv = L->rdzv[0] ? L->rdzv : NULL;
       jc.bind_addr = L->bind_addr[0] ? L->bind_addr : NULL;
     } else {
-      jc.workers = cfg->run.workers;
+      jc.workers = cfg->run.workers + cfg->run.ps.servers;
     }
     rc = dt_job_create(job, &jc);
   }
@@ -400,6 +448,18 @@ static void header(const dt_config *cfg, const dt_engine *e, const struct dt__la
            "-> %s\n", dt_version(), cfg->run.layers, dt_model_nparams(dt_engine_model(e)),
            (long long)dt_engine_train_samples(e), (long long)dt_engine_test_samples(e),
            cfg->run.epochs, cfg->run.batch, wk, out);
+  if (has_rank0 && (cfg->run.ps.servers > 0 || cfg->run.ps.colocate)) {
+    char *map = NULL;
+    if (dt__engine_ps_describe((dt_engine *)e, &map) == DT_OK) {
+      printf("ps: %s, %d %sserver%s, consistency %s\n", cfg->run.ps.colocate ? "colocated" : "separate",
+             cfg->run.ps.colocate ? cfg->run.workers : cfg->run.ps.servers,
+             cfg->run.ps.colocate ? "colocated " : "",
+             (cfg->run.ps.colocate ? cfg->run.workers : cfg->run.ps.servers) == 1 ? "" : "s",
+             dt__ps_consistency_names[cfg->run.ps.consistency]);
+      fputs(map, stdout);
+    }
+    free(map);
+  }
   else if (L && L->nproc == 1)
     printf("dtrain %s: node %d of %d, rank %d of %d (rank 0, on node 0, reports)\n",
            dt_version(), L->node_rank, L->nnodes, L->node_rank, cfg->run.workers);
@@ -491,7 +551,7 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   }
   /* A world of one trains here, without a job: nothing to fork (and the
    * single-worker engine has started its loader thread already). */
-  int multi = cfg->run.workers > 1;
+  int multi = cfg->run.workers + cfg->run.ps.servers > 1;
   if (multi && (status = make_job(&job, L, ext, cfg, transport, e, &co)) >= 0) goto done;
   if (!out) {
     default_out_dir(outbuf, sizeof outbuf);
@@ -519,7 +579,7 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   dt__cli_obs_begin(&co, out, r0, nloc, cfg->run.obs_metrics, cfg->run.obs_trace);
   obs_on = 1;
   if (multi) {
-    struct worker_args wa = {e, &cfg->run, out, text, L || ext, &v};
+    struct worker_args wa = {e, &cfg->run, cfg->run.ps.servers, cfg->run.workers, out, text, L || ext, &v};
     status = dt__cli_job_status(job, dt_job_run(job, run_worker, &wa));
     goto done;
   }

@@ -67,6 +67,7 @@ typedef struct key {
 #define reduce_names dt__reduce_names
 #define balance_names dt__balance_names
 #define schedule_names dt__schedule_names
+#define consistency_names dt__ps_consistency_names
 
 #define OFF(f) offsetof(dt_run_cfg, f)
 #define BIG 1e18
@@ -141,12 +142,18 @@ static const key keys[] = {
     {"ckpt", "on_signal", K_BOOL, OFF(ckpt_on_signal), 0, 1, 0, NULL},
     {"ckpt", "keep", K_INT, OFF(ckpt_keep), 0, 1000000, 0, NULL},
     {"ckpt", "async", K_BOOL, OFF(ckpt_async), 0, 1, 0, NULL},
+    /* parameter server (docs/ps.md) */
+    {"ps", "servers", K_INT, OFF(ps.servers), 0, 4096, 0, NULL},
+    {"ps", "colocate", K_BOOL, OFF(ps.colocate), 0, 1, 0, NULL},
+    {"ps", "consistency", K_ENUM, OFF(ps.consistency), 0, 0, 0, consistency_names},
+    {"ps", "staleness", K_INT, OFF(ps.staleness), 0, 1000000, 0, NULL},
+    {"ps", "backup_workers", K_INT, OFF(ps.backup_workers), 0, 4095, 0, NULL},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 _Static_assert(sizeof keys / sizeof keys[0] <= DT_CONFIG_MAX_KEYS, "too many keys");
 
 static const char *const sections[] = {"model", "data", "optim", "train", "schedule", "dist",
-                                       "obs", "ckpt", NULL};
+                                       "obs", "ckpt", "ps", NULL};
 
 /* ---- lookup ------------------------------------------------------------ */
 
@@ -612,6 +619,32 @@ int dt_config_validate(const dt_config *c) {
   if (r->pipeline_stages > 1 && r->workers > 1 && r->workers % r->pipeline_stages)
     return key_error(c, find_key("dist", "pipeline_stages"), "%d workers are not a multiple of "
                      "%d stages", r->workers, r->pipeline_stages);
+  const struct dt_run_ps_cfg *ps = &r->ps;
+  int ps_on = ps->servers > 0 || ps->colocate;
+  if (ps->colocate && ps->servers > 0)
+    return key_error(c, find_key("ps", "colocate"), "servers inside the workers and ps.servers = "
+                     "%d separate ones: choose one", ps->servers);
+  if (ps_on && (r->pipeline_stages > 1 || r->micro_batches > 1 || r->recompute))
+    return key_error(c, find_key("dist", "pipeline_stages"), "not with a parameter server "
+                     "(ps.servers / ps.colocate)");
+  if (ps_on && r->balance != 0)
+    return key_error(c, find_key("dist", "balance"), "not with a parameter server yet (it is %s)",
+                     balance_names[r->balance]);
+  if (ps_on && r->deterministic)
+    return key_error(c, find_key("dist", "deterministic"), "not with a parameter server "
+                     "(ps.consistency = bsp is deterministic already)");
+  if (ps->colocate && r->workers < 2)
+    return key_error(c, find_key("ps", "colocate"), "needs at least 2 workers (dist.workers = %d)",
+                     r->workers);
+  if (ps->backup_workers > 0 && ps->consistency != 0)
+    return key_error(c, find_key("ps", "backup_workers"), "only with ps.consistency = bsp (it is "
+                     "%s)", consistency_names[ps->consistency]);
+  if (ps_on && ps->backup_workers >= r->workers)
+    return key_error(c, find_key("ps", "backup_workers"), "must be below dist.workers (%d >= %d)",
+                     ps->backup_workers, r->workers);
+  if (ps->staleness > 0 && ps->consistency != 1)
+    return key_error(c, find_key("ps", "staleness"), "only with ps.consistency = ssp (it is %s)",
+                     consistency_names[ps->consistency]);
   static const char *const paths[] = {"train_images", "train_labels", "test_images",
                                       "test_labels"};
   for (int i = 0; i < 4; i++) {

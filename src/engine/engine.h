@@ -28,7 +28,7 @@ int dt_mkdirs(const char *path);
 int dt_write_file_atomic(const char *path, const void *data, size_t len);
 
 /* The names of the run configuration's enums, index = value, NULL-terminated:
- * data.format, optim.name, schedule.kind, dist.reduce (dist.transport:
+ * data.format, optim.name, schedule.kind, dist.reduce, ps.consistency (dist.transport:
  * dt__transport_names in comm/comm.h). The one table each: the config
  * parser and the records read these, through dt__enum_parse/_name. */
 extern const char *const dt__format_names[];
@@ -38,5 +38,16 @@ extern const char *const dt__reduce_names[];
 extern const char *const dt__balance_names[];
 extern const char *const dt__schedule_names[];
 extern const char *const dt__log_format_names[]; /* obs.log_format */
+extern const char *const dt__ps_consistency_names[]; /* ps.consistency */
+
+/* Parameter-server jobs (docs/ps.md): the communicator of the whole job,
+ * workers first then servers, lent to the "ps" strategy (the engine's own
+ * communicator holds the workers only). Before dt_engine_run. */
+int dt__engine_set_job_comm(dt_engine *e, dt_comm *job);
+/* A server rank of such a job: serves key range `index` of the engine's
+ * model until every worker is done. Errors name the server and worker. */
+int dt__engine_serve(dt_engine *e, dt_comm *job, int index);
+/* One line per server: its key ranges (printed at start). *out is malloc'd. */
+int dt__engine_ps_describe(dt_engine *e, char **out);
 
 #endif /* DT_ENGINE_H */

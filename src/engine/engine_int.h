@@ -75,6 +75,7 @@ struct dt_engine {
   dt_batch_source *source;  /* this worker's pieces of every global batch */
   dt_strategy strat;        /* ops picked at create; model, optim, comm lent */
   dt_comm *comm;            /* NULL: one worker */
+  dt_comm *job_comm;        /* workers and parameter servers (dt__engine_set_job_comm) */
   int rank, nranks;
   int ran;                  /* dt_engine_run was called (once per engine) */
   int from_memory;          /* data sets given by the caller, not paths */

@@ -18,6 +18,7 @@ static const struct dt_strategy_ops *const table[] = {
     &dt__strategy_ddp_det,
     &dt__strategy_pipeline,
     &dt__strategy_pipeline_det,
+    &dt__strategy_ps,
 };
 
 const struct dt_strategy_ops *dt__strategy_find(const char *name) {
@@ -27,6 +28,7 @@ const struct dt_strategy_ops *dt__strategy_find(const char *name) {
 }
 
 const char *dt__strategy_for(const dt_run_cfg *cfg) {
+  if (cfg->ps.servers > 0 || cfg->ps.colocate) return "ps";
   if (cfg->pipeline_stages > 1 || cfg->micro_batches > 1 || cfg->recompute)
     return cfg->deterministic ? "pipeline_det" : "pipeline";
   if (cfg->deterministic) return "ddp_det";

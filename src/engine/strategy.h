@@ -65,6 +65,9 @@ typedef struct dt_strategy {
   const uint8_t *config_sha;     /* SHA-256 of the run's config text (32 bytes) */
   int64_t train_n, test_n;
   int64_t step;                  /* optimizer steps taken (step_finish counts) */
+  const dt_sched_cfg *sched;     /* the run's schedule (base_lr, total_steps filled in) */
+  dt_comm *job_comm;             /* the whole job when it holds more than the workers
+                                  * (parameter servers); NULL otherwise */
   void *impl;                    /* set by setup, freed by teardown */
   void *grad_ud;                 /* handed to grad_ready (set by setup) */
   dt_batch_source *source;       /* the source open_source made (lent, like the model) */
@@ -163,12 +166,13 @@ extern const struct dt_strategy_ops dt__strategy_ddp;
 extern const struct dt_strategy_ops dt__strategy_ddp_det;
 extern const struct dt_strategy_ops dt__strategy_pipeline;
 extern const struct dt_strategy_ops dt__strategy_pipeline_det;
+extern const struct dt_strategy_ops dt__strategy_ps;
 
 /* The table entry called name, or NULL. */
 const struct dt_strategy_ops *dt__strategy_find(const char *name);
-/* The strategy a configuration asks for: pipeline (pipeline_det with
- * dist.deterministic) with dist.pipeline_stages > 1, dist.micro_batches > 1
- * or train.recompute; ddp_det with
+/* The strategy a configuration asks for: ps with ps.servers or ps.colocate;
+ * pipeline (pipeline_det with dist.deterministic) with dist.pipeline_stages
+ * > 1, dist.micro_batches > 1 or train.recompute; ddp_det with
  * dist.deterministic, ddp with more than one worker, local otherwise. */
 const char *dt__strategy_for(const dt_run_cfg *cfg);
 

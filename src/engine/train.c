@@ -143,6 +143,8 @@ void dt__engine_lend(dt_engine *e) {
   S->train_n = e->train.n;
   S->test_n = e->test.n;
   S->source = e->source;
+  S->sched = &e->sched;
+  S->job_comm = e->job_comm;
 }
 
 int dt_engine_evaluate(dt_engine *e, double *loss, double *accuracy) {

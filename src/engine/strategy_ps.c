@@ -1,0 +1,274 @@
+/*
+ * strategy_ps.c — the "ps" strategy: training against parameter servers
+ * (src/ps, docs/ps.md). Every worker trains on a balanced slice of each
+ * global batch (the "shards" source, as ddp); its gradient spans are pushed
+ * to the servers holding them as backward finishes them (grad_ready), and
+ * step_finish waits for every key's parameters of the next clock. The
+ * optimizer runs on the servers: the worker's own optimizer never steps and
+ * holds no state. Evaluation and the end of the run first pull the
+ * parameters with every worker's pushes in (the same everywhere), then shard
+ * and sum over the workers' communicator as ddp does.
+ *
+ * Separate servers are the ranks after the workers in the job's
+ * communicator (dt__engine_set_job_comm); dt__engine_serve runs one. With
+ * ps.colocate the workers' own communicator carries everything and each
+ * worker serves one key range inside its own waits.
+ *
+ * Not here: checkpoints of server state (state_export saves nothing the
+ * servers hold: DT_ENOTSUP), membership changes.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "engine/engine_int.h"
+#include "engine/strategy.h"
+#include "ps/ps.h"
+
+typedef struct ps_impl {
+  dt_ps_map map;
+  dt_ps_opts o;
+  dt_ps_server *srv; /* colocated */
+  dt_ps_client *cl;
+  dt_comm *job;
+  dt_step_plan plan;
+  uint64_t sent0, recv0;
+  int stopped;
+} ps_impl;
+
+static void ps_opts(const dt_run_cfg *c, int nworkers, dt_ps_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->nworkers = nworkers;
+  o->colocate = c->ps.colocate;
+  o->nservers = c->ps.colocate ? nworkers : c->ps.servers;
+  o->consistency = c->ps.consistency;
+  o->staleness = c->ps.staleness;
+  /* ssp with s = 0 is bsp (docs/ps.md) */
+  if (o->consistency == DT_PS_SSP && o->staleness == 0) o->consistency = DT_PS_BSP;
+  o->backup_workers = c->ps.backup_workers;
+  o->optim = c->optim;
+}
+
+static int err_rank(dt_strategy *s, int rc) { return dt__preerr(rc, "rank %d", s->rank); }
+
+static int ps_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
+  return dt__source_shards(out, train, cfg->batch, cfg->seed, cfg->shuffle, 0);
+}
+
+static void ps_teardown(dt_strategy *s);
+
+static int ps_setup(dt_strategy *s) {
+  const dt_run_cfg *c = s->cfg;
+  dt_comm *job = c->ps.colocate ? s->comm : s->job_comm;
+  if (!job)
+    return dt__seterr(DT_EINVAL, "ps.servers = %d: the engine needs the job's communicator of "
+                      "workers and servers (dt__engine_set_job_comm)%s", c->ps.servers,
+                      c->ps.colocate ? "; ps.colocate needs at least 2 workers" : "");
+  if (c->ps.colocate && c->ps.servers > 0)
+    return dt__seterr(DT_EINVAL, "ps.colocate = true and ps.servers = %d: choose one",
+                      c->ps.servers);
+  if (!c->ps.colocate && dt_comm_size(job) != s->nranks + c->ps.servers)
+    return dt__seterr(DT_EINVAL, "ps: the job has %d ranks, not %d workers + %d servers",
+                      dt_comm_size(job), s->nranks, c->ps.servers);
+  if (s->comm) DT_CHECK(dt__ddp_startup(s));
+  ps_impl *d = calloc(1, sizeof *d);
+  if (!d) return dt__seterr(DT_ENOMEM, "ps: out of memory");
+  s->impl = d;
+  d->job = job;
+  ps_opts(c, s->nranks, &d->o);
+  int rc = dt_ps_map_from_model(&d->map, s->model, d->o.nservers);
+  if (rc == DT_OK && d->o.colocate)
+    rc = dt_ps_server_create(&d->srv, &d->map, &d->o, s->rank, job, dt_model_params(s->model));
+  if (rc == DT_OK)
+    rc = dt_ps_client_create(&d->cl, &d->map, &d->o, s->rank, job, dt_model_params(s->model),
+                             dt_model_grads(s->model), d->srv);
+  dt_comm_bytes(job, &d->sent0, &d->recv0);
+  if (rc == DT_OK) rc = dt_ps_client_start(d->cl);
+  if (rc < 0) {
+    ps_teardown(s);
+    return err_rank(s, rc);
+  }
+  s->grad_ud = d;
+  return DT_OK;
+}
+
+static int ps_step_begin(dt_strategy *s, const dt_step_plan *plan) {
+  ps_impl *d = s->impl;
+  d->plan = *plan;
+  float w = plan->n_global > 0 ? (float)plan->n_local / (float)plan->n_global : 0.0f;
+  dt_ps_client_begin(d->cl, w, dt_sched_lr(s->sched, s->step));
+  return DT_OK;
+}
+
+static void ps_grad_ready(void *ud, size_t off, size_t n) {
+  ps_impl *d = ud;
+  dt_ps_client_ready(d->cl, off, n);
+}
+
+static int ps_step_finish(dt_strategy *s, float lr) {
+  (void)lr; /* sent with the pushes in step_begin: the same schedule */
+  ps_impl *d = s->impl;
+  if (!d->plan.pieces)
+    memset(dt_model_grads(s->model), 0, dt_model_nparams(s->model) * sizeof(float));
+  int rc = dt_ps_client_finish(d->cl);
+  if (rc < 0) return err_rank(s, rc);
+  s->step++;
+  return DT_OK;
+}
+
+static int ps_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
+  (void)chunk;
+  ps_impl *d = s->impl;
+  /* the same parameters everywhere: every worker's pushes in */
+  if (d && !d->stopped) {
+    int rc = dt_ps_client_sync(d->cl);
+    if (rc < 0) return err_rank(s, rc);
+  }
+  *lo = 0;
+  *hi = n;
+  if (!s->comm || s->nranks < 2) return DT_OK;
+  dt_model *m = s->model;
+  if (dt_model_nbufs(m)) {
+    int rc = dt_comm_allreduce(s->comm, dt_model_bufs(m), dt_model_bufs(m), dt_model_nbufs(m),
+                               DT_F32, DT_OP_AVG);
+    if (rc < 0) return dt__ddp_comm_err(s, rc, "evaluation buffers");
+  }
+  *lo = n * s->rank / s->nranks;
+  *hi = n * (s->rank + 1) / s->nranks;
+  return DT_OK;
+}
+
+static int ps_eval_reduce(dt_strategy *s, dt_tally *t) {
+  if (!s->comm || s->nranks < 2) return DT_OK;
+  double v[2] = {t->loss, (double)t->correct};
+  int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_F64, DT_OP_SUM);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "evaluation");
+  t->loss = v[0];
+  t->correct = (int64_t)(v[1] + 0.5);
+  return DT_OK;
+}
+
+static int ps_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
+  (void)epoch;
+  ps_impl *d = s->impl;
+  if (d && !d->stopped) {
+    int rc = dt_ps_client_quiesce(d->cl);
+    if (rc < 0) return err_rank(s, rc);
+  }
+  if (!s->comm || s->nranks < 2) return DT_OK;
+  double v[3] = {t->loss, (double)t->correct, (double)t->samples};
+  int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_F64, DT_OP_SUM);
+  if (rc == DT_OK) rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "epoch statistics");
+  t->loss = v[0];
+  t->correct = (int64_t)(v[1] + 0.5);
+  t->samples = (int64_t)(v[2] + 0.5);
+  return DT_OK;
+}
+
+static int ps_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all) {
+  ps_impl *d = s->impl;
+  int rc = dt_ps_client_sync(d->cl);
+  if (rc == DT_OK) rc = dt_ps_client_stop(d->cl);
+  if (rc < 0) return err_rank(s, rc);
+  d->stopped = 1;
+  if (s->comm && s->nranks > 1) {
+    rc = dt_ddp_check_params(s->model, s->comm);
+    if (rc < 0) return err_rank(s, rc);
+  }
+  dt_ps_client_stats cs;
+  dt_ps_client_stats_get(d->cl, &cs);
+  uint64_t sent = 0, recv = 0;
+  dt_comm_bytes(d->job, &sent, &recv);
+  me->comm_seconds = cs.wait_seconds;
+  me->compute_seconds = me->train_seconds - cs.wait_seconds;
+  me->comm_hidden = 0;
+  me->bytes_sent = (double)(sent - d->sent0);
+  me->bytes_received = (double)(recv - d->recv0);
+  all[0] = *me;
+  if (!s->comm || s->nranks < 2) return DT_OK;
+  rc = dt_comm_allgather(s->comm, me, all, DT_WORKER_STATS_FIELDS, DT_F64);
+  return rc < 0 ? dt__ddp_comm_err(s, rc, "summary statistics") : DT_OK;
+}
+
+static void ps_teardown(dt_strategy *s) {
+  ps_impl *d = s->impl;
+  if (d) {
+    dt_ps_client_destroy(d->cl);
+    dt_ps_server_destroy(d->srv);
+    dt_ps_map_free(&d->map);
+  }
+  free(d);
+  s->impl = s->grad_ud = NULL;
+}
+
+static int ps_export(dt_strategy *s, const dt_state_writer *w) {
+  (void)w;
+  return dt__seterr(DT_ENOTSUP, "strategy '%s': the optimizer state lives on the parameter "
+                    "servers; checkpoints of it are not supported yet", s->ops->name);
+}
+static int ps_import(dt_strategy *s, const dt_state_reader *r) {
+  (void)r;
+  return ps_export(s, NULL);
+}
+
+const struct dt_strategy_ops dt__strategy_ps = {
+    .name = "ps",
+    .fixed_point = 0,
+    .open_source = ps_source,
+    .setup = ps_setup,
+    .step_begin = ps_step_begin,
+    .backward_begin = NULL,
+    .grad_ready = ps_grad_ready,
+    .step_finish = ps_step_finish,
+    .eval_begin = ps_eval_begin,
+    .eval_reduce = ps_eval_reduce,
+    .epoch_end = ps_epoch_end,
+    .state_export = ps_export,
+    .state_import = ps_import,
+    .membership_change = dt__strategy_no_membership,
+    .run_end = ps_run_end,
+    .teardown = ps_teardown,
+};
+
+/* ---- the server role and the map, for the command line ------------------------ */
+
+int dt__engine_set_job_comm(dt_engine *e, dt_comm *job) {
+  if (!e || !job) return dt__seterr(DT_EINVAL, "dt__engine_set_job_comm: NULL argument");
+  e->job_comm = job;
+  dt__engine_lend(e);
+  return DT_OK;
+}
+
+int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
+  if (!e || !job) return dt__seterr(DT_EINVAL, "dt__engine_serve: NULL argument");
+  const dt_run_cfg *c = &e->cfg;
+  dt_ps_opts o;
+  ps_opts(c, c->workers, &o);
+  dt_ps_map map;
+  DT_CHECK(dt_ps_map_from_model(&map, e->model, o.nservers));
+  dt_ps_server *srv = NULL;
+  int rc = dt_ps_server_create(&srv, &map, &o, index, job, dt_model_params(e->model));
+  /* a server waits on workers between their messages (evaluation, data):
+   * give it the deadline of a long pause, not of one message */
+  if (rc == DT_OK && dt_comm_timeout(job) < 600) dt_comm_set_timeout(job, 600);
+  if (rc == DT_OK) rc = dt_ps_server_run(srv);
+  dt_ps_server_destroy(srv);
+  dt_ps_map_free(&map);
+  return rc;
+}
+
+int dt__engine_ps_describe(dt_engine *e, char **out) {
+  *out = NULL;
+  const dt_run_cfg *c = &e->cfg;
+  int S = c->ps.colocate ? c->workers : c->ps.servers;
+  dt_ps_map map;
+  DT_CHECK(dt_ps_map_from_model(&map, e->model, S));
+  size_t n = dt_ps_map_describe(&map, e->model, NULL, 0);
+  char *buf = malloc(n + 1);
+  if (buf) dt_ps_map_describe(&map, e->model, buf, n + 1);
+  dt_ps_map_free(&map);
+  if (!buf) return dt__seterr(DT_ENOMEM, "ps: out of memory");
+  *out = buf;
+  return DT_OK;
+}

@@ -1,0 +1,376 @@
+/*
+ * client.c — a worker's side of the parameter server. During backward the
+ * model reports each layer's gradient span as final (reverse layer order);
+ * every key whose floats are all final is pushed at once (scaled by the
+ * worker's share of the global batch), with the receive of its next
+ * parameters posted straight into the model's parameter buffer, so pushes
+ * overlap the rest of backward as DDP's buckets do. The end of a step pushes
+ * what is left and waits for every key's parameters. A key of the worker's
+ * own colocated server goes through memory (dt_ps_server_local); while it
+ * waits, a colocated worker keeps its server going.
+ *
+ * Clocks: a worker's clock is the number of steps it pushed; a push of
+ * clock c asks for the parameters readable at clock c + 1 (the server's
+ * controller decides when that is). sync() pulls with every worker's
+ * pushes up to the current clock (the same parameters everywhere).
+ *
+ * It does not apply any optimizer: the parameters come from the servers.
+ */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ps/ps.h"
+
+int64_t dt__ps_server_min_mark(const dt_ps_server *s);
+
+enum { K_PUSHED = 1, K_WAIT = 2, K_DONE = 4 };
+
+struct dt_ps_client {
+  const dt_ps_map *map;
+  dt_ps_opts o;
+  int me;
+  dt_comm *comm;
+  float *params, *grads;
+  dt_ps_server *local;
+  int local_idx;
+  int64_t clock, marks;
+  float weight, lr;
+  int nk;
+  uint8_t *hout, *hin; /* per key: 64-byte request and reply headers */
+  dt_comm_req *kreq;   /* per key: recv hdr, recv payload, send hdr, send payload */
+  uint8_t *kst;        /* K_* */
+  uint8_t *nreq;       /* per key: requests in kreq in use (2 or 4) */
+  int64_t *kver;       /* per key: version of the parameters held */
+  size_t ready_lo;
+  int next_key;        /* pushes go from the last key down */
+  dt_ps_client_stats st;
+  int err;             /* a local reply was malformed */
+};
+
+static int srv_rank(const dt_ps_client *c, int s) { return dt_ps_server_rank(&c->o, s); }
+
+static void local_reply(void *ud, const dt_ps_msg *m, const float *payload) {
+  dt_ps_client *c = ud;
+  const dt_ps_key *K = &c->map->keys[m->key];
+  memcpy(c->params + K->off, payload, K->len * sizeof(float));
+  c->kver[m->key] = m->clock;
+  c->kst[m->key] = (uint8_t)((c->kst[m->key] & ~K_WAIT) | K_DONE);
+  c->st.pulled_floats += (int64_t)K->len;
+}
+
+int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_opts *opts,
+                        int worker, dt_comm *comm, float *params, float *grads,
+                        dt_ps_server *local) {
+  if (!out || !map || !opts || !comm || !params || !grads)
+    return dt__seterr(DT_EINVAL, "ps client: NULL argument");
+  *out = NULL;
+  dt_ps_client *c = calloc(1, sizeof *c);
+  if (!c) return dt__seterr(DT_ENOMEM, "ps client: out of memory");
+  c->map = map;
+  c->o = *opts;
+  c->me = worker;
+  c->comm = comm;
+  c->params = params;
+  c->grads = grads;
+  c->local = local;
+  c->local_idx = local ? worker : -1;
+  c->nk = map->nkeys;
+  c->hout = calloc((size_t)c->nk, DT_PS_HDR_BYTES);
+  c->hin = calloc((size_t)c->nk, DT_PS_HDR_BYTES);
+  c->kreq = calloc((size_t)c->nk * 4, sizeof *c->kreq);
+  c->kst = calloc((size_t)c->nk, 1);
+  c->nreq = calloc((size_t)c->nk, 1);
+  c->kver = calloc((size_t)c->nk, sizeof *c->kver);
+  if (!c->hout || !c->hin || !c->kreq || !c->kst || !c->nreq || !c->kver) {
+    dt_ps_client_destroy(c);
+    return dt__seterr(DT_ENOMEM, "ps client: out of memory");
+  }
+  if (local) dt_ps_server_set_local(local, worker, local_reply, c);
+  *out = c;
+  return DT_OK;
+}
+
+void dt_ps_client_destroy(dt_ps_client *c) {
+  if (!c) return;
+  free(c->hout);
+  free(c->hin);
+  free(c->kreq);
+  free(c->kst);
+  free(c->nreq);
+  free(c->kver);
+  free(c);
+}
+
+static int comm_fail(dt_ps_client *c, int rc, const char *what) {
+  const char *m = dt_comm_errmsg(c->comm);
+  return dt__seterr(rc, "ps worker %d: %s: %s", c->me, what, m && *m ? m : dt_errmsg());
+}
+
+/* Names the server a failed wait was for, with what it held. */
+static int server_fail(dt_ps_client *c, int rc, int srv) {
+  const dt_ps_map *m = c->map;
+  const char *cm = dt_comm_errmsg(c->comm);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", cm && *cm ? cm : dt_errmsg());
+  return dt__seterr(rc, "ps worker %d: waiting for server %d (rank %d, keys %d-%d, floats "
+                    "[%llu, %llu)): %s", c->me, srv, srv_rank(c, srv), m->srv_key0[srv],
+                    m->srv_key0[srv + 1] - 1, (unsigned long long)m->srv_lo[srv],
+                    (unsigned long long)m->srv_lo[srv + 1], msg);
+}
+
+/* Sends request m for key k (its server's); a reply is expected when
+ * expect is set (posted first, into the parameters). */
+static int request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, int expect) {
+  int k = m->key;
+  const dt_ps_key *K = &c->map->keys[k];
+  if (expect) c->kst[k] = (uint8_t)((c->kst[k] & ~K_DONE) | K_WAIT);
+  if (K->server == c->local_idx) {
+    int rc = dt_ps_server_local(c->local, m, payload);
+    return rc < 0 ? dt__preerr(rc, "ps worker %d", c->me) : DT_OK;
+  }
+  int peer = srv_rank(c, K->server), rc = DT_OK, n = 0;
+  dt_comm_req *r = &c->kreq[4 * (size_t)k];
+  if (expect) {
+    rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k), c->hin + (size_t)k * DT_PS_HDR_BYTES,
+                       DT_PS_HDR_BYTES, &r[n++]);
+    if (rc == DT_OK)
+      rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k) + 1, c->params + K->off,
+                         K->len * sizeof(float), &r[n++]);
+  }
+  uint8_t *h = c->hout + (size_t)k * DT_PS_HDR_BYTES;
+  dt_ps_msg_encode(m, h);
+  if (rc == DT_OK) rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ, h, DT_PS_HDR_BYTES, &r[n++]);
+  if (rc == DT_OK && payload)
+    rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ_DATA, payload, m->count * sizeof(float),
+                       &r[n++]);
+  if (rc < 0) return comm_fail(c, rc, "sending to a server");
+  c->nreq[k] = (uint8_t)n;
+  return DT_OK;
+}
+
+static void backoff(int idle) {
+  if (idle < 64) return;
+  if (idle < 256) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, idle < 2048 ? 20000 : 100000};
+  nanosleep(&ts, NULL);
+}
+
+/* Waits for every outstanding request and reply; checks reply headers. */
+static int wait_all(dt_ps_client *c) {
+  double t0 = dt_now();
+  int rc = DT_OK;
+  if (!c->local) {
+    int bad = -1;
+    for (int k = 0; k < c->nk; k++) {
+      if (!c->nreq[k]) continue;
+      int r = dt_comm_waitall(c->comm, &c->kreq[4 * (size_t)k], c->nreq[k]);
+      c->nreq[k] = 0;
+      if (r < 0 && rc == DT_OK) rc = r, bad = k;
+    }
+    if (rc < 0) return server_fail(c, rc, c->map->keys[bad].server);
+  } else {
+    int idle = 0;
+    for (;;) {
+      int pending = 0, progressed = 0;
+      for (int k = 0; k < c->nk; k++) {
+        for (int i = 0; i < c->nreq[k]; i++) {
+          bool done = false;
+          rc = dt_comm_test(c->comm, &c->kreq[4 * (size_t)k + i], &done);
+          if (rc < 0) return comm_fail(c, rc, "waiting for parameters");
+          if (!done) pending = 1;
+        }
+        if ((c->kst[k] & K_WAIT) && c->map->keys[k].server == c->local_idx) pending = 1;
+      }
+      if (!pending) break;
+      int busy = 0;
+      rc = dt_ps_server_poll(c->local, &busy);
+      if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
+      progressed |= busy;
+      idle = progressed ? 0 : idle + 1;
+      backoff(idle);
+    }
+    for (int k = 0; k < c->nk; k++) c->nreq[k] = 0;
+  }
+  /* the remote replies' headers */
+  for (int k = 0; k < c->nk; k++) {
+    if (!(c->kst[k] & K_WAIT)) continue;
+    const dt_ps_key *K = &c->map->keys[k];
+    dt_ps_msg m;
+    rc = dt_ps_msg_parse(c->hin + (size_t)k * DT_PS_HDR_BYTES, DT_PS_HDR_BYTES, c->map, c->o.nworkers,
+                         -1, K->server, &m);
+    if (rc == DT_OK && (m.type != DT_PS_PARAMS || m.key != k))
+      rc = dt__seterr(DT_EPROTO, "ps: server %d answered key %d with %s for key %d", K->server, k,
+                      dt_ps_type_name(m.type), m.key);
+    if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
+    c->kver[k] = m.clock;
+    c->kst[k] = (uint8_t)((c->kst[k] & ~K_WAIT) | K_DONE);
+    c->st.pulled_floats += (int64_t)K->len;
+  }
+  c->st.wait_seconds += dt_now() - t0;
+  return DT_OK;
+}
+
+int dt_ps_client_start(dt_ps_client *c) {
+  uint64_t digest = 0;
+  for (int i = 0; i < 8; i++) digest |= (uint64_t)c->map->sha[i] << (8 * i);
+  dt_ps_msg h = {.type = DT_PS_HELLO, .sender = c->me, .key = c->map->nkeys,
+                 .count = c->map->nparams, .aux = digest};
+  uint8_t out[DT_PS_HDR_BYTES], in[DT_PS_HDR_BYTES];
+  dt_ps_msg_encode(&h, out);
+  for (int s = 0; s < c->map->nservers; s++) {
+    if (s == c->local_idx) {
+      int rc = dt_ps_server_local(c->local, &h, NULL);
+      if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
+      continue;
+    }
+    int peer = srv_rank(c, s);
+    dt_comm_req r[2];
+    int rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_CTL, in, sizeof in, &r[0]);
+    if (rc == DT_OK) rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ, out, sizeof out, &r[1]);
+    if (c->local) {
+      /* keep this worker's own server going while the others say hello */
+      int idle = 0;
+      for (int i = 0; i < 2 && rc == DT_OK;) {
+        bool done = false;
+        rc = dt_comm_test(c->comm, &r[i], &done);
+        if (rc < 0) break;
+        if (done) {
+          i++;
+          continue;
+        }
+        int busy = 0;
+        rc = dt_ps_server_poll(c->local, &busy);
+        idle = busy ? 0 : idle + 1;
+        backoff(idle);
+      }
+    } else if (rc == DT_OK) {
+      rc = dt_comm_waitall(c->comm, r, 2);
+    }
+    if (rc < 0) return comm_fail(c, rc, "greeting the servers");
+    dt_ps_msg w;
+    rc = dt_ps_msg_parse(in, sizeof in, c->map, c->o.nworkers, -1, s, &w);
+    if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
+    if (w.type != DT_PS_WELCOME || w.aux != digest || w.key != c->map->nkeys ||
+        w.count != c->map->nparams)
+      return dt__seterr(DT_EMISMATCH, "ps worker %d: server %d (rank %d) holds another key-range "
+                        "map (%d keys over %llu parameters, digest %016llx; this worker: %d keys "
+                        "over %llu, digest %016llx)", c->me, s, peer, w.key,
+                        (unsigned long long)w.count, (unsigned long long)w.aux, c->map->nkeys,
+                        (unsigned long long)c->map->nparams, (unsigned long long)digest);
+  }
+  for (int k = 0; k < c->nk; k++) {
+    dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .clock = 0};
+    DT_CHECK(request(c, &m, NULL, 1));
+  }
+  return wait_all(c);
+}
+
+void dt_ps_client_begin(dt_ps_client *c, float weight, float lr) {
+  c->weight = weight;
+  c->lr = lr;
+  c->ready_lo = c->map->nparams;
+  c->next_key = c->nk - 1;
+  c->err = 0;
+  for (int k = 0; k < c->nk; k++) c->kst[k] &= (uint8_t)~K_PUSHED;
+}
+
+static int push_key(dt_ps_client *c, int k) {
+  const dt_ps_key *K = &c->map->keys[k];
+  float *g = c->grads + K->off;
+  const float w = c->weight;
+  for (size_t i = 0; i < K->len; i++) g[i] *= w;
+  dt_ps_msg m = {.type = DT_PS_PUSH, .sender = c->me, .key = k, .flags = DT_PS_F_PULL,
+                 .clock = c->clock, .count = K->len, .lr = c->lr, .weight = c->weight,
+                 .aux = (uint64_t)c->kver[k]};
+  c->kst[k] |= K_PUSHED;
+  c->st.pushed_floats += (int64_t)K->len;
+  return request(c, &m, g, 1);
+}
+
+void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n) {
+  if (c->err) return;
+  if (off < c->ready_lo && off + n >= c->ready_lo) c->ready_lo = off;
+  while (c->next_key >= 0 && c->map->keys[c->next_key].off >= c->ready_lo) {
+    if (push_key(c, c->next_key) < 0) {
+      c->err = 1; /* reported by finish */
+      return;
+    }
+    c->next_key--;
+  }
+}
+
+int dt_ps_client_finish(dt_ps_client *c) {
+  if (c->err) return dt__seterr(DT_EPROTO, "ps worker %d: a push failed during backward", c->me);
+  for (; c->next_key >= 0; c->next_key--) DT_CHECK(push_key(c, c->next_key));
+  DT_CHECK(wait_all(c));
+  c->clock++;
+  return DT_OK;
+}
+
+/* Colocated: tell every server this worker reached mark n (a bye with the
+ * final flag ends it), then serve until every worker reached it here. */
+static int mark(dt_ps_client *c, uint32_t flags) {
+  c->marks++;
+  dt_ps_msg m = {.type = DT_PS_BYE, .sender = c->me, .flags = flags, .clock = c->marks};
+  for (int s = 0; s < c->map->nservers; s++) {
+    if (s == c->local_idx) {
+      int rc = dt_ps_server_local(c->local, &m, NULL);
+      if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
+      continue;
+    }
+    uint8_t h[DT_PS_HDR_BYTES];
+    dt_ps_msg_encode(&m, h);
+    dt_comm_req r;
+    int rc = dt_comm_isend(c->comm, srv_rank(c, s), DT_PS_TAG_REQ, h, sizeof h, &r);
+    /* the header is small: sent eagerly, but keep the server going anyway */
+    int idle = 0;
+    for (bool done = false; rc == DT_OK && !done;) {
+      rc = dt_comm_test(c->comm, &r, &done);
+      if (rc == DT_OK && !done && c->local) {
+        int busy = 0;
+        rc = dt_ps_server_poll(c->local, &busy);
+        idle = busy ? 0 : idle + 1;
+        backoff(idle);
+      } else if (rc == DT_OK && !done) {
+        rc = dt_comm_waitall(c->comm, &r, 1);
+        done = rc == DT_OK;
+      }
+    }
+    if (rc < 0) return comm_fail(c, rc, "telling the servers");
+  }
+  if (!c->local) return DT_OK;
+  int idle = 0;
+  while (dt__ps_server_min_mark(c->local) < c->marks) {
+    int busy = 0;
+    int rc = dt_ps_server_poll(c->local, &busy);
+    if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
+    idle = busy ? 0 : idle + 1;
+    backoff(idle);
+  }
+  return DT_OK;
+}
+
+int dt_ps_client_sync(dt_ps_client *c) {
+  for (int k = 0; k < c->nk; k++) {
+    dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .flags = DT_PS_F_FINAL,
+                   .clock = c->clock};
+    DT_CHECK(request(c, &m, NULL, 1));
+  }
+  DT_CHECK(wait_all(c));
+  /* colocated: nobody leaves to evaluate while another still waits for
+   * this worker's server */
+  return c->local ? mark(c, 0) : DT_OK;
+}
+
+int dt_ps_client_stop(dt_ps_client *c) { return mark(c, DT_PS_F_FINAL); }
+
+int dt_ps_client_quiesce(dt_ps_client *c) { return c->local ? mark(c, 0) : DT_OK; }
+
+void dt_ps_client_stats_get(const dt_ps_client *c, dt_ps_client_stats *out) { *out = c->st; }
+int64_t dt_ps_client_clock(const dt_ps_client *c) { return c->clock; }

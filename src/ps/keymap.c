@@ -1,0 +1,150 @@
+/*
+ * keymap.c — the key-range map of the parameter server: which server holds
+ * which floats of the flat parameter buffer, cut into keys (the pieces of
+ * layers inside one server's range) that workers push and pull one at a
+ * time. Balanced by bytes: server s's share ends near (s + 1) * P / S; a
+ * boundary moves to a layer boundary within an eighth of a share, so small
+ * layers stay whole and a layer larger than that is split between servers.
+ * A pure function of the layer sizes and the server count, hashed, so every
+ * rank can check it holds the same map as the servers.
+ *
+ * It does not know which rank a server is (ps.h: dt_ps_server_rank) or move
+ * any data.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps/ps.h"
+
+void dt_ps_map_free(dt_ps_map *m) {
+  if (!m) return;
+  free(m->keys);
+  free(m->srv_key0);
+  free(m->srv_lo);
+  memset(m, 0, sizeof *m);
+}
+
+static uint64_t nearest_boundary(const uint64_t *len, int nlayers, uint64_t target,
+                                 uint64_t tol, uint64_t lo) {
+  uint64_t best = target, bestd = tol + 1, at = 0;
+  for (int i = 0; i <= nlayers; i++) {
+    if (at > lo) {
+      uint64_t d = at > target ? at - target : target - at;
+      if (d <= tol && d < bestd) best = at, bestd = d;
+    }
+    if (i < nlayers) at += len[i];
+  }
+  return best;
+}
+
+int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers) {
+  if (!m) return dt__seterr(DT_EINVAL, "ps map: NULL map");
+  memset(m, 0, sizeof *m);
+  if (nservers < 1) return dt__seterr(DT_EINVAL, "ps map: %d servers (need at least 1)", nservers);
+  uint64_t P = 0;
+  for (int i = 0; i < nlayers; i++) P += len[i];
+  if (P == 0) return dt__seterr(DT_EINVAL, "ps map: the model has no parameters");
+  if ((uint64_t)nservers > P)
+    return dt__seterr(DT_EINVAL, "ps map: %d servers for %llu parameters", nservers,
+                      (unsigned long long)P);
+  m->nservers = nservers;
+  m->nparams = P;
+  m->srv_lo = calloc((size_t)nservers + 1, sizeof *m->srv_lo);
+  m->srv_key0 = calloc((size_t)nservers + 1, sizeof *m->srv_key0);
+  if (!m->srv_lo || !m->srv_key0) goto oom;
+  /* server boundaries */
+  uint64_t share = P / (uint64_t)nservers, tol = share / 8;
+  m->srv_lo[0] = 0;
+  for (int s = 1; s < nservers; s++) {
+    uint64_t target = P * (uint64_t)s / (uint64_t)nservers;
+    uint64_t b = nearest_boundary(len, nlayers, target, tol, m->srv_lo[s - 1]);
+    if (b <= m->srv_lo[s - 1]) b = m->srv_lo[s - 1] + 1;
+    if (b > P - (uint64_t)(nservers - s)) b = P - (uint64_t)(nservers - s);
+    m->srv_lo[s] = b;
+  }
+  m->srv_lo[nservers] = P;
+  /* keys: every nonempty intersection of a layer and a server range */
+  int cap = nlayers + nservers;
+  m->keys = calloc((size_t)cap, sizeof *m->keys);
+  if (!m->keys) goto oom;
+  int nk = 0, srv = 0;
+  uint64_t at = 0;
+  for (int i = 0; i < nlayers; i++) {
+    uint64_t lo = at, hi = at + len[i];
+    at = hi;
+    while (lo < hi) {
+      while (srv < nservers - 1 && lo >= m->srv_lo[srv + 1]) srv++;
+      uint64_t end = hi < m->srv_lo[srv + 1] ? hi : m->srv_lo[srv + 1];
+      if (nk == cap || nk == DT_PS_MAX_KEYS) {
+        dt_ps_map_free(m);
+        return dt__seterr(DT_EINVAL, "ps map: more than %d keys", DT_PS_MAX_KEYS);
+      }
+      m->keys[nk++] = (dt_ps_key){lo, end - lo, srv, i};
+      lo = end;
+    }
+  }
+  m->nkeys = nk;
+  for (int s = 0, k = 0; s <= nservers; s++) {
+    while (k < nk && m->keys[k].server < s) k++;
+    m->srv_key0[s] = k;
+  }
+  /* the digest: server bounds and every key, as little-endian u64s */
+  size_t words = (size_t)nservers + 3 + 4 * (size_t)nk, w = 0;
+  uint8_t *buf = malloc(words * 8);
+  if (!buf) goto oom;
+  uint64_t head[3] = {P, (uint64_t)nservers, (uint64_t)nk};
+  for (int i = 0; i < 3; i++, w++)
+    for (int b = 0; b < 8; b++) buf[w * 8 + b] = (uint8_t)(head[i] >> (8 * b));
+  for (int s = 0; s < nservers; s++, w++)
+    for (int b = 0; b < 8; b++) buf[w * 8 + b] = (uint8_t)(m->srv_lo[s + 1] >> (8 * b));
+  for (int k = 0; k < nk; k++) {
+    uint64_t v[4] = {m->keys[k].off, m->keys[k].len, (uint64_t)m->keys[k].server,
+                     (uint64_t)m->keys[k].layer};
+    for (int i = 0; i < 4; i++, w++)
+      for (int b = 0; b < 8; b++) buf[w * 8 + b] = (uint8_t)(v[i] >> (8 * b));
+  }
+  dt_sha256(buf, words * 8, m->sha);
+  free(buf);
+  return DT_OK;
+oom:
+  dt_ps_map_free(m);
+  return dt__seterr(DT_ENOMEM, "ps map: out of memory");
+}
+
+int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers) {
+  int n = dt_model_nlayers(model);
+  if (n <= 0) return dt__seterr(DT_EINVAL, "ps map: the model has no layers");
+  uint64_t *len = calloc((size_t)n, sizeof *len);
+  if (!len) return dt__seterr(DT_ENOMEM, "ps map: out of memory");
+  for (int i = 0; i < n; i++) len[i] = dt_model_layer(model, i)->nparams;
+  int rc = dt_ps_map_build(m, len, n, nservers);
+  free(len);
+  return rc;
+}
+
+size_t dt_ps_map_describe(const dt_ps_map *m, const dt_model *model, char *buf, size_t cap) {
+  size_t n = 0;
+#define PUT(...)                                                                   \
+  do {                                                                             \
+    int w_ = snprintf(buf && n < cap ? buf + n : NULL, buf && n < cap ? cap - n : 0, \
+                      __VA_ARGS__);                                                \
+    if (w_ > 0) n += (size_t)w_;                                                   \
+  } while (0)
+  if (buf && cap) buf[0] = '\0';
+  for (int s = 0; s < m->nservers; s++) {
+    uint64_t lo = m->srv_lo[s], hi = m->srv_lo[s + 1];
+    PUT("ps: server %d: %llu floats (%.1f KiB) [%llu, %llu):", s, (unsigned long long)(hi - lo),
+        (double)(hi - lo) * 4 / 1024, (unsigned long long)lo, (unsigned long long)hi);
+    for (int k = m->srv_key0[s]; k < m->srv_key0[s + 1]; k++) {
+      const dt_ps_key *K = &m->keys[k];
+      const dt_layer_info *L = model ? dt_model_layer(model, K->layer) : NULL;
+      PUT(" key %d = layer %d%s%s%s [%llu, %llu)%s", k, K->layer + 1, L ? " '" : "",
+          L ? L->name : "", L ? "'" : "", (unsigned long long)K->off,
+          (unsigned long long)(K->off + K->len), k + 1 < m->srv_key0[s + 1] ? "," : "");
+    }
+    PUT("\n");
+  }
+#undef PUT
+  return n;
+}

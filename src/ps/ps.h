@@ -1,0 +1,225 @@
+/*
+ * ps.h — the parameter-server layer (docs/ps.md): the key-range map that
+ * splits a model's flat parameter buffer over servers (keymap.c), the
+ * push/pull wire messages and their parser (msg.c), the server (server.c:
+ * aggregation, the consistency controllers, the server-side optimizer) and
+ * the worker's client (client.c: pushes as gradients become ready, pulls,
+ * waits). The engine's "ps" strategy (src/engine/strategy_ps.c) and the
+ * command line's server role are its two users.
+ *
+ * Roles. A job of N workers and S servers is one communicator of N + S
+ * ranks: workers are ranks 0..N-1, server s is rank N + s. With colocated
+ * servers (ps.colocate) the communicator holds the N workers only and
+ * worker r also serves key range r: its server runs inside the worker's
+ * thread, progressed whenever the worker waits (no second thread on the
+ * communicator, which is single-threaded), and its own pushes and pulls
+ * go through memory.
+ *
+ * It does not train, load data or pick learning rates: workers send the
+ * rate with each push. It has no replication yet (docs/ps.md says what is
+ * not built).
+ */
+#ifndef DT_PS_H
+#define DT_PS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "core/core.h"
+#include "nn/nn.h"
+
+/* ---- the key-range map (keymap.c) ----------------------------------------- */
+
+/* A key: a contiguous span of the flat parameter buffer inside one layer,
+ * held by one server. */
+typedef struct dt_ps_key {
+  uint64_t off, len; /* floats */
+  int server;
+  int layer;         /* 0-based layer index */
+} dt_ps_key;
+
+typedef struct dt_ps_map {
+  int nkeys, nservers;
+  uint64_t nparams;
+  dt_ps_key *keys;   /* by offset; a server's keys are consecutive */
+  int *srv_key0;     /* server s holds keys [srv_key0[s], srv_key0[s + 1]) */
+  uint64_t *srv_lo;  /* ... and floats [srv_lo[s], srv_lo[s + 1]) */
+  uint8_t sha[32];   /* SHA-256 of the map (compared at start) */
+} dt_ps_map;
+
+/* At most this many keys (tags are per key). */
+#define DT_PS_MAX_KEYS (1 << 20)
+
+/* Splits nlayers layers of len[i] floats (0 allowed) over nservers servers,
+ * balanced by bytes: server boundaries at multiples of nparams / nservers,
+ * moved to the nearest layer boundary when one is within an eighth of a
+ * share (so small layers stay whole and large ones are split). Keys are the
+ * pieces of layers within one server. The same input gives the same map
+ * everywhere. DT_EINVAL for nservers < 1, no parameters, or more servers
+ * than parameters; DT_ENOMEM. Free with dt_ps_map_free. */
+int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers);
+/* The same from a model's layers. */
+int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers);
+void dt_ps_map_free(dt_ps_map *m);
+/* One line per server: "server 1: keys 3-5, floats [52000, 104100) (407 KiB):
+ * layer 3 'linear' [52000, 100480), ..." into buf (always terminated);
+ * model may be NULL (layers by number). Returns the length it needed. */
+size_t dt_ps_map_describe(const dt_ps_map *m, const dt_model *model, char *buf, size_t cap);
+
+/* ---- wire messages (msg.c) ----------------------------------------------- */
+
+enum dt_ps_type {
+  DT_PS_HELLO = 1, /* worker -> server: aux = map digest, key = nkeys, count = nparams */
+  DT_PS_WELCOME,   /* server -> worker: the same fields, the server's map */
+  DT_PS_PUSH,      /* worker -> server: a key's gradient (count floats follow) */
+  DT_PS_PULL,      /* worker -> server: a key's parameters, at clock */
+  DT_PS_PARAMS,    /* server -> worker: a key's parameters (count floats follow) */
+  DT_PS_BYE,       /* worker -> server: this worker is done */
+  DT_PS_ERR,       /* server -> worker: a refusal; a DT_PS_ERR_TEXT message follows */
+  DT_PS_TYPE_MAX
+};
+
+/* flags */
+#define DT_PS_F_PULL 1u  /* PUSH: reply with the key's parameters when readable */
+#define DT_PS_F_FINAL 2u /* PULL: wait for every worker's pushes up to clock */
+
+/* A decoded header (64 bytes on the wire, little-endian). */
+typedef struct dt_ps_msg {
+  int type;
+  int32_t sender;  /* worker index, or server index */
+  int32_t key;     /* key index (HELLO/WELCOME: nkeys) */
+  uint32_t flags;
+  int64_t clock;   /* PUSH: the worker's clock (its step); PULL: the clock it reads at;
+                    * PARAMS: the key's version; ERR: the DT_E* code */
+  uint64_t count;  /* floats following (HELLO/WELCOME: nparams) */
+  float lr;        /* PUSH: learning rate */
+  float weight;    /* PUSH: the worker's share of the global batch */
+  uint64_t aux;    /* HELLO/WELCOME: map digest; PUSH: version the gradient was computed
+                    * at; PARAMS: the oldest worker clock included */
+} dt_ps_msg;
+
+#define DT_PS_HDR_BYTES 64
+#define DT_PS_ERR_TEXT 256
+#define DT_PS_MAGIC 0x31535044u /* "DPS1" */
+#define DT_PS_VERSION 1
+
+void dt_ps_msg_encode(const dt_ps_msg *m, uint8_t out[DT_PS_HDR_BYTES]);
+/* Decodes and checks a header that arrived at `to` (a server index, or -1
+ * at a worker) from `from` (a worker index at a server, a server index at a
+ * worker), against the map and nworkers: magic, version, type for the
+ * direction, sender = from, key in range and held by that server, count
+ * equal to the key's length for PUSH/PARAMS (0 for the others but
+ * HELLO/WELCOME), lr and weight finite, clock >= 0. DT_EPROTO with a message
+ * naming the sender, the key and what is wrong. */
+int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nworkers, int to,
+                    int from, dt_ps_msg *out);
+const char *dt_ps_type_name(int type);
+
+/* Tags: requests (header, then payload), server control (ERR, WELCOME),
+ * and a pair per key for the parameters a worker pulls. */
+#define DT_PS_TAG_REQ 0x5000
+#define DT_PS_TAG_REQ_DATA 0x5001
+#define DT_PS_TAG_CTL 0x5002
+#define DT_PS_TAG_CTL_TEXT 0x5003
+#define DT_PS_TAG_KEY(k) (0x10000 + 2 * (k))
+
+/* ---- options ------------------------------------------------------------- */
+
+enum dt_ps_consistency { DT_PS_BSP, DT_PS_SSP, DT_PS_ASP };
+
+typedef struct dt_ps_opts {
+  int nworkers, nservers;
+  int colocate;         /* servers inside workers: server s is rank s */
+  int consistency;      /* enum dt_ps_consistency */
+  int staleness;        /* ssp: s */
+  int backup_workers;   /* bsp: a clock closes with nworkers - b pushes */
+  float significance;   /* > 0: push only changes above this relative size */
+  dt_optim_cfg optim;   /* the server-side optimizer */
+} dt_ps_opts;
+
+/* The world rank of server s and of worker w under opts. */
+static inline int dt_ps_server_rank(const dt_ps_opts *o, int s) {
+  return o->colocate ? s : o->nworkers + s;
+}
+
+/* ---- server (server.c) --------------------------------------------------- */
+
+typedef struct dt_ps_server dt_ps_server;
+
+/* What a server measured (dt_ps_server_stats). */
+typedef struct dt_ps_server_stats {
+  int64_t pushes, pulls, dropped;   /* dropped: late pushes of a closed clock */
+  int64_t clocks;                   /* clocks closed (bsp), summed over keys */
+  int64_t reads, max_missing;       /* reads answered; most clocks a read missed */
+  int64_t violations;               /* ssp reads that missed more than s clocks */
+  int64_t min_clock_seen;           /* unused; reserved */
+  double busy_seconds;
+} dt_ps_server_stats;
+
+/* A server for index `index` of map, talking over comm (ranks as in opts).
+ * init holds the whole model's starting parameters (nparams floats): the
+ * server copies its range. */
+int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_opts *opts,
+                        int index, dt_comm *comm, const float *init);
+void dt_ps_server_destroy(dt_ps_server *s);
+/* Serves until every worker said BYE (separate server processes). Errors
+ * name the worker and the key. */
+int dt_ps_server_run(dt_ps_server *s);
+/* Makes progress without blocking (colocated servers); *busy set when
+ * something was handled. */
+int dt_ps_server_poll(dt_ps_server *s, int *busy);
+/* True once every worker said BYE. */
+int dt_ps_server_done(const dt_ps_server *s);
+void dt_ps_server_stats_get(const dt_ps_server *s, dt_ps_server_stats *out);
+
+/* The colocated path: a worker in the same process hands the server its
+ * messages directly (payload: count floats, read during the call) and the
+ * server hands replies back through this callback (params of key, count
+ * floats, valid during the call). */
+typedef void (*dt_ps_local_reply)(void *ud, const dt_ps_msg *m, const float *payload);
+void dt_ps_server_set_local(dt_ps_server *s, int worker, dt_ps_local_reply fn, void *ud);
+int dt_ps_server_local(dt_ps_server *s, const dt_ps_msg *m, const float *payload);
+
+/* ---- worker client (client.c) -------------------------------------------- */
+
+typedef struct dt_ps_client dt_ps_client;
+
+typedef struct dt_ps_client_stats {
+  int64_t pushed_floats, pulled_floats, skipped_floats;
+  double wait_seconds;      /* time spent waiting for parameters */
+  int64_t max_staleness;    /* largest version gap of a push (asp) */
+} dt_ps_client_stats;
+
+/* Worker `worker` of opts over comm; params/grads are the model's buffers
+ * (nparams floats each; the client writes pulled parameters into params).
+ * local: this process's server when colocated, else NULL. */
+int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_opts *opts,
+                        int worker, dt_comm *comm, float *params, float *grads,
+                        dt_ps_server *local);
+void dt_ps_client_destroy(dt_ps_client *c);
+/* Start: HELLO to every server and its WELCOME back; a server with another
+ * map is DT_EMISMATCH naming it and both digests. Then pulls every key at
+ * clock 0. */
+int dt_ps_client_start(dt_ps_client *c);
+/* A step: weight = this worker's share of the global batch, lr = the
+ * step's learning rate. Pushes happen in dt_ps_client_ready as spans of
+ * gradients become final; finish pushes the rest, then waits for every
+ * key's parameters for the next clock. */
+void dt_ps_client_begin(dt_ps_client *c, float weight, float lr);
+void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n);
+int dt_ps_client_finish(dt_ps_client *c);
+/* Pulls every key with every worker's pushes up to the current clock (the
+ * same parameters on every worker: evaluation, the end). */
+int dt_ps_client_sync(dt_ps_client *c);
+/* Says BYE to every server; a colocated worker then keeps serving until
+ * every worker has said it. */
+int dt_ps_client_stop(dt_ps_client *c);
+/* Colocated: returns once every worker has reached this point, serving
+ * meanwhile, so a collective on the communicator that follows cannot block
+ * a worker still waiting for this worker's server. A no-op otherwise. */
+int dt_ps_client_quiesce(dt_ps_client *c);
+void dt_ps_client_stats_get(const dt_ps_client *c, dt_ps_client_stats *out);
+int64_t dt_ps_client_clock(const dt_ps_client *c);
+
+#endif /* DT_PS_H */

@@ -1,0 +1,520 @@
+/*
+ * server.c — one parameter server: its key range of the parameters, the
+ * optimizer state for it (only here, never on workers), and the consistency
+ * controller that decides when a push is applied and when a pull may be
+ * answered (docs/ps.md):
+ *
+ *  - bsp: a key's clock c closes when every worker's clock-c push is in (the
+ *    first N - b with ps.backup_workers = b; later ones are dropped and
+ *    counted); the pushes are summed in rank order, so the result does not
+ *    depend on arrival order, then the optimizer steps once. A read at
+ *    clock c waits for version c.
+ *  - ssp: pushes are applied on arrival (the optimizer steps per push); a
+ *    read at clock c waits until every worker's pushes up to clock c - s - 1
+ *    are in. A worker's own pushes precede its reads on one ordered
+ *    channel, so it always reads its own writes.
+ *  - asp: pushes applied on arrival with the learning rate divided by the
+ *    push's staleness (versions applied since the worker read the key);
+ *    reads are answered at once.
+ *
+ * Remote workers' headers are received on one posted receive per worker;
+ * separate bsp servers without backups wait on them in rank order (blocking,
+ * no spinning), the others poll. A colocated server is driven by its
+ * worker's waits (dt_ps_server_poll) and takes its own worker's messages
+ * through dt_ps_server_local. A protocol error ends the server and aborts
+ * the communicator with the message, so every worker learns why.
+ *
+ * It does not pick learning rates (they come with the pushes), replicate
+ * keys, or know about models beyond the key-range map.
+ */
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ps/ps.h"
+
+typedef struct skey {
+  const dt_ps_key *K;
+  int idx;
+  float *p;          /* the key's parameters (into s->params) */
+  dt_optim *opt;
+  int64_t version;   /* bsp: clocks closed; ssp/asp: pushes applied */
+  int64_t *wclock;   /* per worker: pushes received (its next clock) */
+  /* bsp */
+  int narr;
+  uint8_t *arr;      /* per worker: clock `version` push is in */
+  float *wweight, *wlr;
+  float *pb;         /* per worker: its push (N x len) */
+  float *sum;        /* len; also the scratch for async pushes */
+  /* replies */
+  int64_t *want;     /* per worker: clock of a pending read, -1 none */
+  uint32_t *wflags;
+  dt_comm_req *sreq; /* per worker: header + payload sends */
+  uint8_t *sent;     /* per worker: sreq in flight */
+  uint8_t *shdr;     /* per worker: 64-byte header */
+  float *snap;       /* per worker: payload copy (async, backups) */
+} skey;
+
+struct dt_ps_server {
+  const dt_ps_map *map;
+  dt_ps_opts o;
+  int index, N;
+  dt_comm *comm;
+  float *params;     /* the server's range */
+  int nk;
+  skey *keys;        /* the server's keys */
+  /* remote workers */
+  uint8_t *hdr;      /* N x 64 */
+  dt_comm_req *req;  /* N */
+  uint8_t *posted;
+  int rr;            /* blocking mode: the worker waited on next */
+  int *bye;          /* per worker: final bye */
+  int64_t *marks;    /* per worker: marks seen */
+  int nbye;
+  uint8_t welcome[DT_PS_HDR_BYTES];
+  dt_comm_req wreq[1];
+  /* the colocated worker */
+  int local;         /* its index, -1 none */
+  dt_ps_local_reply local_fn;
+  void *local_ud;
+  dt_ps_server_stats st;
+  int failed;
+};
+
+static int srank(const dt_ps_server *s, int w) { (void)s; return w; } /* workers are ranks 0..N-1 */
+
+int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_opts *opts,
+                        int index, dt_comm *comm, const float *init) {
+  if (!out || !map || !opts || !init)
+    return dt__seterr(DT_EINVAL, "ps server: NULL argument");
+  *out = NULL;
+  if (index < 0 || index >= map->nservers)
+    return dt__seterr(DT_EINVAL, "ps server: index %d of %d servers", index, map->nservers);
+  if (opts->nworkers < 1) return dt__seterr(DT_EINVAL, "ps server: %d workers", opts->nworkers);
+  dt_ps_server *s = calloc(1, sizeof *s);
+  if (!s) return dt__seterr(DT_ENOMEM, "ps server: out of memory");
+  s->map = map;
+  s->o = *opts;
+  s->index = index;
+  s->N = opts->nworkers;
+  s->comm = comm;
+  s->local = -1;
+  int N = s->N;
+  uint64_t lo = map->srv_lo[index], hi = map->srv_lo[index + 1];
+  s->params = dt_alloc((hi - lo) * sizeof(float));
+  s->nk = map->srv_key0[index + 1] - map->srv_key0[index];
+  s->keys = calloc((size_t)(s->nk ? s->nk : 1), sizeof *s->keys);
+  s->hdr = calloc((size_t)N, DT_PS_HDR_BYTES);
+  s->req = calloc((size_t)N, sizeof *s->req);
+  s->posted = calloc((size_t)N, 1);
+  s->bye = calloc((size_t)N, sizeof *s->bye);
+  s->marks = calloc((size_t)N, sizeof *s->marks);
+  if (!s->params || !s->keys || !s->hdr || !s->req || !s->posted || !s->bye || !s->marks)
+    goto oom;
+  memcpy(s->params, init + lo, (hi - lo) * sizeof(float));
+  for (int i = 0; i < s->nk; i++) {
+    skey *k = &s->keys[i];
+    k->idx = map->srv_key0[index] + i;
+    k->K = &map->keys[k->idx];
+    size_t len = k->K->len;
+    k->p = s->params + (k->K->off - lo);
+    if (dt_optim_create(&k->opt, &opts->optim, len) < 0) goto fail;
+    k->wclock = calloc((size_t)N, sizeof *k->wclock);
+    k->arr = calloc((size_t)N, 1);
+    k->wweight = calloc((size_t)N, sizeof(float));
+    k->wlr = calloc((size_t)N, sizeof(float));
+    k->pb = dt_alloc((size_t)N * len * sizeof(float));
+    k->sum = dt_alloc(len * sizeof(float));
+    k->want = malloc((size_t)N * sizeof *k->want);
+    k->wflags = calloc((size_t)N, sizeof *k->wflags);
+    k->sreq = calloc((size_t)N * 2, sizeof *k->sreq);
+    k->sent = calloc((size_t)N, 1);
+    k->shdr = calloc((size_t)N, DT_PS_HDR_BYTES);
+    k->snap = dt_alloc((size_t)N * len * sizeof(float));
+    if (!k->wclock || !k->arr || !k->wweight || !k->wlr || !k->pb || !k->sum || !k->want ||
+        !k->wflags || !k->sreq || !k->sent || !k->shdr || !k->snap)
+      goto oom;
+    for (int w = 0; w < N; w++) k->want[w] = -1;
+  }
+  *out = s;
+  return DT_OK;
+oom:
+  dt__seterr(DT_ENOMEM, "ps server %d: out of memory", index);
+fail:
+  dt_ps_server_destroy(s);
+  return DT_ENOMEM;
+}
+
+void dt_ps_server_destroy(dt_ps_server *s) {
+  if (!s) return;
+  for (int i = 0; s->keys && i < s->nk; i++) {
+    skey *k = &s->keys[i];
+    dt_optim_destroy(k->opt);
+    free(k->wclock);
+    free(k->arr);
+    free(k->wweight);
+    free(k->wlr);
+    dt_free(k->pb);
+    dt_free(k->sum);
+    free(k->want);
+    free(k->wflags);
+    free(k->sreq);
+    free(k->sent);
+    free(k->shdr);
+    dt_free(k->snap);
+  }
+  free(s->keys);
+  dt_free(s->params);
+  free(s->hdr);
+  free(s->req);
+  free(s->posted);
+  free(s->bye);
+  free(s->marks);
+  free(s);
+}
+
+void dt_ps_server_set_local(dt_ps_server *s, int worker, dt_ps_local_reply fn, void *ud) {
+  s->local = worker;
+  s->local_fn = fn;
+  s->local_ud = ud;
+}
+
+int dt_ps_server_done(const dt_ps_server *s) { return s->nbye == s->N; }
+
+int64_t dt__ps_server_min_mark(const dt_ps_server *s);
+int64_t dt__ps_server_min_mark(const dt_ps_server *s) {
+  int64_t m = INT64_MAX;
+  for (int w = 0; w < s->N; w++)
+    if (s->marks[w] < m) m = s->marks[w];
+  return m;
+}
+
+void dt_ps_server_stats_get(const dt_ps_server *s, dt_ps_server_stats *out) { *out = s->st; }
+
+static int comm_fail(dt_ps_server *s, int rc, const char *what) {
+  const char *m = s->comm ? dt_comm_errmsg(s->comm) : NULL;
+  return dt__seterr(rc, "ps server %d: %s: %s", s->index, what, m && *m ? m : dt_errmsg());
+}
+
+/* ---- replies ---------------------------------------------------------------- */
+
+static int64_t min_clock(const skey *k, int N) {
+  int64_t m = INT64_MAX;
+  for (int w = 0; w < N; w++)
+    if (k->wclock[w] < m) m = k->wclock[w];
+  return m;
+}
+
+static int readable(const dt_ps_server *s, const skey *k, int w) {
+  int64_t c = k->want[w];
+  if (c < 0) return 0;
+  int64_t mc = min_clock(k, s->N);
+  if (k->wflags[w] & DT_PS_F_FINAL)
+    return s->o.consistency == DT_PS_BSP ? k->version >= c : mc >= c;
+  switch (s->o.consistency) {
+  case DT_PS_BSP: return k->version >= c;
+  case DT_PS_SSP: return mc >= c - s->o.staleness;
+  default: return 1;
+  }
+}
+
+static int wait_sent(dt_ps_server *s, skey *k, int w) {
+  if (!k->sent[w]) return DT_OK;
+  k->sent[w] = 0;
+  int rc = dt_comm_waitall(s->comm, &k->sreq[2 * w], 2);
+  return rc < 0 ? comm_fail(s, rc, "sending parameters") : DT_OK;
+}
+
+static int reply(dt_ps_server *s, skey *k, int w) {
+  int64_t c = k->want[w], mc = min_clock(k, s->N);
+  k->want[w] = -1;
+  s->st.reads++;
+  int64_t missing = c - mc; /* clocks of some worker's pushes this read lacks */
+  if (missing > s->st.max_missing) s->st.max_missing = missing;
+  if (s->o.consistency == DT_PS_SSP && missing > s->o.staleness &&
+      !(k->wflags[w] & DT_PS_F_FINAL))
+    s->st.violations++;
+  dt_ps_msg m = {.type = DT_PS_PARAMS, .sender = s->index, .key = k->idx, .clock = k->version,
+                 .count = k->K->len, .aux = (uint64_t)(mc < 0 ? 0 : mc)};
+  size_t len = k->K->len;
+  if (w == s->local) {
+    s->local_fn(s->local_ud, &m, k->p);
+    return DT_OK;
+  }
+  DT_CHECK(wait_sent(s, k, w));
+  const float *src = k->p;
+  /* bsp without backups: no update of this key before every worker has
+   * pushed again, i.e. received this: send straight from the parameters */
+  if (!(s->o.consistency == DT_PS_BSP && s->o.backup_workers == 0)) {
+    memcpy(k->snap + (size_t)w * len, k->p, len * sizeof(float));
+    src = k->snap + (size_t)w * len;
+  }
+  uint8_t *h = k->shdr + (size_t)w * DT_PS_HDR_BYTES;
+  dt_ps_msg_encode(&m, h);
+  int rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
+                         &k->sreq[2 * w]);
+  if (rc == DT_OK)
+    rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, src, len * sizeof(float),
+                       &k->sreq[2 * w + 1]);
+  if (rc < 0) return comm_fail(s, rc, "sending parameters");
+  k->sent[w] = 1;
+  return DT_OK;
+}
+
+static int try_replies(dt_ps_server *s, skey *k) {
+  for (int w = 0; w < s->N; w++)
+    if (readable(s, k, w)) DT_CHECK(reply(s, k, w));
+  return DT_OK;
+}
+
+/* ---- applying pushes ---------------------------------------------------------- */
+
+static int bsp_close(dt_ps_server *s, skey *k) {
+  size_t len = k->K->len;
+  int N = s->N;
+  /* direct sends of the last version must be done before it changes */
+  if (s->o.backup_workers == 0)
+    for (int w = 0; w < N; w++) DT_CHECK(wait_sent(s, k, w));
+  float *g = k->sum;
+  int first = 1;
+  float lr = 0, wsum = 0;
+  for (int w = 0; w < N; w++) {
+    if (!k->arr[w]) continue;
+    const float *x = k->pb + (size_t)w * len;
+    if (first) {
+      memcpy(g, x, len * sizeof(float));
+      lr = k->wlr[w];
+      first = 0;
+    } else {
+      for (size_t i = 0; i < len; i++) g[i] += x[i];
+    }
+    wsum += k->wweight[w];
+  }
+  /* backup workers: the pushes that came in stand for the whole batch */
+  if (k->narr < N && wsum > 0) {
+    float sc = 1.0f / wsum;
+    for (size_t i = 0; i < len; i++) g[i] *= sc;
+  }
+  int rc = dt_optim_step(k->opt, k->p, g, lr);
+  if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
+  memset(k->arr, 0, (size_t)N);
+  k->narr = 0;
+  k->version++;
+  s->st.clocks++;
+  return try_replies(s, k);
+}
+
+/* Where the payload of push m from worker w goes: bsp's per-worker slot, or
+ * the scratch (async, and late pushes that are dropped). */
+static float *push_dest(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m) {
+  if (s->o.consistency == DT_PS_BSP && m->clock == k->version && !k->arr[w])
+    return k->pb + (size_t)w * k->K->len;
+  return k->sum;
+}
+
+static int on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data) {
+  size_t len = k->K->len;
+  s->st.pushes++;
+  if (m->clock != k->wclock[w])
+    return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d, "
+                      "expected clock %lld", s->index, w, (long long)m->clock, m->key,
+                      (long long)k->wclock[w]);
+  k->wclock[w]++;
+  if (s->o.consistency == DT_PS_BSP) {
+    if (m->clock > k->version)
+      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d before "
+                        "clock %lld closed", s->index, w, (long long)m->clock, m->key,
+                        (long long)k->version);
+    if (m->clock < k->version) {
+      s->st.dropped++; /* a backup worker's late push */
+    } else {
+      float *dst = k->pb + (size_t)w * len;
+      if (data != dst) memcpy(dst, data, len * sizeof(float));
+      k->arr[w] = 1;
+      k->wweight[w] = m->weight;
+      k->wlr[w] = m->lr;
+      k->narr++;
+    }
+  } else {
+    /* applied on arrival; asp divides the rate by the staleness */
+    float lr = m->lr;
+    if (s->o.consistency == DT_PS_ASP) {
+      int64_t stale = k->version - (int64_t)m->aux;
+      if (stale > 1) lr /= (float)stale;
+    }
+    int rc = dt_optim_step(k->opt, k->p, data, lr);
+    if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
+    k->version++;
+  }
+  if (m->flags & DT_PS_F_PULL) {
+    k->want[w] = m->clock + 1;
+    k->wflags[w] = 0;
+  }
+  if (s->o.consistency == DT_PS_BSP && k->narr >= s->N - s->o.backup_workers)
+    return bsp_close(s, k);
+  return try_replies(s, k);
+}
+
+static skey *key_of(dt_ps_server *s, int idx) { return &s->keys[idx - s->map->srv_key0[s->index]]; }
+
+static int handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data) {
+  switch (m->type) {
+  case DT_PS_HELLO: {
+    uint64_t mine = 0;
+    for (int i = 0; i < 8; i++) mine |= (uint64_t)s->map->sha[i] << (8 * i);
+    if (w != s->local) {
+      dt_ps_msg r = {.type = DT_PS_WELCOME, .sender = s->index, .key = s->map->nkeys,
+                     .count = s->map->nparams, .aux = mine};
+      dt_ps_msg_encode(&r, s->welcome);
+      int rc = dt_comm_send(s->comm, srank(s, w), DT_PS_TAG_CTL, s->welcome, DT_PS_HDR_BYTES);
+      if (rc < 0) return comm_fail(s, rc, "welcome");
+    }
+    if (m->aux != mine || m->key != s->map->nkeys || m->count != s->map->nparams)
+      return dt__seterr(DT_EMISMATCH, "ps server %d: worker %d has another key-range map (%d "
+                        "keys over %llu parameters, digest %016llx; this server: %d keys over "
+                        "%llu, digest %016llx)", s->index, w, m->key,
+                        (unsigned long long)m->count, (unsigned long long)m->aux,
+                        s->map->nkeys, (unsigned long long)s->map->nparams,
+                        (unsigned long long)mine);
+    return DT_OK;
+  }
+  case DT_PS_PUSH:
+    return on_push(s, key_of(s, m->key), w, m, data);
+  case DT_PS_PULL: {
+    skey *k = key_of(s, m->key);
+    s->st.pulls++;
+    k->want[w] = m->clock;
+    k->wflags[w] = m->flags;
+    return try_replies(s, k);
+  }
+  case DT_PS_BYE:
+    if (m->clock > s->marks[w]) s->marks[w] = m->clock;
+    if ((m->flags & DT_PS_F_FINAL) && !s->bye[w]) {
+      s->bye[w] = 1;
+      s->nbye++;
+    }
+    return DT_OK;
+  default:
+    return dt__seterr(DT_EPROTO, "ps server %d: worker %d sent %s", s->index, w,
+                      dt_ps_type_name(m->type));
+  }
+}
+
+/* A protocol error ends this server; the communicator is aborted with the
+ * message so every worker stops with it instead of waiting. */
+static int fail(dt_ps_server *s, int rc) {
+  if (!s->failed && s->comm) {
+    char why[600];
+    snprintf(why, sizeof why, "%s", dt_errmsg());
+    dt_comm_abort(s->comm, rc, why);
+    dt__seterr(rc, "%s", why);
+  }
+  s->failed = 1;
+  return rc;
+}
+
+int dt_ps_server_local(dt_ps_server *s, const dt_ps_msg *m, const float *payload) {
+  if (s->failed) return dt__seterr(DT_EABORTED, "ps server %d: failed earlier", s->index);
+  int rc = handle(s, m->sender, m, payload);
+  return rc < 0 ? fail(s, rc) : DT_OK;
+}
+
+static int post(dt_ps_server *s, int w) {
+  int rc = dt_comm_irecv(s->comm, srank(s, w), DT_PS_TAG_REQ, s->hdr + (size_t)w * DT_PS_HDR_BYTES,
+                         DT_PS_HDR_BYTES, &s->req[w]);
+  if (rc < 0) return comm_fail(s, rc, "posting a receive");
+  s->posted[w] = 1;
+  return DT_OK;
+}
+
+/* Worker w's header arrived: parse, take its payload, handle, repost. */
+static int arrived(dt_ps_server *s, int w) {
+  s->posted[w] = 0;
+  dt_ps_msg m;
+  int rc = dt_ps_msg_parse(s->hdr + (size_t)w * DT_PS_HDR_BYTES, DT_PS_HDR_BYTES, s->map, s->N,
+                           s->index, w, &m);
+  if (rc < 0) return dt__preerr(rc, "ps server %d refused a message", s->index);
+  const float *data = NULL;
+  if (m.type == DT_PS_PUSH) {
+    skey *k = key_of(s, m.key);
+    float *dst = push_dest(s, k, w, &m);
+    rc = dt_comm_recv(s->comm, srank(s, w), DT_PS_TAG_REQ_DATA, dst, m.count * sizeof(float));
+    if (rc < 0) return comm_fail(s, rc, "receiving a push");
+    data = dst;
+  }
+  DT_CHECK(handle(s, w, &m, data));
+  if (!s->bye[w]) DT_CHECK(post(s, w));
+  return DT_OK;
+}
+
+int dt_ps_server_poll(dt_ps_server *s, int *busy) {
+  *busy = 0;
+  if (s->failed) return dt__seterr(DT_EABORTED, "ps server %d: failed earlier", s->index);
+  int rc = DT_OK;
+  for (int w = 0; w < s->N && rc == DT_OK; w++) {
+    if (w == s->local || s->bye[w]) continue;
+    if (!s->posted[w]) {
+      rc = post(s, w);
+      if (rc < 0) break;
+    }
+    bool done = false;
+    rc = dt_comm_test(s->comm, &s->req[w], &done);
+    if (rc < 0) {
+      rc = comm_fail(s, rc, "waiting for workers");
+      break;
+    }
+    if (done) {
+      *busy = 1;
+      rc = arrived(s, w);
+    }
+  }
+  return rc < 0 ? fail(s, rc) : DT_OK;
+}
+
+static void backoff(int idle) {
+  if (idle < 64) return;
+  if (idle < 256) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, idle < 2048 ? 20000 : 100000};
+  nanosleep(&ts, NULL);
+}
+
+static int finish_sends(dt_ps_server *s) {
+  for (int i = 0; i < s->nk; i++)
+    for (int w = 0; w < s->N; w++) DT_CHECK(wait_sent(s, &s->keys[i], w));
+  return DT_OK;
+}
+
+int dt_ps_server_run(dt_ps_server *s) {
+  int rc = DT_OK;
+  /* bsp without backups needs every worker's messages anyway: wait on them
+   * in rank order (the transport blocks, nothing spins) */
+  int blocking = s->o.consistency == DT_PS_BSP && s->o.backup_workers == 0 && s->local < 0;
+  int idle = 0;
+  while (!dt_ps_server_done(s)) {
+    if (blocking) {
+      int w = s->rr;
+      s->rr = (s->rr + 1) % s->N;
+      if (s->bye[w]) continue;
+      if (!s->posted[w] && (rc = post(s, w)) < 0) break;
+      rc = dt_comm_waitall(s->comm, &s->req[w], 1);
+      if (rc < 0) {
+        rc = comm_fail(s, rc, "waiting for a worker");
+        break;
+      }
+      if ((rc = arrived(s, w)) < 0) break;
+      continue;
+    }
+    int busy = 0;
+    if ((rc = dt_ps_server_poll(s, &busy)) < 0) return rc;
+    idle = busy ? 0 : idle + 1;
+    backoff(idle);
+  }
+  if (rc == DT_OK) rc = finish_sends(s);
+  return rc < 0 ? fail(s, rc) : DT_OK;
+}

@@ -1,0 +1,346 @@
+/*
+ * test_ps_train_mt.c — training against parameter servers through the
+ * engine ("ps" strategy, src/ps), with processes forked by the test and
+ * joined through a file store:
+ *   - equivalence: BSP with SGD + momentum, 2 workers and 1 or 2 separate
+ *     servers, or 2 workers with colocated servers, and 3 workers with 2
+ *     servers, end 50 steps with the parameters of 1 worker training alone
+ *     to 1e-5 relative, every worker holding the same bytes;
+ *   - determinism: the same BSP job twice gives the same bytes;
+ *   - ssp (s = 2) and asp finish with every worker holding the same
+ *     parameters and learn the task as well as bsp (within 5 points);
+ *   - AdamW on the servers matches 1-worker AdamW too.
+ * Every child is waited for with a deadline and SIGKILLed past it.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "comm/comm.h"
+#include "core/core.h"
+#include "engine/engine.h"
+#include "fork_workers.h"
+
+static char tmpdir[256];
+
+static void path(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", tmpdir, name); }
+
+/* n samples of 3 classes in 6 dimensions with deterministic jitter. */
+static void write_csv(const char *file, int n, uint64_t seed) {
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fprintf(f, "label,a,b,c,d,e,g\n");
+  for (int i = 0; i < n; i++) {
+    int k = i % 3;
+    float j[6];
+    dt_rng_uniform(j, 6, -1.5f, 1.5f, seed, DT_RNG_USER, (uint64_t)i);
+    fprintf(f, "%d", k);
+    for (int d = 0; d < 6; d++) fprintf(f, ",%.5f", (d / 2 == k ? 1.0f : 0.0f) + j[d]);
+    fprintf(f, "\n");
+  }
+  fclose(f);
+}
+
+static void base_cfg(dt_run_cfg *c, int workers) {
+  dt_run_cfg_defaults(c);
+  snprintf(c->layers, sizeof c->layers, "linear(32) relu dropout(0.2) linear(16) relu linear(3)");
+  c->format = DT_FMT_CSV;
+  path(c->train_images, sizeof c->train_images, "train.csv");
+  path(c->test_images, sizeof c->test_images, "test.csv");
+  c->train_labels[0] = c->test_labels[0] = '\0';
+  c->label_col = 0;
+  c->epochs = 1;
+  c->batch = 32;
+  c->optim.lr = 0.05f;
+  c->optim.momentum = 0.9f;
+  c->workers = workers;
+}
+
+/* Child body: returns the exit status; on failure the message goes to
+ * <tmp>/<tag>_<rank>.err. */
+static int child(const dt_run_cfg *c, int rank, const char *tag) {
+  char errp[400], outd[400], parp[400], sdir[400];
+  snprintf(errp, sizeof errp, "%s/%s_%d.err", tmpdir, tag, rank);
+  snprintf(outd, sizeof outd, "%s/%s_run", tmpdir, tag);
+  snprintf(parp, sizeof parp, "%s/%s_%d.params", tmpdir, tag, rank);
+  snprintf(sdir, sizeof sdir, "%s/%s_store", tmpdir, tag);
+  dt_engine *e = NULL;
+  dt_store *s = NULL;
+  dt_comm *comm = NULL;
+  dt_comm *wc = NULL;
+  int server = 0;
+  int rc = dt_engine_create(&e, c);
+  int world = c->workers + c->ps.servers;
+  if (rc == DT_OK && world > 1) {
+    struct dt_comm_config cc = DT_COMM_CONFIG_INIT;
+    cc.transport = "auto";
+    cc.rank = rank;
+    cc.size = world;
+    cc.job = tag;
+    cc.timeout_s = 20;
+    rc = dt_store_open_file(&s, sdir);
+    if (rc == DT_OK) rc = dt_comm_create(&comm, s, &cc);
+    if (rc == DT_OK && c->ps.servers > 0) {
+      /* workers first, then servers (as the command line's job does) */
+      rc = dt_comm_split(comm, rank < c->workers ? 0 : 1, rank, &wc);
+      server = rank >= c->workers;
+      if (rc == DT_OK && server) rc = dt__engine_serve(e, comm, rank - c->workers);
+      else if (rc == DT_OK) rc = dt__engine_set_job_comm(e, comm);
+      if (rc == DT_OK && !server) rc = dt_engine_set_comm(e, wc);
+    } else if (rc == DT_OK) {
+      rc = dt_engine_set_comm(e, comm);
+    }
+  }
+  dt_run_summary sum;
+  if (rc == DT_OK && !server) rc = dt_engine_run(e, outd, "cfg", NULL, &sum);
+  if (server) {
+    if (rc < 0) {
+      FILE *f = fopen(errp, "w");
+      if (f) {
+        fprintf(f, "%s\n", dt_errmsg());
+        fclose(f);
+      }
+    }
+    dt_comm_destroy(wc);
+    dt_comm_destroy(comm);
+    dt_store_destroy(s);
+    dt_engine_destroy(e);
+    return rc == DT_OK ? 0 : 1;
+  }
+  if (rc == DT_OK) {
+    FILE *f = fopen(parp, "wb");
+    const dt_model *m = dt_engine_model(e);
+    size_t n = dt_model_nparams(m);
+    if (!f || fwrite(dt_model_params((dt_model *)m), sizeof(float), n, f) != n) rc = DT_EIO;
+    if (f) fclose(f);
+    snprintf(parp, sizeof parp, "%s/%s_%d.acc", tmpdir, tag, rank);
+    f = fopen(parp, "w");
+    if (!f || fprintf(f, "%.17g\n", sum.test_accuracy) < 0) rc = DT_EIO;
+    if (f) fclose(f);
+  } else {
+    FILE *f = fopen(errp, "w");
+    if (f) {
+      fprintf(f, "%s\n", dt_errmsg());
+      fclose(f);
+    }
+  }
+  dt_comm_destroy(wc);
+  dt_comm_destroy(comm);
+  dt_store_destroy(s);
+  dt_engine_destroy(e);
+  return rc == DT_OK ? 0 : rc == DT_EMISMATCH ? 3 : 1;
+}
+
+struct job_arg {
+  const dt_run_cfg *cfgs;
+  const char *tag;
+};
+
+static int job_child(void *arg, int r) {
+  const struct job_arg *a = arg;
+  return child(&a->cfgs[r], r, a->tag);
+}
+
+/* One forked worker per config; status[r] as fork_workers reports it. */
+static void run_job(const dt_run_cfg *cfgs, int n, const char *tag, int *status) {
+  struct job_arg a = {cfgs, tag};
+  fork_workers(n, job_child, &a, 50, tag, status);
+}
+
+static float *read_params(const char *tag, int rank, size_t *n) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.params", tmpdir, tag, rank);
+  FILE *f = fopen(p, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  float *v = malloc((size_t)len);
+  assert_non_null(v);
+  assert_int_equal(fread(v, 1, (size_t)len, f), (size_t)len);
+  fclose(f);
+  *n = (size_t)len / sizeof(float);
+  return v;
+}
+
+static double read_acc(const char *tag, int rank) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.acc", tmpdir, tag, rank);
+  FILE *f = fopen(p, "r");
+  assert_non_null(f);
+  double a = -1;
+  assert_int_equal(fscanf(f, "%lf", &a), 1);
+  fclose(f);
+  return a;
+}
+
+static void read_err(const char *tag, int rank, char *buf, size_t cap) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.err", tmpdir, tag, rank);
+  buf[0] = '\0';
+  FILE *f = fopen(p, "r");
+  if (!f) return;
+  size_t k = fread(buf, 1, cap - 1, f);
+  buf[k] = '\0';
+  fclose(f);
+}
+
+
+static double rel_diff(const float *a, const float *b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = (double)a[i] - (double)b[i];
+    num += d * d;
+    den += (double)b[i] * b[i];
+  }
+  return sqrt(num / den);
+}
+
+/* Runs a ps job of `workers` + `servers` processes (colocated when servers
+ * is 0) with consistency cons; fails the test on any failed rank. Returns
+ * rank 0's parameters (the caller frees) and checks every worker holds
+ * the same bytes. */
+static float *ps_job(const char *tag, int workers, int servers, int cons, int staleness,
+                     int optim, size_t *n) {
+  dt_run_cfg cfgs[8];
+  int world = workers + servers;
+  for (int r = 0; r < world; r++) {
+    base_cfg(&cfgs[r], workers);
+    cfgs[r].ps.servers = servers;
+    cfgs[r].ps.colocate = servers == 0;
+    cfgs[r].ps.consistency = cons;
+    cfgs[r].ps.staleness = staleness;
+    cfgs[r].optim.kind = optim;
+    if (optim == DT_OPT_ADAMW) cfgs[r].optim.lr = 0.005f;
+  }
+  int st[8];
+  run_job(cfgs, world, tag, st);
+  for (int r = 0; r < world; r++) {
+    char msg[600];
+    read_err(tag, r, msg, sizeof msg);
+    if (st[r] != 0) fail_msg("%s: rank %d exit %d: %s", tag, r, st[r], msg);
+  }
+  float *p0 = read_params(tag, 0, n);
+  for (int r = 1; r < workers; r++) {
+    size_t m;
+    float *pr = read_params(tag, r, &m);
+    assert_int_equal(m, *n);
+    assert_memory_equal(pr, p0, m * sizeof(float));
+    free(pr);
+    assert_true(read_acc(tag, r) == read_acc(tag, 0));
+  }
+  return p0;
+}
+
+static float *reference(const char *tag, int optim, size_t *n) {
+  dt_run_cfg one;
+  base_cfg(&one, 1);
+  one.optim.kind = optim;
+  if (optim == DT_OPT_ADAMW) one.optim.lr = 0.005f;
+  int st[1];
+  run_job(&one, 1, tag, st);
+  assert_int_equal(st[0], 0);
+  return read_params(tag, 0, n);
+}
+
+static void test_bsp_equivalence(void **state) {
+  (void)state;
+  size_t n0, n;
+  float *ref = reference("ref", DT_OPT_SGD, &n0);
+  static const struct { int w, s; } runs[] = {{2, 1}, {2, 2}, {2, 0}, {3, 2}};
+  for (int k = 0; k < 4; k++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "bsp%d", k);
+    float *p = ps_job(tag, runs[k].w, runs[k].s, 0, 0, DT_OPT_SGD, &n);
+    assert_int_equal(n, n0);
+    double rel = rel_diff(p, ref, n);
+    printf("# bsp, %d workers, %d %s servers vs 1 worker: relative difference %.3g\n", runs[k].w,
+           runs[k].s ? runs[k].s : runs[k].w, runs[k].s ? "separate" : "colocated", rel);
+    assert_true(rel < 1e-5);
+    free(p);
+  }
+  free(ref);
+}
+
+static void test_bsp_deterministic(void **state) {
+  (void)state;
+  size_t n1, n2;
+  float *a = ps_job("det1", 2, 2, 0, 0, DT_OPT_SGD, &n1);
+  float *b = ps_job("det2", 2, 2, 0, 0, DT_OPT_SGD, &n2);
+  assert_int_equal(n1, n2);
+  assert_memory_equal(a, b, n1 * sizeof(float));
+  free(a);
+  free(b);
+}
+
+static void test_adamw(void **state) {
+  (void)state;
+  size_t n0, n;
+  float *ref = reference("refa", DT_OPT_ADAMW, &n0);
+  float *p = ps_job("adamw", 2, 1, 0, 0, DT_OPT_ADAMW, &n);
+  double rel = rel_diff(p, ref, n);
+  printf("# bsp adamw, 2 workers, 1 server vs 1 worker: relative difference %.3g\n", rel);
+  assert_true(rel < 1e-5);
+  free(p);
+  free(ref);
+}
+
+static void test_ssp_asp(void **state) {
+  (void)state;
+  size_t n;
+  float *p = ps_job("ssp", 2, 1, 1, 2, DT_OPT_SGD, &n);
+  double a = read_acc("ssp", 0);
+  free(p);
+  p = ps_job("asp", 2, 2, 2, 0, DT_OPT_SGD, &n);
+  double b = read_acc("asp", 0);
+  free(p);
+  p = ps_job("aspc", 2, 0, 2, 0, DT_OPT_SGD, &n);
+  double c = read_acc("aspc", 0);
+  free(p);
+  p = ps_job("bspacc", 2, 1, 0, 0, DT_OPT_SGD, &n);
+  double ref = read_acc("bspacc", 0);
+  free(p);
+  printf("# accuracy: bsp %.3f, ssp(2) %.3f, asp %.3f, asp colocated %.3f\n", ref, a, b, c);
+  /* three classes (chance 1/3): within a few points of bsp after one epoch */
+  assert_true(ref > 0.6);
+  assert_true(a > ref - 0.05 && b > ref - 0.05 && c > ref - 0.05);
+}
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_test_ps_XXXXXX");
+  if (!mkdtemp(tmpdir)) return -1;
+  char p[300];
+  path(p, sizeof p, "train.csv");
+  write_csv(p, 32 * 50, 7); /* 50 steps of batch 32 */
+  path(p, sizeof p, "test.csv");
+  write_csv(p, 301, 8);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bsp_equivalence),
+      cmocka_unit_test(test_bsp_deterministic),
+      cmocka_unit_test(test_adamw),
+      cmocka_unit_test(test_ssp_asp),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

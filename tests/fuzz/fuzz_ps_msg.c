@@ -1,0 +1,53 @@
+/*
+ * fuzz_ps_msg.c — libFuzzer target for the parameter server's message
+ * parser (dt_ps_msg_parse): the first bytes pick the receiving side and the
+ * sender, the next 64 are a header. Every accepted header must satisfy what
+ * the server and the worker rely on before they read a payload (a known
+ * type for that direction, the sender it came from, a key of the map held
+ * by the server involved, a payload size equal to the key's length, a
+ * finite rate and weight), and re-encode to the same bytes but the
+ * reserved fields; a refusal must leave a message.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps/ps.h"
+
+static dt_ps_map map;
+static int ready;
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (!ready) {
+    uint64_t len[] = {0, 200, 30, 0, 7, 1};
+    if (dt_ps_map_build(&map, len, 6, 3) < 0) abort();
+    ready = 1;
+  }
+  if (size < 2) return 0;
+  int to = (data[0] & 1) ? -1 : (data[0] >> 1) % 3; /* a worker, or server 0..2 */
+  int from = data[1] % 5;                           /* 3 workers; 3 servers */
+  data += 2;
+  size -= 2;
+  dt_ps_msg m;
+  if (dt_ps_msg_parse(data, size, &map, 3, to, from, &m) < 0) {
+    if (!dt_errmsg()[0]) abort();
+    return 0;
+  }
+  if (size != DT_PS_HDR_BYTES || m.sender != from) abort();
+  if (to >= 0 && !(m.type == DT_PS_HELLO || m.type == DT_PS_PUSH || m.type == DT_PS_PULL ||
+                   m.type == DT_PS_BYE))
+    abort();
+  if (to < 0 && !(m.type == DT_PS_WELCOME || m.type == DT_PS_PARAMS || m.type == DT_PS_ERR))
+    abort();
+  if (m.type == DT_PS_PUSH || m.type == DT_PS_PULL || m.type == DT_PS_PARAMS) {
+    if (m.key < 0 || m.key >= map.nkeys) abort();
+    if (map.keys[m.key].server != (to >= 0 ? to : from)) abort();
+    if (m.count != (m.type == DT_PS_PULL ? 0 : map.keys[m.key].len)) abort();
+  }
+  if (m.type == DT_PS_PUSH && (!isfinite(m.lr) || !isfinite(m.weight))) abort();
+  uint8_t again[DT_PS_HDR_BYTES];
+  dt_ps_msg_encode(&m, again);
+  /* reserved bytes 44..47 and 56..63 are not read back */
+  if (memcmp(again, data, 44) || memcmp(again + 48, data + 48, 8)) abort();
+  return 0;
+}

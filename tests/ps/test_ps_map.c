@@ -1,0 +1,134 @@
+/*
+ * test_ps_map.c — the parameter server's key-range map (src/ps/keymap.c):
+ * shares balanced by bytes (every server within an eighth of P/S plus the
+ * layer it may keep whole), small layers kept whole, a large layer split
+ * between servers, keys covering every float exactly once in order, the
+ * same digest for the same input and a different one for another model or
+ * server count, and refusals of impossible maps.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "ps/ps.h"
+
+static void check_cover(const dt_ps_map *m, const uint64_t *len, int nl) {
+  uint64_t at = 0;
+  for (int k = 0; k < m->nkeys; k++) {
+    assert_int_equal(m->keys[k].off, at);
+    assert_true(m->keys[k].len > 0);
+    at += m->keys[k].len;
+    /* a key lies inside its layer and its server's range */
+    uint64_t lo = 0;
+    for (int i = 0; i < m->keys[k].layer; i++) lo += len[i];
+    assert_true(m->keys[k].off >= lo && m->keys[k].off + m->keys[k].len <= lo + len[m->keys[k].layer]);
+    int s = m->keys[k].server;
+    assert_true(m->keys[k].off >= m->srv_lo[s] && m->keys[k].off + m->keys[k].len <= m->srv_lo[s + 1]);
+    assert_true(k >= m->srv_key0[s] && k < m->srv_key0[s + 1]);
+  }
+  assert_int_equal(at, m->nparams);
+  (void)nl;
+}
+
+static void test_balanced(void **state) {
+  (void)state;
+  /* an MLP: 784x256+256, 0, 256x128+128, 0, 128x10+10 */
+  uint64_t len[] = {0, 200960, 0, 32896, 0, 1290};
+  for (int S = 1; S <= 4; S++) {
+    dt_ps_map m;
+    assert_int_equal(dt_ps_map_build(&m, len, 6, S), DT_OK);
+    check_cover(&m, len, 6);
+    assert_int_equal(m.nservers, S);
+    uint64_t share = m.nparams / (uint64_t)S;
+    for (int s = 0; s < S; s++) {
+      uint64_t got = m.srv_lo[s + 1] - m.srv_lo[s];
+      /* within an eighth of a share of the even split at every boundary */
+      assert_true(got + 2 * (share / 8) + 2 >= share && got <= share + 2 * (share / 8) + 2);
+    }
+    dt_ps_map_free(&m);
+  }
+  /* 2 servers: the big first layer is split between them, the small ones stay whole */
+  dt_ps_map m;
+  assert_int_equal(dt_ps_map_build(&m, len, 6, 2), DT_OK);
+  assert_int_equal(m.keys[0].layer, 1);
+  assert_int_equal(m.keys[1].layer, 1);
+  assert_int_equal(m.keys[0].server, 0);
+  assert_int_equal(m.keys[1].server, 1);
+  for (int k = 2; k < m.nkeys; k++) assert_int_equal(m.keys[k].server, 1);
+  assert_int_equal(m.nkeys, 4);
+  dt_ps_map_free(&m);
+}
+
+static void test_snaps_to_layers(void **state) {
+  (void)state;
+  /* four equal layers over two servers: the boundary is the middle layer boundary */
+  uint64_t len[] = {1000, 1000, 1000, 1000};
+  dt_ps_map m;
+  assert_int_equal(dt_ps_map_build(&m, len, 4, 2), DT_OK);
+  assert_int_equal(m.srv_lo[1], 2000);
+  assert_int_equal(m.nkeys, 4);
+  dt_ps_map_free(&m);
+  /* 1000, 1100: the even split (1050) is 50 from a boundary (< 2100/2/8): snapped */
+  uint64_t l2[] = {1000, 1100};
+  assert_int_equal(dt_ps_map_build(&m, l2, 2, 2), DT_OK);
+  assert_int_equal(m.srv_lo[1], 1000);
+  assert_int_equal(m.nkeys, 2);
+  dt_ps_map_free(&m);
+  /* 100, 10000: far from any boundary: the large layer is split */
+  uint64_t l3[] = {100, 10000};
+  assert_int_equal(dt_ps_map_build(&m, l3, 2, 2), DT_OK);
+  assert_int_equal(m.srv_lo[1], 5050);
+  assert_int_equal(m.nkeys, 3);
+  check_cover(&m, l3, 2);
+  dt_ps_map_free(&m);
+}
+
+static void test_digest(void **state) {
+  (void)state;
+  uint64_t a[] = {10, 20, 30}, b[] = {10, 20, 31};
+  dt_ps_map x, y, z, w;
+  assert_int_equal(dt_ps_map_build(&x, a, 3, 2), DT_OK);
+  assert_int_equal(dt_ps_map_build(&y, a, 3, 2), DT_OK);
+  assert_int_equal(dt_ps_map_build(&z, b, 3, 2), DT_OK);
+  assert_int_equal(dt_ps_map_build(&w, a, 3, 3), DT_OK);
+  assert_memory_equal(x.sha, y.sha, 32);
+  assert_memory_not_equal(x.sha, z.sha, 32);
+  assert_memory_not_equal(x.sha, w.sha, 32);
+  char buf[512];
+  size_t n = dt_ps_map_describe(&x, NULL, buf, sizeof buf);
+  assert_true(n > 0 && n < sizeof buf);
+  assert_non_null(strstr(buf, "server 0"));
+  assert_non_null(strstr(buf, "server 1"));
+  dt_ps_map_free(&x);
+  dt_ps_map_free(&y);
+  dt_ps_map_free(&z);
+  dt_ps_map_free(&w);
+}
+
+static void test_refusals(void **state) {
+  (void)state;
+  uint64_t a[] = {3, 0};
+  dt_ps_map m;
+  assert_int_equal(dt_ps_map_build(&m, a, 2, 0), DT_EINVAL);
+  assert_int_equal(dt_ps_map_build(&m, a, 2, 4), DT_EINVAL);
+  assert_non_null(strstr(dt_errmsg(), "4 servers for 3 parameters"));
+  uint64_t z[] = {0, 0};
+  assert_int_equal(dt_ps_map_build(&m, z, 2, 1), DT_EINVAL);
+  assert_int_equal(dt_ps_map_build(&m, a, 2, 3), DT_OK); /* one float each */
+  assert_int_equal(m.nkeys, 3);
+  dt_ps_map_free(&m);
+  dt_ps_map_free(NULL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_balanced),
+      cmocka_unit_test(test_snaps_to_layers),
+      cmocka_unit_test(test_digest),
+      cmocka_unit_test(test_refusals),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
