@@ -5,13 +5,14 @@
 #   make bench-comm  allreduce vs Open MPI and Gloo
 #   make bench-pipeline  pipeline stages on the deep MLP vs one process and PyTorch Pipe
 #   make bench-ckpt  checkpoint cost, write speed vs dd and torch.save, resume time, kills
+#   make bench-ps  parameter server vs ddp, PyTorch RPC PS, a straggler
 #   make install [PREFIX=/usr/local]  the dtrain binary, libdtrain (.a, .so),
 #                headers, dtrain.pc and the CMake package under PREFIX
 JOBS ?= $(shell nproc)
 BUILD ?= build/release
 PREFIX ?= /usr/local
 
-.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-pipeline bench-ckpt clean deps deps-test deps-bench
+.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-pipeline bench-ckpt bench-ps clean deps deps-test deps-bench
 
 all: build
 
@@ -55,6 +56,11 @@ bench: deps-bench build
 	BUILD=$(BUILD) bench/run.sh
 	BUILD=$(BUILD) bench/pipeline.sh
 	BUILD=$(BUILD) bench/ckpt.sh
+	BUILD=$(BUILD) bench/ps.sh
+
+# parameter server: vs ddp, PyTorch's RPC parameter server, a throttled straggler
+bench-ps: deps-bench build
+	BUILD=$(BUILD) bench/ps.sh
 
 # allreduce: dtrain (shm, tcp) vs Open MPI and Gloo, 2 and 4 ranks, back to back
 bench-comm: deps-bench build

@@ -172,6 +172,8 @@ int dt_ps_server_poll(dt_ps_server *s, int *busy);
 /* True once every worker said BYE. */
 int dt_ps_server_done(const dt_ps_server *s);
 void dt_ps_server_stats_get(const dt_ps_server *s, dt_ps_server_stats *out);
+/* The server's range of the parameters (tests). */
+const float *dt__ps_server_params(const dt_ps_server *s);
 
 /* The colocated path: a worker in the same process hands the server its
  * messages directly (payload: count floats, read during the call) and the

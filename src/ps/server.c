@@ -194,6 +194,8 @@ int64_t dt__ps_server_min_mark(const dt_ps_server *s) {
 
 void dt_ps_server_stats_get(const dt_ps_server *s, dt_ps_server_stats *out) { *out = s->st; }
 
+const float *dt__ps_server_params(const dt_ps_server *s) { return s->params; }
+
 static int comm_fail(dt_ps_server *s, int rc, const char *what) {
   const char *m = s->comm ? dt_comm_errmsg(s->comm) : NULL;
   return dt__seterr(rc, "ps server %d: %s: %s", s->index, what, m && *m ? m : dt_errmsg());

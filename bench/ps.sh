@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# ps.sh — `make bench-ps`: the parameter server against dtrain's own data
+# parallelism, PyTorch 1.13's RPC parameter server and a cgroup-throttled
+# straggler (bench/ps_bench.py says what each part measures). Environment:
+# REPS (default 3), BUILD (default build/release), PARTS (default
+# speed,rpc,straggler).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build/release}
+cmake --build "$BUILD" -j"$(nproc)" --target dtrain >/dev/null
+/usr/bin/python3 bench/ps_bench.py --build "$BUILD" --reps "${REPS:-3}" --parts "${PARTS:-speed,rpc,straggler}"

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""ps_bench.py — the parameter server's numbers (docs/ps.md), back to back.
+
+Parts (--parts, default speed,rpc,straggler):
+  speed      MLP and CNN, 2 workers, global batch 64, one epoch (the CNN on the
+             first CNN_LIMIT training samples): dtrain data parallelism (ddp)
+             against ps bsp and ps asp with colocated servers, and bsp with one
+             separate server; REPS rounds alternating, medians and ratios.
+  rpc        the same MLP against PyTorch 1.13's RPC parameter server
+             (bench/peers/fmnist_rpc_ps.py: the structure of PyTorch's
+             tutorial, 1 server, 2 trainers, batch 32 each) and dtrain with 1
+             separate server and 2 workers (32 each); ratio of samples/s.
+  straggler  2 workers of the MLP, colocated servers, worker 1 limited to 50%
+             of a core by a cgroup-v1 CPU quota (/sys/fs/cgroup/cpu, root
+             only; skipped otherwise): time to 0.88 test accuracy with bsp
+             and with ssp (s = 3), and asp's final accuracy.
+Training time only where dtrain reports it (summary samples_per_second);
+time-to-accuracy from events.jsonl (wall time of the epoch record).
+Standard library only.
+"""
+import argparse, json, os, random, re, statistics, subprocess, sys, tempfile, threading, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--build", default="build/release")
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--parts", default="speed,rpc,straggler")
+ap.add_argument("--cnn-limit", type=int, default=12000)
+a = ap.parse_args()
+env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+dtrain = os.path.join(a.build, "dtrain")
+common = ["--set", "optim.name=sgd", "--set", "optim.lr=0.05", "--set", "optim.momentum=0.9",
+          "--set", "optim.weight_decay=0", "--set", "schedule.kind=constant",
+          "--set", "train.batch=64"]
+
+def dtrain_run(model, extra, epochs=1, limit=0):
+    args = [dtrain, "train", f"examples/fashion_{model}.ini", *common,
+            "--set", f"train.epochs={epochs}", *extra]
+    if limit:
+        args += ["--set", f"data.limit_train={limit}"]
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run(args + ["--out", out], env=env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        with open(os.path.join(out, "summary.json")) as f:
+            return json.load(f)
+
+MODES = {
+    "ddp": ["--workers", "2"],
+    "ps bsp colocated": ["--workers", "2", "--set", "ps.colocate=true"],
+    "ps asp colocated": ["--workers", "2", "--set", "ps.colocate=true", "--set", "ps.consistency=asp"],
+    "ps bsp 1 server": ["--workers", "2", "--servers", "1"],
+}
+
+def speed():
+    print("== speed: 2 workers, global batch 64, 1 epoch (samples/s, training time)")
+    for model in ("mlp", "cnn"):
+        res = {m: [] for m in MODES}
+        limit = a.cnn_limit if model == "cnn" else 0
+        for r in range(a.reps):
+            line = f"  {model} round {r + 1}:"
+            for m, extra in MODES.items():
+                s = dtrain_run(model, extra, limit=limit)
+                res[m].append(s["samples_per_second"])
+                line += f"  {m} {s['samples_per_second']:.0f}"
+            print(line, flush=True)
+        base = statistics.median(res["ddp"])
+        for m in MODES:
+            med = statistics.median(res[m])
+            print(f"  {model} median {m:18s} {med:9.0f} samples/s  {med / base:5.2f}x ddp")
+
+def rpc():
+    print("== rpc: MLP, 1 server + 2 trainers, batch 32 per trainer")
+    dt, tor = [], []
+    for r in range(a.reps):
+        s = dtrain_run("mlp", ["--workers", "2", "--servers", "1"])
+        penv = dict(env, MASTER_PORT=str(random.randint(30000, 40000)))
+        out = subprocess.run(["/usr/bin/python3", "bench/peers/fmnist_rpc_ps.py", "2",
+                              "--batch", "32", "--steps", "300"], env=penv, check=True,
+                             capture_output=True, text=True).stdout
+        t = float(re.search(r"samples_per_s (\d+)", out).group(1))
+        dt.append(s["samples_per_second"]), tor.append(t)
+        print(f"  round {r + 1}: dtrain ps {s['samples_per_second']:.0f}  pytorch rpc ps {t:.0f}",
+              flush=True)
+    d, t = statistics.median(dt), statistics.median(tor)
+    print(f"  median: dtrain ps {d:.0f} samples/s, pytorch rpc ps {t:.0f} samples/s, ratio {d / t:.1f}x")
+
+CG = "/sys/fs/cgroup/cpu"
+
+def throttled_run(extra, epochs, target):
+    """Runs the MLP with worker 1 in a 50% cgroup; returns (seconds to target or None, final acc)."""
+    name = f"dtrain_ps_bench_{os.getpid()}"
+    cg = os.path.join(CG, name)
+    os.makedirs(cg, exist_ok=True)
+    with open(os.path.join(cg, "cpu.cfs_period_us"), "w") as f: f.write("100000")
+    with open(os.path.join(cg, "cpu.cfs_quota_us"), "w") as f: f.write("50000")
+    out = tempfile.mkdtemp()
+    args = [dtrain, "train", "examples/fashion_mlp.ini", *common, "--set", f"train.epochs={epochs}",
+            *extra, "--out", out]
+    p = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    t0 = time.time()
+    for line in p.stdout:
+        m = re.search(r"rank 1 pid (\d+)", line)
+        if m:
+            with open(os.path.join(cg, "cgroup.procs"), "w") as f: f.write(m.group(1))
+    p.wait()
+    os.rmdir(cg)
+    hit, acc = None, 0.0
+    with open(os.path.join(out, "events.jsonl")) as f:
+        for l in f:
+            e = json.loads(l)
+            if e.get("test_accuracy") is not None:
+                acc = e["test_accuracy"]
+                if hit is None and acc >= target:
+                    hit = e.get("time")
+    subprocess.run(["rm", "-rf", out])
+    return hit, acc
+
+def straggler():
+    print("== straggler: MLP, 2 workers (colocated servers), worker 1 at 50% of a core")
+    if os.geteuid() != 0 or not os.access(CG, os.W_OK):
+        print(f"  skipped: needs root and a writable cgroup-v1 cpu controller at {CG}")
+        return
+    runs = {"bsp": [], "ssp s=3": [], "asp": []}
+    for r in range(a.reps):
+        for m, extra in (("bsp", []), ("ssp s=3", ["--set", "ps.consistency=ssp", "--set", "ps.staleness=3"]),
+                         ("asp", ["--set", "ps.consistency=asp"])):
+            hit, acc = throttled_run(["--workers", "2", "--set", "ps.colocate=true", *extra], 12, 0.88)
+            runs[m].append((hit, acc))
+            print(f"  round {r + 1}: {m}: time to 0.88 {hit if hit is None else round(hit, 1)} s, final acc {acc:.4f}", flush=True)
+    def med(m):
+        xs = [h for h, _ in runs[m] if h is not None]
+        return statistics.median(xs) if xs else None
+    b, s = med("bsp"), med("ssp s=3")
+    print(f"  median time to 0.88: bsp {b} s, ssp(3) {s} s" + (f", ratio {s / b:.2f}" if b and s else ""))
+    print(f"  asp final accuracy (median) {statistics.median(acc for _, acc in runs['asp']):.4f}")
+
+for part in a.parts.split(","):
+    {"speed": speed, "rpc": rpc, "straggler": straggler}[part]()
+    print(flush=True)
