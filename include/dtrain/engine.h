@@ -148,6 +148,7 @@ typedef struct dt_run_cfg {
     int consistency;                   /* 0 bsp, 1 ssp, 2 asp */
     int staleness;                     /* ssp: the bound s */
     int backup_workers;                /* bsp: a clock closes with workers - b pushes */
+    float significance;                /* push only updates above this fraction of |param| */
   } ps;
 } dt_run_cfg;
 

@@ -148,6 +148,7 @@ static const key keys[] = {
     {"ps", "consistency", K_ENUM, OFF(ps.consistency), 0, 0, 0, consistency_names},
     {"ps", "staleness", K_INT, OFF(ps.staleness), 0, 1000000, 0, NULL},
     {"ps", "backup_workers", K_INT, OFF(ps.backup_workers), 0, 4095, 0, NULL},
+    {"ps", "significance", K_FLOAT, OFF(ps.significance), 0, 1, R_HI_OPEN, NULL},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 _Static_assert(sizeof keys / sizeof keys[0] <= DT_CONFIG_MAX_KEYS, "too many keys");

@@ -46,6 +46,7 @@ static void ps_opts(const dt_run_cfg *c, int nworkers, dt_ps_opts *o) {
   /* ssp with s = 0 is bsp (docs/ps.md) */
   if (o->consistency == DT_PS_SSP && o->staleness == 0) o->consistency = DT_PS_BSP;
   o->backup_workers = c->ps.backup_workers;
+  o->significance = c->ps.significance;
   o->optim = c->optim;
 }
 

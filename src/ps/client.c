@@ -44,6 +44,8 @@ struct dt_ps_client {
   uint8_t *kst;        /* K_* */
   uint8_t *nreq;       /* per key: requests in kreq in use (2 or 4) */
   int64_t *kver;       /* per key: version of the parameters held */
+  float *resid;        /* significance filter: the update not pushed yet (nparams) */
+  float *pairs;        /* significance filter: (index, value) pairs (2 x nparams) */
   size_t ready_lo;
   int next_key;        /* pushes go from the last key down */
   dt_ps_client_stats st;
@@ -84,7 +86,13 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
   c->kst = calloc((size_t)c->nk, 1);
   c->nreq = calloc((size_t)c->nk, 1);
   c->kver = calloc((size_t)c->nk, sizeof *c->kver);
-  if (!c->hout || !c->hin || !c->kreq || !c->kst || !c->nreq || !c->kver) {
+  if (opts->significance > 0) {
+    c->resid = dt_alloc(map->nparams * sizeof(float));
+    c->pairs = dt_alloc(2 * map->nparams * sizeof(float));
+    if (c->resid) memset(c->resid, 0, map->nparams * sizeof(float));
+  }
+  if (!c->hout || !c->hin || !c->kreq || !c->kst || !c->nreq || !c->kver ||
+      (opts->significance > 0 && (!c->resid || !c->pairs))) {
     dt_ps_client_destroy(c);
     return dt__seterr(DT_ENOMEM, "ps client: out of memory");
   }
@@ -101,6 +109,8 @@ void dt_ps_client_destroy(dt_ps_client *c) {
   free(c->kst);
   free(c->nreq);
   free(c->kver);
+  dt_free(c->resid);
+  dt_free(c->pairs);
   free(c);
 }
 
@@ -143,9 +153,9 @@ static int request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, in
   uint8_t *h = c->hout + (size_t)k * DT_PS_HDR_BYTES;
   dt_ps_msg_encode(m, h);
   if (rc == DT_OK) rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ, h, DT_PS_HDR_BYTES, &r[n++]);
-  if (rc == DT_OK && payload)
-    rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ_DATA, payload, m->count * sizeof(float),
-                       &r[n++]);
+  size_t bytes = (m->flags & DT_PS_F_SPARSE ? 2 : 1) * m->count * sizeof(float);
+  if (rc == DT_OK && payload && bytes)
+    rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ_DATA, payload, bytes, &r[n++]);
   if (rc < 0) return comm_fail(c, rc, "sending to a server");
   c->nreq[k] = (uint8_t)n;
   return DT_OK;
@@ -289,6 +299,33 @@ static int push_key(dt_ps_client *c, int k) {
                  .clock = c->clock, .count = K->len, .lr = c->lr, .weight = c->weight,
                  .aux = (uint64_t)c->kver[k]};
   c->kst[k] |= K_PUSHED;
+  if (c->resid) {
+    /* significance filter (Gaia): accumulate, push the entries whose update
+     * would move their parameter by more than `significance` of its size,
+     * keep the rest for later steps (error feedback) */
+    float *r = c->resid + K->off, *pr = c->pairs + 2 * K->off;
+    const float *p = c->params + K->off;
+    const float thr = c->o.significance, lr = c->lr;
+    uint64_t cnt = 0;
+    for (size_t i = 0; i < K->len; i++) {
+      float v = r[i] + g[i];
+      float pa = p[i] < 0 ? -p[i] : p[i], va = v < 0 ? -v : v;
+      if (va * lr > thr * pa && v != 0) {
+        uint32_t ix = (uint32_t)i;
+        memcpy(&pr[2 * cnt], &ix, sizeof ix);
+        pr[2 * cnt + 1] = v;
+        cnt++;
+        r[i] = 0;
+      } else {
+        r[i] = v;
+      }
+    }
+    m.flags |= DT_PS_F_SPARSE;
+    m.count = cnt;
+    c->st.pushed_floats += (int64_t)cnt;
+    c->st.skipped_floats += (int64_t)(K->len - cnt);
+    return request(c, &m, pr, 1);
+  }
   c->st.pushed_floats += (int64_t)K->len;
   return request(c, &m, g, 1);
 }

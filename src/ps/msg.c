@@ -104,7 +104,7 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
                       m.sender);
   if (to_server ? (from < 0 || from >= nworkers) : (from < 0 || from >= map->nservers))
     return dt__seterr(DT_EPROTO, "ps: message from unknown %s %d", who, from);
-  if (m.flags & ~(DT_PS_F_PULL | DT_PS_F_FINAL))
+  if (m.flags & ~(DT_PS_F_PULL | DT_PS_F_FINAL | DT_PS_F_SPARSE))
     return dt__seterr(DT_EPROTO, "ps: %s %d sent unknown flags 0x%x", who, from, m.flags);
   if (m.type == DT_PS_ERR) {
     if (m.count != 0 || m.clock >= 0)
@@ -130,8 +130,15 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
   if (K->server != srv)
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d, held by server %d, not %d", who,
                       from, dt_ps_type_name(m.type), m.key, K->server, srv);
+  if ((m.flags & DT_PS_F_SPARSE) && m.type != DT_PS_PUSH)
+    return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d marked sparse", who, from,
+                      dt_ps_type_name(m.type), m.key);
   uint64_t want = m.type == DT_PS_PULL ? 0 : K->len;
-  if (m.count != want)
+  if ((m.flags & DT_PS_F_SPARSE) && m.count > K->len)
+    return dt__seterr(DT_EPROTO, "ps: worker %d sent a sparse push for key %d with %llu pairs "
+                      "(the key has %llu floats)", from, m.key, (unsigned long long)m.count,
+                      (unsigned long long)K->len);
+  if (!(m.flags & DT_PS_F_SPARSE) && m.count != want)
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d with %llu floats (the key has "
                       "%llu%s)", who, from, dt_ps_type_name(m.type), m.key,
                       (unsigned long long)m.count, (unsigned long long)K->len,

@@ -83,6 +83,8 @@ enum dt_ps_type {
 /* flags */
 #define DT_PS_F_PULL 1u  /* PUSH: reply with the key's parameters when readable */
 #define DT_PS_F_FINAL 2u /* PULL: wait for every worker's pushes up to clock */
+#define DT_PS_F_SPARSE 4u /* PUSH: count (index, value) pairs, 2 x count floats follow
+                           * (the index's bits as a uint32); count may be 0 */
 
 /* A decoded header (64 bytes on the wire, little-endian). */
 typedef struct dt_ps_msg {
@@ -92,7 +94,7 @@ typedef struct dt_ps_msg {
   uint32_t flags;
   int64_t clock;   /* PUSH: the worker's clock (its step); PULL: the clock it reads at;
                     * PARAMS: the key's version; ERR: the DT_E* code */
-  uint64_t count;  /* floats following (HELLO/WELCOME: nparams) */
+  uint64_t count;  /* floats following (sparse push: pairs; HELLO/WELCOME: nparams) */
   float lr;        /* PUSH: learning rate */
   float weight;    /* PUSH: the worker's share of the global batch */
   uint64_t aux;    /* HELLO/WELCOME: map digest; PUSH: version the gradient was computed
@@ -134,7 +136,9 @@ typedef struct dt_ps_opts {
   int consistency;      /* enum dt_ps_consistency */
   int staleness;        /* ssp: s */
   int backup_workers;   /* bsp: a clock closes with nworkers - b pushes */
-  float significance;   /* > 0: push only changes above this relative size */
+  float significance;   /* > 0: push only entries whose update (lr x accumulated
+                         * gradient) exceeds this fraction of |parameter|; the
+                         * rest stays in the worker's residual (error feedback) */
   dt_optim_cfg optim;   /* the server-side optimizer */
 } dt_ps_opts;
 

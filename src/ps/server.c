@@ -56,6 +56,7 @@ typedef struct skey {
   uint8_t *sent;     /* per worker: sreq in flight */
   uint8_t *shdr;     /* per worker: 64-byte header */
   float *snap;       /* per worker: payload copy (async, backups) */
+  float *pairs;      /* 2 x len: a sparse push as it arrived */
 } skey;
 
 struct dt_ps_server {
@@ -134,7 +135,8 @@ int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_op
     k->sent = calloc((size_t)N, 1);
     k->shdr = calloc((size_t)N, DT_PS_HDR_BYTES);
     k->snap = dt_alloc((size_t)N * len * sizeof(float));
-    if (!k->wclock || !k->arr || !k->wweight || !k->wlr || !k->pb || !k->sum || !k->want ||
+    k->pairs = dt_alloc(2 * len * sizeof(float));
+    if (!k->pairs ||!k->wclock || !k->arr || !k->wweight || !k->wlr || !k->pb || !k->sum || !k->want ||
         !k->wflags || !k->sreq || !k->sent || !k->shdr || !k->snap)
       goto oom;
     for (int w = 0; w < N; w++) k->want[w] = -1;
@@ -165,6 +167,7 @@ void dt_ps_server_destroy(dt_ps_server *s) {
     free(k->sent);
     free(k->shdr);
     dt_free(k->snap);
+    dt_free(k->pairs);
   }
   free(s->keys);
   dt_free(s->params);
@@ -317,9 +320,31 @@ static float *push_dest(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m) {
   return k->sum;
 }
 
+/* A sparse push (significance filter): count (index, value) pairs become a
+ * dense gradient with zeros elsewhere, in dst. */
+static int scatter(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *pairs,
+                   float *dst) {
+  size_t len = k->K->len;
+  memset(dst, 0, len * sizeof(float));
+  for (uint64_t j = 0; j < m->count; j++) {
+    uint32_t i;
+    memcpy(&i, &pairs[2 * j], sizeof i);
+    if (i >= len)
+      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed index %u of key %d (the key "
+                        "has %zu floats)", s->index, w, i, m->key, len);
+    dst[i] += pairs[2 * j + 1];
+  }
+  return DT_OK;
+}
+
 static int on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data) {
   size_t len = k->K->len;
   s->st.pushes++;
+  if (m->flags & DT_PS_F_SPARSE) {
+    float *dst = push_dest(s, k, w, m);
+    DT_CHECK(scatter(s, k, w, m, data, dst));
+    data = dst;
+  }
   if (m->clock != k->wclock[w])
     return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d, "
                       "expected clock %lld", s->index, w, (long long)m->clock, m->key,
@@ -442,8 +467,10 @@ static int arrived(dt_ps_server *s, int w) {
   const float *data = NULL;
   if (m.type == DT_PS_PUSH) {
     skey *k = key_of(s, m.key);
-    float *dst = push_dest(s, k, w, &m);
-    rc = dt_comm_recv(s->comm, srank(s, w), DT_PS_TAG_REQ_DATA, dst, m.count * sizeof(float));
+    int sparse = (m.flags & DT_PS_F_SPARSE) != 0;
+    float *dst = sparse ? k->pairs : push_dest(s, k, w, &m);
+    size_t bytes = (sparse ? 2 : 1) * m.count * sizeof(float);
+    if (bytes) rc = dt_comm_recv(s->comm, srank(s, w), DT_PS_TAG_REQ_DATA, dst, bytes);
     if (rc < 0) return comm_fail(s, rc, "receiving a push");
     data = dst;
   }

@@ -11,6 +11,9 @@
  *     every worker finishes;
  *   - bsp sums: the server's parameters after T steps equal a serial
  *     reference (rank-order sum of the scaled pushes, then SGD) bit for bit;
+ *   - significance filter: updates below the threshold stay with the
+ *     worker and go once their sum passes it (error feedback), as sparse
+ *     pushes; the parameters move exactly then;
  *   - refusals: a push for an unknown key, one of the wrong size, and a
  *     worker with another key-range map are refused with messages naming
  *     them; the server ends and the worker learns why.
@@ -228,11 +231,75 @@ static void test_refusals(void **state) {
   refusal(3, "another key-range map", "another key-range map");
 }
 
+/* significance: 1 worker, 1 server, SGD lr 1 without momentum, parameters
+ * 1, gradients 0.2 everywhere, threshold 0.5: nothing moves for two steps,
+ * the third pushes the accumulated 0.6 */
+static float sig_after[3][648];
+static dt_ps_client_stats sig_st;
+static int sig_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  (void)arg;
+  int r = dt_comm_rank(c);
+  dt_ps_opts o;
+  memset(&o, 0, sizeof o);
+  o.nworkers = 1;
+  o.nservers = 1;
+  o.significance = 0.5f;
+  dt_optim_cfg oc = DT_OPTIM_CFG_INIT;
+  oc.lr = 1;
+  o.optim = oc;
+  dt_ps_map map;
+  int rc = dt_ps_map_build(&map, LENS, NL, 1);
+  float init[648];
+  for (int i = 0; i < 648; i++) init[i] = 1.0f;
+  if (r == 1) {
+    dt_ps_server *srv = NULL;
+    rc = dt_ps_server_create(&srv, &map, &o, 0, c, init);
+    if (rc == DT_OK) rc = dt_ps_server_run(srv);
+    dt_ps_server_destroy(srv);
+  } else {
+    float params[648], grads[648];
+    memcpy(params, init, sizeof params);
+    dt_ps_client *cl = NULL;
+    rc = dt_ps_client_create(&cl, &map, &o, 0, c, params, grads, NULL);
+    if (rc == DT_OK) rc = dt_ps_client_start(cl);
+    for (int t = 0; rc == DT_OK && t < 3; t++) {
+      dt_ps_client_begin(cl, 1.0f, 1.0f);
+      for (int i = 0; i < 648; i++) grads[i] = 0.2f;
+      dt_ps_client_ready(cl, 0, 648);
+      rc = dt_ps_client_finish(cl);
+      memcpy(sig_after[t], params, sizeof params);
+    }
+    if (rc == DT_OK) rc = dt_ps_client_stop(cl);
+    if (cl) dt_ps_client_stats_get(cl, &sig_st);
+    dt_ps_client_destroy(cl);
+  }
+  if (rc < 0) snprintf(fail, cap, "rank %d: %s", r, dt_errmsg());
+  dt_ps_map_free(&map);
+  return rc;
+}
+
+static void test_significance(void **state) {
+  (void)state;
+  assert_int_equal(run_ranks("inproc", 2, 20, sig_body, NULL, NULL, NULL), 0);
+  float acc = 0.2f;
+  acc += 0.2f;
+  acc += 0.2f;
+  const float want = 1.0f - acc;
+  for (int i = 0; i < 648; i++) {
+    assert_true(sig_after[0][i] == 1.0f);
+    assert_true(sig_after[1][i] == 1.0f);
+    assert_true(sig_after[2][i] == want);
+  }
+  assert_int_equal(sig_st.pushed_floats, 648);
+  assert_int_equal(sig_st.skipped_floats, 2 * 648);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ssp_bound),
       cmocka_unit_test(test_backup_workers),
       cmocka_unit_test(test_bsp_sum),
+      cmocka_unit_test(test_significance),
       cmocka_unit_test(test_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
