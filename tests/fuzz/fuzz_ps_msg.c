@@ -42,7 +42,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (m.type == DT_PS_PUSH || m.type == DT_PS_PULL || m.type == DT_PS_PARAMS) {
     if (m.key < 0 || m.key >= map.nkeys) abort();
     if (map.keys[m.key].server != (to >= 0 ? to : from)) abort();
-    if (m.count != (m.type == DT_PS_PULL ? 0 : map.keys[m.key].len)) abort();
+    if (m.flags & DT_PS_F_SPARSE) {
+      if (m.type != DT_PS_PUSH || m.count > map.keys[m.key].len) abort();
+    } else if (m.count != (m.type == DT_PS_PULL ? 0 : map.keys[m.key].len)) {
+      abort();
+    }
   }
   if (m.type == DT_PS_PUSH && (!isfinite(m.lr) || !isfinite(m.weight))) abort();
   uint8_t again[DT_PS_HDR_BYTES];
