@@ -176,6 +176,17 @@ def main():
                              ("loss", loss.reshape(1)), ("dlogits", gx)])
 
     total = sum(os.path.getsize(p) for p in files)
+    # embedding: meta = N, V, D (own generator: the fixtures above keep their bytes)
+    gen = torch.Generator().manual_seed(4321)
+    for i, (N, V, D) in enumerate([(6, 5, 3), (9, 4, 7), (1, 11, 2), (12, 3, 4)]):
+        w = (torch.randn(V, D, generator=gen, dtype=torch.float32)).double().requires_grad_(True)
+        idx = torch.randint(0, V, (N,), generator=gen)
+        y = F.embedding(idx, w)
+        dy = torch.randn(N, D, generator=gen).double()
+        g = grads(y, dy, w)
+        emit("embedding_%d" % i, [("meta", meta(N, V, D)), ("idx", idx.to(torch.int32)),
+                                  ("weight", w), ("out", y), ("dout", dy), ("dweight", g[0])])
+
     print("wrote %d fixtures, %d bytes, to %s" % (len(files), total, os.path.normpath(outdir)))
 
 

@@ -75,6 +75,17 @@ void dt_avgpool2d_forward(float *out, const float *inp, int B, int C, int H, int
 void dt_avgpool2d_backward(float *dinp, const float *dout, int B, int C, int H, int W, int k,
                            int s);
 
+/* embedding: weight (V,D), idx (N) in [0, V) -> out (N,D) = weight[idx].
+ * Backward OVERWRITES dweight (V,D): zero, then dout's rows added at their
+ * indices (repeats add up). check: DT_EINVAL naming the first index outside
+ * [0, V). rows: the sorted distinct indices into rows (N entries of room);
+ * returns how many. */
+int dt_embedding_check(const int32_t *idx, int N, int V);
+void dt_embedding_forward(float *out, const int32_t *idx, const float *weight, int N, int D);
+void dt_embedding_backward(float *dweight, const float *dout, const int32_t *idx, int N, int V,
+                           int D);
+int dt_embedding_rows(const int32_t *idx, int N, int32_t *rows);
+
 /* element-wise activations over N floats; out may alias inp for forward. */
 void dt_relu_forward(float *out, const float *inp, size_t N);
 /* dinp = dout * (out > 0); uses the forward OUTPUT so inp need not be kept. */

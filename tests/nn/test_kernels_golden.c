@@ -19,7 +19,8 @@
  *
  * "meta" layouts: linear B,C,OC,has_bias; conv2d B,C,H,W,OC,KH,KW,stride,
  * pad,has_bias; pools B,C,H,W,k,s; relu/gelu N; layernorm B,D (eps 1e-5);
- * batchnorm B,C,S,train (eps 1e-5, momentum 0.1); xent B,V,ncorrect.
+ * batchnorm B,C,S,train (eps 1e-5, momentum 0.1); xent B,V,ncorrect;
+ * embedding N,V,D (repeated indices included: their gradients add up).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -301,8 +302,48 @@ static void test_xent(void **st) {
   assert_int_equal(cases, 3);
 }
 
+static void test_embedding(void **st) {
+  (void)st;
+  int cases = 0;
+  for (int i = 0;; i++) {
+    gfile g;
+    char stem[32];
+    snprintf(stem, sizeof stem, "embedding_%d", i);
+    if (!gtry(&g, stem)) break;
+    cases++;
+    int32_t *m = I32(&g, "meta");
+    int N = m[0], V = m[1], D = m[2];
+    const int32_t *idx = I32(&g, "idx");
+    assert_int_equal(dt_embedding_check(idx, N, V), 0);
+    float *out = garbage((size_t)N * D), *dw = garbage((size_t)V * D);
+    dt_embedding_forward(out, idx, F32(&g, "weight"), N, D);
+    check(&g, "out", out);
+    dt_embedding_backward(dw, F32(&g, "dout"), idx, N, V, D);
+    check(&g, "dweight", dw);
+    /* the rows with a nonzero gradient are exactly the distinct indices */
+    int32_t *rows = malloc((size_t)N * sizeof *rows);
+    int nr = dt_embedding_rows(idx, N, rows);
+    for (int r = 0, j = 0; r < V; r++) {
+      int used = j < nr && rows[j] == r;
+      if (used) j++;
+      float mx = 0;
+      for (int d = 0; d < D; d++) mx = fmaxf(mx, fabsf(dw[(size_t)r * D + d]));
+      if (!used) assert_true(mx == 0);
+    }
+    for (int j = 1; j < nr; j++) assert_true(rows[j - 1] < rows[j]);
+    free(rows);
+    free(out);
+    free(dw);
+    gfree(&g);
+  }
+  assert_int_equal(cases, 4);
+  int32_t bad[3] = {0, 5, 1};
+  assert_int_equal(dt_embedding_check(bad, 3, 5), -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_linear),    cmocka_unit_test(test_conv2d),
       cmocka_unit_test(test_conv2d_geom), cmocka_unit_test(test_maxpool2d),
       cmocka_unit_test(test_avgpool2d), cmocka_unit_test(test_relu),
