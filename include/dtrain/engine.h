@@ -150,6 +150,7 @@ typedef struct dt_run_cfg {
     int backup_workers;                /* bsp: a clock closes with workers - b pushes */
     float significance;                /* push only updates above this fraction of |param| */
   } ps;
+  int zero;                            /* dist.zero: 1 = optimizer state sharded (ZeRO-1) */
 } dt_run_cfg;
 
 /* Fills *cfg with the defaults of docs/config.md: the 2-conv CNN on

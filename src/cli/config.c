@@ -130,6 +130,7 @@ static const key keys[] = {
     {"dist", "compress_clip", K_FLOAT, OFF(compress_clip), 0, 1e30, 0, NULL},
     {"dist", "compress_momentum", K_FLOAT, OFF(compress_momentum), 0, 1, R_HI_OPEN, NULL},
     {"dist", "compress_force", K_BOOL, OFF(compress_force), 0, 1, 0, NULL},
+    {"dist", "zero", K_INT, OFF(zero), 0, 1, 0, NULL},
     {"obs", "metrics", K_ADDR, OFF(obs_metrics), 0, 0, 0, NULL},
     {"obs", "trace", K_BOOL, OFF(obs_trace), 0, 1, 0, NULL},
     {"obs", "trace_steps", K_INT, OFF(obs_trace_steps), 1, 1000000, 0, NULL},
@@ -646,6 +647,10 @@ int dt_config_validate(const dt_config *c) {
   if (ps->staleness > 0 && ps->consistency != 1)
     return key_error(c, find_key("ps", "staleness"), "only with ps.consistency = ssp (it is %s)",
                      consistency_names[ps->consistency]);
+  if (r->zero && (r->pipeline_stages > 1 || r->deterministic || ps_on))
+    return key_error(c, find_key("dist", "zero"), "not with %s yet",
+                     r->deterministic ? "dist.deterministic"
+                     : ps_on ? "a parameter server" : "dist.pipeline_stages > 1");
   static const char *const paths[] = {"train_images", "train_labels", "test_images",
                                       "test_labels"};
   for (int i = 0; i < 4; i++) {

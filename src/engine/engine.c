@@ -164,13 +164,15 @@ static int build(dt_engine *e) {
                       "classes", dt_model_out_dim(e->model), classes);
   dt_model_init(e->model, cfg->seed);
   if (cfg->model_init[0]) DT_CHECK(dt__ckpt_model_init(e, cfg->model_init));
-  DT_CHECK(dt_optim_create(&e->optim, &cfg->optim, dt_model_nparams(e->model)));
 
   /* The strategy, by name; its batch source now (data-parallel sources start
    * no thread, so the engine may be created before the workers fork). */
   const char *name = dt__strategy_for(cfg);
   e->strat.ops = dt__strategy_find(name);
   if (!e->strat.ops) return dt__seterr(DT_EINVAL, "engine: no strategy called '%s'", name);
+  /* a strategy with optimizers of its own gets a one-float one here */
+  DT_CHECK(dt_optim_create(&e->optim, &cfg->optim,
+                           e->strat.ops->own_optim ? 1 : dt_model_nparams(e->model)));
   DT_CHECK(e->strat.ops->open_source(&e->cfg, &e->train, &e->source));
   e->steps_per_epoch = e->source->ops->steps_per_epoch(e->source);
   set_schedule(e);

@@ -19,6 +19,7 @@ static const struct dt_strategy_ops *const table[] = {
     &dt__strategy_pipeline,
     &dt__strategy_pipeline_det,
     &dt__strategy_ps,
+    &dt__strategy_zero,
 };
 
 const struct dt_strategy_ops *dt__strategy_find(const char *name) {
@@ -31,6 +32,7 @@ const char *dt__strategy_for(const dt_run_cfg *cfg) {
   if (cfg->ps.servers > 0 || cfg->ps.colocate) return "ps";
   if (cfg->pipeline_stages > 1 || cfg->micro_batches > 1 || cfg->recompute)
     return cfg->deterministic ? "pipeline_det" : "pipeline";
+  if (cfg->zero && cfg->workers > 1) return "zero";
   if (cfg->deterministic) return "ddp_det";
   return cfg->workers > 1 ? "ddp" : "local";
 }

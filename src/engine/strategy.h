@@ -108,6 +108,11 @@ struct dt_strategy_ops {
    * 0 (every strategy so far but pipeline): state_export of rank 0 is the
    * whole replicated state. */
   int state_sharded;
+  /* 1: the strategy steps optimizers of its own over its share of the
+   * parameters (pipeline stages, ZeRO-1 blocks); the engine's optimizer
+   * (s->optim) is then made for one float, so no rank holds state for the
+   * whole model. */
+  int own_optim;
   /* At dt_engine_create (no communicator yet, may precede a fork): the
    * batch source this strategy trains from. */
   int (*open_source)(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out);
@@ -167,12 +172,14 @@ extern const struct dt_strategy_ops dt__strategy_ddp_det;
 extern const struct dt_strategy_ops dt__strategy_pipeline;
 extern const struct dt_strategy_ops dt__strategy_pipeline_det;
 extern const struct dt_strategy_ops dt__strategy_ps;
+extern const struct dt_strategy_ops dt__strategy_zero;
 
 /* The table entry called name, or NULL. */
 const struct dt_strategy_ops *dt__strategy_find(const char *name);
 /* The strategy a configuration asks for: ps with ps.servers or ps.colocate;
- * pipeline (pipeline_det with dist.deterministic) with dist.pipeline_stages
- * > 1, dist.micro_batches > 1 or train.recompute; ddp_det with
+ * pipeline (pipeline_det with
+ * dist.deterministic) with dist.pipeline_stages > 1, dist.micro_batches > 1
+ * or train.recompute; zero with dist.zero and several workers; ddp_det with
  * dist.deterministic, ddp with more than one worker, local otherwise. */
 const char *dt__strategy_for(const dt_run_cfg *cfg);
 
