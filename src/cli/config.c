@@ -647,6 +647,10 @@ int dt_config_validate(const dt_config *c) {
   if (ps->staleness > 0 && ps->consistency != 1)
     return key_error(c, find_key("ps", "staleness"), "only with ps.consistency = ssp (it is %s)",
                      consistency_names[ps->consistency]);
+  if (r->compress && (r->zero || r->pipeline_stages > 1 || r->micro_batches > 1 || r->recompute))
+    return key_error(c, find_key("dist", "compress"), "not with %s yet (compression runs inside "
+                     "the ddp strategy)", r->zero ? "dist.zero" : "the pipeline strategy "
+                     "(dist.pipeline_stages, dist.micro_batches, train.recompute)");
   if (r->zero && (r->pipeline_stages > 1 || r->deterministic || ps_on))
     return key_error(c, find_key("dist", "zero"), "not with %s yet",
                      r->deterministic ? "dist.deterministic"
