@@ -42,6 +42,7 @@ struct span_fp {
   uint64_t off, count;
   float scale;
   uint32_t seq;
+  uint32_t elem; /* 4: f32 scaled sums, 8: int64 sums */
 };
 
 struct win_hdr {
@@ -340,11 +341,34 @@ static void reduce_block(float *restrict dst, float *const *src, const float *s,
   }
 }
 
-int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, float scale) {
+/* dst[i] = sum over n ranks of src[q][i] (int64: exact, any order). */
+static void reduce_block_i64(int64_t *restrict dst, int64_t *const *src, int n, size_t k) {
+  if (n == 2) {
+    const int64_t *restrict a = src[0], *restrict b = src[1];
+    for (size_t i = 0; i < k; i++) dst[i] = a[i] + b[i];
+    return;
+  }
+  int64_t acc[512];
+  for (size_t j = 0; j < k; j += 512) {
+    size_t m = k - j < 512 ? k - j : 512;
+    memcpy(acc, src[0] + j, m * sizeof *acc);
+    for (int q = 1; q < n; q++) {
+      const int64_t *b = src[q] + j;
+      for (size_t i = 0; i < m; i++) acc[i] += b[i];
+    }
+    memcpy(dst + j, acc, m * sizeof *acc);
+  }
+}
+
+/* The one-pass reduction of window.h, for f32 scaled sums (elem 4) or
+ * int64 sums (elem 8, scale unused). */
+static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scale,
+                         uint32_t elem) {
   int n = w->size, r = w->rank;
-  if (off % 4 || off + count * 4 > w->bytes || off + count * 4 < off)
-    return dt__seterr(DT_EINVAL, "window allreduce: span [%zu, +%zu floats) outside the %zu-byte "
-                      "window", off, count, w->bytes);
+  const char *what = elem == 4 ? "floats" : "int64s";
+  if (off % elem || off + count * elem > w->bytes || off + count * elem < off)
+    return dt__seterr(DT_EINVAL, "window allreduce: span [%zu, +%zu %s) outside the %zu-byte "
+                      "window", off, count, what, w->bytes);
   if (atomic_load(&w->aborted))
     return dt__seterr(DT_EABORTED, "window allreduce: aborted (%s)", w->hdr[r]->why);
   uint32_t seq = ++w->seq;
@@ -352,11 +376,11 @@ int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, fl
   dt_obs *obs = dt_comm_obs(w->c);
   int64_t fr = dt_obs_fr_begin(obs, "allreduce", DT_OBS_STREAM_WINDOW, seq, (uint64_t)count * 4, -1);
   struct win_hdr *me = w->hdr[r];
-  me->fp[seq & 1] = (struct span_fp){off, count, scale, seq};
+  me->fp[seq & 1] = (struct span_fp){off, count, scale, seq, elem};
   post(me, &me->ready, seq);
   int64_t deadline = dt_now_ns() + (int64_t)(dt_comm_timeout(w->c) * 1e9);
   float scales[64], *sv = n <= 64 ? scales : malloc((size_t)n * sizeof *sv);
-  float *stack_src[64], **src = n <= 64 ? stack_src : malloc((size_t)n * sizeof *src);
+  void *stack_src[64], **src = n <= 64 ? stack_src : malloc((size_t)n * sizeof *src);
   int rc = DT_OK;
   if (!sv || !src) {
     rc = dt__seterr(DT_ENOMEM, "window allreduce: out of memory");
@@ -365,30 +389,34 @@ int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, fl
   for (int q = 0; q < n; q++) {
     if (q != r && (rc = wait_word(w, q, 0, seq, deadline)) < 0) goto out;
     const struct span_fp *f = &w->hdr[q]->fp[seq & 1];
-    if (f->seq != seq || f->off != off || f->count != count) {
-      rc = dt__seterr(DT_EMISMATCH, "window allreduce #%u: rank %d reduces floats [%llu, +%llu) "
-                      "but rank %d reduces [%zu, +%zu)", seq, q, (unsigned long long)f->off / 4,
-                      (unsigned long long)f->count, r, off / 4, count);
+    if (f->seq != seq || f->off != off || f->count != count || f->elem != elem) {
+      rc = dt__seterr(DT_EMISMATCH, "window allreduce #%u: rank %d reduces %s [%llu, +%llu) "
+                      "but rank %d reduces %s [%zu, +%zu)", seq, q,
+                      f->elem == 8 ? "int64s" : "floats",
+                      (unsigned long long)(f->off / (f->elem ? f->elem : 4)),
+                      (unsigned long long)f->count, r, what, off / elem, count);
       goto out;
     }
     sv[q] = f->scale;
   }
   /* slice r of the span, in whole cache lines so no two ranks write one */
-  size_t per = ((count + (size_t)n * 16 - 1) / ((size_t)n * 16)) * 16;
+  const size_t line = 64 / elem;
+  size_t per = ((count + (size_t)n * line - 1) / ((size_t)n * line)) * line;
   size_t lo = (size_t)r * per < count ? (size_t)r * per : count;
   size_t hi = lo + per < count ? lo + per : count;
-  size_t base = off / 4;
-  enum { BLOCK = 4096 }; /* floats: 16 KiB stays in L1 while copied out */
-  for (size_t j = lo; j < hi; j += BLOCK) {
-    size_t k = hi - j < BLOCK ? hi - j : BLOCK;
-    for (int q = 0; q < n; q++) src[q] = w->data[q] + base + j;
-    float *dst = w->data[r] + base + j;
-    reduce_block(dst, src, sv, n, k);
+  enum { BLOCK_BYTES = 16384 }; /* stays in L1 while copied out */
+  const size_t block = BLOCK_BYTES / elem;
+  for (size_t j = lo; j < hi; j += block) {
+    size_t k = hi - j < block ? hi - j : block;
+    for (int q = 0; q < n; q++) src[q] = (char *)w->data[q] + off + j * elem;
+    void *dst = (char *)w->data[r] + off + j * elem;
+    if (elem == 4) reduce_block(dst, (float *const *)src, sv, n, k);
+    else reduce_block_i64(dst, (int64_t *const *)src, n, k);
     for (int q = 0; q < n; q++)
-      if (q != r) memcpy(w->data[q] + base + j, dst, k * sizeof(float));
+      if (q != r) memcpy((char *)w->data[q] + off + j * elem, dst, k * elem);
   }
-  w->read += (uint64_t)(n - 1) * (hi - lo) * 4;
-  w->written += (uint64_t)(n - 1) * (hi - lo) * 4;
+  w->read += (uint64_t)(n - 1) * (hi - lo) * elem;
+  w->written += (uint64_t)(n - 1) * (hi - lo) * elem;
   post(me, &me->done, seq);
   for (int q = 0; q < n; q++)
     if (q != r && (rc = wait_word(w, q, 1, seq, deadline)) < 0) goto out;
@@ -401,6 +429,14 @@ out:
     dt_comm_window_abort(w, dt_errmsg());
   }
   return rc;
+}
+
+int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, float scale) {
+  return window_reduce(w, off, count, scale, 4);
+}
+
+int dt_comm_window_allreduce_i64(dt_comm_window *w, size_t off, size_t count) {
+  return window_reduce(w, off, count, 1.0f, 8);
 }
 
 /* A launcher's sweep after it has reaped its workers: the window segments

@@ -18,7 +18,8 @@
  * naming the peer), notices a dead peer through its pidfd (DT_EPEERLOST
  * naming the rank) and a peer that gave up (DT_EABORTED with its reason).
  *
- * Not here: other dtypes or operations (f32 sum only, what ddp needs), and
+ * Not here: other dtypes or operations (f32 scaled sums and int64 sums
+ * only, what ddp needs), and
  * ranks on several hosts (dt_comm_window_create returns DT_ENOTSUP; the
  * caller then uses dt_comm_allreduce). Knob: DTRAIN_WINDOW=0 disables
  * windows (must be the same on every rank: the decision is collective).
@@ -51,6 +52,10 @@ void *dt_comm_window_base(dt_comm_window *w);
  * name the same span (its own scale may differ). Not thread-safe against
  * other calls on the same window. */
 int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, float scale);
+/* The same for the int64 span [off, off + count*8): every rank's span
+ * becomes the plain sum over ranks (exact: the same bits in any order; the
+ * fixed-point gradients of deterministic mode). off must be a multiple of 8. */
+int dt_comm_window_allreduce_i64(dt_comm_window *w, size_t off, size_t count);
 
 /* Makes this rank's pending and later window calls fail with DT_EABORTED;
  * peers waiting for this rank fail too, with `why` in their message. Any

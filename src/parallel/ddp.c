@@ -29,6 +29,8 @@
  * window (comm/window.h): a bucket's "allreduce" is then one pass in which
  * each rank sums its slice over every rank's window, scale included, and
  * writes it back everywhere — no staging copies, no separate scaling pass.
+ * In deterministic mode the window holds the int64 accumulator instead
+ * (exact sums, the same bits as through the transport).
  *
  * With compression (dt_ddp_create_compressed) a bucket's reduction is
  * dt_compress_reduce of comm/compress instead: the scale, the codec, its
@@ -85,6 +87,7 @@ struct dt_ddp {
   int det;
   size_t nparams, nbufs, head; /* head = nbufs + 1 (the overflow count) */
   int64_t *acc;                /* head, then nparams gradient sums */
+  int acc_in_win;              /* acc is the shared window's memory (one host) */
   float *bufs, *bufs0;         /* the model's buffers; their value at step start */
   double gw;                   /* 1: gradients weigh 1 per micro-shard (reduce sum) */
   double w;                    /* weight of the current micro-shard's gradients */
@@ -148,7 +151,10 @@ static int reduce_bucket_now(dt_ddp *d, int i, float scale) {
   int64_t *a = d->acc + d->head + d->b[i].off;
   int64_t *lo = with_head ? d->acc : a;
   size_t len = (size_t)(a + n - lo);
-  if (d->comm && len) {
+  if (d->win && len) {
+    int rc = dt_comm_window_allreduce_i64(d->win, (size_t)(lo - d->acc) * sizeof *lo, len);
+    if (rc < 0) return rc;
+  } else if (d->comm && len) {
     int rc = dt_comm_allreduce(d->comm, lo, lo, len, DT_I64, DT_OP_SUM);
     if (rc < 0) return rc;
   }
@@ -297,10 +303,22 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
   pthread_cond_init(&d->done_cv, NULL);
   /* Ranks on one host talking shm: the gradients move into a shared window
    * and each bucket is reduced in one pass over it, with the averaging
-   * scale fused in (comm/window.h). Otherwise (other hosts, a forced tcp
-   * or mpi transport, DTRAIN_WINDOW=0, deterministic mode's integer sums)
-   * the transport's allreduce. */
+   * scale fused in (comm/window.h); in deterministic mode the int64
+   * accumulator (head and sums) lives there instead and buckets are summed
+   * exactly in one pass. Otherwise (other hosts, a forced tcp or mpi
+   * transport, DTRAIN_WINDOW=0) the transport's allreduce. */
   size_t np = dt_model_nparams(m);
+  if (det && c && dt_comm_size(c) > 1 && !(cz && cz->codec != DT_CODEC_NONE)) {
+    int rc = dt_comm_window_create(c, (d->head + d->nparams) * sizeof *d->acc, &d->win);
+    if (rc == DT_OK) {
+      free(d->acc);
+      d->acc = dt_comm_window_base(d->win);
+      d->acc_in_win = 1;
+    } else if (rc != DT_ENOTSUP) {
+      dt_ddp_destroy(d);
+      return dt__preerr(rc, "ddp: fixed-point window");
+    }
+  }
   if (cz && cz->codec != DT_CODEC_NONE) {
     int rc = compressor(d, m, c, cz);
     if (rc < 0) {
@@ -379,13 +397,13 @@ void dt_ddp_destroy(dt_ddp *d) {
   pthread_cond_destroy(&d->cv);
   pthread_cond_destroy(&d->done_cv);
   if (d->win) {
-    dt_model_set_grads(d->model, NULL);
+    if (!d->acc_in_win) dt_model_set_grads(d->model, NULL);
     dt_comm_window_destroy(d->win);
   }
   dt_compress_destroy(d->cz);
   free(d->b);
   free(d->queue);
-  free(d->acc);
+  if (!d->acc_in_win) free(d->acc);
   free(d->bufs0);
   free(d);
 }

@@ -6,7 +6,10 @@
  * spans get DT_EMISMATCH naming both; a rank that never calls gives its
  * peers DT_ETIMEDOUT naming it; a rank that aborts wakes its peers with its
  * reason; a window over ranks on two (pretend) hosts, or over ranks that
- * talk tcp, is DT_ENOTSUP on every rank. Peer death across processes is covered end to end by
+ * talk tcp, is DT_ENOTSUP on every rank; the int64 sum (deterministic
+ * mode's fixed-point gradients) is exact for 1..5 ranks, near-overflow
+ * values included, and a rank summing floats while another sums int64s over
+ * the same bytes is DT_EMISMATCH. Peer death across processes is covered end to end by
  * tests/cli/test_cli_workers_kill.sh (data-parallel gradients use windows).
  */
 #include <setjmp.h>
@@ -94,10 +97,50 @@ static void test_sizes(void **s) {
     }
 }
 
+/* ---- int64 sums ---------------------------------------------------------- */
+
+static int64_t i64_val(int r, size_t i) {
+  return (int64_t)((r * 7919 + i * 104729) % 200003) * ((int64_t)1 << 40) * (i % 2 ? -1 : 1) + r;
+}
+
+static int i64_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  const struct sizes_arg *a = arg;
+  int r = dt_comm_rank(c), n = dt_comm_size(c);
+  size_t total = a->off_floats + a->count + 5;
+  dt_comm_window *w;
+  if (dt_comm_window_create(c, total * sizeof(int64_t), &w) < 0)
+    return FAIL("create: %s", dt_errmsg());
+  int64_t *x = dt_comm_window_base(w);
+  for (size_t i = 0; i < total; i++) x[i] = i64_val(r, i);
+  int rc = dt_comm_window_allreduce_i64(w, a->off_floats * 8, a->count);
+  int bad = rc < 0 ? FAIL("allreduce: %s", dt_errmsg()) : 0;
+  for (size_t i = 0; i < total && !bad; i++) {
+    int64_t want = i64_val(r, i);
+    if (i >= a->off_floats && i < a->off_floats + a->count) {
+      want = 0;
+      for (int q = 0; q < n; q++) want += i64_val(q, i);
+    }
+    if (x[i] != want) bad = FAIL("n=%d count %zu: int64 %zu is %lld, want %lld", n, a->count, i,
+                                 (long long)x[i], (long long)want);
+  }
+  dt_comm_window_destroy(w);
+  return bad;
+}
+
+static void test_i64(void **s) {
+  (void)s;
+  static const size_t counts[] = {0, 1, 7, 1023, 70001};
+  for (int n = 1; n <= 5; n++)
+    for (size_t j = 0; j < sizeof counts / sizeof counts[0]; j++) {
+      struct sizes_arg a = {j % 2 ? 3 : 0, counts[j]};
+      assert_int_equal(run_ranks("inproc", n, 20.0, i64_body, &a, NULL, NULL), 0);
+    }
+}
+
 /* ---- failures ----------------------------------------------------------- */
 
 struct fault_arg {
-  int kind; /* 0 mismatch, 1 silent rank, 2 abort */
+  int kind; /* 0 mismatch, 1 silent rank, 2 abort, 3 int64 vs float */
 };
 
 static int fault_body(dt_comm *c, void *arg, char *fail, size_t cap) {
@@ -109,6 +152,8 @@ static int fault_body(dt_comm *c, void *arg, char *fail, size_t cap) {
   int rc;
   if (a->kind == 0) {
     rc = dt_comm_window_allreduce_f32(w, 0, r == 1 ? 11 : 10, 1.0f);
+  } else if (a->kind == 3) {
+    rc = r == 1 ? dt_comm_window_allreduce_i64(w, 0, 5) : dt_comm_window_allreduce_f32(w, 0, 10, 1.0f);
   } else if (a->kind == 1) {
     rc = r == 1 ? DT_OK : dt_comm_window_allreduce_f32(w, 0, 10, 1.0f);
   } else {
@@ -125,7 +170,7 @@ static int fault_body(dt_comm *c, void *arg, char *fail, size_t cap) {
 
 static void test_faults(void **s) {
   (void)s;
-  for (int kind = 0; kind < 3; kind++) {
+  for (int kind = 0; kind < 4; kind++) {
     struct fault_arg a = {kind};
     int rcs[3];
     char msgs[3][512];
@@ -142,6 +187,11 @@ static void test_faults(void **s) {
         assert_int_equal(rcs[r], DT_EMISMATCH);
         assert_non_null(strstr(msgs[r], "+11"));
         assert_non_null(strstr(msgs[r], "+10"));
+      } else if (kind == 3) {
+        /* rank 1 sums int64s where the others sum floats */
+        assert_int_equal(rcs[r], DT_EMISMATCH);
+        assert_non_null(strstr(msgs[r], "int64s"));
+        assert_non_null(strstr(msgs[r], "floats"));
       } else if (kind == 1) {
         assert_int_equal(rcs[r], DT_ETIMEDOUT);
         assert_non_null(strstr(msgs[r], "rank 1"));
@@ -175,6 +225,7 @@ static void test_two_hosts(void **s) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
+      cmocka_unit_test(test_i64),
       cmocka_unit_test(test_faults),
       cmocka_unit_test(test_two_hosts),
   };

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""straggler.py — one slow worker, for real: a cgroup CPU quota (bench/straggler.sh).
+
+Two workers on this 2-core machine, one of them limited to QUOTA of a core by a
+cgroup (v1 cpu.cfs_quota_us / cpu.cfs_period_us under /sys/fs/cgroup/cpu, or
+v2 cpu.max), so the ideal is (1 + QUOTA) x the speed of one unthrottled worker.
+Per model and round, back to back: dtrain with 1 worker (the reference), with
+2 workers static and dynamic under the throttle, and both without it;
+deterministic mode static / dynamic under the throttle (params_sha256 compared
+with the 1-worker deterministic run); PyTorch 1.13 DDP (Gloo, 2 processes, the
+second in the same cgroup) with and without it. Prints medians, the fraction of
+the ideal, dynamic / static, the no-straggler cost, and PyTorch's slowdown
+against its own unthrottled run. --accuracy adds full runs (the example's epoch
+budget) with dynamic under the throttle. Every cgroup made is removed.
+
+The throttled worker is found as the newest child processes of the launcher
+(workers are forked in rank order after the sweeper) and moved into the cgroup
+as soon as it exists; PyTorch's rank 1 moves itself (bench/peers/
+fmnist_ddp_cgroup.py). Standard library only; needs root.
+"""
+import argparse, json, os, random, re, statistics, subprocess, sys, tempfile, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--build", default="build/release")
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--models", default="mlp,cnn")
+ap.add_argument("--quota", type=float, default=0.5)
+ap.add_argument("--epochs", default="mlp:3,cnn:1")
+ap.add_argument("--limit", default="mlp:0,cnn:20000", help="data.limit_train per model (0: all)")
+ap.add_argument("--accuracy", action="store_true")
+ap.add_argument("--no-torch", action="store_true")
+ap.add_argument("--no-det", action="store_true")
+a = ap.parse_args()
+
+dtrain = os.path.join(a.build, "dtrain")
+env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+common = ["--set", "optim.name=sgd", "--set", "optim.lr=0.05", "--set", "optim.momentum=0.9",
+          "--set", "optim.weight_decay=0", "--set", "schedule.kind=constant",
+          "--set", "schedule.warmup_steps=0", "--set", "train.batch=64",
+          "--set", "train.eval_every=1000"]
+epochs = dict(kv.split(":") for kv in a.epochs.split(","))
+limits = dict(kv.split(":") for kv in a.limit.split(","))
+
+
+class Cgroup:
+    """A CPU-quota cgroup of our own, removed on close."""
+
+    def __init__(self, quota):
+        name = f"dtrain_straggler_{os.getpid()}"
+        v1 = "/sys/fs/cgroup/cpu"
+        v2 = "/sys/fs/cgroup/unified"
+        self.path = None
+        if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+            self.path = os.path.join(v1, name)
+            os.mkdir(self.path)
+            period = int(open(os.path.join(self.path, "cpu.cfs_period_us")).read())
+            with open(os.path.join(self.path, "cpu.cfs_quota_us"), "w") as f:
+                f.write(str(int(period * quota)))
+        elif os.path.exists(os.path.join(v2, "cgroup.controllers")) and \
+                "cpu" in open(os.path.join(v2, "cgroup.controllers")).read():
+            self.path = os.path.join(v2, name)
+            os.mkdir(self.path)
+            with open(os.path.join(self.path, "cpu.max"), "w") as f:
+                f.write(f"{int(100000 * quota)} 100000")
+        else:
+            raise OSError("no writable cgroup cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max)")
+        self.procs = os.path.join(self.path, "cgroup.procs")
+
+    def add(self, pid):
+        with open(self.procs, "w") as f:
+            f.write(str(pid))
+
+    def close(self):
+        # anything left goes back to the root group, then the group goes
+        root = os.path.dirname(self.path)
+        for _ in range(50):
+            try:
+                for p in open(self.procs).read().split():
+                    try:
+                        with open(os.path.join(root, "cgroup.procs"), "w") as f:
+                            f.write(p)
+                    except OSError:
+                        pass
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return sorted(int(x) for x in f.read().split())
+    except OSError:
+        return []
+
+
+def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=1, extra=(),
+               full=False, stop=None):
+    args = [dtrain, "train", f"examples/fashion_{model}.ini", *common,
+            "--workers", str(workers), "--set", f"dist.balance={balance}"]
+    if not full:
+        args += ["--set", f"train.epochs={epochs[model]}"]
+        if int(limits[model]):
+            args += ["--set", f"data.limit_train={limits[model]}"]
+    else:
+        args = [x for x in args if x not in ("train.eval_every=1000",)]
+        args = [x for i, x in enumerate(args) if not (x == "--set" and i + 1 < len(args)
+                                                      and args[i + 1] == "train.eval_every=1000")]
+    if det:
+        args += ["--set", "dist.deterministic=true"]
+    args += list(extra)
+    with tempfile.TemporaryDirectory() as out:
+        p = subprocess.Popen(args + ["--out", out], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        target = None
+        if throttle or stop:
+            t_end = time.time() + 30
+            while time.time() < t_end and p.poll() is None:
+                kids = children(p.pid)
+                if len(kids) >= workers + 1:  # the sweeper, then the workers in rank order
+                    target = kids[-workers + rank]
+                    break
+                time.sleep(0.002)
+            if target and throttle:
+                throttle.add(target)
+        if stop and target:
+            when, secs = stop
+            time.sleep(when)
+            os.kill(target, 19)  # SIGSTOP
+            time.sleep(secs)
+            os.kill(target, 18)  # SIGCONT
+        _, err = p.communicate()
+        if p.returncode:
+            raise RuntimeError(f"{' '.join(args)}: exit {p.returncode}: {err}")
+        with open(os.path.join(out, "summary.json")) as f:
+            s = json.load(f)
+    s["stderr"] = err
+    return s
+
+
+def run_torch(model, throttle=None):
+    penv = dict(env, MASTER_PORT=str(random.randint(20000, 30000)))
+    if throttle:
+        penv["STRAGGLER_CGROUP_PROCS"] = throttle.procs
+    out = subprocess.run(["/usr/bin/python3", "bench/peers/fmnist_ddp_cgroup.py", "2",
+                          "--model", model, "--epochs", "1", "--batch", "32", "--lr", "0.05"],
+                         env=penv, check=True, capture_output=True, text=True).stdout
+    m = re.search(r"samples_per_s (\d+) test_acc ([\d.]+)", out)
+    return float(m.group(1))
+
+
+def med(v):
+    return statistics.median(v) if v else float("nan")
+
+
+cg = Cgroup(a.quota)
+try:
+    print(f"# straggler bench: 2 workers, one limited to {a.quota:.0%} of a core by cgroup "
+          f"({cg.path}); ideal = {1 + a.quota:.2f} x one unthrottled worker; {a.reps} rounds, "
+          f"machine shared by seven helpers", flush=True)
+    for model in a.models.split(","):
+        R = {}
+        shas = {}
+        for rep in range(a.reps):
+            def rec(key, s):
+                R.setdefault(key, []).append(s["samples_per_second"])
+                if "params_sha256" in s:
+                    shas.setdefault(key, set()).add(s["params_sha256"])
+            rec("1w", run_dtrain(model, 1))
+            rec("static_thr", run_dtrain(model, 2, "static", throttle=cg))
+            rec("dynamic_thr", run_dtrain(model, 2, "dynamic", throttle=cg))
+            rec("static", run_dtrain(model, 2, "static"))
+            rec("dynamic", run_dtrain(model, 2, "dynamic"))
+            if not a.no_det:
+                rec("det_1w", run_dtrain(model, 1, det=True))
+                rec("det_static", run_dtrain(model, 2, "static", det=True))
+                rec("det_static_thr", run_dtrain(model, 2, "static", det=True, throttle=cg))
+                rec("det_dynamic_thr", run_dtrain(model, 2, "dynamic", det=True, throttle=cg))
+            if not a.no_torch:
+                R.setdefault("torch", []).append(run_torch(model))
+                R.setdefault("torch_thr", []).append(run_torch(model, throttle=cg))
+            print(f"# {model} round {rep + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in R.items()),
+                  flush=True)
+        m = {k: med(v) for k, v in R.items()}
+        ideal = (1 + a.quota) * m["1w"]
+        print(f"{model}: 1 worker {m['1w']:.0f} samples/s; ideal with the throttle {ideal:.0f}")
+        for k in ("static_thr", "dynamic_thr"):
+            print(f"{model}: {k:16s} {m[k]:8.0f} samples/s = {m[k] / ideal:.3f} of ideal")
+        print(f"{model}: dynamic / static under the throttle: {m['dynamic_thr'] / m['static_thr']:.3f}")
+        print(f"{model}: no straggler: static {m['static']:.0f}, dynamic {m['dynamic']:.0f}: "
+              f"dynamic costs {1 - m['dynamic'] / m['static']:+.3f}")
+        if not a.no_det:
+            print(f"{model}: deterministic: 1 worker {m['det_1w']:.0f}, 2 static {m['det_static']:.0f} "
+                  f"(vs normal 2 static: {m['static'] / m['det_static']:.2f}x slower); throttled: "
+                  f"static {m['det_static_thr']:.0f} = {m['det_static_thr'] / ideal:.3f} of ideal, "
+                  f"dynamic {m['det_dynamic_thr']:.0f} = {m['det_dynamic_thr'] / ideal:.3f} of ideal")
+            same = len(shas["det_1w"] | shas["det_static"] | shas["det_static_thr"]
+                       | shas["det_dynamic_thr"]) == 1
+            print(f"{model}: deterministic params_sha256 equal across 1 worker, 2 static, throttled "
+                  f"static and dynamic: {same} ({sorted(shas['det_1w'])[0][:16]}...)")
+        if not a.no_torch:
+            print(f"{model}: PyTorch DDP 2 procs: {m['torch']:.0f} unthrottled, {m['torch_thr']:.0f} "
+                  f"throttled: slowdown {m['torch'] / m['torch_thr']:.2f}x; dtrain static "
+                  f"{m['static'] / m['static_thr']:.2f}x, dynamic {m['dynamic'] / m['dynamic_thr']:.2f}x")
+        sys.stdout.flush()
+    if a.accuracy:
+        for model in a.models.split(","):
+            s = run_dtrain(model, 2, "dynamic", throttle=cg, full=True)
+            print(f"{model}: accuracy, dynamic under the throttle, {s['epochs']} epochs: "
+                  f"{s['test_accuracy']:.4f} ({s['samples_per_second']:.0f} samples/s; "
+                  f"rank 1 share {s['per_worker'][1].get('share', 0):.3f})", flush=True)
+finally:
+    cg.close()
