@@ -246,6 +246,10 @@ fail:
 
 void *dt_comm_window_base(dt_comm_window *w) { return w->data[w->rank]; }
 
+void *dt_comm_window_peer(dt_comm_window *w, int q) {
+  return q >= 0 && q < w->size ? w->data[q] : NULL;
+}
+
 void dt_comm_window_abort(dt_comm_window *w, const char *why) {
   struct win_hdr *h = w->hdr[w->rank];
   if (!atomic_exchange(&w->aborted, 1)) {

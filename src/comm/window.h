@@ -45,6 +45,9 @@ int dt_comm_window_create(dt_comm *c, size_t bytes, dt_comm_window **out);
 void dt_comm_window_destroy(dt_comm_window *w);
 /* This rank's memory. */
 void *dt_comm_window_base(dt_comm_window *w);
+/* Rank q's memory as this rank maps it (shared: e.g. a work counter every
+ * rank updates with atomics). */
+void *dt_comm_window_peer(dt_comm_window *w, int q);
 
 /* Collective over the window's ranks: the float span [off, off + count*4)
  * of every rank's window becomes sum over ranks q of scale_q * span_q, the

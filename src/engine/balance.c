@@ -45,6 +45,7 @@ struct dt_balance {
   int rank, nranks, mode, every;
   double threshold;
   int64_t slow_us;     /* test knob on this rank (0: none) */
+  int slept;           /* samples of this step the knob already slept for */
   double t0, t_last;   /* step start; end of the previous replan window */
   /* this rank, since the last replan */
   double win_compute, win_samples, win_wall;
@@ -110,8 +111,15 @@ static void sleep_us(int64_t us) {
   }
 }
 
+void dt__balance_piece(dt_balance *b, int n) {
+  if (b->slow_us <= 0 || n <= 0) return;
+  sleep_us(b->slow_us * n);
+  b->slept += n;
+}
+
 void dt__balance_computed(dt_balance *b, int n, int g) {
-  if (b->slow_us > 0 && n > 0) sleep_us(b->slow_us * n);
+  if (b->slow_us > 0 && n > b->slept) sleep_us(b->slow_us * (n - b->slept));
+  b->slept = 0;
   double dt = dt_now() - b->t0;
   b->win_compute += dt;
   b->win_samples += n;

@@ -53,6 +53,9 @@ void dt__balance_step_begin(dt_balance *b);
  * batch of g). The test knob DTRAIN_TEST_SLOW_US sleeps here on rank
  * DTRAIN_TEST_SLOW_RANK (n x that many microseconds). */
 void dt__balance_computed(dt_balance *b, int n, int g);
+/* A piece of n samples is about to be computed (strategies that see pieces
+ * call it, so the test knob slows every piece, not only the step's end). */
+void dt__balance_piece(dt_balance *b, int n);
 /* Seconds this worker waited for the gradient exchange of the step. */
 void dt__balance_waited(dt_balance *b, double seconds);
 

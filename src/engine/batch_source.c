@@ -108,6 +108,9 @@ typedef struct shard_src {
   int64_t end;     /* one past the global batch's last position */
   int64_t mb;      /* samples per piece (micro-shards); the slice length otherwise */
   double *weights; /* nranks: cut by speed (dist.balance = dynamic); NULL: equal */
+  int64_t (*take)(void *ud); /* work stealing: the next micro-shard, -1: none left */
+  void *take_ud;
+  int64_t start;   /* the planned step's first position */
 } shard_src;
 
 static int shard_bind(dt_batch_source *s, int rank, int nranks) {
@@ -158,6 +161,18 @@ static int shard_plan(dt_batch_source *s, int64_t k, dt_step_plan *p) {
   }
   const int64_t mb = S->micro < B ? S->micro : B;
   const int64_t shards = (g + mb - 1) / mb;
+  S->start = start;
+  if (S->take) {
+    /* work stealing: pieces come from the shared queue until it is empty;
+     * pieces is only a bound and n_local is not known in advance */
+    S->lo = start;
+    S->mb = mb;
+    p->n_local = 0;
+    p->pieces = (int)shards;
+    p->pieces_global = shards;
+    p->terms = S->steps * ((B + mb - 1) / mb);
+    return DT_OK;
+  }
   int64_t s0, s1;
   dt__split_range(S->weights, (int)N, shards, (int)r, &s0, &s1);
   int64_t lo = start + s0 * mb, hi = start + s1 * mb;
@@ -173,7 +188,20 @@ static int shard_plan(dt_batch_source *s, int64_t k, dt_step_plan *p) {
 
 static int shard_piece(dt_batch_source *s, int i, dt_batch *b) {
   shard_src *S = (shard_src *)s;
-  const int64_t dim = S->ds->dim, lo = S->lo + (int64_t)i * S->mb;
+  int64_t lo = S->lo + (int64_t)i * S->mb;
+  if (S->take) {
+    int64_t j = S->take(S->take_ud);
+    if (j < 0) {
+      /* the queue is empty: no more pieces this step */
+      b->n = 0;
+      b->sample0 = S->end;
+      b->x = S->xbuf;
+      b->y = S->ybuf;
+      return DT_OK;
+    }
+    lo = S->start + j * S->mb;
+  }
+  const int64_t dim = S->ds->dim;
   const int n = (int)(S->end - lo < S->mb ? S->end - lo : S->mb);
   for (int j = 0; j < n; j++) {
     int64_t si = S->order[lo + j];
@@ -238,6 +266,16 @@ int dt__source_set_weights(dt_batch_source *s, const double *weights) {
   if (!S->weights && !(S->weights = malloc((size_t)S->nranks * sizeof *S->weights)))
     return dt__seterr(DT_ENOMEM, "batch source: out of memory");
   memcpy(S->weights, weights, (size_t)S->nranks * sizeof *S->weights);
+  return DT_OK;
+}
+
+int dt__source_set_taker(dt_batch_source *s, int64_t (*take)(void *ud), void *ud) {
+  shard_src *S = (shard_src *)s;
+  if (s->ops != &shard_ops || (take && !S->micro))
+    return dt__seterr(DT_EINVAL, "batch source '%s': work stealing needs micro-shards",
+                      s->ops->name);
+  S->take = take;
+  S->take_ud = ud;
   return DT_OK;
 }
 

@@ -52,7 +52,8 @@ struct dt_batch_source_ops {
   int (*plan)(dt_batch_source *s, int64_t k, dt_step_plan *plan);
   /* Piece i < plan->pieces of the planned step; b stays valid until the
    * next call. b->sample0 is the piece's first position in the epoch order
-   * (dropout masks are keyed by it). */
+   * (dropout masks are keyed by it). b->n = 0 ends the step's pieces early
+   * (work stealing: the shared queue ran dry). */
   int (*piece)(dt_batch_source *s, int i, dt_batch *b);
   void (*destroy)(dt_batch_source *s);
 };
@@ -72,6 +73,12 @@ int dt__source_shards(dt_batch_source **out, const dt_dataset *train, int batch,
  * micro-shards) by these nranks weights (copied; every rank must set the
  * same ones), NULL: equally again. DT_EINVAL for another source. */
 int dt__source_set_weights(dt_batch_source *s, const double *weights);
+/* Shards with micro-shards only: from the next plan on, this worker's
+ * pieces of a step are the micro-shards take(ud) returns (indices within
+ * the global batch) until it returns -1; piece() then gives a batch of
+ * n = 0, which ends the step's pieces early (plan->pieces is only a bound,
+ * plan->n_local 0). take = NULL: the static deal again. */
+int dt__source_set_taker(dt_batch_source *s, int64_t (*take)(void *ud), void *ud);
 /* NULL is a no-op. */
 void dt__source_destroy(dt_batch_source *s);
 

@@ -14,6 +14,12 @@
  * rank, so loss and accuracy have the same bits for any worker count. One
  * worker takes every micro-shard and needs no communicator: the same
  * arithmetic, the same bits.
+ *
+ * dist.balance = steal (workers on one host): instead of the static deal,
+ * every worker takes micro-shards from one shared queue per step (a ticket
+ * counter in the shared window, parallel/ddp.h) until it is empty, so a
+ * slow or stalled worker simply takes fewer; any assignment gives the same
+ * fixed-point sums. dist.balance = dynamic cuts the deal by measured speed.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +35,8 @@ typedef struct det_impl {
   dt_ddp *ddp;
   dt_balance *bal;
   dt_step_plan plan;
+  int steal;           /* dist.balance = steal with a shared queue */
+  int taken, samples;  /* this step's micro-shards and samples (steal) */
   uint64_t sent0, recv0;
 } det_impl;
 
@@ -61,6 +69,21 @@ static int det_setup(dt_strategy *s) {
     return rc;
   }
   if (s->comm) dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
+  if (s->cfg->balance == DT_BALANCE_STEAL && s->nranks > 1) {
+    if (dt_ddp_steal_ok(d->ddp)) {
+      rc = dt__source_set_taker(s->source, dt_ddp_steal_take, d->ddp);
+      if (rc < 0) {
+        dt__ddp_balance_destroy(s, d->bal);
+        dt_ddp_destroy(d->ddp);
+        free(d);
+        return rc;
+      }
+      d->steal = 1;
+    } else if (s->rank == 0) {
+      DT_LOG_WARN("dist.balance = steal: the shared micro-shard queue needs every worker on one "
+                  "host talking shared memory; micro-shards are dealt out statically instead");
+    }
+  }
   s->impl = d;
   s->grad_ud = d->ddp;
   return DT_OK;
@@ -70,6 +93,8 @@ static int det_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   det_impl *d = s->impl;
   d->plan = *plan;
   dt__balance_step_begin(d->bal);
+  d->taken = d->samples = 0;
+  if (d->steal) dt_ddp_steal_begin(d->ddp, plan->pieces_global);
   dt_ddp_begin_step_det(d->ddp, plan->n_global, plan->pieces_global,
                         s->cfg->reduce == DT_DIST_SUM);
   return DT_OK;
@@ -79,12 +104,18 @@ static int det_step_begin(dt_strategy *s, const dt_step_plan *plan) {
  * running statistics it produced and restores the step's starting ones. */
 static void det_backward_begin(dt_strategy *s, const dt_batch *b, int index, int count) {
   det_impl *d = s->impl;
-  dt_ddp_det_shard(d->ddp, b->n, index == count - 1);
+  d->taken++;
+  d->samples += b->n;
+  dt__balance_piece(d->bal, b->n);
+  /* stealing: nobody knows which micro-shard is this worker's last, so
+   * every bucket is reduced after the step's pieces */
+  dt_ddp_det_shard(d->ddp, b->n, !d->steal && index == count - 1);
 }
 
 static int det_step_finish(dt_strategy *s, float lr) {
   det_impl *d = s->impl;
-  if (!d->plan.pieces) dt_ddp_all_ready(d->ddp);
+  if (!d->taken) dt_ddp_all_ready(d->ddp);
+  d->plan.n_local = d->samples;
   DT_CHECK(dt__ddp_exchange(s, d->ddp, d->bal, &d->plan));
   DT_CHECK(dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr));
   s->step++;

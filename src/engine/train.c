@@ -278,6 +278,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
       for (int i = 0; !S->ops->run_pieces && i < plan.pieces; i++) {
         dt_batch b;
         DT_CHECK_GOTO(src->ops->piece(src, i, &b), rc, step_failed);
+        if (b.n == 0) break; /* the source ended the step's pieces (a work queue ran dry) */
         if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "data", 0, n0, n1, -1), n0 = n1;
         /* dropout masks are keyed by (seed, step, global position) */
         dt_step_ctx ctx = {1, c->seed, (uint64_t)S->step, b.sample0};

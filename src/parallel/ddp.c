@@ -44,6 +44,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,10 @@ struct dt_ddp {
   size_t nparams, nbufs, head; /* head = nbufs + 1 (the overflow count) */
   int64_t *acc;                /* head, then nparams gradient sums */
   int acc_in_win;              /* acc is the shared window's memory (one host) */
+  /* work stealing (dt_ddp_steal_*): a ticket counter in rank 0's window,
+   * after its accumulator; this step's tickets are [base, base + shards) */
+  _Atomic int64_t *ticket;
+  int64_t base, next_base, shards;
   float *bufs, *bufs0;         /* the model's buffers; their value at step start */
   double gw;                   /* 1: gradients weigh 1 per micro-shard (reduce sum) */
   double w;                    /* weight of the current micro-shard's gradients */
@@ -309,11 +314,14 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
    * transport, DTRAIN_WINDOW=0) the transport's allreduce. */
   size_t np = dt_model_nparams(m);
   if (det && c && dt_comm_size(c) > 1 && !(cz && cz->codec != DT_CODEC_NONE)) {
-    int rc = dt_comm_window_create(c, (d->head + d->nparams) * sizeof *d->acc, &d->win);
+    /* the accumulator, then one cache line for the work-stealing ticket */
+    size_t acc_bytes = ((d->head + d->nparams) * sizeof *d->acc + 63) & ~(size_t)63;
+    int rc = dt_comm_window_create(c, acc_bytes + 64, &d->win);
     if (rc == DT_OK) {
       free(d->acc);
       d->acc = dt_comm_window_base(d->win);
       d->acc_in_win = 1;
+      d->ticket = (_Atomic int64_t *)((char *)dt_comm_window_peer(d->win, 0) + acc_bytes);
     } else if (rc != DT_ENOTSUP) {
       dt_ddp_destroy(d);
       return dt__preerr(rc, "ddp: fixed-point window");
@@ -541,6 +549,27 @@ int dt_ddp_finish_step(dt_ddp *d) {
   pthread_mutex_unlock(&d->mu);
   if (rc < 0) return dt__seterr(rc, "gradient allreduce: %s: %s", dt_strerror(rc), d->errmsg);
   return det_verdict(d);
+}
+
+/* ---- work stealing ------------------------------------------------------------ */
+
+int dt_ddp_steal_ok(const dt_ddp *d) { return d->det && d->ticket != NULL; }
+
+void dt_ddp_steal_begin(dt_ddp *d, int64_t shards) {
+  d->base = d->next_base;
+  d->shards = shards;
+  d->next_base = d->base + shards;
+}
+
+int64_t dt_ddp_steal_take(void *ud) {
+  dt_ddp *d = ud;
+  const int64_t end = d->base + d->shards;
+  int64_t cur = atomic_load_explicit(d->ticket, memory_order_relaxed);
+  /* compare-and-swap, never fetch-add: a ticket past this step's end would
+   * belong to the next step */
+  while (cur < end)
+    if (atomic_compare_exchange_weak(d->ticket, &cur, cur + 1)) return cur - d->base;
+  return -1;
 }
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out) {

@@ -9,7 +9,11 @@
  *     records show the cut moved (rank 1's share below one half) and name
  *     rank 1 as the straggler in events.jsonl and summary.json;
  *   - the same in deterministic mode: dynamic cuts whole micro-shards, so
- *     the parameters are bitwise those of the static run.
+ *     the parameters are bitwise those of the static run;
+ *   - dist.balance = steal (shared micro-shard queue): 2 workers with rank 1
+ *     slowed, 3 with rank 0 slowed, 2 unslowed: every rank ends with the
+ *     bits of the 1-worker run, and a slowed rank takes well under its
+ *     equal share.
  * The slow rank sleeps 1 ms per sample, hundreds of times the tiny MLP's
  * own compute, so the straggler is unmistakable even on a loaded machine.
  */
@@ -285,6 +289,61 @@ static void check_balance(int deterministic) {
   }
 }
 
+/* dist.balance = steal: the shared micro-shard queue gives the bits of one
+ * worker whoever takes which micro-shard, and the slowed rank takes fewer. */
+static void test_steal(void **state) {
+  (void)state;
+  int st[3];
+  dt_run_cfg one;
+  base_cfg(&one, 1);
+  one.deterministic = 1;
+  one.micro_batch = 4;
+  run_job(&one, 1, "steal_ref", st);
+  assert_int_equal(st[0], 0);
+  size_t n0;
+  float *ref = read_params("steal_ref", 0, &n0);
+  static const struct { int n; const char *slow; } runs[] = {{2, "1"}, {3, "0"}, {2, NULL}};
+  for (int k = 0; k < 3; k++) {
+    int N = runs[k].n;
+    if (runs[k].slow) {
+      setenv("DTRAIN_TEST_SLOW_RANK", runs[k].slow, 1);
+      setenv("DTRAIN_TEST_SLOW_US", "1000", 1);
+    }
+    dt__param_reload();
+    dt_run_cfg cfgs[3];
+    for (int r = 0; r < N; r++) {
+      base_cfg(&cfgs[r], N);
+      cfgs[r].deterministic = 1;
+      cfgs[r].micro_batch = 4;
+      cfgs[r].balance = DT_BALANCE_STEAL;
+    }
+    char tag[16];
+    snprintf(tag, sizeof tag, "steal%d", k);
+    run_job(cfgs, N, tag, st);
+    unsetenv("DTRAIN_TEST_SLOW_RANK");
+    unsetenv("DTRAIN_TEST_SLOW_US");
+    dt__param_reload();
+    for (int r = 0; r < N; r++) {
+      char msg[600];
+      read_err(tag, r, msg, sizeof msg);
+      if (st[r] != 0) fail_msg("%s: rank %d exit %d: %s", tag, r, st[r], msg);
+      size_t n;
+      float *p = read_params(tag, r, &n);
+      assert_int_equal(n, n0);
+      assert_memory_equal(p, ref, n * sizeof(float));
+      free(p);
+    }
+    if (runs[k].slow) {
+      int slow = atoi(runs[k].slow);
+      double share = summary_share(tag, slow);
+      printf("# steal, %d workers, rank %d slowed: its share %.3f, bits of 1 worker\n", N, slow,
+             share);
+      assert_true(share >= 0 && share < 0.8 / N);
+    }
+  }
+  free(ref);
+}
+
 static void test_dynamic_normal(void **state) {
   (void)state;
   check_balance(0);
@@ -319,6 +378,7 @@ int main(void) {
       cmocka_unit_test(test_split_range),
       cmocka_unit_test(test_dynamic_normal),
       cmocka_unit_test(test_dynamic_det),
+      cmocka_unit_test(test_steal),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
