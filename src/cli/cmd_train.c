@@ -374,6 +374,7 @@ static int build_config(dt_config *cfg, const struct train_args *ta, int world, 
     if (cfg->run.workers == 1) cfg->run.workers = world;
   }
   if (rc == DT_OK) rc = dt_config_validate(cfg);
+  if (rc == DT_OK) dt_log_set_json(cfg->run.obs_log_format == 1); /* the launcher's lines too */
   if (rc < 0) {
     fprintf(stderr, "dtrain: %s\n", dt_errmsg());
     return rc == DT_ENOMEM ? DT_EXIT_FAIL : DT_EXIT_USAGE;

@@ -42,6 +42,10 @@ enum dt_log_level { DT_LOG_ERROR = 0, DT_LOG_WARN, DT_LOG_INFO, DT_LOG_DEBUG };
 /* Log to stderr if level <= the DTRAIN_LOG_LEVEL parameter (default INFO;
  * accepts error|warn|info|debug or 0..3). Thread-safe: one write per line. */
 void dt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The rank every later line names (-1: none), and JSON lines on (1) or the
+ * text prefix "TIME HOST rank R dtrain LEVEL: " (0, the default). */
+void dt_log_set_rank(int rank);
+void dt_log_set_json(int on);
 #define DT_LOG_ERR(...) dt_log(DT_LOG_ERROR, __VA_ARGS__)
 #define DT_LOG_WARN(...) dt_log(DT_LOG_WARN, __VA_ARGS__)
 #define DT_LOG_INFO(...) dt_log(DT_LOG_INFO, __VA_ARGS__)

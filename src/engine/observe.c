@@ -28,6 +28,8 @@ static void job_name(const char *out_dir, char *buf, size_t cap) {
 int dt__eobs_open(dt_engine *e, const char *out_dir) {
   dt_eobs *x = &e->obs;
   memset(x, 0, sizeof *x);
+  if (e->comm) dt_log_set_rank(e->rank);
+  dt_log_set_json(e->cfg.obs_log_format == 1);
   char job[64];
   job_name(out_dir, job, sizeof job);
   if (out_dir) snprintf(x->dir, sizeof x->dir, "%s/obs", out_dir);

@@ -24,6 +24,8 @@ struct dt_obs {
   /* trace.c */
   struct dt_span *spans;
   size_t span_cap, span_n, span_head; /* ring: head is the oldest when full */
+  int64_t *step_t0;     /* ring of the last `steps` "step" span starts */
+  size_t steps, nstep;
   int64_t t0_ns;
   _Atomic int tracing;
 };

@@ -4,8 +4,9 @@
  * run goes, written as complete events ("ph":"X", ts/dur in microseconds,
  * pid = rank, tid = thread) at the end, and the per-rank files merged into
  * one. The ring holds steps x DT_OBS_SPANS_PER_STEP spans; when it is full
- * the oldest go first, so a long run keeps its last steps and the file
- * stays small (docs/observability.md has the sizes). It takes no times
+ * the oldest go first, and the file holds the spans of the last `steps`
+ * "step" spans (and what came after them), so a long run keeps its last
+ * steps and the file stays small (docs/observability.md has the sizes). It takes no times
  * itself: callers pass dt_now_ns() pairs.
  */
 #include "obs/obs_int.h"
@@ -20,10 +21,19 @@ int dt_obs_trace_start(dt_obs *o, int steps, int64_t t0_ns) {
   if (steps < 1) return dt__seterr(DT_EINVAL, "obs.trace_steps = %d: expects at least 1", steps);
   size_t cap = (size_t)steps * DT_OBS_SPANS_PER_STEP;
   struct dt_span *s = malloc(cap * sizeof *s);
-  if (!s) return dt__seterr(DT_ENOMEM, "obs trace: cannot keep %zu spans", cap);
+  int64_t *st = malloc((size_t)steps * sizeof *st);
+  if (!s || !st) {
+    free(s);
+    free(st);
+    return dt__seterr(DT_ENOMEM, "obs trace: cannot keep %zu spans", cap);
+  }
   pthread_mutex_lock(&o->mu);
   free(o->spans);
+  free(o->step_t0);
   o->spans = s;
+  o->step_t0 = st;
+  o->steps = (size_t)steps;
+  o->nstep = 0;
   o->span_cap = cap;
   o->span_n = o->span_head = 0;
   o->t0_ns = t0_ns;
@@ -45,14 +55,18 @@ void dt_obs_span(dt_obs *o, const char *name, int tid, int64_t t0, int64_t t1, i
     o->span_head = (o->span_head + 1) % o->span_cap;
   }
   o->spans[i] = (struct dt_span){name, t0, t1 < t0 ? t0 : t1, arg, tid};
+  /* the training thread's "step" spans mark the steps the file keeps */
+  if (tid == 0 && !strcmp(name, "step")) o->step_t0[o->nstep++ % o->steps] = t0;
   pthread_mutex_unlock(&o->mu);
 }
 
 void dt__obs_trace_free(dt_obs *o) {
   atomic_store(&o->tracing, 0);
   free(o->spans);
+  free(o->step_t0);
   o->spans = NULL;
-  o->span_cap = o->span_n = 0;
+  o->step_t0 = NULL;
+  o->span_cap = o->span_n = o->nstep = 0;
 }
 
 /* Names are literals of our own code; still, nothing but safe characters
@@ -74,8 +88,11 @@ static void write_events(dt_obs *o, FILE *f, int *first) {
   for (int t = 0; t < 2; t++)
     fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
             "\"args\":{\"name\":\"%s\"}}", rank, t, tname[t]);
+  /* only spans from the start of the oldest of the last `steps` steps on */
+  int64_t cut = o->nstep >= o->steps ? o->step_t0[o->nstep % o->steps] : INT64_MIN;
   for (size_t k = 0; k < o->span_n; k++) {
     const struct dt_span *s = &o->spans[(o->span_head + k) % o->span_cap];
+    if (s->t0 < cut) continue;
     double ts = (double)(s->t0 - o->t0_ns) / 1e3, dur = (double)(s->t1 - s->t0) / 1e3;
     fputs(",\n{\"name\":\"", f);
     put_name(f, s->name);

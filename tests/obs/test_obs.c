@@ -207,7 +207,7 @@ static void test_trace(void **st) {
     assert_int_equal(dt_obs_open(&o[r], dir, r, 2, NULL, NULL), DT_OK);
     assert_int_equal(dt_obs_trace_start(o[r], 0, 0), DT_EINVAL);
     assert_int_equal(dt_obs_trace_start(o[r], 1, 1000), DT_OK); /* 32 spans kept */
-    for (int i = 0; i < 40; i++) dt_obs_span(o[r], "step", 0, 1000 + i * 100, 1000 + i * 100 + 50, i);
+    for (int i = 0; i < 40; i++) dt_obs_span(o[r], "work", 0, 1000 + i * 100, 1000 + i * 100 + 50, i);
     char p[300];
     snprintf(p, sizeof p, "%s/trace-rank-%d.json", dir, r);
     assert_int_equal(dt_obs_trace_write(o[r], p), DT_OK);
@@ -229,6 +229,25 @@ static void test_trace(void **st) {
   assert_null(strstr(buf, "\"args\":{\"n\":7}}"));
   assert_non_null(strstr(buf, "\"pid\":1"));
   assert_int_equal(dt_obs_trace_merge("/nonexistent-dir", 2, out), DT_ENOENT);
+  /* "step" spans of the training thread: only the last `steps` steps stay */
+  dt_obs *s;
+  assert_int_equal(dt_obs_open(&s, dir, 0, 1, NULL, NULL), DT_OK);
+  assert_int_equal(dt_obs_trace_start(s, 2, 0), DT_OK);
+  for (int i = 0; i < 5; i++) {
+    dt_obs_span(s, "forward", 0, i * 100, i * 100 + 40, -1);
+    dt_obs_span(s, "step", 0, i * 100, i * 100 + 90, i);
+  }
+  snprintf(out, sizeof out, "%s/steps.json", dir);
+  assert_int_equal(dt_obs_trace_write(s, out), DT_OK);
+  dt_obs_close(s);
+  f = fopen(out, "r");
+  n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  spans = 0;
+  for (char *p = buf; (p = strstr(p, "\"ph\":\"X\"")); p++) spans++;
+  assert_int_equal(spans, 4); /* steps 3 and 4 with their forward spans */
+  assert_null(strstr(buf, "\"args\":{\"n\":2}"));
 }
 
 int main(void) {
