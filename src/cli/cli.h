@@ -29,6 +29,7 @@ int dt__cmd_launch(int argc, char **argv);
 int dt__cmd_env(int argc, char **argv); /* cmd_env.c: every DTRAIN_* knob */
 int dt__cmd_ckpt(int argc, char **argv);   /* cmd_ckpt.c: ckpt ls|verify */
 int dt__cmd_export(int argc, char **argv); /* cmd_ckpt.c: weights out as safetensors */
+int dt__cmd_report(int argc, char **argv); /* cmd_report.c: RUN_DIR/report.html */
 
 /* `dtrain launch ... -- train ...` hands the train command where this node
  * sits in a multi-node job (cmd_launch.c checked every value). */

@@ -33,6 +33,8 @@ static void usage(FILE *f) {
           "        list / check byte for byte the checkpoints under DIR\n"
           "  export CKPT --out FILE.safetensors\n"
           "        the weights of a checkpoint for PyTorch (tools/torch_safetensors.py)\n"
+          "  report RUN_DIR [--out FILE]\n"
+          "        one self-contained HTML page of a run: charts, numbers, hang diagnosis\n"
           "\n"
           "options:\n"
           "  -h, --help     this help (dtrain train --help, dtrain launch --help)\n"
@@ -67,6 +69,7 @@ int dt_cli_main(int argc, char **argv) {
       {"env", dt__cmd_env},
       {"ckpt", dt__cmd_ckpt},
       {"export", dt__cmd_export},
+      {"report", dt__cmd_report},
   };
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].run(argc - 1, argv + 1);

@@ -43,4 +43,12 @@ int dt_obs_server_start(dt_obs_server **out, const char *addr, const char *obs_d
 int dt_obs_server_port(const dt_obs_server *s);
 void dt_obs_server_stop(dt_obs_server *s);
 
+/* ---- the run report (report.c) ---------------------------------------------------------- */
+
+/* Writes out_path (atomically: out_path.tmp, then rename) as one
+ * self-contained HTML page of the run in run_dir. DT_ENOENT when run_dir
+ * holds neither events.jsonl nor summary.json nor failure.json; DT_EIO
+ * naming the file that cannot be written. */
+int dt_obs_report(const char *run_dir, const char *out_path);
+
 #endif /* DT_OBS_DIAG_H */
