@@ -6,13 +6,14 @@
 #   make bench-pipeline  pipeline stages on the deep MLP vs one process and PyTorch Pipe
 #   make bench-ckpt  checkpoint cost, write speed vs dd and torch.save, resume time, kills
 #   make bench-ps  parameter server vs ddp, PyTorch RPC PS, a straggler
+#   make bench-obs  observability: overhead, scrape time, trace size
 #   make install [PREFIX=/usr/local]  the dtrain binary, libdtrain (.a, .so),
 #                headers, dtrain.pc and the CMake package under PREFIX
 JOBS ?= $(shell nproc)
 BUILD ?= build/release
 PREFIX ?= /usr/local
 
-.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-pipeline bench-ckpt bench-ps clean deps deps-test deps-bench
+.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-pipeline bench-ckpt bench-ps bench-obs clean deps deps-test deps-bench
 
 all: build
 
@@ -57,6 +58,7 @@ bench: deps-bench build
 	BUILD=$(BUILD) bench/pipeline.sh
 	BUILD=$(BUILD) bench/ckpt.sh
 	BUILD=$(BUILD) bench/ps.sh
+	BUILD=$(BUILD) bench/obs.sh
 
 # parameter server: vs ddp, PyTorch's RPC parameter server, a throttled straggler
 bench-ps: deps-bench build
@@ -73,6 +75,10 @@ bench-pipeline: deps-bench build
 # checkpoints: cost every 200 steps, write speed vs dd/torch.save, resume time, 30 kills
 bench-ckpt: deps-bench build
 	BUILD=$(BUILD) bench/ckpt.sh
+
+# observability: overhead of metrics + tracing, scrape time, trace size
+bench-obs: deps-bench build
+	BUILD=$(BUILD) bench/obs.sh
 
 clean:
 	rm -rf build

@@ -95,6 +95,20 @@ void dt__eobs_epoch(dt_engine *e, const dt_epoch_report *r) {
   dt_eobs *x = &e->obs;
   if (!x->o) return;
   dt_obs_set(x->epoch, r->epoch);
+  /* the straggler view the strategy measured (balance.h), not measured twice */
+  const dt_strategy *S = &e->strat;
+  if (S->perf_epoch && e->rank < S->nperf) {
+    const dt_rank_perf *p = &S->perf_epoch[e->rank];
+    dt_obs_set(dt_obs_gauge(x->o, "dtrain_straggler",
+                            "1 when this rank was flagged a straggler in the last epoch"),
+               p->straggler ? 1 : 0);
+    dt_obs_set(dt_obs_gauge(x->o, "dtrain_compute_seconds_per_sample",
+                            "This rank's compute time per sample in the last epoch"),
+               p->sec_per_sample);
+    dt_obs_set(dt_obs_gauge(x->o, "dtrain_slower_than_median_ratio",
+                            "This rank's compute time per sample over the median's, minus 1"),
+               p->slower);
+  }
   if (r->evaluated) {
     dt_obs_set(x->test_acc, r->test_accuracy);
     dt_obs_set(x->test_loss, r->test_loss);

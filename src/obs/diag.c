@@ -59,6 +59,9 @@ static int entries(const struct dt_obs_page *pg, const struct dt_obs_fr_entry **
   return n;
 }
 
+/* (a - b) in seconds, without overflow whatever a page holds */
+static double secs(int64_t a, int64_t b) { return ((double)a - (double)b) / 1e9; }
+
 static int pending(const struct dt_obs_fr_entry *e) {
   uint32_t s = atomic_load(&((struct dt_obs_fr_entry *)e)->state);
   return s == DT_FR_ENTERED || s == DT_FR_FAILED;
@@ -73,8 +76,8 @@ void dt_obs_fr_dump(const struct dt_obs_page *pg, FILE *f, int64_t now_ns, int l
   for (int i = n > last ? n - last : 0; i < n; i++) {
     char d[160];
     describe(v[i], d, sizeof d);
-    double ago = (double)(now_ns - v[i]->t0_ns) / 1e9;
-    double took = v[i]->t1_ns ? (double)(v[i]->t1_ns - v[i]->t0_ns) / 1e9 : ago;
+    double ago = secs(now_ns, v[i]->t0_ns);
+    double took = v[i]->t1_ns ? secs(v[i]->t1_ns, v[i]->t0_ns) : ago;
     fprintf(f, "  %-48s %-11s began %.3f s ago, %s %.6f s%s%s\n", d,
             state_name(atomic_load(&((struct dt_obs_fr_entry *)v[i])->state)), ago,
             v[i]->t1_ns ? "took" : "running", took, v[i]->rc ? ": " : "",
@@ -157,7 +160,7 @@ int dt_obs_diagnose(const char *obs_dir, int r0, int n, int64_t now_ns, char *ms
     if (match[i] && pending(match[i])) {
       waiting[nin++] = r0 + i;
       int64_t end = match[i]->t1_ns ? match[i]->t1_ns : now_ns;
-      double w = (double)(end - match[i]->t0_ns) / 1e9;
+      double w = secs(end, match[i]->t0_ns);
       if (w > longest) longest = w;
     }
   }
@@ -197,10 +200,10 @@ int dt_obs_diagnose(const char *obs_dir, int r0, int n, int64_t now_ns, char *ms
         describe(last[i], d, sizeof d);
         if (pending(last[i]))
           k += (size_t)snprintf(msg + k, cap - k, "; rank %d is in %s since %.3g s", r0 + i, d,
-                                (double)(now_ns - last[i]->t0_ns) / 1e9);
+                                secs(now_ns, last[i]->t0_ns));
         else
           k += (size_t)snprintf(msg + k, cap - k, "; rank %d's last operation was %s, done %.3g s ago",
-                                r0 + i, d, (double)(now_ns - last[i]->t1_ns) / 1e9);
+                                r0 + i, d, secs(now_ns, last[i]->t1_ns));
       } else {
         k += (size_t)snprintf(msg + k, cap - k, "; rank %d has recorded no operation", r0 + i);
       }
