@@ -19,6 +19,7 @@ struct dt_obs {
   struct dt_obs_page *pg;
   size_t len;
   pthread_mutex_t mu;   /* registration; the span ring */
+  pthread_mutex_t fr_mu; /* flight-recorder entries and the note */
   int full_warned;
   char note[24];        /* for the next flight-recorder entry */
   /* trace.c */
