@@ -47,6 +47,7 @@ overhead() { # NAME CONFIG ARGS...
   local off on r ratios=""
   : >"$OUT/$name.off"
   : >"$OUT/$name.on"
+  : >"$OUT/$name.cost"
   for r in $(seq 1 "$REPS"); do
     "$DT" train "$cfg" "$@" --set ckpt.epoch_end=false --out "$OUT/${name}_off$r" >/dev/null 2>&1 || echo "run failed" >&2
     "$DT" train "$cfg" "$@" --set ckpt.epoch_end=false --set ckpt.every_steps=200 --out "$OUT/${name}_on$r" >/dev/null 2>&1 || echo "run failed" >&2
@@ -55,7 +56,11 @@ overhead() { # NAME CONFIG ARGS...
     echo "$off" >>"$OUT/$name.off"
     echo "$on" >>"$OUT/$name.on"
     ratios="$ratios $(awk -v a="$on" -v b="$off" 'BEGIN{print a/b}')"
-    echo "  $name round $r: none $off, every 200 steps $on samples/s ($(num "$OUT/${name}_on$r/summary.json" written) checkpoints, snapshot $(num "$OUT/${name}_on$r/summary.json" snapshot_seconds) s, waited $(num "$OUT/${name}_on$r/summary.json" wait_seconds) s)"
+    local f="$OUT/${name}_on$r/summary.json"
+    # the training thread's own cost: snapshots + waits for the writer, over its training time
+    awk -v a="$(num "$f" snapshot_seconds)" -v b="$(num "$f" wait_seconds)" -v t="$(num "$f" train_seconds)" \
+      'BEGIN{print (a + b) / t}' >>"$OUT/$name.cost"
+    echo "  $name round $r: none $off, every 200 steps $on samples/s ($(num "$f" written) checkpoints, snapshot $(num "$f" snapshot_seconds) s, waited $(num "$f" wait_seconds) s of $(num "$f" train_seconds) s training)"
     rm -rf "$OUT/${name}_off$r" "$OUT/${name}_on$r"
   done
   local moff mon mr
@@ -63,6 +68,7 @@ overhead() { # NAME CONFIG ARGS...
   mon=$(median <"$OUT/$name.on")
   mr=$(echo "$ratios" | tr ' ' '\n' | grep . | median)
   echo "$name: none $moff samples/s, every 200 steps $mon samples/s (medians); paired median on/off $mr -> $(awk -v r="$mr" 'BEGIN{printf "%.1f%%", (1-r)*100}') slower"
+  echo "$name: training-thread time in checkpoints (snapshot copies + waits) / training time: median $(median <"$OUT/$name.cost" | awk '{printf "%.3f%%", $1 * 100}')"
 }
 echo "## 1. checkpoint every 200 steps vs none (1 epoch; samples/s)"
 overhead MLP examples/fashion_mlp.ini --set train.epochs=1
@@ -103,6 +109,35 @@ else
   echo "torch.save: skipped (python3-torch missing)"
 fi
 rm -rf "$OUT/wide" "$OUT/wide.safetensors"
+
+# ---- 2b. the writer alone, alternating with dd and torch.save ---------------------------
+echo "## 2b. the writer alone (bench_ckpt_write: 160 MB snapshot, same code as the background thread) vs dd and torch.save, alternating"
+cmake --build "$BUILD" -j2 --target bench_ckpt_write >/dev/null 2>&1 || echo "bench_ckpt_write did not build"
+HAVE_T=0
+"$PY" -c 'import torch' 2>/dev/null && HAVE_T=1
+[ $HAVE_T = 1 ] && "$DT" train examples/fashion_wide_mlp.ini --set train.epochs=1 --set data.limit_train=64 \
+  --set data.limit_test=64 --out "$OUT/w1" >/dev/null 2>&1 && "$DT" export "$OUT/w1" --out "$OUT/w1.safetensors" >/dev/null
+: >"$OUT/bw"; : >"$OUT/bd"; : >"$OUT/bt"
+for r in $(seq 1 "$REPS"); do
+  "$BUILD/bench_ckpt_write" "$OUT/bwdir" 20037642 1 | grep '^write' | tee -a "$OUT/bw.lines" | awk '{print $8}' >>"$OUT/bw"
+  dd if=/dev/zero of="$OUT/dd.tmp" bs=4M count=40 oflag=direct 2>&1 | tail -1 |
+    awk '{for (i = 1; i <= NF; i++) if ($i == "s,") t = $(i-1); print 167772160 / t / 1e6}' >>"$OUT/bd"
+  rm -f "$OUT/dd.tmp"
+  if [ $HAVE_T = 1 ]; then
+    OMP_NUM_THREADS=1 "$PY" tools/torch_safetensors.py save-bench "$OUT/w1.safetensors" --moments 1 \
+      --out "$OUT/torch.pt" | tee -a "$OUT/bt.lines" | awk '{print $(NF-1)}' >>"$OUT/bt"
+    rm -f "$OUT/torch.pt"
+  fi
+done
+sed 's/^/  dtrain /' "$OUT/bw.lines"
+[ $HAVE_T = 1 ] && sed 's/^/  /' "$OUT/bt.lines"
+BW=$(median <"$OUT/bw"); BD=$(median <"$OUT/bd")
+echo "writer alone: median $BW MB/s; dd oflag=direct: $(tr '\n' ' ' <"$OUT/bd")MB/s, median $BD MB/s; ratio $(awk -v a="$BW" -v b="$BD" 'BEGIN{printf "%.2f", a / b}') (target >= 0.80)"
+if [ $HAVE_T = 1 ]; then
+  BT=$(median <"$OUT/bt")
+  echo "torch.save: median $BT MB/s; dtrain / torch.save $(awk -v a="$BW" -v b="$BT" 'BEGIN{printf "%.2f", a / b}') (target >= 1.5)"
+fi
+rm -rf "$OUT/bwdir" "$OUT/w1" "$OUT/w1.safetensors"
 
 # ---- 3. resume: start to the first resumed step --------------------------------------
 echo "## 3. resume: the MLP resumed with one step left"

@@ -21,6 +21,15 @@ S=(--set train.epochs=2 --set data.limit_train=2000 --set data.limit_test=300 --
 "$DTRAIN" train "$MLP" "${S[@]}" --out "$T/a" >/dev/null 2>"$T/a.err" || fail "a: $(cat "$T/a.err")"
 ls "$T/a/ckpt" | grep -q step-00000064 && pass || fail "no final checkpoint: $(ls "$T/a/ckpt")"
 
+# --- synchronous writes, by time ----------------------------------------------------
+"$DTRAIN" train "$MLP" "${S[@]}" --set ckpt.every_steps=0 --set ckpt.async=false --set ckpt.epoch_end=false \
+  --set ckpt.every_seconds=0.001 --out "$T/sync" >/dev/null 2>"$T/sync.err" || fail "sync: $(cat "$T/sync.err")"
+[ "$(json_num "$T/sync/summary.json" written)" -ge 2 ] 2>/dev/null && pass || fail "every_seconds: $(json_num "$T/sync/summary.json" written) checkpoints"
+grep -q '"async":[[:space:]]*false' "$T/sync/summary.json" && pass || fail "sync: summary does not say async false"
+"$DTRAIN" ckpt verify "$T/sync" >"$T/sync.verify" 2>&1 && pass || fail "sync: verify: $(cat "$T/sync.verify")"
+[ "$(json_str "$T/sync/summary.json" params_sha256)" = "$(json_str "$T/a/summary.json" params_sha256)" ] && pass \
+  || fail "checkpointing changed the trajectory"
+
 # --- fingerprint ------------------------------------------------------------------
 expect_bad other_model 'model.layers' train "$MLP" "${S[@]}" --set 'model.layers=flatten linear(64) relu linear(10)' --resume "$T/a"
 expect_bad other_data 'data.train_samples' train "$MLP" "${S[@]}" --set data.limit_train=1000 --resume "$T/a"
