@@ -119,6 +119,7 @@ HAVE_T=0
   --set data.limit_test=64 --out "$OUT/w1" >/dev/null 2>&1 && "$DT" export "$OUT/w1" --out "$OUT/w1.safetensors" >/dev/null
 : >"$OUT/bw"; : >"$OUT/bd"; : >"$OUT/bt"
 for r in $(seq 1 "$REPS"); do
+  rm -rf "$OUT/bwdir" # a fresh directory: the same step twice is not written again
   "$BUILD/bench_ckpt_write" "$OUT/bwdir" 20037642 1 | grep '^write' | tee -a "$OUT/bw.lines" | awk '{print $8}' >>"$OUT/bw"
   dd if=/dev/zero of="$OUT/dd.tmp" bs=4M count=40 oflag=direct 2>&1 | tail -1 |
     awk '{for (i = 1; i <= NF; i++) if ($i == "s,") t = $(i-1); print 167772160 / t / 1e6}' >>"$OUT/bd"
