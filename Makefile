@@ -3,6 +3,7 @@
 #   make test   install what is missing, build, run the whole test suite
 #   make bench  dtrain vs PyTorch 1.13, back to back, with ratios
 #   make bench-comm  allreduce vs Open MPI and Gloo
+#   make bench-straggler  one worker throttled by a cgroup: dynamic shares, stealing
 #   make bench-pipeline  pipeline stages on the deep MLP vs one process and PyTorch Pipe
 #   make bench-ckpt  checkpoint cost, write speed vs dd and torch.save, resume time, kills
 #   make bench-ps  parameter server vs ddp, PyTorch RPC PS, a straggler
@@ -13,7 +14,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build/release
 PREFIX ?= /usr/local
 
-.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-pipeline bench-ckpt bench-ps bench-obs clean deps deps-test deps-bench
+.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-straggler bench-pipeline bench-ckpt bench-ps bench-obs clean deps deps-test deps-bench
 
 all: build
 
@@ -55,6 +56,7 @@ test-main: build
 
 bench: deps-bench build
 	BUILD=$(BUILD) bench/run.sh
+	BUILD=$(BUILD) ACCURACY=1 bench/straggler.sh
 	BUILD=$(BUILD) bench/pipeline.sh
 	BUILD=$(BUILD) bench/ckpt.sh
 	BUILD=$(BUILD) bench/ps.sh
@@ -67,6 +69,10 @@ bench-ps: deps-bench build
 # allreduce: dtrain (shm, tcp) vs Open MPI and Gloo, 2 and 4 ranks, back to back
 bench-comm: deps-bench build
 	BUILD=$(BUILD) bench/comm.sh
+
+# one worker throttled by a cgroup CPU quota: static / dynamic / steal vs PyTorch DDP
+bench-straggler: deps-bench build
+	BUILD=$(BUILD) ACCURACY=1 bench/straggler.sh
 
 # pipeline stages: speed-up, bubble, PyTorch Pipe, peak RSS (docs/pipeline.md)
 bench-pipeline: deps-bench build

@@ -30,6 +30,7 @@ ap.add_argument("--limit", default="mlp:0,cnn:20000", help="data.limit_train per
 ap.add_argument("--accuracy", action="store_true")
 ap.add_argument("--no-torch", action="store_true")
 ap.add_argument("--no-det", action="store_true")
+ap.add_argument("--stop", type=float, default=0, help="also freeze 1 of 3 workers this many seconds")
 a = ap.parse_args()
 
 dtrain = os.path.join(a.build, "dtrain")
@@ -177,6 +178,8 @@ try:
                 rec("det_static", run_dtrain(model, 2, "static", det=True))
                 rec("det_static_thr", run_dtrain(model, 2, "static", det=True, throttle=cg))
                 rec("det_dynamic_thr", run_dtrain(model, 2, "dynamic", det=True, throttle=cg))
+                rec("det_steal_thr", run_dtrain(model, 2, "steal", det=True, throttle=cg))
+                rec("det_steal", run_dtrain(model, 2, "steal", det=True))
             if not a.no_torch:
                 R.setdefault("torch", []).append(run_torch(model))
                 R.setdefault("torch_thr", []).append(run_torch(model, throttle=cg))
@@ -194,16 +197,37 @@ try:
             print(f"{model}: deterministic: 1 worker {m['det_1w']:.0f}, 2 static {m['det_static']:.0f} "
                   f"(vs normal 2 static: {m['static'] / m['det_static']:.2f}x slower); throttled: "
                   f"static {m['det_static_thr']:.0f} = {m['det_static_thr'] / ideal:.3f} of ideal, "
-                  f"dynamic {m['det_dynamic_thr']:.0f} = {m['det_dynamic_thr'] / ideal:.3f} of ideal")
-            same = len(shas["det_1w"] | shas["det_static"] | shas["det_static_thr"]
-                       | shas["det_dynamic_thr"]) == 1
+                  f"dynamic {m['det_dynamic_thr']:.0f} = {m['det_dynamic_thr'] / ideal:.3f} of ideal, "
+                  f"steal {m['det_steal_thr']:.0f} = {m['det_steal_thr'] / ideal:.3f} of ideal "
+                  f"(det ideal {(1 + a.quota) * m['det_1w']:.0f}: steal "
+                  f"{m['det_steal_thr'] / ((1 + a.quota) * m['det_1w']):.3f} of it)")
+            print(f"{model}: deterministic, no straggler: static {m['det_static']:.0f}, steal "
+                  f"{m['det_steal']:.0f}: steal costs {1 - m['det_steal'] / m['det_static']:+.3f}")
+            keys = ("det_1w", "det_static", "det_static_thr", "det_dynamic_thr", "det_steal_thr",
+                    "det_steal")
+            same = len(set().union(*(shas[k] for k in keys))) == 1
             print(f"{model}: deterministic params_sha256 equal across 1 worker, 2 static, throttled "
-                  f"static and dynamic: {same} ({sorted(shas['det_1w'])[0][:16]}...)")
+                  f"static, dynamic and steal, unthrottled steal: {same} "
+                  f"({sorted(shas['det_1w'])[0][:16]}...)")
         if not a.no_torch:
             print(f"{model}: PyTorch DDP 2 procs: {m['torch']:.0f} unthrottled, {m['torch_thr']:.0f} "
                   f"throttled: slowdown {m['torch'] / m['torch_thr']:.2f}x; dtrain static "
                   f"{m['static'] / m['static_thr']:.2f}x, dynamic {m['dynamic'] / m['dynamic_thr']:.2f}x")
         sys.stdout.flush()
+    if a.stop:
+        # 3 workers, one frozen for STOP seconds mid-run: the job's lost time
+        model = a.models.split(",")[0]
+        senv = {"DTRAIN_SHM_STOPPED_S": "0"}  # the freeze must not end the job
+        env.update(senv)
+        for bal, det in (("dynamic", False), ("steal", True)):
+            base = run_dtrain(model, 3, bal, det=det, extra=["--set", "train.epochs=4"])
+            hit = run_dtrain(model, 3, bal, det=det, extra=["--set", "train.epochs=4"],
+                             stop=(1.0, a.stop), rank=2)
+            lost = hit["train_seconds"] - base["train_seconds"]
+            print(f"{model}: 3 workers, rank 2 SIGSTOPped {a.stop:.0f} s after 1 s ({bal}"
+                  f"{', deterministic' if det else ''}): train {base['train_seconds']:.2f} s "
+                  f"undisturbed, {hit['train_seconds']:.2f} s frozen: lost {lost:.2f} s; accuracy "
+                  f"{base['test_accuracy']:.4f} vs {hit['test_accuracy']:.4f}", flush=True)
     if a.accuracy:
         for model in a.models.split(","):
             s = run_dtrain(model, 2, "dynamic", throttle=cg, full=True)
