@@ -126,8 +126,11 @@ def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=
             if target and throttle:
                 throttle.add(target)
         if stop and target:
-            when, secs = stop
-            time.sleep(when)
+            # mid-training: once the first epoch is recorded
+            secs = stop
+            ev = os.path.join(out, "events.jsonl")
+            while p.poll() is None and not (os.path.exists(ev) and os.path.getsize(ev) > 0):
+                time.sleep(0.01)
             os.kill(target, 19)  # SIGSTOP
             time.sleep(secs)
             os.kill(target, 18)  # SIGCONT
@@ -222,9 +225,9 @@ try:
         for bal, det in (("dynamic", False), ("steal", True)):
             base = run_dtrain(model, 3, bal, det=det, extra=["--set", "train.epochs=4"])
             hit = run_dtrain(model, 3, bal, det=det, extra=["--set", "train.epochs=4"],
-                             stop=(1.0, a.stop), rank=2)
+                             stop=a.stop, rank=2)
             lost = hit["train_seconds"] - base["train_seconds"]
-            print(f"{model}: 3 workers, rank 2 SIGSTOPped {a.stop:.0f} s after 1 s ({bal}"
+            print(f"{model}: 3 workers, rank 2 SIGSTOPped {a.stop:.0f} s after epoch 1 ({bal}"
                   f"{', deterministic' if det else ''}): train {base['train_seconds']:.2f} s "
                   f"undisturbed, {hit['train_seconds']:.2f} s frozen: lost {lost:.2f} s; accuracy "
                   f"{base['test_accuracy']:.4f} vs {hit['test_accuracy']:.4f}", flush=True)
