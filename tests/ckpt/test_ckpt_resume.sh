@@ -23,8 +23,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# small and quick: 4 epochs of 47 steps
-S=(--set train.epochs=4 --set data.limit_train=3000 --set data.limit_test=500 --set ckpt.keep=0)
+# small and quick: 4 epochs of 32 steps
+S=(--set train.epochs=4 --set data.limit_train=2000 --set data.limit_test=500 --set ckpt.keep=0)
 sha() { json_str "$1/summary.json" params_sha256; }
 now() { date +%s.%N; }
 before() { awk -v a="$1" -v b="$(now)" -v lim="$2" 'BEGIN{exit !(b - a <= lim)}'; }
@@ -109,7 +109,8 @@ done
 echo "random kills during writes: $good of $N resumed exactly"
 
 # --- SIGTERM: a checkpoint at the step boundary, exit 143 ---------------------
-run_bg term --out "$T/term"
+# a checkpoint every step keeps the run busy long enough to be signalled
+run_bg term --set ckpt.every_steps=1 --out "$T/term"
 if wait_file "$T/term/ckpt/latest" 60 "$BG"; then
   kill -TERM "$BG"
   wait "$BG"
