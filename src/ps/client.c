@@ -49,7 +49,8 @@ struct dt_ps_client {
   size_t ready_lo;
   int next_key;        /* pushes go from the last key down */
   dt_ps_client_stats st;
-  int err;             /* a local reply was malformed */
+  int err;             /* a push or a poll failed during backward (reported by finish) */
+  char errmsg[512];
 };
 
 static int srv_rank(const dt_ps_client *c, int s) { return dt_ps_server_rank(&c->o, s); }
@@ -282,11 +283,17 @@ int dt_ps_client_start(dt_ps_client *c) {
 }
 
 void dt_ps_client_begin(dt_ps_client *c, float weight, float lr) {
+  if (c->local) {
+    int busy = 0, rc = dt_ps_server_poll(c->local, &busy);
+    if (rc < 0) {
+      c->err = rc;
+      snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
+    }
+  }
   c->weight = weight;
   c->lr = lr;
   c->ready_lo = c->map->nparams;
   c->next_key = c->nk - 1;
-  c->err = 0;
   for (int k = 0; k < c->nk; k++) c->kst[k] &= (uint8_t)~K_PUSHED;
 }
 
@@ -332,10 +339,23 @@ static int push_key(dt_ps_client *c, int k) {
 
 void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n) {
   if (c->err) return;
+  if (c->local) {
+    /* a colocated server answers the other workers while this one is in
+     * backward too (its replies to this worker only ever concern keys this
+     * worker already pushed, whose layers backward is done with) */
+    int busy = 0, rc = dt_ps_server_poll(c->local, &busy);
+    if (rc < 0) {
+      c->err = rc;
+      snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
+      return;
+    }
+  }
   if (off < c->ready_lo && off + n >= c->ready_lo) c->ready_lo = off;
   while (c->next_key >= 0 && c->map->keys[c->next_key].off >= c->ready_lo) {
-    if (push_key(c, c->next_key) < 0) {
-      c->err = 1; /* reported by finish */
+    int rc = push_key(c, c->next_key);
+    if (rc < 0) {
+      c->err = rc; /* reported by finish */
+      snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
       return;
     }
     c->next_key--;
@@ -343,7 +363,7 @@ void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n) {
 }
 
 int dt_ps_client_finish(dt_ps_client *c) {
-  if (c->err) return dt__seterr(DT_EPROTO, "ps worker %d: a push failed during backward", c->me);
+  if (c->err) return dt__seterr(c->err, "ps worker %d: during backward: %s", c->me, c->errmsg);
   for (; c->next_key >= 0; c->next_key--) DT_CHECK(push_key(c, c->next_key));
   DT_CHECK(wait_all(c));
   c->clock++;
