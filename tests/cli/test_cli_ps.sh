@@ -4,6 +4,9 @@
 #    with the same params_sha256 as data parallelism with 2 workers (the
 #    same sums and optimizer arithmetic), run to run, with 1 or 2 separate
 #    servers and with colocated servers;
+#  - under mpirun (-n 3, ps.servers = 1, transport mpi) the last rank
+#    serves and bsp ends with the same params_sha256 again (skipped without
+#    mpirun or MPI);
 #  - asp and ssp runs succeed (every worker ends with the same parameters:
 #    the run_end check);
 #  - bad ps settings are refused naming the key;
@@ -53,6 +56,23 @@ ref=$(sha ddp)
 for r in ps1 ps1b ps2 psc; do
   [ -n "$ref" ] && [ "$(sha $r)" = "$ref" ] && pass || fail "$r: params_sha256 $(sha $r) differs from ddp's $ref"
 done
+if command -v mpirun >/dev/null 2>&1; then
+  rdir="$T/rdzv"
+  mkdir -p "$rdir"
+  timeout 120 env DTRAIN_RDZV_DIR="$rdir" mpirun --allow-run-as-root --oversubscribe -x DTRAIN_RDZV_DIR \
+    -n 3 "$DTRAIN" train "$MLP" $Q --set ps.servers=1 --set dist.transport=mpi --out "$T/mpi" \
+    >"$T/mpi.out" 2>"$T/mpi.err" </dev/null
+  rc=$?
+  if grep -q "transport 'mpi' unknown or not built" "$T/mpi.err"; then
+    skip_part "mpirun" "dtrain was built without MPI"
+  elif [ $rc = 0 ] && [ "$(sha mpi)" = "$ref" ]; then
+    pass
+  else
+    fail "mpirun -n 3 ps.servers=1: exit $rc, params_sha256 $(sha mpi) (ddp $ref): $(tail -3 "$T/mpi.err")"
+  fi
+else
+  skip_part "mpirun" "mpirun not found"
+fi
 run asp --workers 2 --servers 2 --set ps.consistency=asp
 run ssp --workers 2 --set ps.colocate=true --set ps.consistency=ssp --set ps.staleness=2
 run bk --workers 3 --servers 1 --set ps.backup_workers=1
