@@ -27,6 +27,8 @@ ap.add_argument("--build", default="build/release")
 ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--parts", default="speed,rpc,straggler")
 ap.add_argument("--cnn-limit", type=int, default=12000)
+ap.add_argument("--straggler-servers", type=int, default=0,
+                help="straggler part: separate servers (0: colocated, the default)")
 a = ap.parse_args()
 env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 dtrain = os.path.join(a.build, "dtrain")
@@ -139,7 +141,9 @@ def scan(ev, target):
     return hit, acc
 
 def straggler():
-    print("== straggler: MLP, 2 workers (colocated servers), worker 1 at 50% of a core")
+    where = (["--servers", str(a.straggler_servers)] if a.straggler_servers
+             else ["--set", "ps.colocate=true"])
+    print(f"== straggler: MLP, 2 workers ({' '.join(where)}), worker 1 at 50% of a core")
     if os.geteuid() != 0 or not os.access(CG, os.W_OK):
         print(f"  skipped: needs root and a writable cgroup-v1 cpu controller at {CG}")
         return
@@ -147,7 +151,7 @@ def straggler():
     for r in range(a.reps):
         for m, extra in (("bsp", []), ("ssp s=3", ["--set", "ps.consistency=ssp", "--set", "ps.staleness=3"]),
                          ("asp", ["--set", "ps.consistency=asp"])):
-            hit, acc = throttled_run(["--workers", "2", "--set", "ps.colocate=true", *extra], 20, 0.88,
+            hit, acc = throttled_run(["--workers", "2", *where, *extra], 20, 0.88,
                                      m != "asp")
             runs[m].append((hit, acc))
             print(f"  round {r + 1}: {m}: time to 0.88 {hit if hit is None else round(hit, 1)} s, final acc {acc:.4f}", flush=True)
