@@ -151,6 +151,11 @@ typedef struct dt_run_cfg {
     float significance;                /* push only updates above this fraction of |param| */
   } ps;
   int zero;                            /* dist.zero: 1 = optimizer state sharded (ZeRO-1) */
+  /* [dist] elastic training (docs/elastic.md) */
+  int min_workers;                     /* 0: not elastic (a lost worker ends the job) */
+  int max_workers;                     /* 0: dist.workers */
+  float rejoin_timeout;                /* below min_workers: wait this long, seconds */
+  float heartbeat_timeout;             /* a silent member is dead after this, seconds */
 } dt_run_cfg;
 
 /* Fills *cfg with the defaults of docs/config.md: the 2-conv CNN on

@@ -123,9 +123,12 @@ struct dt_job_config {
    * Serving metrics, diagnosing a hang. NULL: none. It must not block. */
   void (*watch)(void *ud, const dt_job *job);
   void *watch_ud;
+  int min_workers;      /* elastic training (docs/elastic.md): 0 (default) a lost
+                         * worker ends the job; else the launcher reports a
+                         * dead worker to the store and lets the others go on */
 };
 #define DT_JOB_CONFIG_INIT                                                     \
-  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL }
+  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0 }
 
 /* What a worker function gets. Everything is borrowed for the duration of
  * the call. */
@@ -137,6 +140,12 @@ struct dt_job_worker {
                                * job destroys it after the function returns.
                                * NULL only for a world of one under
                                * dt_job_from_env (nobody to talk to) */
+  /* Where the job's rendezvous store is and the comm config the job made
+   * comm with (elastic training re-forms communicators through them).
+   * rdzv_port 0: no TCP store (a file store, or a world of one). */
+  const char *rdzv_host;
+  int rdzv_port;
+  const struct dt_comm_config *comm_config;
 };
 
 /* Runs one worker's share of the job. Returns the worker's exit status:

@@ -41,6 +41,7 @@
 #include "cli/config.h"
 #include "comm/comm.h"
 #include "core/core.h"
+#include "elastic/elastic.h"
 #include "engine/engine.h"
 
 static void train_usage(FILE *f) {
@@ -201,6 +202,35 @@ static void describe_links(const dt_comm *c) {
   fflush(stdout);
 }
 
+/* dist.min_workers > 0: this worker's membership handle, watching the
+ * job's communicator, given to the engine. */
+static int start_elastic(const struct dt_job_worker *w, const dt_run_cfg *r, dt_engine *e,
+                         dt_elastic **out) {
+  *out = NULL;
+  if (!w->rdzv_port || !w->comm_config)
+    return dt__seterr(DT_ENOTSUP, "dist.min_workers = %d: elastic training needs workers started "
+                      "by --workers or dtrain launch (a TCP rendezvous store)", r->min_workers);
+  dt_elastic_cfg ec;
+  memset(&ec, 0, sizeof ec);
+  ec.host = w->rdzv_host;
+  ec.port = w->rdzv_port;
+  ec.token = w->comm_config->token;
+  ec.cc = *w->comm_config;
+  ec.id = w->rank;
+  ec.size0 = w->size;
+  ec.min_workers = r->min_workers;
+  ec.rejoin_timeout_s = r->rejoin_timeout;
+  ec.heartbeat_timeout_s = r->heartbeat_timeout;
+  DT_CHECK(dt_elastic_create(out, &ec));
+  int rc = dt_elastic_start(*out, w->comm);
+  if (rc == DT_OK) rc = dt__engine_set_elastic(e, *out, w->rank);
+  if (rc < 0) {
+    dt_elastic_destroy(*out);
+    *out = NULL;
+  }
+  return rc;
+}
+
 /* One worker of a job (--workers, launch, mpirun/srun): trains as its rank
  * over the job's communicator; returns the exit status. */
 static int run_worker(const struct dt_job_worker *w, void *arg) {
@@ -231,10 +261,14 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
   }
   if (rc == DT_OK) rc = dt_engine_set_comm(a->e, c);
   catch_stop(a->e, a->cfg);
+  dt_elastic *el = NULL;
+  if (rc == DT_OK && a->cfg->min_workers > 0) rc = start_elastic(w, a->cfg, a->e, &el);
   dt_engine_hooks hooks = {NULL, NULL, NULL};
-  if (r == 0) hooks = (dt_engine_hooks){on_step, on_epoch, v};
+  /* elastic: whoever is rank 0 reports (the engine calls only its hooks) */
+  if (r == 0 || el) hooks = (dt_engine_hooks){on_step, on_epoch, v};
   dt_run_summary s;
   if (rc == DT_OK) rc = dt_engine_run(a->e, a->out, a->text, &hooks, &s);
+  dt_elastic_destroy(el);
   if (r == 0 && v->bar && v->drawn) fprintf(v->bar, "\r\033[K");
   int status = DT_EXIT_OK;
   if (rc < 0) {
@@ -244,7 +278,7 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
     else fprintf(stderr, "dtrain: rank %d: %s\n", r, m);
     status = rc == DT_EMISMATCH ? DT_EXIT_USAGE : DT_EXIT_FAIL;
     if (rc == DT_EABORTED && stop_signal) status = 128 + stop_signal;
-  } else if (r == 0) {
+  } else if (s.rank == 0) {
     final_line(&s, a->out);
   }
   if (job) dt_comm_destroy(c);
@@ -423,6 +457,7 @@ static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_
     } else {
       jc.workers = cfg->run.workers + cfg->run.ps.servers;
     }
+    jc.min_workers = cfg->run.min_workers;
     rc = dt_job_create(job, &jc);
   }
   /* every failure here is bad input, the memory check's refusal too */

@@ -150,6 +150,10 @@ static const key keys[] = {
     {"ps", "staleness", K_INT, OFF(ps.staleness), 0, 1000000, 0, NULL},
     {"ps", "backup_workers", K_INT, OFF(ps.backup_workers), 0, 4095, 0, NULL},
     {"ps", "significance", K_FLOAT, OFF(ps.significance), 0, 1, R_HI_OPEN, NULL},
+    {"dist", "min_workers", K_INT, OFF(min_workers), 0, 4096, 0, NULL},
+    {"dist", "max_workers", K_INT, OFF(max_workers), 0, 4096, 0, NULL},
+    {"dist", "rejoin_timeout", K_FLOAT, OFF(rejoin_timeout), 0, 86400, 0, NULL},
+    {"dist", "heartbeat_timeout", K_FLOAT, OFF(heartbeat_timeout), 0.05, 3600, 0, NULL},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 _Static_assert(sizeof keys / sizeof keys[0] <= DT_CONFIG_MAX_KEYS, "too many keys");
@@ -655,6 +659,15 @@ int dt_config_validate(const dt_config *c) {
     return key_error(c, find_key("dist", "zero"), "not with %s yet",
                      r->deterministic ? "dist.deterministic"
                      : ps_on ? "a parameter server" : "dist.pipeline_stages > 1");
+  if (r->workers > 1 && r->min_workers > r->workers)
+    return key_error(c, find_key("dist", "min_workers"), "%d is more than dist.workers = %d",
+                     r->min_workers, r->workers);
+  if (r->min_workers && r->pipeline_stages > 1)
+    return key_error(c, find_key("dist", "min_workers"), "elastic training is not built for "
+                     "pipeline parallelism (dist.pipeline_stages = %d) yet", r->pipeline_stages);
+  if (r->max_workers && r->max_workers < r->min_workers)
+    return key_error(c, find_key("dist", "max_workers"), "%d is less than dist.min_workers = %d",
+                     r->max_workers, r->min_workers);
   static const char *const paths[] = {"train_images", "train_labels", "test_images",
                                       "test_labels"};
   for (int i = 0; i < 4; i++) {

@@ -111,6 +111,8 @@ void dt_comm_abort(dt_comm *c, int rc, const char *why) {
 
 /* ---- accessors --------------------------------------------------------- */
 
+int dt__comm_aborted(const dt_comm *c) { return c && atomic_load(&c->w->aborted); }
+
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : -1; }
 int dt_comm_size(const dt_comm *c) { return c ? c->size : 0; }
 int dt_comm_world_rank(const dt_comm *c, int r) { return r >= 0 && r < c->size ? c->wr[r] : -1; }

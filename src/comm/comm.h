@@ -75,6 +75,9 @@ int dt_store_delete(dt_store *s, const char *key, bool *existed, double timeout_
 
 /* ---- communicator (create, destroy, rank, size, abort: dtrain/comm.h) -- */
 
+/* Whether c's world was aborted (dt_comm_abort here, or a peer's abort
+ * seen): one atomic load, for waits outside the communicator (window.c). */
+int dt__comm_aborted(const dt_comm *c);
 /* The rank of c's member r in the world communicator c derives from. */
 int dt_comm_world_rank(const dt_comm *c, int r);
 const char *dt_comm_transport_name(const dt_comm *c, int peer); /* "self" for own rank */

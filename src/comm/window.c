@@ -297,6 +297,9 @@ static int wait_word(dt_comm_window *w, int q, int which, uint32_t seq, int64_t 
                         w->hdr[w->rank]->why);
     if (atomic_load(&h->aborted))
       return dt__seterr(DT_EABORTED, "window allreduce #%u: rank %d gave up: %s", seq, q, h->why);
+    if (dt__comm_aborted(w->c))
+      return dt__seterr(DT_EABORTED, "window allreduce #%u: the communicator was aborted (%s)",
+                        seq, dt_comm_errmsg(w->c));
     int64_t now = dt_now_ns();
     if (now >= deadline)
       return dt__seterr(DT_ETIMEDOUT, "window allreduce #%u: rank %d did not %s the call within "

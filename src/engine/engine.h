@@ -50,4 +50,9 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index);
 /* One line per server: its key ranges (printed at start). *out is malloc'd. */
 int dt__engine_ps_describe(dt_engine *e, char **out);
 
+/* Elastic training (docs/elastic.md): the engine re-forms over the
+ * generations of el (borrowed, must outlive dt_engine_run) when a
+ * collective fails; id is this worker's member id. Before dt_engine_run. */
+struct dt_elastic;
+int dt__engine_set_elastic(dt_engine *e, struct dt_elastic *el, int id);
 #endif /* DT_ENGINE_H */

@@ -83,6 +83,15 @@ struct dt_engine {
   char out_dir[DT_CFG_PATH_MAX];
   dt_eobs obs;              /* metrics, flight recorder, trace of the current run */
   dt_ckpt_run ck;           /* checkpoints and resuming (ckpt_run.c) */
+  /* elastic training (elastic_run.c); all unused when elastic is NULL */
+  struct dt_elastic *elastic;
+  int el_id;                /* this worker's member id */
+  int kill_phase;           /* DTRAIN_TEST_KILL: point (0: none) and step */
+  int64_t kill_step;
+  FILE *visits;             /* DTRAIN_TEST_VISITS record, or NULL */
+  float *bufs_snap;         /* the model's buffers at the step's start */
+  int64_t ended_at;         /* S->step when the last epoch end was done, or -1 */
+  int recoveries;           /* membership changes survived */
 };
 
 /* The checkpoint root of a run writing to out_dir (ckpt.dir, else
@@ -128,6 +137,23 @@ void dt__eobs_epoch(dt_engine *e, const dt_epoch_report *r);
 /* End of the run: a failure recorded (and this rank's recorder dumped for a
  * communication failure), the trace written, the page closed. */
 void dt__eobs_end(dt_engine *e, const char *out_dir, int rc, const char *msg);
+/* ---- elastic training (elastic_run.c) ----------------------------------------- */
+
+/* Fault points of DTRAIN_TEST_KILL. */
+enum { DT_FAULT_FORWARD = 1, DT_FAULT_BACKWARD, DT_FAULT_ALLREDUCE, DT_FAULT_EVAL };
+void dt__elastic_begin(dt_engine *e);
+void dt__elastic_end(dt_engine *e);
+void dt__elastic_fault(const dt_engine *e, int phase);
+void dt__elastic_step_begin(dt_engine *e);
+void dt__elastic_visit(dt_engine *e, int epoch, int64_t lo, int64_t hi);
+/* Whether rc (a failed collective) may be survived by re-forming. */
+int dt__elastic_recoverable(const dt_engine *e, int rc);
+/* The loop's position: 2 x steps taken, + 1 once that epoch's end is done. */
+int64_t dt__elastic_pos(const dt_engine *e);
+/* Re-forms over the next generation and says where the loop goes on:
+ * *epoch and step *k (k = steps_per_epoch: the epoch's end; epoch beyond
+ * the last: the run's end). in_step: the failure interrupted a step. */
+int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k);
 
 /* ---- files (files.c) ------------------------------------------------------------ */
 
@@ -158,6 +184,9 @@ typedef struct dt_records {
 /* Creates dir (mkdir -p), writes dir/config.ini (config_text, if not NULL)
  * and starts dir/events.jsonl empty. */
 int dt__records_open(dt_records *r, const char *dir, const char *config_text);
+/* Takes over the records of a run another rank 0 started (elastic
+ * training, after rank 0 was lost): events.jsonl opened for appending. */
+int dt__records_append(dt_records *r, const char *dir);
 /* Appends one epoch's line to events.jsonl (flushed). */
 int dt__records_event(dt_records *r, const dt_epoch_report *rep);
 /* Writes dir/summary.json atomically; per/nper: every worker's numbers in

@@ -38,6 +38,20 @@ int dt__records_open(dt_records *r, const char *dir, const char *config_text) {
   return DT_OK;
 }
 
+int dt__records_append(dt_records *r, const char *dir) {
+  memset(r, 0, sizeof *r);
+  snprintf(r->dir, sizeof r->dir, "%s", dir);
+  snprintf(r->events_path, sizeof r->events_path, "%s/events.jsonl", dir);
+  r->open = 1;
+  r->events = fopen(r->events_path, "a");
+  if (!r->events) {
+    char sp[DT_SHORT_PATH];
+    r->open = 0;
+    return dt__seterr(DT_EIO, "'%s': %s", dt__short_path(r->events_path, sp), strerror(errno));
+  }
+  return DT_OK;
+}
+
 void dt__records_close(dt_records *r) {
   if (!r->events) return;
   if (fsync(fileno(r->events))) {

@@ -89,4 +89,8 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->ckpt_on_signal = 1;
   c->ckpt_keep = 3;
   c->ckpt_async = 1;
+  c->min_workers = 0;
+  c->max_workers = 0;
+  c->rejoin_timeout = 30;
+  c->heartbeat_timeout = 2;
 }

@@ -91,11 +91,13 @@ typedef struct dt_state_reader {
   void *ud;
 } dt_state_reader;
 
-/* A membership change (elastic training): the new communicator and what
- * became of this worker. Defined now so strategies can say DT_ENOTSUP. */
+/* A membership change (elastic training): the new communicator, what
+ * became of this worker, and the rank whose state (parameters, buffers,
+ * optimizer, step) every member takes: the most advanced one. */
 typedef struct dt_membership {
   dt_comm *comm;                 /* the re-formed communicator */
   int rank, nranks;              /* this worker in it */
+  int source;                    /* rank whose state everyone copies */
 } dt_membership;
 
 struct dt_strategy_ops {
@@ -154,8 +156,11 @@ struct dt_strategy_ops {
    * and back. Import happens after setup and before the first step. */
   int (*state_export)(dt_strategy *s, const dt_state_writer *w);
   int (*state_import)(dt_strategy *s, const dt_state_reader *r);
-  /* Elastic training: the world changed between two steps. Every strategy
-   * built so far returns DT_ENOTSUP (the elastic issue fills this in). */
+  /* Elastic training: the world changed (a step or an epoch's end was
+   * interrupted and will be redone). Collective over m->comm: take the
+   * new communicator, copy m->source's state (parameters, buffers,
+   * optimizer, step) to every member, rebuild what depended on the old
+   * communicator. ddp and ddp_det do; local says DT_ENOTSUP. */
   int (*membership_change)(dt_strategy *s, const dt_membership *m);
   /* End of a successful run, every rank: check that every rank ends with
    * the same parameters, add this worker's communication numbers to *me
@@ -205,5 +210,9 @@ int dt__ddp_balance_create(dt_strategy *s, dt_balance **out);
 int dt__ddp_exchange(dt_strategy *s, dt_ddp *ddp, dt_balance *bal, const dt_step_plan *plan);
 int dt__ddp_replan(dt_strategy *s, dt_balance *bal);
 void dt__ddp_balance_destroy(dt_strategy *s, dt_balance *bal);
+/* Shared by ddp and ddp_det: a membership change. Frees *ddp, takes the new
+ * communicator, broadcasts the source's state; det: makes a fresh
+ * deterministic *ddp (otherwise the caller makes one). */
+int dt__ddp_membership(dt_strategy *s, const dt_membership *m, dt_ddp **ddp, int det);
 
 #endif /* DT_ENGINE_STRATEGY_H */

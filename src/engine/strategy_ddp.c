@@ -105,6 +105,42 @@ int dt__ddp_finish(dt_strategy *s, dt_ddp *ddp, uint64_t sent0, uint64_t recv0,
   return rc < 0 ? dt__ddp_comm_err(s, rc, "summary statistics") : DT_OK;
 }
 
+/* The source's state to every member of the new communicator: parameters,
+ * buffers, optimizer state and step count; with det a fresh deterministic
+ * synchroniser too (ddp makes its own: it may compress). */
+int dt__ddp_membership(dt_strategy *s, const dt_membership *m, dt_ddp **ddp, int det) {
+  if (!m->comm || m->source < 0 || m->source >= m->nranks || m->rank < 0 ||
+      m->rank >= m->nranks)
+    return dt__seterr(DT_EINVAL, "strategy '%s': membership change needs a communicator and "
+                      "ranks in range (rank %d, source %d of %d)", s->ops->name, m->rank,
+                      m->source, m->nranks);
+  dt_ddp_destroy(*ddp);
+  *ddp = NULL;
+  s->grad_ud = NULL;
+  s->comm = m->comm;
+  s->rank = m->rank;
+  s->nranks = m->nranks;
+  dt_comm *c = m->comm;
+  dt_model *md = s->model;
+  int rc = dt_comm_broadcast(c, dt_model_params(md), dt_model_nparams(md), DT_F32, m->source);
+  if (rc == DT_OK && dt_model_nbufs(md))
+    rc = dt_comm_broadcast(c, dt_model_bufs(md), dt_model_nbufs(md), DT_F32, m->source);
+  size_t nf = dt_optim_state_floats(s->optim);
+  if (rc == DT_OK && nf)
+    rc = dt_comm_broadcast(c, dt_optim_state(s->optim), nf, DT_F32, m->source);
+  int64_t steps[2] = {*dt_optim_step_count(s->optim), s->step};
+  if (rc == DT_OK) rc = dt_comm_broadcast(c, steps, 2, DT_I64, m->source);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "membership change: state from the source");
+  *dt_optim_step_count(s->optim) = steps[0];
+  s->step = steps[1];
+  if (det) {
+    rc = dt_ddp_create_det(ddp, md, c, s->cfg->bucket_bytes);
+    if (rc < 0) return dt__preerr(rc, "rank %d: membership change", s->rank);
+    s->grad_ud = *ddp;
+  }
+  return DT_OK;
+}
+
 /* The compression settings of this run (docs/compress.md): none unless
  * dist.compress names a codec and it pays here (not when every rank shares
  * one host, unless dist.compress_force). Every rank decides alike: the
@@ -238,6 +274,24 @@ static int ddp_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all
   return dt__ddp_finish(s, d->ddp, d->sent0, d->recv0, me, all);
 }
 
+static int ddp_membership(dt_strategy *s, const dt_membership *m) {
+  ddp_impl *d = s->impl;
+  DT_CHECK(dt__ddp_membership(s, m, &d->ddp, 0));
+  /* a fresh synchroniser over the new communicator (buckets, a new window
+   * on one host; compression restarts with empty error-feedback residuals) */
+  dt_compress_cfg cz;
+  DT_CHECK(compress_cfg(s, &cz));
+  DT_CHECK(cz.codec != DT_CODEC_NONE
+               ? dt_ddp_create_compressed(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes, &cz)
+               : dt_ddp_create(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes));
+  s->grad_ud = d->ddp;
+  dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
+  /* the speed measurements are per rank of the old world: start afresh */
+  dt__ddp_balance_destroy(s, d->bal);
+  d->bal = NULL;
+  return dt__ddp_balance_create(s, &d->bal);
+}
+
 static void ddp_teardown(dt_strategy *s) {
   ddp_impl *d = s->impl;
   if (d) {
@@ -262,7 +316,7 @@ const struct dt_strategy_ops dt__strategy_ddp = {
     .epoch_end = ddp_epoch_end,
     .state_export = dt__strategy_export_optim,
     .state_import = dt__strategy_import_optim,
-    .membership_change = dt__strategy_no_membership,
+    .membership_change = ddp_membership,
     .run_end = ddp_run_end,
     .teardown = ddp_teardown,
 };

@@ -164,6 +164,16 @@ static int det_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all
   return dt__ddp_finish(s, d->ddp, d->sent0, d->recv0, me, all);
 }
 
+static int det_membership(dt_strategy *s, const dt_membership *m) {
+  det_impl *d = s->impl;
+  DT_CHECK(dt__ddp_membership(s, m, &d->ddp, 1));
+  dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
+  /* the speed measurements are per rank of the old world: start afresh */
+  dt__ddp_balance_destroy(s, d->bal);
+  d->bal = NULL;
+  return dt__ddp_balance_create(s, &d->bal);
+}
+
 static void det_teardown(dt_strategy *s) {
   det_impl *d = s->impl;
   if (d) {
@@ -188,7 +198,7 @@ const struct dt_strategy_ops dt__strategy_ddp_det = {
     .epoch_end = det_epoch_end,
     .state_export = dt__strategy_export_optim,
     .state_import = dt__strategy_import_optim,
-    .membership_change = dt__strategy_no_membership,
+    .membership_change = det_membership,
     .run_end = det_run_end,
     .teardown = det_teardown,
 };

@@ -173,7 +173,37 @@ static int end_epoch(dt_engine *e, dt_epoch_report *r, double t_start, dt_record
   r->time = dt_now() - t_start;
   dt__eobs_epoch(e, r);
   DT_CHECK(dt__records_event(rec, r));
-  if (hooks->on_epoch) hooks->on_epoch(hooks->ud, r);
+  if (hooks->on_epoch && (!e->elastic || e->rank == 0)) hooks->on_epoch(hooks->ud, r);
+  return DT_OK;
+}
+
+/* The end of an epoch: the train tally combined over workers (in place),
+ * the divergence check, evaluation when due, the record. */
+static int end_of_epoch(dt_engine *e, int epoch, dt_tally *ep, double *first_loss, float lr,
+                        double t_start, dt_records *rec, const dt_engine_hooks *hooks,
+                        double *test_loss, double *test_acc) {
+  dt_strategy *S = &e->strat;
+  DT_CHECK(S->ops->epoch_end(S, epoch, ep));
+  dt_epoch_report r;
+  memset(&r, 0, sizeof r);
+  r.epoch = epoch;
+  r.step = S->step;
+  r.train_loss = dt__tally_mean(ep);
+  r.train_accuracy = ep->samples ? (double)ep->correct / (double)ep->samples : 0;
+  r.samples_per_second = ep->seconds > 0 ? (double)ep->samples / ep->seconds : 0;
+  r.lr = lr;
+  if (epoch == 1) *first_loss = r.train_loss;
+  DT_CHECK(check_epoch(epoch, r.train_loss, *first_loss));
+  if (e->elastic) dt__elastic_fault(e, DT_FAULT_EVAL);
+  return end_epoch(e, &r, t_start, rec, hooks, test_loss, test_acc);
+}
+
+/* Elastic training: re-form (elastic_run.c); a worker that became rank 0
+ * takes over the run's records. */
+static int recover(dt_engine *e, int in_step, int *epoch, int64_t *k, const char *out_dir,
+                   dt_records *rec) {
+  DT_CHECK(dt__elastic_recover(e, in_step, epoch, k));
+  if (e->rank == 0 && out_dir && !rec->open) return dt__records_append(rec, out_dir);
   return DT_OK;
 }
 
@@ -258,11 +288,17 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   dt_progress p = {0};
   p.epochs = c->epochs;
   p.steps_per_epoch = e->steps_per_epoch;
+  /* Elastic training (elastic_run.c): a failed collective re-forms the
+   * group and the loop goes on at the agreed position (resume:). */
+  if (e->elastic) dt__elastic_begin(e);
+  int64_t k0 = 0;
+  dt_tally ep;
   for (epoch = start.epoch; epoch <= c->epochs; epoch++) {
-    DT_CHECK_GOTO(src->ops->epoch_begin(src, epoch), rc, done);
-    dt_tally ep = {.fixed = S->ops->fixed_point};
-    const int64_t k0 = epoch == start.epoch ? start.k : 0;
+    k0 = epoch == start.epoch ? start.k : 0;
+    ep = (dt_tally){.fixed = S->ops->fixed_point};
     if (k0) ep = start.ep;
+  resume:
+    DT_CHECK_GOTO(src->ops->epoch_begin(src, epoch), rc, done);
     for (int64_t k = k0; k < e->steps_per_epoch; k++) {
       double t0 = dt_now();
       /* spans only when tracing: four clock reads per piece */
@@ -271,7 +307,9 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
       int64_t n0 = s0, n1;
       dt_tally st = {.fixed = S->ops->fixed_point};
       dt_step_plan plan;
+      int64_t vlo = -1, vhi = -1;
       lr = dt_sched_lr(&e->sched, S->step);
+      if (e->elastic) dt__elastic_step_begin(e);
       DT_CHECK_GOTO(src->ops->plan(src, k, &plan), rc, step_failed);
       DT_CHECK_GOTO(S->ops->step_begin(S, &plan), rc, step_failed);
       if (S->ops->run_pieces) DT_CHECK_GOTO(S->ops->run_pieces(S, src, &plan, &st), rc, step_failed);
@@ -280,24 +318,41 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
         DT_CHECK_GOTO(src->ops->piece(src, i, &b), rc, step_failed);
         if (b.n == 0) break; /* the source ended the step's pieces (a work queue ran dry) */
         if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "data", 0, n0, n1, -1), n0 = n1;
+        if (e->elastic) dt__elastic_fault(e, DT_FAULT_FORWARD);
         /* dropout masks are keyed by (seed, step, global position) */
         dt_step_ctx ctx = {1, c->seed, (uint64_t)S->step, b.sample0};
         DT_CHECK_GOTO(dt_model_forward(e->model, b.x, b.n, &ctx), rc, step_failed);
         if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "forward", 0, n0, n1, b.n), n0 = n1;
         if (S->ops->backward_begin) S->ops->backward_begin(S, &b, i, plan.pieces);
+        if (e->elastic) dt__elastic_fault(e, DT_FAULT_BACKWARD);
         int nc = 0;
         float loss = 0.0f;
         DT_CHECK_GOTO(dt_model_backward(e->model, b.y, b.n, &loss, &nc, S->ops->grad_ready,
                                         S->grad_ud), rc, step_failed);
         if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "backward", 0, n0, n1, b.n), n0 = n1;
         dt__tally_add(&st, loss, b.n, nc, plan.terms);
+        if (vlo < 0) vlo = b.sample0;
+        vhi = b.sample0 + b.n;
       }
-      DT_CHECK_GOTO(S->ops->step_finish(S, lr), rc, step_failed);
+      if (e->elastic) dt__elastic_fault(e, DT_FAULT_ALLREDUCE);
+      rc = S->ops->step_finish(S, lr);
+      if (rc < 0) {
+      step_failed:
+        if (!dt__elastic_recoverable(e, rc)) {
+          step_err(e, rc, epoch);
+          goto done;
+        }
+        DT_CHECK_GOTO(recover(e, 1, &epoch, &k0, out_dir, &rec), rc, done);
+        if (epoch > c->epochs) goto finished;
+        ep = (dt_tally){.fixed = S->ops->fixed_point}; /* redone steps are counted anew */
+        goto resume;
+      }
       if (tr) {
         n1 = dt_now_ns();
         dt_obs_span(ob, "reduce+update", 0, n0, n1, -1);
         dt_obs_span(ob, "step", 0, s0, n1, S->step);
       }
+      if (e->elastic) dt__elastic_visit(e, epoch, vlo, vhi);
       DT_CHECK_GOTO(check_step(e, epoch, plan.pieces ? dt__tally_mean(&st) : 0), rc, done);
       ep.loss += st.loss;
       ep.loss_q += st.loss_q;
@@ -311,7 +366,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
       ep.seconds += dt_now() - t0;
       dt__eobs_step(e, dt_now() - t0, st.samples, dt__tally_mean(&ep), lr,
                     ep.seconds > 0 ? (double)ep.global / ep.seconds : 0);
-      if (hooks->on_step) {
+      if (hooks->on_step && (!e->elastic || e->rank == 0)) {
         p.epoch = epoch;
         p.step_in_epoch = k + 1;
         p.step = S->step;
@@ -322,28 +377,31 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
         hooks->on_step(hooks->ud, &p);
       }
     }
-    train_seconds += ep.seconds;
-    samples_total += ep.samples;
-    global_total += ep.global;
     /* the epoch over all workers; its time is the slowest worker's */
-    DT_CHECK_GOTO(S->ops->epoch_end(S, epoch, &ep), rc, done);
-    dt_epoch_report r;
-    memset(&r, 0, sizeof r);
-    r.epoch = epoch;
-    r.step = S->step;
-    r.train_loss = dt__tally_mean(&ep);
-    r.train_accuracy = ep.samples ? (double)ep.correct / (double)ep.samples : 0;
-    r.samples_per_second = ep.seconds > 0 ? (double)ep.samples / ep.seconds : 0;
-    r.lr = lr;
-    if (epoch == 1) first_loss = r.train_loss;
-    DT_CHECK_GOTO(check_epoch(epoch, r.train_loss, first_loss), rc, done);
-    DT_CHECK_GOTO(end_epoch(e, &r, t_start, &rec, hooks, &test_loss, &test_acc), rc, done);
+    dt_tally mine = ep;
+    rc = end_of_epoch(e, epoch, &ep, &first_loss, lr, t_start, &rec, hooks, &test_loss,
+                      &test_acc);
+    if (rc < 0) {
+      if (!dt__elastic_recoverable(e, rc) || rc == DT_ERANGE) goto done;
+      ep = mine;
+      int was = epoch;
+      DT_CHECK_GOTO(recover(e, 0, &epoch, &k0, out_dir, &rec), rc, done);
+      if (epoch > c->epochs) goto finished;
+      if (epoch != was) ep = (dt_tally){.fixed = S->ops->fixed_point};
+      goto resume;
+    }
+    if (e->elastic) e->ended_at = S->step;
+    train_seconds += mine.seconds;
+    samples_total += mine.samples;
+    global_total += mine.global;
     dt_ckpt_pos cp = {epoch + 1, 0, {.fixed = S->ops->fixed_point}, first_loss, test_loss,
                       test_acc};
     dt__ckpt_epoch_end(e, &cp);
   }
 
+finished:
   /* End: the strategy's checks and numbers, then the summary. */
+  free(all);
   all = calloc((size_t)e->nranks, sizeof *all);
   if (!all) {
     rc = dt__seterr(DT_ENOMEM, "summary: out of memory");
@@ -352,7 +410,16 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   s.self.samples = (double)samples_total;
   s.self.train_seconds = train_seconds;
   s.self.samples_per_second = train_seconds > 0 ? (double)samples_total / train_seconds : 0;
-  DT_CHECK_GOTO(S->ops->run_end(S, &s.self, all), rc, done);
+  rc = S->ops->run_end(S, &s.self, all);
+  if (rc < 0) {
+    if (!dt__elastic_recoverable(e, rc)) goto done;
+    DT_CHECK_GOTO(recover(e, 0, &epoch, &k0, out_dir, &rec), rc, done);
+    if (epoch <= c->epochs) {
+      ep = (dt_tally){.fixed = S->ops->fixed_point};
+      goto resume;
+    }
+    goto finished;
+  }
   double tmax = 0;
   for (int r = 0; r < e->nranks; r++)
     if (all[r].train_seconds > tmax) tmax = all[r].train_seconds;
@@ -366,6 +433,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   s.gflops = tmax > 0 ? dt_model_flops_per_sample(e->model, 1) * (double)global_total / tmax / 1e9
                       : 0;
   s.workers = e->nranks;
+  s.rank = e->rank; /* elastic: rank 0 may have changed */
   s.params = dt_model_nparams(e->model);
   uint8_t psha[32];
   dt__params_sha256(e->model, psha);
@@ -374,11 +442,10 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   rc = dt__records_summary(&rec, e, &s, e->comm ? all : NULL, e->comm ? e->nranks : 0);
   if (rc == DT_OK && sum) *sum = s;
   goto done;
-step_failed:
-  step_err(e, rc, epoch);
 done:
   free(all);
   dt__ckpt_finish(e);
+  if (e->elastic) dt__elastic_end(e);
   S->ops->teardown(S);
   dt__eobs_end(e, out_dir, rc, rc < 0 ? dt_errmsg() : NULL);
   if (rc < 0 && rec.open) {

@@ -31,6 +31,10 @@ struct dt_job {
   int failed;               /* local rank of the first failure, -1 */
   int signal;               /* SIGINT/SIGTERM that stopped the job, 0 */
   int sigfd;                /* signalfd while running, -1 */
+  /* elastic jobs (cfg.min_workers > 0): deaths are reported, not fatal */
+  int store_port;           /* the rendezvous store's port once known */
+  struct dt_store *el_store; /* client the launcher reports deaths through */
+  int lost;                 /* workers of this node lost so far */
   sigset_t oldmask;
 };
 

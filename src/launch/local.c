@@ -45,6 +45,7 @@
 
 #include "comm/comm.h"
 #include "core/core.h"
+#include "elastic/elastic.h"
 #include "launch/job_int.h"
 
 /* ---- signals --------------------------------------------------------------- */
@@ -131,7 +132,8 @@ static void worker_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_f
     _exit(1);
   }
   dt_store_destroy(st);
-  struct dt_job_worker w = {rank, j->world, r, j->nlocal, j->node, j->nnodes, c};
+  struct dt_job_worker w = {rank, j->world, r, j->nlocal, j->node, j->nnodes, c,
+                            j->rdzv_ip, port, &cc};
   int status = fn(&w, arg);
   note_return(order, j->nlocal, r, status);
   /* a failed worker tells its peers why (a lost rank it saw, say) instead
@@ -177,6 +179,28 @@ static int first_failure(const dt_job *j, const int *fresh, int nfresh, _Atomic 
   return nfresh ? fresh[0] : -1;
 }
 
+/* Elastic jobs: worker r is gone. The members learn it through the store
+ * (its death is certain, so they need not wait for its heartbeat). */
+static void elastic_lost(dt_job *j, int r) {
+  const struct dt_job_status *s = &j->st[r];
+  j->lost++;
+  if (s->signal)
+    dt__job_say(j, DT_JOB_WARN, "worker rank %d (pid %d) was killed by signal %d; the others go "
+                "on without it (elastic)", s->rank, s->pid, s->signal);
+  else
+    dt__job_say(j, DT_JOB_WARN, "worker rank %d (pid %d) exited with status %d", s->rank, s->pid,
+                s->code);
+  if (!j->el_store && j->store_port > 0 &&
+      dt_store_connect(&j->el_store, j->rdzv_ip, j->store_port, j->token, 5) < 0) {
+    j->el_store = NULL;
+    dt__job_say(j, DT_JOB_WARN, "elastic: cannot reach the store to report rank %d: %s", s->rank,
+                dt_errmsg());
+    return;
+  }
+  if (j->el_store && dt_elastic_report_dead(j->el_store, j->name, s->rank, 5) < 0)
+    dt__job_say(j, DT_JOB_WARN, "elastic: reporting rank %d: %s", s->rank, dt_errmsg());
+}
+
 /* Waits for every started worker by pid (pids[r] becomes 0 once reaped).
  * quiet: the workers were told to quit, their exits are no failures. */
 static void reap(dt_job *j, pid_t *pids, int n, int quiet, _Atomic int *order) {
@@ -213,6 +237,11 @@ static void reap(dt_job *j, pid_t *pids, int n, int quiet, _Atomic int *order) {
       }
       int ok = j->st[r].exited && j->st[r].code == 0;
       if (!ok && !quiet && !j->signal && fresh) fresh[nfresh++] = r; /* after a signal: ours */
+    }
+    if (j->cfg.min_workers > 0 && !quiet && !j->signal) {
+      /* elastic: a lost worker is reported to the store; the others go on */
+      for (int i = 0; i < nfresh; i++) elastic_lost(j, fresh[i]);
+      nfresh = 0;
     }
     int f = j->failed < 0 && !quiet && !j->signal ? first_failure(j, fresh, nfresh, order) : -1;
     if (f >= 0) {
@@ -403,6 +432,7 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
       free(line);
     }
   }
+  j->store_port = port;
   for (int r = 0; r < started; r++) {
     ssize_t w = write(pfd[1], &port, sizeof port);
     (void)w;
@@ -414,6 +444,8 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
   int failed_before = rc < 0;
   reap(j, pids, started, failed_before, order);
   if (order) munmap((void *)order, order_len);
+  dt_store_destroy(j->el_store);
+  j->el_store = NULL;
   dt_store_server_stop(srv);
   int swept = dt__shm_sweep_job(j->token, j->name, spids, started) +
               dt__window_sweep_pids(spids, started);
@@ -428,6 +460,20 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
                       swept ? " and removed the job's shared memory" : "");
   }
   if (failed_before) return dt__seterr(rc, "%s", why);
+  if (j->cfg.min_workers > 0 && j->failed < 0) {
+    /* elastic: the job succeeded if some worker did */
+    int ok = 0, first = -1;
+    for (int r = 0; r < started; r++) {
+      if (j->st[r].exited && j->st[r].code == 0) ok++;
+      else if (first < 0) first = r;
+    }
+    if (!ok && first >= 0) {
+      const struct dt_job_status *s = &j->st[first];
+      return dt__seterr(DT_EABORTED, "no worker finished (elastic job): worker rank %d (pid %d) "
+                        "%s %d", s->rank, s->pid, s->signal ? "was killed by signal" :
+                        "exited with status", s->signal ? s->signal : s->code);
+    }
+  }
   if (j->failed >= 0) {
     const struct dt_job_status *s = &j->st[j->failed];
     if (s->signal)

@@ -1,0 +1,400 @@
+/*
+ * elastic.c — generations of members in the rendezvous store (elastic.h):
+ * the watcher thread (heartbeat + change counter, aborting the current
+ * communicator when a change is announced), the agreement on the next
+ * generation (registrations, deaths reported by launchers, silent
+ * heartbeats, then one compare-and-set) and the communicator of each
+ * generation.
+ *
+ * It deliberately keeps no model state and never reads files: what a
+ * member knows (its position) travels as one integer per registration; the
+ * engine moves parameters over the new communicator.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/core.h"
+#include "elastic/elastic.h"
+
+#define MAX_MEMBERS 4096
+#define GEN_MAX (32 + MAX_MEMBERS * 8)
+
+struct dt_elastic {
+  dt_elastic_cfg cfg;
+  char job[128];
+  dt_store *st, *wst;           /* caller's and watcher's store clients */
+  int gen;
+  int64_t seen;                 /* change counter accounted for by this generation */
+  int *members, nmembers;       /* ids of the current generation, rank order */
+  dt_comm *cur, *own, *old;     /* watched; made here (current); made here (previous) */
+  char cjob[160];               /* the current generation's comm prefix */
+  pthread_t thread;
+  int started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stop;
+  double tick;
+};
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+static void key(const dt_elastic *el, char *buf, size_t cap, const char *fmt, int a, int b) {
+  char tail[96];
+  snprintf(tail, sizeof tail, fmt, a, b);
+  snprintf(buf, cap, "%s/el/%s", el->job, tail);
+}
+
+/* "G C id,id,..." -> gen, change, members (allocated). */
+static int parse_gen(const char *s, int *gen, int64_t *change, int **ids, int *n) {
+  char *end;
+  long g = strtol(s, &end, 10);
+  if (end == s || *end != ' ') return dt__seterr(DT_EPROTO, "elastic: bad generation record '%.40s'", s);
+  long long c = strtoll(end + 1, &end, 10);
+  if (*end != ' ') return dt__seterr(DT_EPROTO, "elastic: bad generation record '%.40s'", s);
+  int cap = 1;
+  for (const char *p = end; *p; p++) cap += *p == ',';
+  int *v = malloc((size_t)cap * sizeof *v), k = 0;
+  if (!v) return dt__seterr(DT_ENOMEM, "elastic: out of memory");
+  const char *p = end + 1;
+  while (*p && k < cap) {
+    long id = strtol(p, &end, 10);
+    if (end == p || id < 0) {
+      free(v);
+      return dt__seterr(DT_EPROTO, "elastic: bad member list in '%.40s'", s);
+    }
+    v[k++] = (int)id;
+    p = *end == ',' ? end + 1 : end;
+  }
+  *gen = (int)g;
+  *change = c;
+  *ids = v;
+  *n = k;
+  return DT_OK;
+}
+
+static int read_gen(dt_elastic *el, char *buf, size_t cap) {
+  char k[256];
+  size_t len = 0;
+  key(el, k, sizeof k, "gen", 0, 0);
+  DT_CHECK(dt_store_get(el->st, k, buf, cap - 1, &len, el->cfg.cc.timeout_s));
+  buf[len] = '\0';
+  return DT_OK;
+}
+
+static int64_t counter(dt_store *st, const char *k, int64_t add) {
+  int64_t v = 0;
+  if (dt_store_add(st, k, add, &v, 10.0) < 0) return -1;
+  return v;
+}
+
+/* ---- the watcher ------------------------------------------------------------ */
+
+static void *watch(void *arg) {
+  dt_elastic *el = arg;
+  char hb[256], ch[256];
+  key(el, hb, sizeof hb, "hb/%d", el->cfg.id, 0);
+  key(el, ch, sizeof ch, "change", 0, 0);
+  pthread_mutex_lock(&el->mu);
+  while (!el->stop) {
+    pthread_mutex_unlock(&el->mu);
+    counter(el->wst, hb, 1);
+    int64_t c = counter(el->wst, ch, 0);
+    pthread_mutex_lock(&el->mu);
+    if (c > el->seen && el->cur) {
+      /* some member failed or a launcher saw a death: leave any collective
+       * of this generation now instead of at its deadline */
+      dt_comm_abort(el->cur, DT_EPEERLOST, "membership change announced");
+      el->cur = NULL;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = el->tick;
+    ts.tv_sec += (time_t)t;
+    ts.tv_nsec += (long)((t - (double)(time_t)t) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    if (!el->stop) pthread_cond_timedwait(&el->cv, &el->mu, &ts);
+  }
+  pthread_mutex_unlock(&el->mu);
+  return NULL;
+}
+
+/* ---- create / destroy --------------------------------------------------------- */
+
+int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
+  *out = NULL;
+  if (cfg->size0 < 1 || cfg->size0 > MAX_MEMBERS || cfg->id < 0)
+    return dt__seterr(DT_EINVAL, "elastic: member %d of %d", cfg->id, cfg->size0);
+  dt_elastic *el = calloc(1, sizeof *el);
+  if (!el) return dt__seterr(DT_ENOMEM, "elastic: out of memory");
+  el->cfg = *cfg;
+  snprintf(el->job, sizeof el->job, "%s", cfg->cc.job ? cfg->cc.job : "dtrain");
+  el->cfg.cc.job = NULL;
+  if (!(el->cfg.cc.timeout_s > 0)) el->cfg.cc.timeout_s = 60;
+  if (!(el->cfg.heartbeat_timeout_s > 0)) el->cfg.heartbeat_timeout_s = 2;
+  el->tick = el->cfg.heartbeat_timeout_s / 8;
+  if (el->tick > 0.05) el->tick = 0.05;
+  pthread_mutex_init(&el->mu, NULL);
+  pthread_cond_init(&el->cv, NULL);
+  int rc = dt_store_connect(&el->st, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
+  if (rc == DT_OK)
+    rc = dt_store_connect(&el->wst, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
+  el->nmembers = cfg->size0;
+  el->members = malloc((size_t)cfg->size0 * sizeof *el->members);
+  if (rc == DT_OK && !el->members) rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
+  if (rc == DT_OK) {
+    /* generation 0: ids 0..size0-1, published once (whoever comes first) */
+    char *rec = malloc(GEN_MAX);
+    if (!rec) rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
+    size_t n = rec ? (size_t)snprintf(rec, GEN_MAX, "0 0 ") : 0;
+    for (int i = 0; rec && i < cfg->size0; i++) {
+      el->members[i] = i;
+      n += (size_t)snprintf(rec + n, GEN_MAX - n, "%s%d", i ? "," : "", i);
+    }
+    char k[256];
+    key(el, k, sizeof k, "gen", 0, 0);
+    bool sw;
+    if (rec) rc = dt_store_cas(el->st, k, NULL, 0, rec, n, &sw, NULL, 0, NULL, el->cfg.cc.timeout_s);
+    free(rec);
+  }
+  if (rc < 0) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", dt_errmsg());
+    dt_elastic_destroy(el);
+    return dt__seterr(rc, "elastic: member %d: %s", cfg->id, why);
+  }
+  *out = el;
+  return DT_OK;
+}
+
+int dt_elastic_start(dt_elastic *el, dt_comm *c) {
+  pthread_mutex_lock(&el->mu);
+  el->cur = c;
+  pthread_mutex_unlock(&el->mu);
+  if (el->started) return DT_OK;
+  if (pthread_create(&el->thread, NULL, watch, el) != 0)
+    return dt__seterr(DT_EIO, "elastic: cannot start the watcher thread");
+  el->started = 1;
+  return DT_OK;
+}
+
+int dt_elastic_generation(const dt_elastic *el) { return el->gen; }
+
+void dt_elastic_release_old(dt_elastic *el) {
+  dt_comm_destroy(el->old);
+  el->old = NULL;
+}
+
+void dt_elastic_destroy(dt_elastic *el) {
+  if (!el) return;
+  if (el->started) {
+    pthread_mutex_lock(&el->mu);
+    el->stop = 1;
+    pthread_cond_broadcast(&el->cv);
+    pthread_mutex_unlock(&el->mu);
+    pthread_join(el->thread, NULL);
+  }
+  dt_comm_destroy(el->old);
+  dt_comm_destroy(el->own);
+  dt_store_destroy(el->st);
+  dt_store_destroy(el->wst);
+  free(el->members);
+  pthread_mutex_destroy(&el->mu);
+  pthread_cond_destroy(&el->cv);
+  free(el);
+}
+
+int dt_elastic_report_dead(dt_store *st, const char *job, int id, double timeout_s) {
+  char k[256];
+  snprintf(k, sizeof k, "%s/el/change", job);
+  DT_CHECK(dt_store_add(st, k, 1, NULL, timeout_s));
+  snprintf(k, sizeof k, "%s/el/dead/%d", job, id);
+  return dt_store_add(st, k, 1, NULL, timeout_s);
+}
+
+/* ---- the next generation --------------------------------------------------------- */
+
+/* What a deciding member knows of one member of the current generation. */
+struct seen {
+  int64_t in;      /* 1 + position once registered, else 0 */
+  int dead;        /* a launcher reported it */
+  int64_t hb;      /* last heartbeat value read */
+  double hb_at;    /* when it last changed */
+};
+
+static int cmp_int(const void *a, const void *b) {
+  return *(const int *)a - *(const int *)b;
+}
+
+/* Adopts record rec (generation G >= el->gen + 1): members, change counter,
+ * and this worker's rank; DT_EABORTED if it is not a member. */
+static int adopt(dt_elastic *el, const char *rec, int *rank) {
+  int g = 0, *ids = NULL, n = 0;
+  int64_t c = 0;
+  DT_CHECK(parse_gen(rec, &g, &c, &ids, &n));
+  int me = -1;
+  for (int i = 0; i < n; i++)
+    if (ids[i] == el->cfg.id) me = i;
+  if (me < 0) {
+    free(ids);
+    return dt__seterr(DT_EABORTED, "elastic: member %d is not in generation %d (it was taken for "
+                      "dead: frozen or cut off); leaving the job", el->cfg.id, g);
+  }
+  free(el->members);
+  el->members = ids;
+  el->nmembers = n;
+  el->gen = g;
+  el->seen = c;
+  *rank = me;
+  return DT_OK;
+}
+
+int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
+  const double t0 = dt_now(), hbt = el->cfg.heartbeat_timeout_s;
+  const double tmo = el->cfg.cc.timeout_s;
+  char k[256], *rec = malloc(GEN_MAX);
+  struct seen *sn = calloc((size_t)el->nmembers, sizeof *sn);
+  int rc = DT_OK, rank = -1, g = el->gen + 1;
+  if (!rec || !sn) {
+    rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
+    goto done;
+  }
+  /* leave the old generation's collectives; tell everyone */
+  pthread_mutex_lock(&el->mu);
+  dt_comm *cur = el->own ? el->own : el->cur;
+  if (cur) dt_comm_abort(cur, DT_EPEERLOST, "membership change");
+  el->cur = NULL;
+  pthread_mutex_unlock(&el->mu);
+  key(el, k, sizeof k, "change", 0, 0);
+  DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
+  key(el, k, sizeof k, "g%d/in/%d", g, el->cfg.id);
+  DT_CHECK_GOTO(dt_store_add(el->st, k, pos + 1, NULL, tmo), rc, done);
+
+  int below_since = 0;
+  double below_t = 0;
+  for (;;) {
+    DT_CHECK_GOTO(read_gen(el, rec, GEN_MAX), rc, done);
+    int cg = atoi(rec);
+    if (cg >= g) break; /* decided (by us or another member) */
+    /* who of the current generation is accounted for? */
+    int open = 0, alive = 0;
+    const double now = dt_now();
+    for (int i = 0; i < el->nmembers; i++) {
+      struct seen *s = &sn[i];
+      int id = el->members[i];
+      if (!s->in) {
+        key(el, k, sizeof k, "g%d/in/%d", g, id);
+        s->in = counter(el->st, k, 0);
+      }
+      if (s->in > 0) {
+        alive++;
+        continue;
+      }
+      if (!s->dead) {
+        key(el, k, sizeof k, "dead/%d", id, 0);
+        s->dead = counter(el->st, k, 0) > 0;
+      }
+      if (s->dead) continue;
+      key(el, k, sizeof k, "hb/%d", id, 0);
+      int64_t h = counter(el->st, k, 0);
+      if (h != s->hb || s->hb_at == 0) s->hb = h, s->hb_at = now;
+      if (now - s->hb_at < hbt) open++; /* alive by its heartbeat: wait for it */
+    }
+    if (!open) {
+      if (alive < el->cfg.min_workers) {
+        if (!below_since) {
+          below_since = 1;
+          below_t = now;
+          DT_LOG_WARN("elastic: member %d: %d of at least %d workers left; waiting up to %.0f s "
+                      "for others (dist.rejoin_timeout)", el->cfg.id, alive, el->cfg.min_workers,
+                      el->cfg.rejoin_timeout_s);
+        }
+        if (now - below_t > el->cfg.rejoin_timeout_s) {
+          rc = dt__seterr(DT_ETIMEDOUT, "elastic: only %d worker%s left, fewer than "
+                          "dist.min_workers = %d, and none joined within dist.rejoin_timeout = "
+                          "%.0f s", alive, alive == 1 ? "" : "s", el->cfg.min_workers,
+                          el->cfg.rejoin_timeout_s);
+          goto done;
+        }
+      } else {
+        /* decide: the registered members, by id; the change counter so far */
+        int *ids = malloc((size_t)alive * sizeof *ids), n = 0;
+        if (!ids) {
+          rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
+          goto done;
+        }
+        for (int i = 0; i < el->nmembers; i++)
+          if (sn[i].in > 0) ids[n++] = el->members[i];
+        qsort(ids, (size_t)n, sizeof *ids, cmp_int);
+        key(el, k, sizeof k, "change", 0, 0);
+        int64_t c = counter(el->st, k, 0);
+        char *want = malloc(GEN_MAX);
+        size_t wl = 0;
+        if (want) {
+          wl = (size_t)snprintf(want, GEN_MAX, "%d %lld ", g, (long long)c);
+          for (int i = 0; i < n; i++)
+            wl += (size_t)snprintf(want + wl, GEN_MAX - wl, "%s%d", i ? "," : "", ids[i]);
+        }
+        free(ids);
+        if (!want) {
+          rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
+          goto done;
+        }
+        key(el, k, sizeof k, "gen", 0, 0);
+        bool sw = false;
+        rc = dt_store_cas(el->st, k, rec, strlen(rec), want, wl, &sw, NULL, 0, NULL, tmo);
+        free(want);
+        if (rc < 0) goto done;
+        continue; /* re-read: ours, or the one that won */
+      }
+    }
+    if (dt_now() - t0 > tmo + el->cfg.rejoin_timeout_s + hbt) {
+      rc = dt__seterr(DT_ETIMEDOUT, "elastic: member %d: no agreement on generation %d within "
+                      "%.0f s", el->cfg.id, g, dt_now() - t0);
+      goto done;
+    }
+    sleep_s(0.002);
+  }
+  DT_CHECK_GOTO(adopt(el, rec, &rank), rc, done);
+
+  /* the most advanced member: largest position, then lowest rank */
+  int64_t best = -1;
+  int src = 0;
+  for (int i = 0; i < el->nmembers; i++) {
+    key(el, k, sizeof k, "g%d/in/%d", el->gen, el->members[i]);
+    int64_t v = counter(el->st, k, 0) - 1;
+    if (v > best) best = v, src = i;
+  }
+  /* the generation's own communicator (fresh store prefix and segments) */
+  struct dt_comm_config cc = el->cfg.cc;
+  snprintf(el->cjob, sizeof el->cjob, "%s.g%d", el->job, el->gen);
+  cc.job = el->cjob;
+  cc.rank = rank;
+  cc.size = el->nmembers;
+  dt_comm *c = NULL;
+  rc = dt_comm_create(&c, el->st, &cc);
+  if (rc < 0) goto done;
+  dt_comm_destroy(el->old);
+  el->old = el->own;
+  el->own = c;
+  pthread_mutex_lock(&el->mu);
+  el->cur = c;
+  pthread_mutex_unlock(&el->mu);
+  out->gen = el->gen;
+  out->comm = c;
+  out->rank = rank;
+  out->size = el->nmembers;
+  out->source = src;
+  out->pos = best;
+  DT_LOG_INFO("elastic: generation %d: %d workers (member %d is rank %d) after %.3f s",
+              el->gen, el->nmembers, el->cfg.id, rank, dt_now() - t0);
+done:
+  free(rec);
+  free(sn);
+  return rc;
+}

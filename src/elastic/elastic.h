@@ -1,0 +1,86 @@
+/*
+ * elastic.h — elastic membership of a data-parallel job (docs/elastic.md):
+ * numbered generations of members kept in the rendezvous store, decided by
+ * compare-and-set so every member adopts the same one; heartbeats; a
+ * watcher thread that aborts the current communicator as soon as some
+ * member (or a launcher) announces a change; and a fresh communicator per
+ * generation (its own store prefix, so its shared-memory names are new).
+ *
+ * A worker makes one dt_elastic with the rendezvous address and its comm
+ * config, hands it the job's first communicator (generation 0, members
+ * 0..size0-1), and when a collective fails calls dt_elastic_reform with how
+ * far it got; that returns the next generation's communicator, this
+ * worker's rank in it and the member that holds the most advanced state
+ * (the one every member copies from).
+ *
+ * It does not know about models, steps or strategies (the engine maps
+ * "how far" to a position and moves the state); it does not start
+ * processes (the launcher does, and tells the store about deaths).
+ *
+ * Store keys, under the job name P:
+ *   P/el/gen          "G C id,id,..." the current generation G, the change
+ *                     counter C it accounts for, its members in rank order
+ *   P/el/change       counter: bumped by whoever sees a failure
+ *   P/el/hb/ID        counter: member ID's heartbeat
+ *   P/el/dead/ID      counter > 0: a launcher saw member ID's process die
+ *   P/el/gG/in/ID     1 + position: ID is alive and wants generation G
+ */
+#ifndef DT_ELASTIC_H
+#define DT_ELASTIC_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+
+typedef struct dt_elastic dt_elastic;
+
+typedef struct dt_elastic_cfg {
+  const char *host;            /* rendezvous store address */
+  int port;
+  const char *token;           /* job token (NULL: none) */
+  struct dt_comm_config cc;    /* the job's comm config (job = the store prefix) */
+  int id;                      /* this worker's member id (its rank in generation 0) */
+  int size0;                   /* members of generation 0 (ids 0..size0-1) */
+  int min_workers;             /* fewer members than this: wait, then give up */
+  double rejoin_timeout_s;     /* how long to wait for members below min_workers */
+  double heartbeat_timeout_s;  /* a member silent this long is dead */
+} dt_elastic_cfg;
+
+/* A generation as a member sees it. */
+typedef struct dt_elastic_gen {
+  int gen;                     /* generation number (0: the job's start) */
+  dt_comm *comm;               /* its communicator (owned by the dt_elastic) */
+  int rank, size;              /* this worker in it */
+  int source;                  /* rank holding the most advanced position */
+  int64_t pos;                 /* that position (the largest any member reported) */
+} dt_elastic_gen;
+
+/* Connects to the store (two clients: the caller's and the watcher's) and
+ * publishes generation 0 if nobody has yet. Does not start the watcher. */
+int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg);
+/* Starts heartbeats and the watcher on communicator c (borrowed: the
+ * generation-0 communicator, which the caller keeps owning). */
+int dt_elastic_start(dt_elastic *el, dt_comm *c);
+/* After a failed collective at position pos (any int64 that grows as the
+ * run advances): aborts the current communicator, announces the change,
+ * registers for the next generation, waits until every member of the
+ * current one has registered or is known dead (launcher) or silent
+ * (heartbeats), decides the next generation by compare-and-set (or adopts
+ * the one another member decided) and joins its communicator. Below
+ * min_workers it waits up to rejoin_timeout_s, then fails with
+ * DT_ETIMEDOUT saying so. A worker left out of the generation (evicted
+ * while frozen) gets DT_EABORTED. The previous communicator stays valid
+ * until dt_elastic_release_old. */
+int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out);
+/* Frees the communicator of the previous generation if this dt_elastic
+ * made it (call once nothing uses it any more). */
+void dt_elastic_release_old(dt_elastic *el);
+/* The generation this worker is in. */
+int dt_elastic_generation(const dt_elastic *el);
+/* Stops the watcher, frees the communicators it made. NULL is a no-op. */
+void dt_elastic_destroy(dt_elastic *el);
+
+/* Launchers: member id's process died (bumps the change counter first). */
+int dt_elastic_report_dead(dt_store *st, const char *job, int id, double timeout_s);
+
+#endif /* DT_ELASTIC_H */

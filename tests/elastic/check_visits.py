@@ -1,0 +1,34 @@
+#!/usr/bin/env python3
+"""check_visits.py DIR N EPOCHS — the per-sample visit record of an elastic
+run (DTRAIN_TEST_VISITS=DIR: every worker appends "epoch lo hi" for the
+positions of the epoch's permutation it trained on in each completed step)
+must cover every position 0..N-1 of every epoch exactly once: no sample
+skipped, none trained twice, whatever workers were lost or joined."""
+import os
+import sys
+
+d, n, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+seen = {e: [0] * n for e in range(1, epochs + 1)}
+files = [f for f in os.listdir(d) if f.startswith("visits.")]
+if not files:
+    sys.exit("no visit records in %s" % d)
+for f in files:
+    with open(os.path.join(d, f)) as fh:
+        for line in fh:
+            e, lo, hi = (int(x) for x in line.split())
+            if e not in seen or not 0 <= lo < hi <= n:
+                sys.exit("%s: bad line %r" % (f, line))
+            for i in range(lo, hi):
+                seen[e][i] += 1
+bad = 0
+for e, v in seen.items():
+    miss = [i for i, c in enumerate(v) if c == 0]
+    twice = [i for i, c in enumerate(v) if c > 1]
+    if miss or twice:
+        bad = 1
+        print("epoch %d: %d positions skipped (first %s), %d trained more than once (first %s)"
+              % (e, len(miss), miss[:5], len(twice), twice[:5]))
+if bad:
+    sys.exit(1)
+print("visits: %d epochs x %d samples, each exactly once (%d workers' records)"
+      % (epochs, n, len(files)))
