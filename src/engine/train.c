@@ -363,8 +363,9 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
        * holds up training, so it counts in the step's time */
       dt_ckpt_pos cp = {epoch, k + 1, ep, first_loss, test_loss, test_acc};
       DT_CHECK_GOTO(dt__ckpt_after_step(e, &cp), rc, done);
-      ep.seconds += dt_now() - t0;
-      dt__eobs_step(e, dt_now() - t0, st.samples, dt__tally_mean(&ep), lr,
+      const double step_s = dt_now() - t0;
+      ep.seconds += step_s;
+      dt__eobs_step(e, step_s, st.samples, dt__tally_mean(&ep), lr,
                     ep.seconds > 0 ? (double)ep.global / ep.seconds : 0);
       if (hooks->on_step && (!e->elastic || e->rank == 0)) {
         p.epoch = epoch;
