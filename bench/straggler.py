@@ -163,7 +163,7 @@ try:
     print(f"# straggler bench: 2 workers, one limited to {a.quota:.0%} of a core by cgroup "
           f"({cg.path}); ideal = {1 + a.quota:.2f} x one unthrottled worker; {a.reps} rounds, "
           f"machine shared by seven helpers", flush=True)
-    for model in a.models.split(","):
+    for model in (a.models.split(",") if a.reps > 0 else []):
         R = {}
         shas = {}
         for rep in range(a.reps):
