@@ -8,13 +8,14 @@
 #   make bench-ckpt  checkpoint cost, write speed vs dd and torch.save, resume time, kills
 #   make bench-ps  parameter server vs ddp, PyTorch RPC PS, a straggler
 #   make bench-obs  observability: overhead, scrape time, trace size
+#   make bench-compress  gradient codecs: speed, one host, 3 emulated hosts at 100 Mbit/1 Gbit vs PyTorch hooks
 #   make install [PREFIX=/usr/local]  the dtrain binary, libdtrain (.a, .so),
 #                headers, dtrain.pc and the CMake package under PREFIX
 JOBS ?= $(shell nproc)
 BUILD ?= build/release
 PREFIX ?= /usr/local
 
-.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-straggler bench-pipeline bench-ckpt bench-ps bench-obs clean deps deps-test deps-bench
+.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-straggler bench-pipeline bench-ckpt bench-ps bench-obs bench-compress clean deps deps-test deps-bench
 
 all: build
 
@@ -61,6 +62,7 @@ bench: deps-bench build
 	BUILD=$(BUILD) bench/ckpt.sh
 	BUILD=$(BUILD) bench/ps.sh
 	BUILD=$(BUILD) bench/obs.sh
+	BUILD=$(BUILD) bench/compress.sh
 
 # parameter server: vs ddp, PyTorch's RPC parameter server, a throttled straggler
 bench-ps: deps-bench build
@@ -85,6 +87,11 @@ bench-ckpt: deps-bench build
 # observability: overhead of metrics + tracing, scrape time, trace size
 bench-obs: deps-bench build
 	BUILD=$(BUILD) bench/obs.sh
+
+# gradient compression: codec speed, one host, 3 network namespaces with
+# tc tbf at 100 Mbit/s and 1 Gbit/s, PyTorch DDP hooks (docs/compress.md)
+bench-compress: deps-bench build
+	BUILD=$(BUILD) bench/compress.sh
 
 clean:
 	rm -rf build

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# bench/compress.sh — `make bench-compress`: gradient compression
+# (docs/compress.md), measured on this machine:
+#  1. codec speed on one core (`dtrain bench compress`), 4 MiB and 128 KiB
+#     buckets: targets fp16/bf16/int8/sign >= 4 GB/s encode+decode, topk 1%
+#     >= 1 GB/s;
+#  2. one host (shm, 2 workers, MLP, 1 epoch): samples/s without and with
+#     forced compression — why the tuning rule leaves it off there;
+#  3. 3 emulated hosts (tools/netns.sh, one worker each, every link shaped
+#     by tc tbf) at each rate of DT_CZ_RATES (default "100mbit 1gbit"): the
+#     MLP with each codec (error feedback on), and sign/topk/int8 without it
+#     at the first rate: time to DT_CZ_TARGET test accuracy (at an epoch's
+#     end; "-" if not reached within the epoch cap), final accuracy, bytes
+#     per step per rank, and the speed-up over uncompressed dtrain; then
+#     PyTorch 1.13 DDP over Gloo in the same namespaces and shaping, with no
+#     hook, fp16_compress_hook and powerSGD_hook (rank 2)
+#     (bench/peers/fmnist_ddp_hook.py; DT_CZ_NO_TORCH=1 skips it).
+# Short configurations (time to accuracy, epochs capped by DT_CZ_EPOCHS,
+# batch DT_CZ_BATCH): each run is bounded by DT_CZ_TIMEOUT seconds.
+# Raw outputs stay in $BUILD/bench-compress/. The machine is shared; re-run
+# before believing a single number.
+#
+# Env: BUILD (default build/release), DT_CZ_SECTIONS (default "1 2 3"), DT_CZ_RATES, DT_CZ_CODECS (default
+# "none fp16 int8 sign topk powersgd"), DT_CZ_EPOCHS (5), DT_CZ_BATCH (256),
+# DT_CZ_LR (0.1), DT_CZ_TARGET (0.88), DT_CZ_TIMEOUT (600).
+set -u
+SRC="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$SRC" || exit 1
+BUILD="${BUILD:-build/release}"
+DTRAIN="$SRC/$BUILD/dtrain"
+RATES="${DT_CZ_RATES:-100mbit 1gbit}"
+CODECS="${DT_CZ_CODECS:-none fp16 int8 sign topk powersgd}"
+EPOCHS="${DT_CZ_EPOCHS:-5}"
+BATCH="${DT_CZ_BATCH:-256}"
+LR="${DT_CZ_LR:-0.1}"
+TARGET="${DT_CZ_TARGET:-0.88}"
+TMO="${DT_CZ_TIMEOUT:-600}"
+SECTIONS="${DT_CZ_SECTIONS:-1 2 3}"
+want() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
+CFG="$SRC/examples/fashion_mlp.ini"
+OUT="$SRC/$BUILD/bench-compress"
+mkdir -p "$OUT"
+say() { printf '%s\n' "$*" >&2; }
+[ -x "$DTRAIN" ] || { say "bench/compress.sh: $DTRAIN not built (make build)"; exit 1; }
+
+if [ "${1:-}" = torch_inner ]; then
+  # PyTorch DDP across the namespaces: rank i on host i. Args: NAME HOOK.
+  name=$2 hook=$3
+  read -r -a hosts <<<"$NETNS_HOSTS"
+  read -r -a addrs <<<"$NETNS_ADDRS"
+  pids=() rc=0
+  trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done' EXIT
+  for i in 2 1 0; do
+    ip netns exec "${hosts[$i]}" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 /usr/bin/python3 \
+      "$SRC/bench/peers/fmnist_ddp_hook.py" $i 3 "${addrs[0]}" 29740 --hook "$hook" \
+      --epochs "$EPOCHS" --batch "$BATCH" --lr "$LR" >"$OUT/$name.$i.out" 2>"$OUT/$name.$i.err" </dev/null &
+    pids[$i]=$!
+  done
+  deadline=$((SECONDS + TMO))
+  for i in 0 1 2; do
+    while kill -0 "${pids[$i]}" 2>/dev/null; do
+      [ $SECONDS -ge $deadline ] && { echo "rank $i still running after $TMO s" >>"$OUT/$name.$i.err"; exit 1; }
+      sleep 0.2
+    done
+    wait "${pids[$i]}" || rc=1
+  done
+  exit $rc
+fi
+
+if [ "${1:-}" = inner ]; then
+  # One job across the namespaces: node i on host i. Args: NAME then --set pairs.
+  name=$1; shift
+  name=$1; shift
+  read -r -a hosts <<<"$NETNS_HOSTS"
+  read -r -a addrs <<<"$NETNS_ADDRS"
+  port=29730 pids=() rc=0
+  export DTRAIN_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done' EXIT
+  for i in 2 1 0; do
+    ip netns exec "${hosts[$i]}" "$DTRAIN" launch --nnodes 3 --node-rank $i --nproc-per-node 1 \
+      --rdzv "${addrs[0]}:$port" -- train "$CFG" --set train.epochs="$EPOCHS" \
+      --set train.batch="$BATCH" --set optim.lr="$LR" "$@" --out "$OUT/$name" \
+      >"$OUT/$name.$i.out" 2>"$OUT/$name.$i.err" </dev/null &
+    pids[$i]=$!
+  done
+  deadline=$((SECONDS + TMO))
+  for i in 0 1 2; do
+    while kill -0 "${pids[$i]}" 2>/dev/null; do
+      [ $SECONDS -ge $deadline ] && { echo "node $i still running after $TMO s" >>"$OUT/$name.$i.err"; exit 1; }
+      sleep 0.2
+    done
+    wait "${pids[$i]}" || rc=1
+  done
+  exit $rc
+fi
+
+# ---- 1: codec speed ---------------------------------------------------------
+if want 1; then
+say "== 1. codec speed, one core"
+"$DTRAIN" bench compress --bytes 4M --seconds 1 | tee "$OUT/speed_4M.txt"
+"$DTRAIN" bench compress --bytes 128K --seconds 1 | tee "$OUT/speed_128K.txt"
+fi
+
+# ---- 2: one host ---------------------------------------------------------------
+if want 2; then
+say "== 2. one host (shm, 2 workers, MLP, 1 epoch): compression forced on"
+printf '%-9s %12s %9s\n' codec samples/s test_acc
+for c in none int8 topk; do
+  "$DTRAIN" train "$CFG" --workers 2 --set train.epochs=1 --set dist.compress=$c \
+    --set dist.compress_force=true --out "$OUT/shm_$c" >"$OUT/shm_$c.out" 2>&1 </dev/null ||
+    { say "shm $c failed: $(tail -2 "$OUT/shm_$c.out")"; continue; }
+  S="$OUT/shm_$c/summary.json"
+  printf '%-9s %12.0f %9s\n' $c "$(python3 -c "import json;print(json.load(open('$S'))['samples_per_second'])")" \
+    "$(python3 -c "import json;print(json.load(open('$S'))['test_accuracy'])")"
+done
+fi
+want 3 || exit 0
+
+# ---- 3: across emulated hosts -------------------------------------------------
+if ! tools/netns.sh check; then
+  say "SKIP 3: network namespaces unavailable (see the reason above)"
+  exit 0
+fi
+report() { # name -> "time_to_target final_acc bytes_per_step_per_rank"
+  python3 - "$OUT/$1" "$TARGET" <<'EOF'
+import json, sys
+d, target = sys.argv[1], float(sys.argv[2])
+try:
+    s = json.load(open(d + "/summary.json"))
+except Exception:
+    print("fail fail fail"); sys.exit(0)
+t = "-"
+for line in open(d + "/events.jsonl"):
+    e = json.loads(line)
+    if "test_accuracy" in e and e.get("test_accuracy", 0) >= target:
+        t = "%.1f" % e["time"]; break
+bps = max(w["bytes_sent"] for w in s["per_worker"]) / s["steps"]
+print(t, "%.4f" % s["test_accuracy"], "%.0f" % bps)
+EOF
+}
+first=1
+for rate in $RATES; do
+  say "== 3. 3 hosts, links shaped to $rate, MLP batch $BATCH, <= $EPOCHS epochs, target $TARGET"
+  printf '%-14s %10s %10s %14s %9s\n' run "t_${TARGET}_s" final_acc bytes/step/rank speedup | tee "$OUT/table_$rate.txt"
+  base=""
+  runs=""
+  for c in $CODECS; do runs="$runs $c:1"; done
+  [ $first = 1 ] && runs="$runs sign:0 topk:0 int8:0"
+  for r in $runs; do
+    c=${r%:*} ef=${r#*:}
+    name="${rate}_${c}_ef$ef"
+    rm -rf "$OUT/$name"
+    tools/netns.sh run -p "dcz$$" -r "$rate" -- bash "$0" inner "$name" \
+      --set dist.compress=$c --set dist.error_feedback=$([ $ef = 1 ] && echo true || echo false)
+    read -r t acc bps <<<"$(report "$name")"
+    sp="-"
+    if [ "$c" = none ]; then base=$t; fi
+    if [ -n "$base" ] && [ "$base" != "-" ] && [ "$t" != "-" ] && [ "$t" != fail ]; then
+      sp=$(awk -v a="$base" -v b="$t" 'BEGIN{printf "%.2fx", a/b}')
+    fi
+    label=$c; [ $ef = 0 ] && label="$c(noEF)"
+    printf '%-14s %10s %10s %14s %9s\n' "$label" "$t" "$acc" "$bps" "$sp" | tee -a "$OUT/table_$rate.txt"
+  done
+  if [ -z "${DT_CZ_NO_TORCH:-}" ]; then
+    for hook in none fp16 powersgd; do
+      name="${rate}_torch_$hook"
+      tools/netns.sh run -p "dcz$$" -r "$rate" -- bash "$0" torch_inner "$name" "$hook"
+      t=$(awk -v tg="$TARGET" '$1 == "epoch" && $6 + 0 >= tg + 0 { print $4; exit }' "$OUT/$name.0.out")
+      acc=$(awk '$1 == "epoch" { a = $6 } END { print a }' "$OUT/$name.0.out")
+      [ -z "$t" ] && t="-"
+      sp="-"
+      if [ -n "$base" ] && [ "$base" != "-" ] && [ "$t" != "-" ]; then
+        sp=$(awk -v a="$base" -v b="$t" 'BEGIN{printf "%.2fx", a/b}')
+      fi
+      printf '%-14s %10s %10s %14s %9s\n' "torch-$hook" "$t" "${acc:-fail}" "-" "$sp" | tee -a "$OUT/table_$rate.txt"
+    done
+  fi
+  first=0
+done
