@@ -11,13 +11,16 @@
 # Each dtrain figure is the median of DT_BENCH_REPS runs of DT_BENCH_STEPS
 # steps (training time only, from summary.json). The machine has 2 cores
 # and is shared: re-run before believing a single number.
-# Env: BUILD (default build/release), DT_BENCH_STEPS (30), DT_BENCH_REPS (3).
+# Env: BUILD (default build/release), DT_BENCH_STEPS (30), DT_BENCH_REPS (3),
+#      DT_BENCH_ONLY (all, or one of speed bubble torch rss).
 set -u
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$SRC" || exit 1
 BUILD="${BUILD:-build/release}"
 STEPS="${DT_BENCH_STEPS:-30}"
 REPS="${DT_BENCH_REPS:-3}"
+ONLY="${DT_BENCH_ONLY:-all}"
+want() { [ "$ONLY" = all ] || [ "$ONLY" = "$1" ]; }
 DT="$BUILD/dtrain"
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/dt_bench_pipe.XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
@@ -55,6 +58,7 @@ median() {
   for i in $(seq "$REPS"); do run "$name$i" "$@"; done | sort -n | awk '{a[NR]=$0} END {print a[int((NR+1)/2)]}'
 }
 
+if want speed; then
 echo "== deep MLP, batch 256, $STEPS steps, median of $REPS (machine shared by seven helpers)"
 one=$(median one)
 echo "1 process:              $one  (samples/s, -, peak RSS MiB)"
@@ -62,22 +66,49 @@ p2=$(median p2 --workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b
 echo "2 stages 1f1b m=8:      $p2  (samples/s, bubble, peak RSS MiB per rank)"
 awk -v a="${one%% *}" -v b="${p2%% *}" 'BEGIN {printf "speed-up: %.2fx (target >= 1.7x)\n", b / a}'
 
+fi
+
+if want bubble; then
 echo "== bubble, 2 stages 1f1b: measured vs (p-1)/(m+p-1)"
 for m in 2 4 8 16; do
   r=$(median "b$m" --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=$m)
   awk -v m=$m -v r="$r" 'BEGIN {split(r, f, " "); printf "m=%-3d samples/s %8.1f  bubble %.3f  ideal %.3f\n", m, f[1], f[2], 1 / (m + 1)}'
 done
 
+fi
+
+if want torch; then
 echo "== PyTorch 1.13 Pipe, 2 stages on CPU, m=8, back to back"
 t=$(/usr/bin/python3 bench/pipeline_vs_torch.py 8 "$((STEPS / 3 + 2))" 2>/dev/null | awk '/torch_pipe/ {print $3}')
 p2b=$(median p2b --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=8)
 echo "torch Pipe: $t samples/s; dtrain: ${p2b%% *} samples/s"
 awk -v a="$t" -v b="${p2b%% *}" 'BEGIN {if (a > 0) printf "dtrain / Pipe: %.2fx (target >= 3x)\n", b / a}'
 
-echo "== peak RSS per rank (MiB), 2 stages, m=16"
-for v in "1f1b 0" "gpipe 0" "1f1b 1" "gpipe 1"; do
-  set -- $v
-  r=$(run "rss_$1_$2" --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 \
-    --set dist.schedule=$1 --set train.recompute=$2)
-  echo "$1 recompute=$2: ${r##* } MiB (samples/s ${r%% *})"
-done
+fi
+
+if want rss; then
+echo "== peak RSS per rank (MiB): minus a baseline run (same data, a 10-output linear model)"
+# The data set (Fashion-MNIST as floats, about 220 MiB) is in every rank;
+# the baseline takes it out so what is left is the model's memory.
+rss() { local r; r=$(run "$@"); echo "${r##* }"; }
+base1=$(rss base1 --set "model.layers=flatten linear(10)")
+base2=$(rss base2 --set "model.layers=flatten linear(10)" --workers 2)
+echo "baseline: 1 process $base1 MiB, 2 workers $base2 MiB per rank"
+show() { # LABEL BASE NAME ARGS...
+  local label=$1 b=$2 name=$3
+  shift 3
+  local r
+  r=$(run "$name" "$@")
+  awk -v l="$label" -v r="$r" -v b="$b" 'BEGIN {split(r, f, " "); printf "%-34s %6.0f MiB above baseline (samples/s %.1f)\n", l, f[3] - b, f[1]}'
+}
+show "1 process (params+grads+momentum)" "$base1" m1
+show "2 stages 1f1b m=16" "$base2" m2 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=1f1b
+show "2 stages gpipe m=16" "$base2" m3 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=gpipe
+show "2 stages gpipe m=16 recompute" "$base2" m4 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=gpipe --set train.recompute=true
+show "2 stages 1f1b m=16 recompute" "$base2" m5 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=1f1b --set train.recompute=true
+show "ddp 2 workers" "$base2" m6 --workers 2
+show "ZeRO-1 2 workers" "$base2" m7 --workers 2 --set dist.zero=1
+echo "activation memory per stage as allocated (rank 0's start line):"
+for n in m2 m3 m4 m5; do grep -h "activation memory" "$OUT/$n.log"; done
+fi
+

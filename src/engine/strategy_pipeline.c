@@ -127,6 +127,7 @@ typedef struct pipe_impl {
   dt_step_plan plan;
   uint64_t sent0, recv0;
   double reduce_s;
+  size_t act_bytes;  /* this stage's activation memory (dt_pipe_act_bytes) */
 } pipe_impl;
 
 static int pcomm_err(dt_strategy *s, int rc, const char *what) {
@@ -208,13 +209,6 @@ static int pipe_setup(dt_strategy *s) {
     if (d->R == 1) dt_comm_destroy(d->scomm), d->scomm = NULL;
   }
   DT_CHECK_GOTO(partition(s, d), rc, fail);
-  if (s->rank == 0 && P > 1) {
-    char desc[4096];
-    dt_partition_describe(&d->part, s->model, desc, sizeof desc);
-    DT_LOG_INFO("pipeline: %d stages x %d replica%s, schedule %s, %d micro-batches%s\n%s", P,
-                d->R, d->R == 1 ? "" : "s", dt__schedule_names[c->schedule], c->micro_batches,
-                c->recompute ? ", recompute" : "", desc);
-  }
   const int st = d->stage, m = c->micro_batches;
   int per_replica = (c->batch + d->R - 1) / d->R;
   dt_pipe_cfg pc = {
@@ -241,6 +235,38 @@ static int pipe_setup(dt_strategy *s) {
     pc.max_batch = per_replica;
   }
   DT_CHECK_GOTO(dt_pipe_create(&d->pipe, &pc), rc, fail);
+  /* the stages keep stage-sized gradients: no rank holds the whole model's */
+  dt__model_drop_grads(s->model);
+  {
+    /* printed at start by rank 0: the partition and every stage's
+     * activation memory (replica 0's ranks are stages 0..P-1) */
+    int K = 0, S = 0;
+    double ab = (double)dt_pipe_act_bytes(d->pipe, &K, &S), *all = NULL;
+    d->act_bytes = (size_t)ab;
+    if (s->comm && !(all = calloc((size_t)s->nranks, sizeof *all))) {
+      rc = dt__seterr(DT_ENOMEM, "pipeline: out of memory");
+      goto fail;
+    }
+    if (s->comm && (rc = dt_comm_allgather(s->comm, &ab, all, 1, DT_F64)) < 0) {
+      free(all);
+      rc = pcomm_err(s, rc, "pipeline start");
+      goto fail;
+    }
+    if (s->rank == 0 && (P > 1 || c->recompute)) {
+      char desc[4096], mem[1024];
+      size_t k = 0;
+      dt_partition_describe(&d->part, s->model, desc, sizeof desc);
+      for (int t = 0; t < P && k < sizeof mem; t++)
+        k += (size_t)snprintf(mem + k, sizeof mem - k, "%s%.1f", t ? ", " : "",
+                              (all ? all[t] : ab) / 1048576.0);
+      DT_LOG_INFO("pipeline: %d stage%s x %d replica%s, schedule %s, %d micro-batches%s\n%s\n"
+                  "activation memory per stage (MiB; stage 0 holds %d micro-batch%s): %s",
+                  P, P == 1 ? "" : "s", d->R, d->R == 1 ? "" : "s",
+                  dt__schedule_names[c->schedule], c->micro_batches,
+                  c->recompute ? ", recompute" : "", desc, K, K == 1 ? "" : "es", mem);
+    }
+    free(all);
+  }
   if (det) {
     /* one bucket: the fixed-point sums are reduced after the drain on this
      * thread, never beside the pipeline's own messages */
@@ -344,7 +370,7 @@ static int pipe_step_finish(dt_strategy *s, float lr) {
   pipe_impl *d = s->impl;
   const int st = d->stage;
   const size_t off = d->part.param_off[st], n = d->part.params[st];
-  float *g = dt_model_grads(s->model) + off;
+  float *g = dt_model_grads(dt_pipe_model(d->pipe));
   if (d->det) {
     int rc = dt_ddp_finish_step(d->ddp);
     if (rc < 0) return dt__preerr(rc, "rank %d (stage %d)", s->rank, st);

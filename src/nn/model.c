@@ -108,6 +108,7 @@ struct dt_model {
   const float *dx;        /* input gradient of the last backward (need_dx) */
   float *gtmp;            /* accum: a non-linear layer's gradients before they are added */
   int shared;             /* params, grads and bufs are another model's */
+  size_t act_bytes;       /* activations, saved statistics, masks, gradient ping-pong */
 };
 
 /* Does layer i start a `relu maxpool(2)` pair the fused kernel can run? */
@@ -125,9 +126,9 @@ void dt_model_destroy(dt_model *m) {
   if (!m) return;
   if (!m->shared) {
     dt_free(m->params);
-    dt_free(m->own_grads);
     dt_free(m->bufs);
   }
+  dt_free(m->own_grads);
   dt_free(m->gtmp);
   dt_free(m->acts);
   dt_free(m->iacts);
@@ -224,6 +225,7 @@ static int create_from(dt_model **out, dt__spec sp, int c, int h, int w, int max
   m->grads = m->own_grads = dt_calloc((m->nparams ? m->nparams : 1) * sizeof(float));
   m->bufs = dt_calloc((m->nbufs ? m->nbufs : 1) * sizeof(float));
   m->acts = dt_alloc((nacts ? nacts : 1) * sizeof(float));
+  m->act_bytes = (nacts + 2 * al16(MB * sp.max_elems)) * sizeof(float) + niacts * sizeof(int32_t);
   m->iacts = dt_alloc((niacts ? niacts : 1) * sizeof(int32_t));
   m->dbuf[0] = dt_alloc(al16(MB * sp.max_elems) * sizeof(float));
   m->dbuf[1] = dt_alloc(al16(MB * sp.max_elems) * sizeof(float));
@@ -348,8 +350,10 @@ int dt__model_create_range(dt_model **out, const char *spec, int c, int h, int w
   return DT_OK;
 }
 
-void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_off) {
-  float *P = owner->params + param_off, *G = owner->grads + param_off, *S = owner->bufs + buf_off;
+void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_off,
+                     float *grads) {
+  float *P = owner->params + param_off, *S = owner->bufs + buf_off;
+  float *G = grads ? grads : m->grads;
   for (int i = 0; i < m->n; i++) {
     layer *l = &m->L[i];
     if (l->s.info.nparams) {
@@ -365,14 +369,23 @@ void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_
   }
   if (!m->shared) {
     dt_free(m->params);
-    dt_free(m->own_grads);
     dt_free(m->bufs);
+  }
+  if (grads && m->own_grads) {
+    dt_free(m->own_grads);
+    m->own_grads = NULL;
   }
   m->params = P;
   m->grads = G;
-  m->own_grads = NULL;
   m->bufs = S;
   m->shared = 1;
+}
+
+void dt__model_drop_grads(dt_model *m) {
+  if (!m || m->grads != m->own_grads) return;
+  dt_free(m->own_grads);
+  m->own_grads = m->grads = NULL;
+  for (int i = 0; i < m->n; i++) m->L[i].dw = m->L[i].db = NULL;
 }
 
 void dt__model_set_accum(dt_model *m, int accumulate, float gscale) {
@@ -724,3 +737,4 @@ int dt__model_backward_dy(dt_model *m, const float *dy, int B, const float **dx,
 }
 
 const float *dt__model_dx(const dt_model *m) { return m->dx; }
+size_t dt__model_act_bytes(const dt_model *m) { return m ? m->act_bytes : 0; }

@@ -59,11 +59,17 @@ int dt__model_spec_layers(const char *spec, int c, int h, int w, int *nlayers);
 #define DT__STAGE_KEEP_CHUNKS 2
 int dt__model_create_range(dt_model **out, const char *spec, int c, int h, int w, int max_batch,
                            int l0, int l1, int flags);
-/* m's parameters, gradients and state become owner's, starting at
- * param_off / buf_off floats (m's own are freed): several stage models over
- * one span (micro-batches in flight), or a stage over the whole model's
- * buffers. owner must outlive m. */
-void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_off);
+/* m's parameters and state become owner's, starting at param_off /
+ * buf_off floats (m's own are freed); its gradients become grads (same
+ * layout as m's own, which are then freed) or, with grads NULL, stay its
+ * own. Several stage models over one span (micro-batches in flight) share
+ * the first one's gradients; the first trains the whole model's span in
+ * place. owner and grads must outlive m. */
+void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_off,
+                     float *grads);
+/* Frees the model's own gradient buffer (a whole model whose stages keep
+ * their own): dt_model_grads is NULL after; backward must not run again. */
+void dt__model_drop_grads(dt_model *m);
 /* accumulate: backward adds to the parameter gradients instead of
  * overwriting them; gscale multiplies the loss gradient (a micro-batch of n
  * samples in a batch of N: n / N, so the sum is the batch mean). */
@@ -73,6 +79,9 @@ void dt__model_set_accum(dt_model *m, int accumulate, float gscale);
  * need_dx (model memory, valid until the next backward). */
 int dt__model_backward_dy(dt_model *m, const float *dy, int B, const float **dx,
                           dt_grad_ready_fn on_ready, void *ud);
+/* Bytes of activation memory the model allocated for max_batch samples
+ * (outputs, masks, saved statistics, pooling indices, gradient buffers). */
+size_t dt__model_act_bytes(const dt_model *m);
 /* The input gradient of the last backward (need_dx), or NULL. */
 const float *dt__model_dx(const dt_model *m);
 

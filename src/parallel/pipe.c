@@ -92,7 +92,9 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
     int fl = (first ? 0 : DT__STAGE_NEED_DX) | (cfg->det ? DT__STAGE_KEEP_CHUNKS : 0);
     DT_CHECK_GOTO(dt__model_create_range(&p->inst[k], cfg->spec, cfg->c, cfg->h, cfg->w,
                                          cfg->max_batch, cfg->l0, cfg->l1, fl), rc, fail);
-    dt__model_share(p->inst[k], cfg->whole, cfg->param_off, cfg->buf_off);
+    /* the first model's gradients (its own, stage-sized) serve them all */
+    dt__model_share(p->inst[k], cfg->whole, cfg->param_off, cfg->buf_off,
+                    k ? dt_model_grads(p->inst[0]) : NULL);
     if (cfg->det) dt_model_set_gemm_flags(p->inst[k], DT_GEMM_FIXED);
     p->inst_mb[k] = -1;
   }
@@ -117,6 +119,18 @@ fail:
 }
 
 dt_model *dt_pipe_model(dt_pipe *p) { return p->inst[0]; }
+size_t dt_pipe_act_bytes(const dt_pipe *p, int *models, int *slots) {
+  size_t b = 0, B = (size_t)p->c.max_batch;
+  for (int k = 0; k < p->K; k++) b += dt__model_act_bytes(p->inst[k]);
+  int first = p->c.stage == 0, last = p->c.stage == p->c.nstages - 1;
+  b += (size_t)p->S * B * sizeof(float) *
+       ((first ? 0 : 2 * p->in_dim + 2) + (last ? 0 : p->out_dim));
+  if (!last) b += (B * p->out_dim + 2) * sizeof(float);
+  *models = p->K;
+  *slots = p->S;
+  return b;
+}
+
 void dt_pipe_set_det(dt_pipe *p, struct dt_ddp *ddp) { p->ddp = ddp; }
 
 void dt_pipe_times(const dt_pipe *p, double *compute_s, double *wait_s) {
@@ -331,10 +345,7 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
   }
   if (m == 0) {
     /* nothing to train on this step: zero gradients */
-    size_t np = 0;
-    for (int l = 0; l < dt_model_nlayers(p->inst[0]); l++)
-      np += dt_model_layer(p->inst[0], l)->nparams;
-    memset(dt_model_grads(p->inst[0]), 0, np * sizeof(float));
+    memset(dt_model_grads(p->inst[0]), 0, dt_model_nparams(p->inst[0]) * sizeof(float));
     return DT_OK;
   }
   const int s = p->c.stage, P = p->c.nstages;

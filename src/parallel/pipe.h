@@ -42,7 +42,7 @@ typedef struct dt_pipe_cfg {
   int max_batch;          /* most samples per micro-batch */
   int recompute;
   int det;                /* deterministic mode: see dt_pipe_set_det */
-  dt_model *whole;        /* lends its buffers; must outlive the pipe */
+  dt_model *whole;        /* lends its parameters and state; must outlive the pipe */
   dt_comm *comm;          /* rank = stage; NULL with one stage */
 } dt_pipe_cfg;
 
@@ -79,8 +79,13 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
 struct dt_ddp;
 void dt_pipe_set_det(dt_pipe *p, struct dt_ddp *ddp);
 
-/* The stage model that owns the gradient span (for reductions over replicas). */
+/* The stage model that owns the stage's gradients (stage-sized, its own;
+ * for reductions over replicas and the optimizer step). */
 dt_model *dt_pipe_model(dt_pipe *p);
+
+/* Bytes this stage holds for activations: its stage models' activation
+ * memory plus the input and send slots. */
+size_t dt_pipe_act_bytes(const dt_pipe *p, int *models, int *slots);
 
 /* Seconds this stage spent computing and waiting for its neighbours over
  * every step so far (the bubble is the waiting share). */
