@@ -45,6 +45,7 @@
  * It does not do losses other than softmax cross-entropy or threads.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,6 +91,7 @@ struct dt_model {
   size_t nparams, nbufs;
   float *params, *grads, *bufs;
   float *own_grads;       /* the grads allocated here (grads may be borrowed) */
+  void *grads_raw;        /* own_grads' allocation (zalloc64) */
   float *acts;            /* one arena for outputs, masks and statistics */
   int32_t *iacts;         /* one arena for maxpool argmax and codes */
   float *dbuf[2];         /* activation-gradient ping-pong, max_batch * max_elems */
@@ -118,6 +120,18 @@ static int relu_pool_at(const dt__spec *sp, int i) {
          sp->L[i + 1].stride == 2;
 }
 
+/* Zeroed floats, 64-byte aligned, that cost no resident memory until
+ * written: calloc of a large block is a fresh mapping the C library does
+ * not clear by hand (dt_calloc writes every byte). For the gradient buffer,
+ * which a pipeline stage's whole model never writes (its stages keep their
+ * own) and which forked workers would otherwise inherit resident. *raw is
+ * what to free(). */
+static float *zalloc64(size_t n, void **raw) {
+  *raw = calloc(n * sizeof(float) + 64, 1);
+  if (!*raw) return NULL;
+  return (float *)(((uintptr_t)*raw + 63) & ~(uintptr_t)63);
+}
+
 /* Rounds a float count up to a 64-byte multiple so every sub-buffer stays
  * aligned for vector loads. */
 static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
@@ -128,7 +142,7 @@ void dt_model_destroy(dt_model *m) {
     dt_free(m->params);
     dt_free(m->bufs);
   }
-  dt_free(m->own_grads);
+  free(m->grads_raw);
   dt_free(m->gtmp);
   dt_free(m->acts);
   dt_free(m->iacts);
@@ -222,7 +236,7 @@ static int create_from(dt_model **out, dt__spec sp, int c, int h, int w, int max
 
   /* Pass 2: allocate once and lay the pointers into the arenas. */
   m->params = dt_calloc((m->nparams ? m->nparams : 1) * sizeof(float));
-  m->grads = m->own_grads = dt_calloc((m->nparams ? m->nparams : 1) * sizeof(float));
+  m->grads = m->own_grads = zalloc64((m->nparams ? m->nparams : 1), &m->grads_raw);
   m->bufs = dt_calloc((m->nbufs ? m->nbufs : 1) * sizeof(float));
   m->acts = dt_alloc((nacts ? nacts : 1) * sizeof(float));
   m->act_bytes = (nacts + 2 * al16(MB * sp.max_elems)) * sizeof(float) + niacts * sizeof(int32_t);
@@ -372,7 +386,8 @@ void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_
     dt_free(m->bufs);
   }
   if (grads && m->own_grads) {
-    dt_free(m->own_grads);
+    free(m->grads_raw);
+    m->grads_raw = NULL;
     m->own_grads = NULL;
   }
   m->params = P;
@@ -383,7 +398,8 @@ void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_
 
 void dt__model_drop_grads(dt_model *m) {
   if (!m || m->grads != m->own_grads) return;
-  dt_free(m->own_grads);
+  free(m->grads_raw);
+  m->grads_raw = NULL;
   m->own_grads = m->grads = NULL;
   for (int i = 0; i < m->n; i++) m->L[i].dw = m->L[i].db = NULL;
 }

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# test_pipeline_launch.sh — hybrid data x pipeline (2 replicas x 2 stages)
+# started three ways, in deterministic mode so each must end with the
+# params_sha256 of one ddp_det worker:
+#  (a) dtrain launch --nproc-per-node 4 on this host;
+#  (b) mpirun -n 4 with dist.transport=mpi (skipped without mpirun or MPI);
+#  (c) two "hosts" in network namespaces (tools/netns.sh), 2 ranks each, so
+#      each replica's stages share a host (shm) and the stage allreduce goes
+#      over tcp between the hosts (skipped where namespaces cannot be made).
+# Every process it starts is waited for with a deadline and stopped by pid.
+netns_inner() {
+  read -r -a hosts <<<"$NETNS_HOSTS"
+  read -r -a addrs <<<"$NETNS_ADDRS"
+  local port=29611 pids=() rc=0 i
+  trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done' EXIT
+  for i in 1 0; do
+    ip netns exec "${hosts[$i]}" "$DTRAIN" launch --nnodes 2 --node-rank $i --nproc-per-node 2 \
+      --rdzv "${addrs[0]}:$port" -- train "${ARGS[@]}" --out "$T/nn" \
+      >"$T/nn$i.out" 2>"$T/nn$i.err" </dev/null &
+    pids[$i]=$!
+  done
+  local deadline=$((SECONDS + 150))
+  for i in 0 1; do
+    while kill -0 "${pids[$i]}" 2>/dev/null; do
+      [ $SECONDS -ge $deadline ] && { echo "node $i still running after 150 s" >>"$T/nn$i.err"; return 1; }
+      sleep 0.1
+    done
+    wait "${pids[$i]}" || rc=1
+  done
+  return $rc
+}
+
+D=(--set data.limit_train=600 --set data.limit_test=200 --set train.epochs=1 --set train.batch=48
+   --set dist.deterministic=true --set dist.micro_batch=8
+   --set "model.layers=flatten linear(32) relu dropout(0.3) linear(24) batchnorm relu linear(10)")
+H=(--set dist.pipeline_stages=2 --set dist.micro_batches=3)
+if [ "${1:-}" = netns_inner ]; then
+  ARGS=("${D[@]}" "${H[@]}")
+  netns_inner
+  exit $?
+fi
+
+. "$(dirname "$0")/../cli/lib.sh"
+SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+sha() { json_str "$1" params_sha256; }
+json_str() { grep -Eo "\"$2\":[[:space:]]*\"[^\"]*\"" "$1" | head -1 | sed -E 's/.*"([^"]*)"$/\1/'; }
+TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+
+"$DTRAIN" train "${D[@]}" --out "$T/ref" >/dev/null 2>"$T/ref.err" || fail "reference: $(cat "$T/ref.err")"
+REF=$(sha "$T/ref/summary.json")
+
+# (a) dtrain launch, one node of 4
+if timeout 150 "$DTRAIN" launch --nproc-per-node 4 -- train "${D[@]}" "${H[@]}" --out "$T/l4" \
+    >"$T/l4.out" 2>"$T/l4.err" </dev/null; then
+  [ "$(sha "$T/l4/summary.json")" = "$REF" ] && pass || fail "(a) launch 4: params_sha256 differs"
+else
+  fail "(a) launch --nproc-per-node 4: $(tail -3 "$T/l4.err")"
+fi
+
+# (b) mpirun
+if ! command -v mpirun >/dev/null 2>&1; then
+  skip_part b "mpirun not found"
+else
+  mkdir -p "$T/rdzv"
+  timeout 150 env DTRAIN_RDZV_DIR="$T/rdzv" mpirun --allow-run-as-root --oversubscribe \
+    -x DTRAIN_RDZV_DIR -n 4 "$DTRAIN" train "${D[@]}" "${H[@]}" --set dist.transport=mpi \
+    --out "$T/mpi" >"$T/mpi.out" 2>"$T/mpi.err" </dev/null
+  rc=$?
+  if grep -q "transport 'mpi' unknown or not built" "$T/mpi.err"; then
+    skip_part b "dtrain was built without MPI"
+  elif [ $rc = 0 ]; then
+    [ "$(sha "$T/mpi/summary.json")" = "$REF" ] && pass || fail "(b) mpirun: params_sha256 differs"
+  else
+    fail "(b) mpirun -n 4: exit $rc: $(tail -3 "$T/mpi.err")"
+  fi
+fi
+
+# (c) two hosts in namespaces
+"$SRC/tools/netns.sh" check >"$T/netns_check" 2>&1
+nrc=$?
+if [ $nrc = 77 ]; then
+  skip_part c "network namespaces unavailable: $(cat "$T/netns_check")"
+elif [ $nrc != 0 ]; then
+  fail "(c) netns.sh check: exit $nrc: $(cat "$T/netns_check")"
+else
+  T="$T" DTRAIN="$DTRAIN" DTRAIN_JOB_TOKEN="$TOKEN" "$SRC/tools/netns.sh" run -p "dtp$$" -n 2 -- \
+    bash "$0" netns_inner >"$T/netns.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ]; then
+    [ "$(sha "$T/nn/summary.json")" = "$REF" ] && pass || fail "(c) 2 hosts: params_sha256 differs"
+    grep -q 'ranks 2-3 over tcp' "$T/nn0.out" && pass || fail "(c) comm line: $(grep '^comm' "$T/nn0.out")"
+  else
+    fail "(c) 2 hosts x 2: exit $rc: $(cat "$T/netns.log" "$T"/nn?.err 2>/dev/null | head -20)"
+  fi
+  ip netns list 2>/dev/null | grep -q "dtp$$" && fail "(c) namespaces left behind" || pass
+fi
+finish
