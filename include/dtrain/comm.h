@@ -219,7 +219,10 @@ DT_API int dt_comm_reduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t
 DT_API int dt_comm_allgather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                              dt_dtype t);
 /* sendbuf holds size*count elements; rank r gets the reduction of block r
- * (count elements) in recvbuf. */
+ * (count elements) in recvbuf. In place (recvbuf == sendbuf): the buffer's
+ * other blocks are overwritten and rank r's result is in ITS block r (not
+ * at the start, unlike MPI_IN_PLACE), with no buffer-sized scratch (ZeRO-1
+ * uses it on the gradient buffer). */
 DT_API int dt_comm_reduce_scatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                                   dt_dtype t, dt_redop op);
 /* Block j of sendbuf (count elements) goes to rank j; block i of recvbuf

@@ -8,7 +8,8 @@
  * an optimizer that holds state for it alone, and an allgather (in place)
  * gives every worker every block. The n mod N parameters past the last
  * whole block are allreduced and updated by every worker (a few floats). So
- * optimizer memory per worker is 1/N of ddp's, results equal ddp's (the same
+ * optimizer memory per worker is 1/N of ddp's (the reduce-scatter runs in
+ * place on the gradient buffer: no buffer-sized scratch), results equal ddp's (the same
  * scale-then-sum of gradients, element-wise updates), and the traffic is
  * ddp's (reduce-scatter + allgather is how a ring allreduce runs anyway).
  *
@@ -26,7 +27,6 @@
 
 typedef struct zero_impl {
   size_t blk, tail0, ntail; /* block per rank; the tail [tail0, n) */
-  float *gblk;              /* this rank's block of the summed gradient */
   dt_optim *opt, *opt_tail; /* state for the block, and for the tail */
   dt_step_plan plan;
   uint64_t sent0, recv0;
@@ -43,7 +43,6 @@ static int zero_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_
 static void zero_teardown(dt_strategy *s) {
   zero_impl *z = s->impl;
   if (!z) return;
-  dt_free(z->gblk);
   dt_optim_destroy(z->opt);
   dt_optim_destroy(z->opt_tail);
   free(z);
@@ -66,8 +65,6 @@ static int zero_setup(dt_strategy *s) {
    * one-float one that is never stepped */
   int rc = dt_optim_create(&z->opt, &s->cfg->optim, z->blk ? z->blk : 1);
   if (rc == DT_OK) rc = dt_optim_create(&z->opt_tail, &s->cfg->optim, z->ntail ? z->ntail : 1);
-  if (rc == DT_OK && !(z->gblk = dt_alloc((z->blk + 1) * sizeof(float))))
-    rc = dt__seterr(DT_ENOMEM, "zero: out of memory for %zu gradients", z->blk);
   if (rc < 0) {
     zero_teardown(s);
     return rc;
@@ -95,13 +92,14 @@ static int zero_step_finish(dt_strategy *s, float lr) {
     for (size_t i = 0; i < n; i++) g[i] *= scale;
   const int r = s->rank;
   double t0 = dt_now();
-  int rc = z->blk ? dt_comm_reduce_scatter(s->comm, g, z->gblk, z->blk, DT_F32, DT_OP_SUM) : DT_OK;
+  /* in place: block r of the gradient buffer ends up summed, no scratch */
+  int rc = z->blk ? dt_comm_reduce_scatter(s->comm, g, g, z->blk, DT_F32, DT_OP_SUM) : DT_OK;
   if (rc == DT_OK && z->ntail)
     rc = dt_comm_allreduce(s->comm, g + z->tail0, g + z->tail0, z->ntail, DT_F32, DT_OP_SUM);
   z->comm_s += dt_now() - t0;
   if (rc < 0) return dt__ddp_comm_err(s, rc, "ZeRO-1 gradient reduce-scatter");
   float *mine = p + (size_t)r * z->blk;
-  if (z->blk) DT_CHECK(dt_optim_step(z->opt, mine, z->gblk, lr));
+  if (z->blk) DT_CHECK(dt_optim_step(z->opt, mine, g + (size_t)r * z->blk, lr));
   if (z->ntail) DT_CHECK(dt_optim_step(z->opt_tail, p + z->tail0, g + z->tail0, lr));
   t0 = dt_now();
   if (z->blk) rc = dt_comm_allgather(s->comm, mine, p, z->blk, DT_F32);

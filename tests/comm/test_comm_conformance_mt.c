@@ -117,6 +117,11 @@ static int other_collectives(dt_comm *c, void *arg, char *fail, size_t cap) {
       reference(ref, (size_t)n * cnt, t, op, n, seed);
       if (cnt && memcmp(out, ref + (size_t)r * cnt * es, cnt * es))
         return FAIL("reduce_scatter %s %s count %zu: wrong", dt_dtype_name(t), dt_redop_name(op), cnt);
+      /* in place: the result in this rank's own block of the buffer */
+      fill_input(in, (size_t)n * cnt, t, r, seed);
+      if ((rc = dt_comm_reduce_scatter(c, in, in, cnt, t, op))) return FAIL("reduce_scatter in place: %s", dt_errmsg());
+      if (cnt && memcmp(in + (size_t)r * cnt * es, ref + (size_t)r * cnt * es, cnt * es))
+        return FAIL("reduce_scatter in place %s %s count %zu: wrong", dt_dtype_name(t), dt_redop_name(op), cnt);
       /* alltoall: rank q sends block j = value q*1000 + j*10 + i%10 */
       for (int j = 0; j < n; j++)
         for (size_t i = 0; i < cnt; i++) store_val(in, (size_t)j * cnt + i, t, (double)((r * 8 + j) % 50 + (int)(i % 7)));

@@ -100,7 +100,10 @@ int dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t cou
                             dt_redop op) {
   int n = dt_comm_size(c), r = dt_comm_rank(c);
   size_t es = dt_dtype_size(t);
-  uint8_t *work = dt__coll_scratch(c, 2, (size_t)n * count * es);
+  /* in place (sendbuf == recvbuf): the buffer itself is the work space and
+   * the result stays in its block r, so no buffer-sized scratch is held */
+  const int inplace = sbuf == rbuf;
+  uint8_t *work = inplace ? rbuf : dt__coll_scratch(c, 2, (size_t)n * count * es);
   size_t *off = malloc(2 * (size_t)n * sizeof *off);
   if (!work || !off) {
     free(off);
@@ -108,10 +111,10 @@ int dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t cou
   }
   size_t *cnt = off + n;
   for (int i = 0; i < n; i++) off[i] = (size_t)i * count, cnt[i] = count;
-  memcpy(work, sbuf, (size_t)n * count * es);
+  if (!inplace) memcpy(work, sbuf, (size_t)n * count * es);
   int rc = dt__ring_reduce_scatter_blocks(c, work, off, cnt, t, op);
   if (rc == DT_OK) rc = dt__reduce_finish(work + off[r] * es, count, t, op, n);
-  if (rc == DT_OK) memcpy(rbuf, work + off[r] * es, count * es);
+  if (rc == DT_OK && !inplace) memcpy(rbuf, work + off[r] * es, count * es);
   free(off);
   return rc;
 }
