@@ -59,6 +59,7 @@ static void note_failure(dt_ckpt_run *k, int64_t step, const char *msg) {
 static void take(dt_engine *e, const dt_ckpt_pos *p, int sync) {
   dt_ckpt_run *k = &e->ck;
   double t0 = dt_now(), waited = 0;
+  const int64_t t0_ns = dt_now_ns(); /* observe.c: metrics and a span */
   const int64_t step = e->strat.step;
   k->last_t = t0;
   k->last_step = step;
@@ -72,10 +73,12 @@ static void take(dt_engine *e, const dt_ckpt_pos *p, int sync) {
       snprintf(msg, sizeof msg, "%s", dt_errmsg());
       DT_LOG_WARN("checkpoint of step %lld not taken (training goes on): %s", (long long)step, msg);
       note_failure(k, step, msg);
+      dt__eobs_ckpt(e, t0_ns, 0);
       return;
     }
     dt__writer_submit(k->w);
     if (sync) dt__writer_drain(k->w);
+    dt__eobs_ckpt(e, t0_ns, 1);
     return;
   }
   int rc = dt__ckpt_snapshot(e, &k->snap, p);
@@ -88,9 +91,11 @@ static void take(dt_engine *e, const dt_ckpt_pos *p, int sync) {
     DT_LOG_WARN("checkpoint of step %lld not written (training goes on, older checkpoints "
                 "kept): %s", (long long)step, msg);
     note_failure(k, step, msg);
+    dt__eobs_ckpt(e, t0_ns, 0);
     return;
   }
   k->sync_written++;
+  dt__eobs_ckpt(e, t0_ns, 1);
   snprintf(k->last_dir, sizeof k->last_dir, "%s", dir);
 }
 

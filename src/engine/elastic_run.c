@@ -112,6 +112,7 @@ int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
   e->rank = g.rank;
   e->nranks = g.size;
   dt__engine_lend(e);
+  dt__eobs_membership(e, g.gen);
   dt_membership m = {g.comm, g.rank, g.size, g.source};
   rc = S->ops->membership_change(S, &m);
   if (rc == DT_OK) rc = e->source->ops->bind(e->source, g.rank, g.size);

@@ -134,6 +134,10 @@ int dt__eobs_trace_start(dt_engine *e);
 void dt__eobs_step(dt_engine *e, double seconds, int64_t samples, double loss, double lr,
                    double sps);
 void dt__eobs_epoch(dt_engine *e, const dt_epoch_report *r);
+/* A checkpoint taken since t0_ns (ok) or failed: counters, time, a span. */
+void dt__eobs_ckpt(dt_engine *e, int64_t t0_ns, int ok);
+/* Elastic: a new generation; its communicator records into the same page. */
+void dt__eobs_membership(dt_engine *e, int generation);
 /* End of the run: a failure recorded (and this rank's recorder dumped for a
  * communication failure), the trace written, the page closed. */
 void dt__eobs_end(dt_engine *e, const char *out_dir, int rc, const char *msg);

@@ -91,6 +91,31 @@ void dt__eobs_step(dt_engine *e, double seconds, int64_t samples, double loss, d
   }
 }
 
+void dt__eobs_ckpt(dt_engine *e, int64_t t0_ns, int ok) {
+  dt_obs *o = e->obs.o;
+  if (!o) return;
+  int64_t t1 = dt_now_ns();
+  if (ok) {
+    dt_obs_add(dt_obs_counter(o, "dtrain_checkpoint_writes_total",
+                              "Checkpoints taken (handed to the writer, or written)"), 1);
+    dt_obs_observe(dt_obs_histogram(o, "dtrain_checkpoint_seconds",
+                                    "Training-thread time per checkpoint (snapshot, waiting for "
+                                    "the writer, or the whole write without one)", NULL, 0),
+                   (double)(t1 - t0_ns) / 1e9);
+  } else {
+    dt_obs_add(dt_obs_counter(o, "dtrain_checkpoint_failures_total", "Checkpoints that failed"), 1);
+  }
+  dt_obs_span(o, "checkpoint", 0, t0_ns, t1, e->strat.step);
+}
+
+void dt__eobs_membership(dt_engine *e, int generation) {
+  dt_obs *o = e->obs.o;
+  if (!o) return;
+  if (e->comm) dt_comm_set_obs(e->comm, o); /* the new communicator records too */
+  dt_obs_set(dt_obs_gauge(o, "dtrain_membership_generation",
+                          "Elastic membership generation this rank trains in"), generation);
+}
+
 void dt__eobs_epoch(dt_engine *e, const dt_epoch_report *r) {
   dt_eobs *x = &e->obs;
   if (!x->o) return;
