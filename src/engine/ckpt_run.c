@@ -99,9 +99,22 @@ static void take(dt_engine *e, const dt_ckpt_pos *p, int sync) {
   snprintf(k->last_dir, sizeof k->last_dir, "%s", dir);
 }
 
+/* Rank 0 writes. Every rank knows the root, so a rank that becomes rank 0
+ * after a membership change (elastic training) takes the writing over at
+ * its next step boundary. */
+static int become_writer(dt_engine *e) {
+  dt_ckpt_run *k = &e->ck;
+  int rc = dt__ckpt_root_check(k->root);
+  if (rc < 0) return dt__seterr(rc, "ckpt.dir: %s", dt_errmsg());
+  if (e->cfg.ckpt_async) DT_CHECK(dt__writer_create(&k->w, k->root, e->cfg.ckpt_keep));
+  k->on = 1;
+  return DT_OK;
+}
+
 int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos) {
   dt_ckpt_run *k = &e->ck;
-  k->on = e->rank == 0 && dt__ckpt_root(e, out_dir, k->root, sizeof k->root);
+  dt__ckpt_root(e, out_dir, k->root, sizeof k->root);
+  k->on = 0;
   if (e->rank == 0 && e->strat.ops->state_sharded && wants_ckpt(&e->cfg) &&
       (e->cfg.ckpt_every_steps > 0 || e->cfg.ckpt_every_seconds > 0))
     DT_LOG_WARN("strategy '%s' keeps its state sharded over ranks: checkpoints are not taken "
@@ -109,11 +122,7 @@ int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos) {
   k->last_t = dt_now();
   k->last_step = -1;
   k->sync_failed_step = -1;
-  if (k->on) {
-    int rc = dt__ckpt_root_check(k->root);
-    if (rc < 0) return dt__seterr(rc, "ckpt.dir: %s", dt_errmsg());
-    if (e->cfg.ckpt_async) DT_CHECK(dt__writer_create(&k->w, k->root, e->cfg.ckpt_keep));
-  }
+  if (e->rank == 0 && k->root[0]) DT_CHECK(become_writer(e));
   memset(pos, 0, sizeof *pos);
   pos->epoch = 1;
   if (!k->res) return DT_OK;
@@ -131,6 +140,11 @@ int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos) {
 int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *p) {
   dt_ckpt_run *k = &e->ck;
   if (e->rank != 0) return DT_OK;
+  if (!k->on && k->root[0] && !k->finished && become_writer(e) < 0) {
+    DT_LOG_WARN("rank 0 (new after a membership change) cannot write checkpoints: %s",
+                dt_errmsg());
+    k->root[0] = '\0';
+  }
   const dt_run_cfg *c = &e->cfg;
   const int64_t step = e->strat.step;
   if (k->stop && *k->stop) {
