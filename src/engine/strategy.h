@@ -212,7 +212,8 @@ int dt__ddp_replan(dt_strategy *s, dt_balance *bal);
 void dt__ddp_balance_destroy(dt_strategy *s, dt_balance *bal);
 /* Shared by ddp and ddp_det: a membership change. Frees *ddp, takes the new
  * communicator, broadcasts the source's state; det: makes a fresh
- * deterministic *ddp (otherwise the caller makes one). */
+ * deterministic *ddp (otherwise the caller makes one). ddp NULL (the
+ * strategy was not set up): DT_EINVAL after the arguments are checked. */
 int dt__ddp_membership(dt_strategy *s, const dt_membership *m, dt_ddp **ddp, int det);
 
 #endif /* DT_ENGINE_STRATEGY_H */

@@ -114,6 +114,8 @@ int dt__ddp_membership(dt_strategy *s, const dt_membership *m, dt_ddp **ddp, int
     return dt__seterr(DT_EINVAL, "strategy '%s': membership change needs a communicator and "
                       "ranks in range (rank %d, source %d of %d)", s->ops->name, m->rank,
                       m->source, m->nranks);
+  if (!ddp)
+    return dt__seterr(DT_EINVAL, "strategy '%s': membership change before setup", s->ops->name);
   dt_ddp_destroy(*ddp);
   *ddp = NULL;
   s->grad_ud = NULL;
@@ -276,7 +278,7 @@ static int ddp_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all
 
 static int ddp_membership(dt_strategy *s, const dt_membership *m) {
   ddp_impl *d = s->impl;
-  DT_CHECK(dt__ddp_membership(s, m, &d->ddp, 0));
+  DT_CHECK(dt__ddp_membership(s, m, d ? &d->ddp : NULL, 0));
   /* a fresh synchroniser over the new communicator (buckets, a new window
    * on one host; compression restarts with empty error-feedback residuals) */
   dt_compress_cfg cz;

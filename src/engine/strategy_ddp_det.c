@@ -166,7 +166,7 @@ static int det_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all
 
 static int det_membership(dt_strategy *s, const dt_membership *m) {
   det_impl *d = s->impl;
-  DT_CHECK(dt__ddp_membership(s, m, &d->ddp, 1));
+  DT_CHECK(dt__ddp_membership(s, m, d ? &d->ddp : NULL, 1));
   dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
   /* the speed measurements are per rank of the old world: start afresh */
   dt__ddp_balance_destroy(s, d->bal);
