@@ -9,13 +9,14 @@
 #   make bench-ps  parameter server vs ddp, PyTorch RPC PS, a straggler
 #   make bench-obs  observability: overhead, scrape time, trace size
 #   make bench-compress  gradient codecs: speed, one host, 3 emulated hosts at 100 Mbit/1 Gbit vs PyTorch hooks
+#   make bench-elastic  elastic training: recovery time of 10 kills, steps lost, cost when nothing fails
 #   make install [PREFIX=/usr/local]  the dtrain binary, libdtrain (.a, .so),
 #                headers, dtrain.pc and the CMake package under PREFIX
 JOBS ?= $(shell nproc)
 BUILD ?= build/release
 PREFIX ?= /usr/local
 
-.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-straggler bench-pipeline bench-ckpt bench-ps bench-obs bench-compress clean deps deps-test deps-bench
+.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-straggler bench-pipeline bench-ckpt bench-ps bench-obs bench-compress bench-elastic clean deps deps-test deps-bench
 
 all: build
 
@@ -63,6 +64,11 @@ bench: deps-bench build
 	BUILD=$(BUILD) bench/ps.sh
 	BUILD=$(BUILD) bench/obs.sh
 	BUILD=$(BUILD) bench/compress.sh
+	DTRAIN=$(BUILD)/dtrain bench/elastic.sh
+
+# elastic training: recovery time (median of 10 kills), steps lost, cost when nothing fails
+bench-elastic: build
+	DTRAIN=$(BUILD)/dtrain bench/elastic.sh
 
 # parameter server: vs ddp, PyTorch's RPC parameter server, a throttled straggler
 bench-ps: deps-bench build

@@ -95,16 +95,65 @@ static int64_t counter(dt_store *st, const char *k, int64_t add) {
 
 /* ---- the watcher ------------------------------------------------------------ */
 
+/* The lowest member of a generation also watches the others' heartbeats:
+ * one silent for heartbeat_timeout (frozen, cut off, its host gone) is
+ * announced as a change, so nobody waits for it at a collective deadline. */
+struct hbw {
+  int gen, n, told;
+  int *ids;
+  int64_t *val;
+  double *at;
+};
+
+static void watch_heartbeats(dt_elastic *el, struct hbw *w, double now) {
+  pthread_mutex_lock(&el->mu);
+  int lead = el->nmembers > 1 && el->members[0] == el->cfg.id;
+  if (lead && w->gen != el->gen) {
+    free(w->ids), free(w->val), free(w->at);
+    w->n = el->nmembers;
+    w->ids = malloc((size_t)w->n * sizeof *w->ids);
+    w->val = calloc((size_t)w->n, sizeof *w->val);
+    w->at = calloc((size_t)w->n, sizeof *w->at);
+    if (w->ids) memcpy(w->ids, el->members, (size_t)w->n * sizeof *w->ids);
+    w->gen = el->gen;
+    w->told = 0;
+  }
+  pthread_mutex_unlock(&el->mu);
+  if (!lead || !w->ids || !w->val || !w->at || w->told) return;
+  char k[256];
+  for (int i = 0; i < w->n; i++) {
+    if (w->ids[i] == el->cfg.id) continue;
+    key(el, k, sizeof k, "hb/%d", w->ids[i], 0);
+    int64_t v = counter(el->wst, k, 0);
+    if (v != w->val[i] || w->at[i] == 0) w->val[i] = v, w->at[i] = now;
+    if (now - w->at[i] > el->cfg.heartbeat_timeout_s) {
+      DT_LOG_WARN("elastic: member %d has been silent for %.1f s (dist.heartbeat_timeout); "
+                  "re-forming without it", w->ids[i], now - w->at[i]);
+      key(el, k, sizeof k, "change", 0, 0);
+      counter(el->wst, k, 1);
+      w->told = 1;
+      return;
+    }
+  }
+}
+
 static void *watch(void *arg) {
   dt_elastic *el = arg;
   char hb[256], ch[256];
   key(el, hb, sizeof hb, "hb/%d", el->cfg.id, 0);
   key(el, ch, sizeof ch, "change", 0, 0);
+  struct hbw w = {-1, 0, 0, NULL, NULL, NULL};
+  double next_check = 0;
   pthread_mutex_lock(&el->mu);
   while (!el->stop) {
     pthread_mutex_unlock(&el->mu);
     counter(el->wst, hb, 1);
     int64_t c = counter(el->wst, ch, 0);
+    double now = dt_now();
+    if (now >= next_check) {
+      watch_heartbeats(el, &w, now);
+      next_check = now + el->cfg.heartbeat_timeout_s / 4;
+    }
     pthread_mutex_lock(&el->mu);
     if (c > el->seen && el->cur) {
       /* some member failed or a launcher saw a death: leave any collective
@@ -121,6 +170,7 @@ static void *watch(void *arg) {
     if (!el->stop) pthread_cond_timedwait(&el->cv, &el->mu, &ts);
   }
   pthread_mutex_unlock(&el->mu);
+  free(w.ids), free(w.val), free(w.at);
   return NULL;
 }
 
@@ -210,9 +260,27 @@ void dt_elastic_destroy(dt_elastic *el) {
 }
 
 int dt_elastic_report_dead(dt_store *st, const char *job, int id, double timeout_s) {
-  char k[256];
-  snprintf(k, sizeof k, "%s/el/change", job);
-  DT_CHECK(dt_store_add(st, k, 1, NULL, timeout_s));
+  char k[256], *rec = malloc(GEN_MAX);
+  if (!rec) return dt__seterr(DT_ENOMEM, "elastic: out of memory");
+  /* announce only the loss of a current member (one left out already, an
+   * evicted worker that came back and left, changes nothing) */
+  int member = 1, g, *ids = NULL, n = 0;
+  int64_t c;
+  size_t len = 0;
+  snprintf(k, sizeof k, "%s/el/gen", job);
+  if (dt_store_get(st, k, rec, GEN_MAX - 1, &len, timeout_s) == DT_OK) {
+    rec[len] = '\0';
+    if (parse_gen(rec, &g, &c, &ids, &n) == DT_OK) {
+      member = 0;
+      for (int i = 0; i < n; i++) member |= ids[i] == id;
+      free(ids);
+    }
+  }
+  free(rec);
+  if (member) {
+    snprintf(k, sizeof k, "%s/el/change", job);
+    DT_CHECK(dt_store_add(st, k, 1, NULL, timeout_s));
+  }
   snprintf(k, sizeof k, "%s/el/dead/%d", job, id);
   return dt_store_add(st, k, 1, NULL, timeout_s);
 }
@@ -245,11 +313,13 @@ static int adopt(dt_elastic *el, const char *rec, int *rank) {
     return dt__seterr(DT_EABORTED, "elastic: member %d is not in generation %d (it was taken for "
                       "dead: frozen or cut off); leaving the job", el->cfg.id, g);
   }
+  pthread_mutex_lock(&el->mu);
   free(el->members);
   el->members = ids;
   el->nmembers = n;
   el->gen = g;
   el->seen = c;
+  pthread_mutex_unlock(&el->mu);
   *rank = me;
   return DT_OK;
 }
@@ -270,8 +340,13 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
   if (cur) dt_comm_abort(cur, DT_EPEERLOST, "membership change");
   el->cur = NULL;
   pthread_mutex_unlock(&el->mu);
-  key(el, k, sizeof k, "change", 0, 0);
-  DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
+  /* a generation decided without this member (it was frozen, say) needs no
+   * announcement: it only has to find out and leave */
+  DT_CHECK_GOTO(read_gen(el, rec, GEN_MAX), rc, done);
+  if (atoi(rec) < g) {
+    key(el, k, sizeof k, "change", 0, 0);
+    DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
+  }
   key(el, k, sizeof k, "g%d/in/%d", g, el->cfg.id);
   DT_CHECK_GOTO(dt_store_add(el->st, k, pos + 1, NULL, tmo), rc, done);
 

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -79,7 +80,20 @@ void dt__elastic_step_begin(dt_engine *e) {
     memcpy(e->bufs_snap, dt_model_bufs(e->model), dt_model_nbufs(e->model) * sizeof(float));
 }
 
+static double wall(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 void dt__elastic_visit(dt_engine *e, int epoch, int64_t lo, int64_t hi) {
+  if (e->el_failed_at > 0) {
+    /* the first completed step of a new generation: what recovery cost */
+    DT_LOG_INFO("elastic: member %d: first step of generation %d done at wall clock %.6f, "
+                "%.3f s after this member saw the failure", e->el_id,
+                dt_elastic_generation(e->elastic), wall(), dt_now() - e->el_failed_at);
+    e->el_failed_at = 0;
+  }
   if (!e->visits || hi <= lo) return;
   fprintf(e->visits, "%d %lld %lld\n", epoch, (long long)lo, (long long)hi);
   fflush(e->visits);
@@ -103,6 +117,7 @@ int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
   if (in_step && e->bufs_snap)
     memcpy(dt_model_bufs(e->model), e->bufs_snap, dt_model_nbufs(e->model) * sizeof(float));
   double t0 = dt_now();
+  if (!(e->el_failed_at > 0)) e->el_failed_at = t0;
   DT_LOG_INFO("elastic: member %d (rank %d) at step %lld: %s", e->el_id, e->rank,
               (long long)S->step, why);
   dt_elastic_gen g;

@@ -92,6 +92,7 @@ struct dt_engine {
   float *bufs_snap;         /* the model's buffers at the step's start */
   int64_t ended_at;         /* S->step when the last epoch end was done, or -1 */
   int recoveries;           /* membership changes survived */
+  double el_failed_at;      /* dt_now() of the failure being recovered from, or 0 */
 };
 
 /* The checkpoint root of a run writing to out_dir (ckpt.dir, else

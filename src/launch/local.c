@@ -243,7 +243,9 @@ static void reap(dt_job *j, pid_t *pids, int n, int quiet, _Atomic int *order) {
       for (int i = 0; i < nfresh; i++) elastic_lost(j, fresh[i]);
       nfresh = 0;
     }
-    int f = j->failed < 0 && !quiet && !j->signal ? first_failure(j, fresh, nfresh, order) : -1;
+    /* elastic: no failure stops the others (the workers decide themselves) */
+    int f = j->failed < 0 && !quiet && !j->signal && j->cfg.min_workers <= 0
+                ? first_failure(j, fresh, nfresh, order) : -1;
     if (f >= 0) {
       j->failed = f;
       kill_at = dt_now() + j->cfg.grace_s;

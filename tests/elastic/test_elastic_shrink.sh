@@ -10,6 +10,8 @@
 # of every epoch trained exactly once. Deterministic mode must end with the
 # params_sha256 of an uninterrupted run. Below dist.min_workers the job
 # waits dist.rejoin_timeout, then fails (status 1) naming dist.min_workers.
+# A worker frozen by SIGSTOP is evicted after dist.heartbeat_timeout and,
+# after SIGCONT, leaves saying so while the others finish.
 # Every run has a time limit; no process or /dev/shm name is left behind.
 . "$(dirname "$0")/../cli/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -50,6 +52,12 @@ shrunk() {
   fi
   pass
 }
+
+# strategies without a membership change are refused up front (exit 2, the key named)
+expect_bad with_zero "dist.min_workers.*dist.zero" train "${BASE[@]}" --workers 2 \
+  --set dist.min_workers=1 --set dist.zero=1
+expect_bad too_many "dist.min_workers.*more than dist.workers" train "${BASE[@]}" --workers 2 \
+  --set dist.min_workers=3
 
 run forward 2:20:forward --set dist.min_workers=2 && shrunk forward 2
 run backward 1:20:backward --set dist.min_workers=2 && shrunk backward 2
@@ -98,6 +106,39 @@ s="$T/outside/out/summary.json"
 if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 2 ]; then
   fail "outside kill of pid $victim: exit $RC, workers $(json_num "$s" workers 2>/dev/null): $(grep -v info "$T/outside/log" | tail -3)"
 else pass; fi
+
+# a frozen worker (SIGSTOP) is evicted after missed heartbeats; after SIGCONT
+# it notices it was left out and leaves; the others finish (DTRAIN_LONG=1:
+# on a loaded machine this case alone can take minutes)
+if [ "${DTRAIN_LONG:-0}" = 1 ]; then
+mkdir -p "$T/frozen"
+"$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --set train.epochs=4 --set data.limit_train=$N \
+  --set data.limit_test=500 --workers 3 --set dist.min_workers=2 \
+  --set dist.heartbeat_timeout=1 --out "$T/frozen/out" >"$T/frozen/log" 2>&1 </dev/null &
+job=$!
+victim=""
+for _ in $(seq 1 400); do
+  victim=$(grep -o 'rank 2 pid [0-9]*' "$T/frozen/log" 2>/dev/null | awk '{print $4}')
+  [ -n "$victim" ] && [ -s "$T/frozen/out/events.jsonl" ] && break
+  sleep 0.05
+done
+( sleep 150; kill -CONT "$victim" 2>/dev/null; kill -9 $job 2>/dev/null ) & guard=$!
+[ -n "$victim" ] && kill -STOP "$victim"
+for _ in $(seq 1 1200); do
+  grep -q "going on at epoch" "$T/frozen/log" && break
+  sleep 0.05
+done
+kill -CONT "$victim" 2>/dev/null
+wait $job
+RC=$?
+kill $guard 2>/dev/null; wait $guard 2>/dev/null
+s="$T/frozen/out/summary.json"
+if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 2 ]; then
+  fail "frozen pid $victim: exit $RC, workers $(json_num "$s" workers 2>/dev/null): $(grep -v info "$T/frozen/log" | tail -3)"
+elif ! grep -q "member 2 is not in generation" "$T/frozen/log"; then
+  fail "frozen: the evicted worker did not say it leaves: $(grep -v info "$T/frozen/log" | tail -3)"
+else pass; fi
+fi
 
 # nothing left behind: no dtrain process of ours, no shared memory of ours
 for d in "$T"/*/log; do

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# bench/elastic.sh — elastic training figures (docs/elastic.md), `make bench-elastic`:
+#  1. recovery time: a 3-worker MLP job with dist.min_workers = 2, one worker
+#     SIGKILLed from outside once training is under way; recovery = from the
+#     kill to the first completed step of the new generation (the survivors'
+#     log line gives the wall clock); median of KILLS runs (default 10);
+#  2. work lost per failure: the step the survivors were at when they saw the
+#     failure minus the step they went on from (0: only the interrupted step
+#     is redone);
+#  3. throughput with nothing failing: elastic on (dist.min_workers = 1:
+#     heartbeats, watcher) vs off, same binary, paired rounds of 2 workers.
+# Appends nothing by itself: the numbers go to stdout for bench/RESULTS.md.
+set -u
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+DTRAIN=${DTRAIN:-$SRC/build/rel/dtrain}
+KILLS=${KILLS:-10}
+ROUNDS=${ROUNDS:-5}
+T=$(mktemp -d /tmp/dtrain_bench_elastic.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+export OPENBLAS_NUM_THREADS=1
+now() { date +%s.%N; }
+
+rec=()
+lost=()
+for i in $(seq 1 "$KILLS"); do
+  d="$T/k$i"
+  mkdir -p "$d"
+  DTRAIN_LOG_LEVEL=info "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 3 \
+    --set dist.min_workers=2 --set train.epochs=3 --set data.limit_train=6400 \
+    --set data.limit_test=1000 --out "$d/out" >"$d/log" 2>&1 </dev/null &
+  job=$!
+  victim=""
+  for _ in $(seq 1 600); do
+    victim=$(grep -o 'rank 2 pid [0-9]*' "$d/log" | awk '{print $4}')
+    [ -n "$victim" ] && [ -s "$d/out/events.jsonl" ] && break
+    sleep 0.02
+  done
+  # a moment into the second epoch, at a time unrelated to step boundaries
+  sleep "0.$((RANDOM % 40 + 10))"
+  tk=$(now)
+  kill -9 "$victim"
+  wait $job
+  rc=$?
+  first=$(grep -o 'first step of generation 1 done at wall clock [0-9.]*' "$d/log" | awk '{print $NF}' | sort -n | head -1)
+  if [ "$rc" -ne 0 ] || [ -z "$first" ]; then
+    echo "run $i: exit $rc, no recovery line"; tail -3 "$d/log"; continue
+  fi
+  r=$(awk -v a="$tk" -v b="$first" 'BEGIN{printf "%.3f", b - a}')
+  at=$(grep -o 'member [0-9]* (rank [0-9]*) at step [0-9]*' "$d/log" | awk '{print $NF}' | sort -n | tail -1)
+  spe=100 # 6400 / 64
+  ep=$(grep -o 'going on at epoch [0-9]* step [0-9]*' "$d/log" | head -1 | awk '{print $5, $7}')
+  from=$(echo "$ep" | awk -v s=$spe '{print ($1 - 1) * s + $2}')
+  l=$((at - from))
+  rec+=("$r")
+  lost+=("$l")
+  echo "kill $i: recovery $r s (failure seen at step $at, went on from step $from: $l completed steps lost)"
+done
+med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{if (NR) print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
+echo "recovery time: median $(med "${rec[@]}") s over ${#rec[@]} kills (min $(med "$(printf '%s\n' "${rec[@]}" | sort -n | head -1)"), max $(printf '%s\n' "${rec[@]}" | sort -n | tail -1)); target <= 1 s on one host"
+echo "completed steps lost per failure: max $(printf '%s\n' "${lost[@]}" | sort -n | tail -1) (the interrupted step is redone)"
+
+# throughput, nothing failing: elastic on vs off, paired
+sps() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['samples_per_second'])" "$1"; }
+ratios=()
+for i in $(seq 1 "$ROUNDS"); do
+  order="off on"
+  [ $((i % 2)) = 0 ] && order="on off" # alternate which runs first
+  for mode in $order; do
+    extra=()
+    [ $mode = on ] && extra=(--set dist.min_workers=1)
+    "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=1 \
+      --set train.batch=64 "${extra[@]}" --out "$T/t_$mode" >/dev/null 2>&1 </dev/null
+    eval "v_$mode=$(sps "$T/t_$mode/summary.json")"
+  done
+  r=$(awk -v a="$v_off" -v b="$v_on" 'BEGIN{printf "%.3f", b / a}')
+  ratios+=("$r")
+  echo "round $i: off $v_off samples/s, on $v_on samples/s, on/off $r"
+done
+echo "throughput with nothing failing, elastic on / off (2 workers, MLP, 1 epoch): paired median $(med "${ratios[@]}") over $ROUNDS rounds; target >= 0.98"
