@@ -98,16 +98,13 @@ def children(pid):
 
 def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=1, extra=(),
                full=False, stop=None):
-    args = [dtrain, "train", f"examples/fashion_{model}.ini", *common,
+    opts = common if not full else [x for x in common if x != "train.eval_every=1000"][:-1]
+    args = [dtrain, "train", f"examples/fashion_{model}.ini", *opts,
             "--workers", str(workers), "--set", f"dist.balance={balance}"]
     if not full:
         args += ["--set", f"train.epochs={epochs[model]}"]
         if int(limits[model]):
             args += ["--set", f"data.limit_train={limits[model]}"]
-    else:
-        args = [x for x in args if x not in ("train.eval_every=1000",)]
-        args = [x for i, x in enumerate(args) if not (x == "--set" and i + 1 < len(args)
-                                                      and args[i + 1] == "train.eval_every=1000")]
     if det:
         args += ["--set", "dist.deterministic=true"]
     args += list(extra)
