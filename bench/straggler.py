@@ -98,7 +98,7 @@ def children(pid):
 
 def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=1, extra=(),
                full=False, stop=None):
-    opts = common if not full else [x for x in common if x != "train.eval_every=1000"][:-1]
+    opts = common if not full else []  # full runs: the example's own settings and budget
     args = [dtrain, "train", f"examples/fashion_{model}.ini", *opts,
             "--workers", str(workers), "--set", f"dist.balance={balance}"]
     if not full:
