@@ -103,6 +103,9 @@ int dt__wf_write(dt_wfile *w, const void *data, size_t len);
 int dt__wf_close(dt_wfile *w, char hex[65]);
 /* Closes and unlinks after a failure (no error). */
 void dt__wf_abort(dt_wfile *w);
+/* The caller hashes the bytes itself (on another thread): no running hash,
+ * and dt__wf_close leaves hex untouched. */
+void dt__wf_hash_elsewhere(dt_wfile *w);
 
 /* ---- snapshots (what a checkpoint holds, in memory) ------------------------------ */
 
