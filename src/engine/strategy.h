@@ -215,5 +215,12 @@ void dt__ddp_balance_destroy(dt_strategy *s, dt_balance *bal);
  * deterministic *ddp (otherwise the caller makes one). ddp NULL (the
  * strategy was not set up): DT_EINVAL after the arguments are checked. */
 int dt__ddp_membership(dt_strategy *s, const dt_membership *m, dt_ddp **ddp, int det);
+/* Shared by ddp, ps and zero: evaluation of a replicated model. eval_begin
+ * averages the non-trainable buffers (batch-norm statistics) over the ranks
+ * and gives this rank its contiguous share of the n test samples;
+ * eval_reduce sums the loss and the correct count over the ranks. One rank
+ * or no communicator: the whole set, nothing to sum. */
+int dt__ddp_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi);
+int dt__ddp_eval_reduce(dt_strategy *s, dt_tally *t);
 
 #endif /* DT_ENGINE_STRATEGY_H */

@@ -232,7 +232,7 @@ static int ddp_step_finish(dt_strategy *s, float lr) {
   return dt__ddp_replan(s, d->bal);
 }
 
-static int ddp_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
+int dt__ddp_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
   (void)chunk;
   *lo = 0;
   *hi = n;
@@ -249,7 +249,7 @@ static int ddp_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int
   return DT_OK;
 }
 
-static int ddp_eval_reduce(dt_strategy *s, dt_tally *t) {
+int dt__ddp_eval_reduce(dt_strategy *s, dt_tally *t) {
   if (!s->comm || s->nranks < 2) return DT_OK;
   double v[2] = {t->loss, (double)t->correct};
   int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_F64, DT_OP_SUM);
@@ -313,8 +313,8 @@ const struct dt_strategy_ops dt__strategy_ddp = {
     .backward_begin = NULL,
     .grad_ready = dt_ddp_grad_ready,
     .step_finish = ddp_step_finish,
-    .eval_begin = ddp_eval_begin,
-    .eval_reduce = ddp_eval_reduce,
+    .eval_begin = dt__ddp_eval_begin,
+    .eval_reduce = dt__ddp_eval_reduce,
     .epoch_end = ddp_epoch_end,
     .state_export = dt__strategy_export_optim,
     .state_import = dt__strategy_import_optim,

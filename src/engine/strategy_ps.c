@@ -118,35 +118,13 @@ static int ps_step_finish(dt_strategy *s, float lr) {
 }
 
 static int ps_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
-  (void)chunk;
   ps_impl *d = s->impl;
   /* the same parameters everywhere: every worker's pushes in */
   if (d && !d->stopped) {
     int rc = dt_ps_client_sync(d->cl);
     if (rc < 0) return err_rank(s, rc);
   }
-  *lo = 0;
-  *hi = n;
-  if (!s->comm || s->nranks < 2) return DT_OK;
-  dt_model *m = s->model;
-  if (dt_model_nbufs(m)) {
-    int rc = dt_comm_allreduce(s->comm, dt_model_bufs(m), dt_model_bufs(m), dt_model_nbufs(m),
-                               DT_F32, DT_OP_AVG);
-    if (rc < 0) return dt__ddp_comm_err(s, rc, "evaluation buffers");
-  }
-  *lo = n * s->rank / s->nranks;
-  *hi = n * (s->rank + 1) / s->nranks;
-  return DT_OK;
-}
-
-static int ps_eval_reduce(dt_strategy *s, dt_tally *t) {
-  if (!s->comm || s->nranks < 2) return DT_OK;
-  double v[2] = {t->loss, (double)t->correct};
-  int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_F64, DT_OP_SUM);
-  if (rc < 0) return dt__ddp_comm_err(s, rc, "evaluation");
-  t->loss = v[0];
-  t->correct = (int64_t)(v[1] + 0.5);
-  return DT_OK;
+  return dt__ddp_eval_begin(s, n, chunk, lo, hi);
 }
 
 static int ps_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
@@ -223,7 +201,7 @@ const struct dt_strategy_ops dt__strategy_ps = {
     .grad_ready = ps_grad_ready,
     .step_finish = ps_step_finish,
     .eval_begin = ps_eval_begin,
-    .eval_reduce = ps_eval_reduce,
+    .eval_reduce = dt__ddp_eval_reduce,
     .epoch_end = ps_epoch_end,
     .state_export = ps_export,
     .state_import = ps_import,

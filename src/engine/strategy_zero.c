@@ -109,28 +109,6 @@ static int zero_step_finish(dt_strategy *s, float lr) {
   return DT_OK;
 }
 
-static int zero_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
-  (void)chunk;
-  dt_model *m = s->model;
-  if (dt_model_nbufs(m)) {
-    int rc = dt_comm_allreduce(s->comm, dt_model_bufs(m), dt_model_bufs(m), dt_model_nbufs(m),
-                               DT_F32, DT_OP_AVG);
-    if (rc < 0) return dt__ddp_comm_err(s, rc, "evaluation buffers");
-  }
-  *lo = n * s->rank / s->nranks;
-  *hi = n * (s->rank + 1) / s->nranks;
-  return DT_OK;
-}
-
-static int zero_eval_reduce(dt_strategy *s, dt_tally *t) {
-  double v[2] = {t->loss, (double)t->correct};
-  int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_F64, DT_OP_SUM);
-  if (rc < 0) return dt__ddp_comm_err(s, rc, "evaluation");
-  t->loss = v[0];
-  t->correct = (int64_t)(v[1] + 0.5);
-  return DT_OK;
-}
-
 static int zero_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
   (void)epoch;
   double v[3] = {t->loss, (double)t->correct, (double)t->samples};
@@ -204,8 +182,8 @@ const struct dt_strategy_ops dt__strategy_zero = {
     .backward_begin = NULL,
     .grad_ready = NULL,
     .step_finish = zero_step_finish,
-    .eval_begin = zero_eval_begin,
-    .eval_reduce = zero_eval_reduce,
+    .eval_begin = dt__ddp_eval_begin,
+    .eval_reduce = dt__ddp_eval_reduce,
     .epoch_end = zero_epoch_end,
     .state_export = zero_export,
     .state_import = zero_import,

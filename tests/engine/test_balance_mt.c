@@ -36,26 +36,7 @@
 #include "engine/balance.h"
 #include "engine/engine.h"
 #include "fork_workers.h"
-
-static char tmpdir[256];
-
-static void path(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", tmpdir, name); }
-
-/* n samples of 3 classes in 6 dimensions with deterministic jitter. */
-static void write_csv(const char *file, int n, uint64_t seed) {
-  FILE *f = fopen(file, "w");
-  assert_non_null(f);
-  fprintf(f, "label,a,b,c,d,e,g\n");
-  for (int i = 0; i < n; i++) {
-    int k = i % 3;
-    float j[6];
-    dt_rng_uniform(j, 6, -1.5f, 1.5f, seed, DT_RNG_USER, (uint64_t)i);
-    fprintf(f, "%d", k);
-    for (int d = 0; d < 6; d++) fprintf(f, ",%.5f", (d / 2 == k ? 1.0f : 0.0f) + j[d]);
-    fprintf(f, "\n");
-  }
-  fclose(f);
-}
+#include "engine_job.h"
 
 static void base_cfg(dt_run_cfg *c, int workers) {
   dt_run_cfg_defaults(c);
@@ -118,49 +99,6 @@ static int child(const dt_run_cfg *c, int rank, const char *tag) {
   dt_store_destroy(s);
   dt_engine_destroy(e);
   return rc == DT_OK ? 0 : rc == DT_EMISMATCH ? 3 : 1;
-}
-
-struct job_arg {
-  const dt_run_cfg *cfgs;
-  const char *tag;
-};
-
-static int job_child(void *arg, int r) {
-  const struct job_arg *a = arg;
-  return child(&a->cfgs[r], r, a->tag);
-}
-
-/* One forked worker per config; status[r] as fork_workers reports it. */
-static void run_job(const dt_run_cfg *cfgs, int n, const char *tag, int *status) {
-  struct job_arg a = {cfgs, tag};
-  fork_workers(n, job_child, &a, 50, tag, status);
-}
-
-static float *read_params(const char *tag, int rank, size_t *n) {
-  char p[400];
-  snprintf(p, sizeof p, "%s/%s_%d.params", tmpdir, tag, rank);
-  FILE *f = fopen(p, "rb");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  float *v = malloc((size_t)len);
-  assert_non_null(v);
-  assert_int_equal(fread(v, 1, (size_t)len, f), (size_t)len);
-  fclose(f);
-  *n = (size_t)len / sizeof(float);
-  return v;
-}
-
-static void read_err(const char *tag, int rank, char *buf, size_t cap) {
-  char p[400];
-  snprintf(p, sizeof p, "%s/%s_%d.err", tmpdir, tag, rank);
-  buf[0] = '\0';
-  FILE *f = fopen(p, "r");
-  if (!f) return;
-  size_t k = fread(buf, 1, cap - 1, f);
-  buf[k] = '\0';
-  fclose(f);
 }
 
 
@@ -364,13 +302,6 @@ static int setup(void **state) {
   path(p, sizeof p, "test.csv");
   write_csv(p, 301, 8);
   return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
 }
 
 int main(void) {
