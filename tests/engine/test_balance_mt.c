@@ -53,52 +53,8 @@ static void base_cfg(dt_run_cfg *c, int workers) {
   c->balance_every = 2;
 }
 
-/* Child body: returns the exit status; on failure the message goes to
- * <tmp>/<tag>_<rank>.err. */
 static int child(const dt_run_cfg *c, int rank, const char *tag) {
-  char errp[400], outd[400], parp[400], sdir[400];
-  snprintf(errp, sizeof errp, "%s/%s_%d.err", tmpdir, tag, rank);
-  snprintf(outd, sizeof outd, "%s/%s_run", tmpdir, tag);
-  snprintf(parp, sizeof parp, "%s/%s_%d.params", tmpdir, tag, rank);
-  snprintf(sdir, sizeof sdir, "%s/%s_store", tmpdir, tag);
-  dt_engine *e = NULL;
-  dt_store *s = NULL;
-  dt_comm *comm = NULL;
-  int rc = dt_engine_create(&e, c);
-  if (rc == DT_OK && c->workers > 1) {
-    struct dt_comm_config cc = DT_COMM_CONFIG_INIT;
-    cc.transport = "auto";
-    cc.rank = rank;
-    cc.size = c->workers;
-    cc.job = tag;
-    cc.timeout_s = 20;
-    rc = dt_store_open_file(&s, sdir);
-    if (rc == DT_OK) rc = dt_comm_create(&comm, s, &cc);
-    if (rc == DT_OK) rc = dt_engine_set_comm(e, comm);
-  }
-  dt_run_summary sum;
-  if (rc == DT_OK) rc = dt_engine_run(e, outd, "cfg", NULL, &sum);
-  if (rc == DT_OK) {
-    FILE *f = fopen(parp, "wb");
-    const dt_model *m = dt_engine_model(e);
-    size_t n = dt_model_nparams(m);
-    if (!f || fwrite(dt_model_params((dt_model *)m), sizeof(float), n, f) != n) rc = DT_EIO;
-    if (f) fclose(f);
-    snprintf(parp, sizeof parp, "%s/%s_%d.acc", tmpdir, tag, rank);
-    f = fopen(parp, "w");
-    if (!f || fprintf(f, "%.17g\n", sum.test_accuracy) < 0) rc = DT_EIO;
-    if (f) fclose(f);
-  } else {
-    FILE *f = fopen(errp, "w");
-    if (f) {
-      fprintf(f, "%s\n", dt_errmsg());
-      fclose(f);
-    }
-  }
-  dt_comm_destroy(comm);
-  dt_store_destroy(s);
-  dt_engine_destroy(e);
-  return rc == DT_OK ? 0 : rc == DT_EMISMATCH ? 3 : 1;
+  return job_worker(c, rank, tag, NULL, 20);
 }
 
 
