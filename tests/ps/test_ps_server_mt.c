@@ -119,8 +119,11 @@ static int body(dt_comm *c, void *arg, char *fail, size_t cap) {
   for (int64_t t = 0; rc == DT_OK && !S->bad && t < S->steps; t++) {
     dt_ps_client_begin(cl, 1.0f / (float)S->nworkers, 0.1f);
     for (size_t i = 0; i < map.nparams; i++) grads[i] = grad_val(r, t, i);
-    dt_ps_client_ready(cl, 0, map.nparams);
+    /* counted before the push goes out: counted after it, the server could
+     * release worker 0 before the count moved, and worker 0 would see a gap
+     * one larger than the real one (TSan timing showed it once) */
     atomic_store(&S->pushed[r], t + 1);
+    dt_ps_client_ready(cl, 0, map.nparams);
     if (r == S->slow) sleep_ms(S->slow_ms);
     rc = dt_ps_client_finish(cl);
     if (rc == DT_OK && r == 0 && S->slow > 0) {
