@@ -15,18 +15,9 @@ SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 MLP="$SRC/examples/fashion_mlp.ini"
 [ -r "$FASHION/train-images-idx3-ubyte.gz" ] || { echo "SKIP: no Fashion-MNIST in $FASHION"; exit 77; }
 
-PIDS=""
-cleanup() {
-  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-  for p in $PIDS; do wait "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
-
 # small and quick: 4 epochs of 32 steps
 S=(--set train.epochs=4 --set data.limit_train=2000 --set data.limit_test=500 --set ckpt.keep=0)
 sha() { json_str "$1/summary.json" params_sha256; }
-now() { date +%s.%N; }
 before() { awk -v a="$1" -v b="$(now)" -v lim="$2" 'BEGIN{exit !(b - a <= lim)}'; }
 
 # run_bg NAME ARGS... — dtrain train in the background; sets BG to its pid

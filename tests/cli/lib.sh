@@ -3,13 +3,43 @@
 set -u
 : "${DTRAIN:?DTRAIN must name the dtrain binary}"
 T=$(mktemp -d "${TMPDIR:-/tmp}/dtrain_cli.XXXXXX")
-trap 'rm -rf "$T"' EXIT
+# PIDS: every background process a test starts (`PIDS="$PIDS $!"`); on exit
+# each is SIGKILLed and reaped by pid, then $T is removed. A test that needs
+# more (a namespace, a process group) sets its own EXIT trap and calls
+# kill_pids from it.
+PIDS=""
+kill_pids() {
+  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+  for p in $PIDS; do wait "$p" 2>/dev/null; done
+}
+trap 'kill_pids; rm -rf "$T"' EXIT
 FAILS=0
 PASSES=0
 SKIPS=0
 FASHION=/usr/share/datasets/fashion-mnist
 
 pass() { PASSES=$((PASSES + 1)); }
+# now — wall-clock seconds; elapsed_ok T0 T1 LIMIT — true when T1 - T0 <= LIMIT.
+now() { date +%s.%N; }
+elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'; }
+# run_bounded SECS CMD... — runs CMD in the background (its pid joins PIDS)
+# and waits; past SECS it is stopped (TERM, 2 s, KILL) and 124 returned.
+run_bounded() { # seconds cmd...
+  local secs=$1; shift
+  "$@" &
+  local pid=$! t=0
+  PIDS="$PIDS $pid"
+  while kill -0 $pid 2>/dev/null; do
+    if [ $t -ge $((secs * 10)) ]; then
+      echo "'$*' still running after $secs s; stopping pid $pid" >&2
+      kill -TERM $pid 2>/dev/null; sleep 2; kill -KILL $pid 2>/dev/null
+      wait $pid 2>/dev/null
+      return 124
+    fi
+    sleep 0.1; t=$((t + 1))
+  done
+  wait $pid
+}
 # free_port [IPV4] — a TCP port the kernel just handed out, kept out of other
 # bind(0)/connect() picks for about a minute (tests/free_port.c), for a
 # listener that must be named before it starts (--rdzv HOST:PORT). Never a

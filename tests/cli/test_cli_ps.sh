@@ -19,16 +19,6 @@
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 [ -e "$FASHION/train-images-idx3-ubyte.gz" ] || { echo "SKIP: no Fashion-MNIST in $FASHION"; exit 77; }
 
-PIDS=""
-cleanup() {
-  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-  for p in $PIDS; do wait "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
-now() { date +%s.%N; }
-elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'; }
-
 MLP="$SRC/examples/fashion_mlp.ini"
 Q="--set train.epochs=1 --set data.limit_train=1280 --set data.limit_test=500"
 

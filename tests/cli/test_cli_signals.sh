@@ -22,8 +22,6 @@ cleanup() {
   rm -rf "$T"
 }
 trap cleanup EXIT
-now() { date +%s.%N; }
-elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'; }
 # alive and not a zombie (an orphan may wait for a reaper that never comes)
 alive() { [ -e "/proc/$1/stat" ] && ! awk '{exit !($3 == "Z")}' "/proc/$1/stat" 2>/dev/null; }
 worker_pids() { grep -m1 '^workers:' "$1" | grep -oE 'pid [0-9]+' | cut -d' ' -f2; }

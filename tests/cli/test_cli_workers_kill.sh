@@ -9,17 +9,6 @@
 . "$(dirname "$0")/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 
-PIDS=""
-cleanup() {
-  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-  for p in $PIDS; do wait "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
-
-now() { date +%s.%N; }
-elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'; }
-
 one() {
   local victim=$1 out="$T/run$1"
   DTRAIN_DDP_OVERLAP=$3 "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 \

@@ -52,13 +52,6 @@ fi
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 CFG="$SRC/examples/fashion_mlp.ini"
 SHORT=(--set train.epochs=1 --set data.limit_train=2000 --set data.limit_test=1000)
-PIDS=""
-cleanup() {
-  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-  for p in $PIDS; do wait "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
 TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 # ---- (a) one node, two workers vs --workers 2 ----------------------------------
@@ -141,7 +134,6 @@ missing() { # node-rank-present pattern
 }
 missing 0 "^dtrain: node 0: node 1 \(ranks 2-3\) did not join the rendezvous at 127.0.0.1:$P within 3 s"
 missing 1 "^dtrain: node 1: cannot reach the rendezvous store at 127.0.0.1:$P \(served by node 0\) within 3 s"
-
 
 # ---- (b) two nodes in network namespaces --------------------------------------
 "$SRC/tools/netns.sh" check >"$T/netns_check" 2>&1

@@ -11,15 +11,6 @@
 . "$(dirname "$0")/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 CFG="$SRC/examples/fashion_mlp.ini"
-PIDS=""
-cleanup() {
-  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-  for p in $PIDS; do wait "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
-now() { date +%s.%N; }
-elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'; }
 export DTRAIN_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 # alive and not a zombie (workers of a killed launcher are reparented and may

@@ -16,31 +16,7 @@
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 CFG="$SRC/examples/fashion_mlp.ini"
 SHORT=(--set train.epochs=1 --set data.limit_train=1600 --set data.limit_test=500)
-PIDS=""
-cleanup() {
-  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-  for p in $PIDS; do wait "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-
-run_bounded() { # seconds cmd...
-  local secs=$1; shift
-  "$@" &
-  local pid=$! t=0
-  PIDS="$PIDS $pid"
-  while kill -0 $pid 2>/dev/null; do
-    if [ $t -ge $((secs * 10)) ]; then
-      echo "'$*' still running after $secs s; stopping pid $pid" >&2
-      kill -TERM $pid 2>/dev/null; sleep 2; kill -KILL $pid 2>/dev/null
-      wait $pid 2>/dev/null
-      return 124
-    fi
-    sleep 0.1; t=$((t + 1))
-  done
-  wait $pid
-}
 
 above() { awk -v a="$1" -v b="$2" 'BEGIN{exit !(a != "" && a + 0 > b + 0)}'; }
 

@@ -20,14 +20,6 @@ SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 MLP="$SRC/examples/fashion_mlp.ini"
 small=(--set data.limit_train=640 --set data.limit_test=200)
 
-PIDS=""
-cleanup() {
-  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-  for p in $PIDS; do wait "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
-
 # ---- (a) ----------------------------------------------------------------------------
 D="$T/reused"
 "$DTRAIN" train "$MLP" --set train.epochs=1 "${small[@]}" --out "$D" >/dev/null 2>"$T/a1.err" </dev/null &&

@@ -12,17 +12,6 @@
 . "$(dirname "$0")/../cli/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 
-PIDS=""
-cleanup() {
-  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-  for p in $PIDS; do wait "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
-
-now() { date +%s.%N; }
-elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'; }
-
 # start NAME: a 3-worker job that runs until stopped; sets $parent
 start() {
   DTRAIN_SHM_STOPPED_S=2 DTRAIN_TIMEOUT=60 "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 3 \

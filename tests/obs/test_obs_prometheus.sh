@@ -17,16 +17,6 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   exit 77
 fi
 
-PIDS=""
-cleanup() {
-  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-  for p in $PIDS; do wait "$p" 2>/dev/null; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
-now() { date +%s.%N; }
-elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'; }
-
 MP=$(free_port 127.0.0.1)
 PP=$(free_port 127.0.0.1)
 "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=100000 \
