@@ -222,5 +222,8 @@ int dt__ddp_membership(dt_strategy *s, const dt_membership *m, dt_ddp **ddp, int
  * or no communicator: the whole set, nothing to sum. */
 int dt__ddp_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi);
 int dt__ddp_eval_reduce(dt_strategy *s, dt_tally *t);
+/* Shared by ddp, ps and zero at an epoch's end: sums the loss, correct and
+ * sample counts over the ranks and takes the slowest rank's seconds. */
+int dt__ddp_epoch_reduce(dt_strategy *s, dt_tally *t);
 
 #endif /* DT_ENGINE_STRATEGY_H */

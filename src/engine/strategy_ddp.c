@@ -259,8 +259,8 @@ int dt__ddp_eval_reduce(dt_strategy *s, dt_tally *t) {
   return DT_OK;
 }
 
-static int ddp_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
-  DT_CHECK(dt__balance_epoch_end(((ddp_impl *)s->impl)->bal, s->comm, epoch));
+int dt__ddp_epoch_reduce(dt_strategy *s, dt_tally *t) {
+  if (!s->comm || s->nranks < 2) return DT_OK;
   double v[3] = {t->loss, (double)t->correct, (double)t->samples};
   int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_F64, DT_OP_SUM);
   if (rc == DT_OK) rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
@@ -269,6 +269,11 @@ static int ddp_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
   t->correct = (int64_t)(v[1] + 0.5);
   t->samples = (int64_t)(v[2] + 0.5);
   return DT_OK;
+}
+
+static int ddp_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
+  DT_CHECK(dt__balance_epoch_end(((ddp_impl *)s->impl)->bal, s->comm, epoch));
+  return dt__ddp_epoch_reduce(s, t);
 }
 
 static int ddp_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all) {

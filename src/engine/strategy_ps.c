@@ -134,15 +134,7 @@ static int ps_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
     int rc = dt_ps_client_quiesce(d->cl);
     if (rc < 0) return err_rank(s, rc);
   }
-  if (!s->comm || s->nranks < 2) return DT_OK;
-  double v[3] = {t->loss, (double)t->correct, (double)t->samples};
-  int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_F64, DT_OP_SUM);
-  if (rc == DT_OK) rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
-  if (rc < 0) return dt__ddp_comm_err(s, rc, "epoch statistics");
-  t->loss = v[0];
-  t->correct = (int64_t)(v[1] + 0.5);
-  t->samples = (int64_t)(v[2] + 0.5);
-  return DT_OK;
+  return dt__ddp_epoch_reduce(s, t);
 }
 
 static int ps_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all) {
