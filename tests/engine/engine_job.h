@@ -19,6 +19,7 @@
 #include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
+#include "csv_blobs.h"
 
 static int child(const dt_run_cfg *c, int rank, const char *tag);
 
@@ -79,20 +80,9 @@ __attribute__((unused)) static void path(char *buf, size_t cap, const char *name
   snprintf(buf, cap, "%s/%s", tmpdir, name);
 }
 
-/* n samples of 3 classes in 6 dimensions with deterministic jitter. */
+/* n samples of 3 classes in 6 dimensions (csv_blobs.h, centre 1, jitter 1.5). */
 __attribute__((unused)) static void write_csv(const char *file, int n, uint64_t seed) {
-  FILE *f = fopen(file, "w");
-  assert_non_null(f);
-  fprintf(f, "label,a,b,c,d,e,g\n");
-  for (int i = 0; i < n; i++) {
-    int k = i % 3;
-    float j[6];
-    dt_rng_uniform(j, 6, -1.5f, 1.5f, seed, DT_RNG_USER, (uint64_t)i);
-    fprintf(f, "%d", k);
-    for (int d = 0; d < 6; d++) fprintf(f, ",%.5f", (d / 2 == k ? 1.0f : 0.0f) + j[d]);
-    fprintf(f, "\n");
-  }
-  fclose(f);
+  assert_int_equal(write_csv_blobs(file, n, seed, 1.0f, 1.5f), 0);
 }
 
 struct job_arg {

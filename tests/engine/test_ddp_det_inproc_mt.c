@@ -24,22 +24,12 @@
 #include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
+#include "csv_blobs.h"
 
 static char tmpdir[256];
 
 static void write_csv(const char *file, int n, uint64_t seed) {
-  FILE *f = fopen(file, "w");
-  assert_non_null(f);
-  fprintf(f, "label,a,b,c,d,e,g\n");
-  for (int i = 0; i < n; i++) {
-    int k = i % 3;
-    float j[6];
-    dt_rng_uniform(j, 6, -1.5f, 1.5f, seed, DT_RNG_USER, (uint64_t)i);
-    fprintf(f, "%d", k);
-    for (int d = 0; d < 6; d++) fprintf(f, ",%.5f", (d / 2 == k ? 1.0f : 0.0f) + j[d]);
-    fprintf(f, "\n");
-  }
-  fclose(f);
+  assert_int_equal(write_csv_blobs(file, n, seed, 1.0f, 1.5f), 0);
 }
 
 static void make_cfg(dt_run_cfg *c, int workers, int64_t bucket) {

@@ -18,6 +18,7 @@
 
 #include "core/core.h"
 #include "engine/engine.h"
+#include "csv_blobs.h"
 
 static char tmpdir[256];
 
@@ -29,21 +30,10 @@ static int rm_rf(const char *p) {
   return system(cmd);
 }
 
-/* n samples of 3 classes: class k sits at +2 on features 2k and 2k+1, with
- * deterministic jitter from the RNG. */
+/* n samples of 3 classes: class k sits at +2 on features 2k and 2k+1
+ * (csv_blobs.h, jitter 1). */
 static void write_csv(const char *file, int n, uint64_t seed) {
-  FILE *f = fopen(file, "w");
-  assert_non_null(f);
-  fprintf(f, "label,a,b,c,d,e,g\n");
-  for (int i = 0; i < n; i++) {
-    int k = i % 3;
-    float j[6];
-    dt_rng_uniform(j, 6, -1.0f, 1.0f, seed, DT_RNG_USER, (uint64_t)i);
-    fprintf(f, "%d", k);
-    for (int d = 0; d < 6; d++) fprintf(f, ",%.5f", (d / 2 == k ? 2.0f : 0.0f) + j[d]);
-    fprintf(f, "\n");
-  }
-  fclose(f);
+  assert_int_equal(write_csv_blobs(file, n, seed, 2.0f, 1.0f), 0);
 }
 
 static void base_cfg(dt_run_cfg *c) {
