@@ -39,6 +39,8 @@
 
 #include <cmocka.h>
 
+#include "flood.h"
+
 #define TOKEN "flood-test-token"
 #define NIDLE 1000
 
@@ -77,37 +79,15 @@ static void server_main(int portw, int stop, int out, const char *log) {
   char b;
   while (read(stop, &b, 1) < 0 && errno == EINTR) {}
   dt_store_server_stop(s);
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  double cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+  double cpu = flood_cpu_seconds();
   if (write(out, &cpu, sizeof cpu) != sizeof cpu) _exit(6);
   _exit(0);
 }
 
 /* The strangers: NIDLE connections over ~2 s, held until `stop`. */
 static void flood_main(int port, int stop, int report) {
-  struct rlimit rl;
-  getrlimit(RLIMIT_NOFILE, &rl);
-  if (rl.rlim_cur < NIDLE + 64) {
-    rl.rlim_cur = rl.rlim_max < NIDLE + 64 ? rl.rlim_max : NIDLE + 64;
-    setrlimit(RLIMIT_NOFILE, &rl);
-  }
   static int fds[NIDLE];
-  int opened = 0;
-  struct sockaddr_in sa = {0};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  for (int i = 0; i < NIDLE; i++) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) break;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) {
-      close(fd);
-      continue;
-    }
-    fds[opened++] = fd;
-    usleep(2000);
-  }
+  int opened = flood_open(port, NIDLE, fds);
   if (write(report, &opened, sizeof opened) != sizeof opened) _exit(5);
   char b;
   while (read(stop, &b, 1) < 0 && errno == EINTR) {}

@@ -35,6 +35,8 @@
 
 #include <cmocka.h>
 
+#include "flood.h"
+
 #define NIDLE 1000
 struct board {
   int rc[2];
@@ -94,36 +96,14 @@ out:
   dt_comm_destroy(c);
   dt_store_destroy(st);
   if (r == 0) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    B->cpu0 = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    B->cpu0 = flood_cpu_seconds();
   }
   _exit(0);
 }
 
 static void flood_main(int port, int stop) {
-  struct rlimit rl;
-  getrlimit(RLIMIT_NOFILE, &rl);
-  if (rl.rlim_cur < NIDLE + 64) {
-    rl.rlim_cur = rl.rlim_max < NIDLE + 64 ? rl.rlim_max : NIDLE + 64;
-    setrlimit(RLIMIT_NOFILE, &rl);
-  }
   static int fds[NIDLE];
-  int opened = 0;
-  struct sockaddr_in sa = {0};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  for (int i = 0; i < NIDLE; i++) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) break;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) {
-      close(fd);
-      continue;
-    }
-    fds[opened++] = fd;
-    usleep(2000);
-  }
+  int opened = flood_open(port, NIDLE, fds);
   atomic_store(&B->flood_done, opened);
   char b;
   while (read(stop, &b, 1) < 0 && errno == EINTR) {}
