@@ -49,16 +49,31 @@ static void put(sbuf *s, const char *fmt, ...) {
   }
 }
 
+/* The shortest text that reads back as the same double (0.00025, not
+ * 0.00025000000000000001). Whole numbers (counts, bytes) print as
+ * integers; any other value that has a decimal form of at most 15
+ * significant digits is exactly what "%.15g" prints (DBL_DIG), so at most
+ * three tries — a scrape formats hundreds of numbers, and trying every
+ * precision from 1 up made formatting most of its cost. */
 static void num(char *buf, size_t cap, double v) {
   if (isnan(v)) snprintf(buf, cap, "NaN");
   else if (isinf(v)) snprintf(buf, cap, "%s", v > 0 ? "+Inf" : "-Inf");
-  else {
-    /* the shortest text that reads back as the same double (0.00025, not
-     * 0.00025000000000000001) */
-    for (int prec = 1; prec <= 17; prec++) {
-      snprintf(buf, cap, "%.*g", prec, v);
-      if (strtod(buf, NULL) == v) return;
-    }
+  else if (v == (double)(long long)v && fabs(v) < 1e15) {
+    long long i = (long long)v;
+    char t[24];
+    int k = 0, neg = i < 0 || (i == 0 && signbit(v));
+    unsigned long long u = i < 0 ? 0ull - (unsigned long long)i : (unsigned long long)i;
+    do t[k++] = (char)('0' + u % 10); while ((u /= 10) && k < 23);
+    size_t o = 0;
+    if (neg && o + 1 < cap) buf[o++] = '-';
+    while (k > 0 && o + 1 < cap) buf[o++] = t[--k];
+    buf[o] = '\0';
+  } else {
+    snprintf(buf, cap, "%.15g", v);
+    if (strtod(buf, NULL) == v) return;
+    snprintf(buf, cap, "%.16g", v);
+    if (strtod(buf, NULL) == v) return;
+    snprintf(buf, cap, "%.17g", v);
   }
 }
 

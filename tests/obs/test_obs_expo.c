@@ -131,6 +131,32 @@ static void test_expo(void **st) {
   for (int r = 0; r < 3; r++) dt_obs_close(o[r]);
 }
 
+/* Values print as the shortest text that reads back exactly: whole numbers
+ * as integers, 0.1 + 0.2 with all 17 digits, small and huge ones in %g
+ * form; each line's number parses back to the very double stored. */
+static void test_expo_numbers(void **st) {
+  (void)st;
+  dt_obs *o;
+  assert_int_equal(dt_obs_open(&o, NULL, 0, 1, "j", "h"), DT_OK);
+  static const struct { const char *name; double v; const char *text; } c[] = {
+      {"n_int", 123456789, "123456789"}, {"n_neg", -3, "-3"},     {"n_zero", 0, "0"},
+      {"n_tenth", 0.1, "0.1"},           {"n_small", 2.5e-4, "0.00025"},
+      {"n_17", 0.1 + 0.2, "0.30000000000000004"},
+      {"n_big", 2.5e20, "2.5e+20"},      {"n_frac", 1.0 / 3, "0.3333333333333333"},
+      {"n_2p53", 9007199254740993.0, "9007199254740992"}};
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) dt_obs_set(dt_obs_gauge(o, c[i].name, "x"), c[i].v);
+  char *text = expose(&o, 1), want[160];
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    snprintf(want, sizeof want, "\n%s{job=\"j\",rank=\"0\",host=\"h\"} %s\n", c[i].name, c[i].text);
+    if (!strstr(text, want)) print_error("missing: %s", want);
+    assert_non_null(strstr(text, want));
+    assert_true(strtod(c[i].text, NULL) == c[i].v); /* the text served reads back exactly */
+  }
+  check_format(text);
+  free(text);
+  dt_obs_close(o);
+}
+
 static void test_expo_empty(void **st) {
   (void)st;
   char *buf = NULL;
@@ -143,6 +169,7 @@ static void test_expo_empty(void **st) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_expo),
+      cmocka_unit_test(test_expo_numbers),
       cmocka_unit_test(test_expo_empty),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
