@@ -369,8 +369,11 @@ static void reduce_block_i64(int64_t *restrict dst, int64_t *const *src, int n, 
 
 /* The one-pass reduction of window.h, for f32 scaled sums (elem 4) or
  * int64 sums (elem 8, scale unused). */
+/* ranges: NULL for the allreduce (rank r sums slice r and copies it into
+ * every window); else nranges [lo, hi) element ranges of the span this rank
+ * sums into its own window only (reduce_local). */
 static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scale,
-                         uint32_t elem) {
+                         uint32_t elem, const size_t *ranges, int nranges) {
   int n = w->size, r = w->rank;
   const char *what = elem == 4 ? "floats" : "int64s";
   if (off % elem || off + count * elem > w->bytes || off + count * elem < off)
@@ -406,24 +409,40 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
     }
     sv[q] = f->scale;
   }
-  /* slice r of the span, in whole cache lines so no two ranks write one */
-  const size_t line = 64 / elem;
-  size_t per = ((count + (size_t)n * line - 1) / ((size_t)n * line)) * line;
-  size_t lo = (size_t)r * per < count ? (size_t)r * per : count;
-  size_t hi = lo + per < count ? lo + per : count;
   enum { BLOCK_BYTES = 16384 }; /* stays in L1 while copied out */
   const size_t block = BLOCK_BYTES / elem;
-  for (size_t j = lo; j < hi; j += block) {
-    size_t k = hi - j < block ? hi - j : block;
-    for (int q = 0; q < n; q++) src[q] = (char *)w->data[q] + off + j * elem;
-    void *dst = (char *)w->data[r] + off + j * elem;
-    if (elem == 4) reduce_block(dst, (float *const *)src, sv, n, k);
-    else reduce_block_i64(dst, (int64_t *const *)src, n, k);
-    for (int q = 0; q < n; q++)
-      if (q != r) memcpy((char *)w->data[q] + off + j * elem, dst, k * elem);
+  if (ranges) {
+    /* each range summed into this rank's window; peers' windows are only
+     * read, and the rank-order sum is the allreduce's, bit for bit */
+    for (int g = 0; g < nranges; g++) {
+      size_t lo = ranges[2 * g], hi = ranges[2 * g + 1] < count ? ranges[2 * g + 1] : count;
+      for (size_t j = lo; j < hi; j += block) {
+        size_t k = hi - j < block ? hi - j : block;
+        for (int q = 0; q < n; q++) src[q] = (char *)w->data[q] + off + j * elem;
+        void *dst = (char *)w->data[r] + off + j * elem;
+        if (elem == 4) reduce_block(dst, (float *const *)src, sv, n, k);
+        else reduce_block_i64(dst, (int64_t *const *)src, n, k);
+      }
+      if (hi > lo) w->read += (uint64_t)(n - 1) * (hi - lo) * elem;
+    }
+  } else {
+    /* slice r of the span, in whole cache lines so no two ranks write one */
+    const size_t line = 64 / elem;
+    size_t per = ((count + (size_t)n * line - 1) / ((size_t)n * line)) * line;
+    size_t lo = (size_t)r * per < count ? (size_t)r * per : count;
+    size_t hi = lo + per < count ? lo + per : count;
+    for (size_t j = lo; j < hi; j += block) {
+      size_t k = hi - j < block ? hi - j : block;
+      for (int q = 0; q < n; q++) src[q] = (char *)w->data[q] + off + j * elem;
+      void *dst = (char *)w->data[r] + off + j * elem;
+      if (elem == 4) reduce_block(dst, (float *const *)src, sv, n, k);
+      else reduce_block_i64(dst, (int64_t *const *)src, n, k);
+      for (int q = 0; q < n; q++)
+        if (q != r) memcpy((char *)w->data[q] + off + j * elem, dst, k * elem);
+    }
+    w->read += (uint64_t)(n - 1) * (hi - lo) * elem;
+    w->written += (uint64_t)(n - 1) * (hi - lo) * elem;
   }
-  w->read += (uint64_t)(n - 1) * (hi - lo) * elem;
-  w->written += (uint64_t)(n - 1) * (hi - lo) * elem;
   post(me, &me->done, seq);
   for (int q = 0; q < n; q++)
     if (q != r && (rc = wait_word(w, q, 1, seq, deadline)) < 0) goto out;
@@ -439,11 +458,22 @@ out:
 }
 
 int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, float scale) {
-  return window_reduce(w, off, count, scale, 4);
+  return window_reduce(w, off, count, scale, 4, NULL, 0);
+}
+
+int dt_comm_window_reduce_local_f32(dt_comm_window *w, size_t off, size_t count, float scale,
+                                    const size_t *ranges, int nranges) {
+  if (!ranges || nranges < 0)
+    return dt__seterr(DT_EINVAL, "window reduce: %d ranges", nranges);
+  for (int g = 0; g < nranges; g++)
+    if (ranges[2 * g] > ranges[2 * g + 1] || ranges[2 * g + 1] > count)
+      return dt__seterr(DT_EINVAL, "window reduce: range %d [%zu, %zu) outside the span of %zu "
+                        "floats", g, ranges[2 * g], ranges[2 * g + 1], count);
+  return window_reduce(w, off, count, scale, 4, ranges, nranges);
 }
 
 int dt_comm_window_allreduce_i64(dt_comm_window *w, size_t off, size_t count) {
-  return window_reduce(w, off, count, 1.0f, 8);
+  return window_reduce(w, off, count, 1.0f, 8, NULL, 0);
 }
 
 /* A launcher's sweep after it has reaped its workers: the window segments

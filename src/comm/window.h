@@ -55,6 +55,15 @@ void *dt_comm_window_peer(dt_comm_window *w, int q);
  * name the same span (its own scale may differ). Not thread-safe against
  * other calls on the same window. */
 int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, float scale);
+/* Collective like dt_comm_window_allreduce_f32 (same span and sequence on
+ * every rank, the same synchronisation), but each rank sums only its own
+ * nranges element ranges [ranges[2g], ranges[2g+1]) of the span, into its
+ * own window alone: a reduce-scatter (ZeRO-1's, src/engine/strategy_zero.c)
+ * whose sums have the allreduce's bits (both add the scaled contributions
+ * in rank order). One rank's ranges must not overlap another's (a rank
+ * writes its sums in place while peers read). */
+int dt_comm_window_reduce_local_f32(dt_comm_window *w, size_t off, size_t count, float scale,
+                                    const size_t *ranges, int nranges);
 /* The same for the int64 span [off, off + count*8): every rank's span
  * becomes the plain sum over ranks (exact: the same bits in any order; the
  * fixed-point gradients of deterministic mode). off must be a multiple of 8. */

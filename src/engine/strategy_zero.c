@@ -7,11 +7,15 @@
  * parameters (n / N of them, rounded down), worker r updates that block with
  * an optimizer that holds state for it alone, and an allgather (in place)
  * gives every worker every block. The n mod N parameters past the last
- * whole block are allreduced and updated by every worker (a few floats). So
+ * whole block are summed and updated by every worker (a few floats). So
  * optimizer memory per worker is 1/N of ddp's (the reduce-scatter runs in
- * place on the gradient buffer: no buffer-sized scratch), results equal ddp's (the same
- * scale-then-sum of gradients, element-wise updates), and the traffic is
+ * place on the gradient buffer: no buffer-sized scratch) and the traffic is
  * ddp's (reduce-scatter + allgather is how a ring allreduce runs anyway).
+ * On one host the gradients live in a shared window as ddp's do and the
+ * reduce-scatter is the window's rank-order scaled sum, so the results are
+ * ddp's bits for any N and optimizer; across hosts the transport's
+ * reduce-scatter adds in ring order (last-bit differences, which AdamW
+ * magnifies).
  *
  * It is not fused into the allreduce and does not write into peers'
  * memory: bench/RESULTS.md records that a fused sharded step writing peers'
@@ -21,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/window.h"
 #include "core/core.h"
 #include "engine/engine_int.h"
 #include "engine/strategy.h"
@@ -28,6 +33,7 @@
 typedef struct zero_impl {
   size_t blk, tail0, ntail; /* block per rank; the tail [tail0, n) */
   dt_optim *opt, *opt_tail; /* state for the block, and for the tail */
+  dt_comm_window *win;      /* one host: the gradients live here (as ddp's) */
   dt_step_plan plan;
   uint64_t sent0, recv0;
   double comm_s;
@@ -45,6 +51,10 @@ static void zero_teardown(dt_strategy *s) {
   if (!z) return;
   dt_optim_destroy(z->opt);
   dt_optim_destroy(z->opt_tail);
+  if (z->win) {
+    dt_model_set_grads(s->model, NULL);
+    dt_comm_window_destroy(z->win);
+  }
   free(z);
   s->impl = NULL;
 }
@@ -65,6 +75,14 @@ static int zero_setup(dt_strategy *s) {
    * one-float one that is never stepped */
   int rc = dt_optim_create(&z->opt, &s->cfg->optim, z->blk ? z->blk : 1);
   if (rc == DT_OK) rc = dt_optim_create(&z->opt_tail, &s->cfg->optim, z->ntail ? z->ntail : 1);
+  /* one host: the gradients in a shared window, as ddp keeps them, so the
+   * reduce-scatter is ddp's rank-order scaled sum (the same bits) */
+  if (rc == DT_OK && N > 1 && n) {
+    rc = dt_comm_window_create(s->comm, n * sizeof(float), &z->win);
+    if (rc == DT_OK) dt_model_set_grads(s->model, dt_comm_window_base(z->win));
+    else if (rc == DT_ENOTSUP) rc = DT_OK;
+    else rc = dt__preerr(rc, "rank %d: ZeRO-1 gradient window", s->rank);
+  }
   if (rc < 0) {
     zero_teardown(s);
     return rc;
@@ -88,14 +106,26 @@ static int zero_step_finish(dt_strategy *s, float lr) {
                 : s->cfg->reduce == DT_DIST_SUM ? 1.0f
                                                  : (float)z->plan.n_local / (float)z->plan.n_global;
   if (!z->plan.pieces) memset(g, 0, n * sizeof(float));
-  else if (scale != 1.0f)
-    for (size_t i = 0; i < n; i++) g[i] *= scale;
-  const int r = s->rank;
+  const int r = s->rank, N = s->nranks;
   double t0 = dt_now();
-  /* in place: block r of the gradient buffer ends up summed, no scratch */
-  int rc = z->blk ? dt_comm_reduce_scatter(s->comm, g, g, z->blk, DT_F32, DT_OP_SUM) : DT_OK;
-  if (rc == DT_OK && z->ntail)
-    rc = dt_comm_allreduce(s->comm, g + z->tail0, g + z->tail0, z->ntail, DT_F32, DT_OP_SUM);
+  int rc = DT_OK;
+  if (z->win) {
+    /* rank r sums block r over every rank's window (and the last rank the
+     * tail too) with the scale fused in, in rank order: ddp's bits. Then
+     * the tail's sum goes from the last rank to every rank. */
+    size_t rg[2] = {(size_t)r * z->blk, (size_t)(r + 1) * z->blk};
+    if (r == N - 1) rg[1] = n;
+    rc = dt_comm_window_reduce_local_f32(z->win, 0, n, scale, rg, 1);
+    if (rc == DT_OK && z->ntail)
+      rc = dt_comm_broadcast(s->comm, g + z->tail0, z->ntail, DT_F32, N - 1);
+  } else {
+    if (scale != 1.0f)
+      for (size_t i = 0; i < n; i++) g[i] *= scale;
+    /* in place: block r of the gradient buffer ends up summed, no scratch */
+    rc = z->blk ? dt_comm_reduce_scatter(s->comm, g, g, z->blk, DT_F32, DT_OP_SUM) : DT_OK;
+    if (rc == DT_OK && z->ntail)
+      rc = dt_comm_allreduce(s->comm, g + z->tail0, g + z->tail0, z->ntail, DT_F32, DT_OP_SUM);
+  }
   z->comm_s += dt_now() - t0;
   if (rc < 0) return dt__ddp_comm_err(s, rc, "ZeRO-1 gradient reduce-scatter");
   float *mine = p + (size_t)r * z->blk;

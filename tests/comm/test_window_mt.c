@@ -9,7 +9,9 @@
  * talk tcp, is DT_ENOTSUP on every rank; the int64 sum (deterministic
  * mode's fixed-point gradients) is exact for 1..5 ranks, near-overflow
  * values included, and a rank summing floats while another sums int64s over
- * the same bytes is DT_EMISMATCH. Peer death across processes is covered end to end by
+ * the same bytes is DT_EMISMATCH; the reduce into a rank's own ranges
+ * (ZeRO-1's reduce-scatter) has the allreduce's bits there and leaves the
+ * rest alone. Peer death across processes is covered end to end by
  * tests/cli/test_cli_workers_kill.sh (data-parallel gradients use windows).
  */
 #include <setjmp.h>
@@ -95,6 +97,53 @@ static void test_sizes(void **s) {
       if (ns[k] == 8 && counts[j] > 2000) continue; /* 8 threads x 4 MiB: slow under TSan */
       assert_int_equal(run_ranks("inproc", ns[k], 20.0, sizes_body, &a, NULL, NULL), 0);
     }
+}
+
+/* ---- reduce into own ranges (ZeRO-1's reduce-scatter) ------------------- */
+
+/* Rank r sums block r (blocks of count / n, the last rank also the tail)
+ * into its own window: those elements get the allreduce's bits (computed
+ * afterwards on a second window of the same inputs), everything else keeps
+ * the rank's own input; a range past the span is DT_EINVAL. */
+static int local_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  const size_t count = *(const size_t *)arg;
+  int r = dt_comm_rank(c), n = dt_comm_size(c);
+  dt_comm_window *w, *ref;
+  if (dt_comm_window_create(c, count * sizeof(float) + 64, &w) < 0)
+    return FAIL("create: %s", dt_errmsg());
+  if (dt_comm_window_create(c, count * sizeof(float) + 64, &ref) < 0) {
+    dt_comm_window_destroy(w);
+    return FAIL("create: %s", dt_errmsg());
+  }
+  float *x = dt_comm_window_base(w), *y = dt_comm_window_base(ref);
+  for (size_t i = 0; i < count; i++) x[i] = y[i] = win_val(r, i);
+  size_t blk = count / (size_t)n, rg[2] = {(size_t)r * blk, (size_t)(r + 1) * blk};
+  if (r == n - 1) rg[1] = count;
+  int bad = 0;
+  size_t past[2] = {0, count + 1};
+  if (dt_comm_window_reduce_local_f32(w, 0, count, 1.0f, past, 1) != DT_EINVAL)
+    bad = FAIL("a range past the span was not DT_EINVAL");
+  else if (dt_comm_window_reduce_local_f32(w, 0, count, win_scale(r), rg, 1) < 0 ||
+           dt_comm_window_allreduce_f32(ref, 0, count, win_scale(r)) < 0)
+    bad = FAIL("reduce: %s", dt_errmsg());
+  for (size_t i = 0; i < count && !bad; i++) {
+    int mine = i >= rg[0] && i < rg[1];
+    float want = mine ? y[i] : win_val(r, i);
+    if (memcmp(&x[i], &want, 4))
+      bad = FAIL("n=%d count %zu: element %zu (%s) is %.9g, want %.9g", n, count, i,
+                 mine ? "summed" : "untouched", (double)x[i], (double)want);
+  }
+  dt_comm_window_destroy(ref);
+  dt_comm_window_destroy(w);
+  return bad;
+}
+
+static void test_reduce_local(void **s) {
+  (void)s;
+  static const size_t counts[] = {7, 1023, 70001};
+  for (int n = 1; n <= 5; n++)
+    for (size_t j = 0; j < sizeof counts / sizeof counts[0]; j++)
+      assert_int_equal(run_ranks("inproc", n, 20.0, local_body, (void *)&counts[j], NULL, NULL), 0);
 }
 
 /* ---- int64 sums ---------------------------------------------------------- */
@@ -226,6 +275,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_i64),
+      cmocka_unit_test(test_reduce_local),
       cmocka_unit_test(test_faults),
       cmocka_unit_test(test_two_hosts),
   };

@@ -12,8 +12,8 @@
  *     recomputation, which gives the bits of keeping the activations;
  *   - a stage that dies makes the others fail within the deadline naming
  *     its stage and rank;
- *   - ZeRO-1 (dist.zero) ends with plain ddp's parameters (2 workers:
- *     the same bits; 3 and 4: 1e-6 relative).
+ *   - ZeRO-1 (dist.zero) ends with plain ddp's parameters, the same bits
+ *     with 2, 3 and 4 workers, SGD and AdamW.
  * Every child is waited for with a deadline and SIGKILLed past it.
  */
 #include <math.h>
@@ -164,8 +164,10 @@ static void test_plain_reference(void **state) {
  * not a multiple of 3 or 4, so the tail path runs too. */
 static void test_zero1(void **state) {
   (void)state;
-  static const struct { int W, adamw; } runs[] = {{2, 0}, {2, 1}, {3, 0}, {4, 0}};
-  for (int i = 0; i < 4; i++) {
+  /* AdamW with 3 and 4 workers too: its normalised steps turn any
+   * difference in the order of the gradient sum into 1e-3 after 51 steps */
+  static const struct { int W, adamw; } runs[] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}, {4, 1}};
+  for (int i = 0; i < 5; i++) {
     dt_run_cfg c;
     base_cfg(&c, runs[i].W);
     if (runs[i].adamw) c.optim.kind = DT_OPT_ADAMW, c.optim.lr = 1e-3f;
@@ -180,7 +182,9 @@ static void test_zero1(void **state) {
     double rel = rel_diff(p, ref, n);
     printf("# ZeRO-1 with %d workers (%s) vs ddp: relative difference %.3g\n", runs[i].W,
            runs[i].adamw ? "adamw" : "sgd", rel);
-    if (runs[i].W == 2) assert_memory_equal(p, ref, n * sizeof(float));
+    /* one host: both sum the scaled gradients in rank order in a shared
+     * window (comm/window.h), so the same bits */
+    assert_memory_equal(p, ref, n * sizeof(float));
     assert_true(rel < 1e-6);
     free(p);
     free(ref);
