@@ -67,6 +67,8 @@ int dt__cli_obs_begin(struct dt__cli_obs *co, const char *out, int r0, int n, co
 void dt__cli_obs_watch(void *ud, const dt_job *job);
 /* Starts the metrics endpoint (obs.metrics), once; never before a fork. */
 void dt__cli_obs_serve(struct dt__cli_obs *co);
+/* The same for the n ranks in ranks[] (under mpirun/srun: this host's). */
+void dt__cli_obs_serve_ranks(struct dt__cli_obs *co, const int *ranks, int n);
 void dt__cli_obs_end(struct dt__cli_obs *co);
 
 #endif

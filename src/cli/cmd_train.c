@@ -182,7 +182,26 @@ struct worker_args {
   const char *out, *text;
   int describe;          /* rank 0 prints which transport reaches which rank */
   view *v;
+  int ext;               /* ranks started by mpirun/srun: no launcher serves metrics */
+  struct dt__cli_obs *co;
 };
+
+/* Under mpirun/srun no launcher serves obs.metrics: the first rank of
+ * each host serves every rank of its host (their pages are in the same
+ * DIR/obs there), so Prometheus scrapes one target per node, as with
+ * `dtrain launch`. */
+static void serve_host(const struct worker_args *a, const dt_comm *world) {
+  struct dt_comm_topo t;
+  if (!a->ext || !a->co || !a->co->metrics[0] || !world || dt_comm_topology(world, &t) < 0 ||
+      !t.one_per_host_leader)
+    return;
+  int n = dt_comm_size(world), k = 0, *r = malloc((size_t)n * sizeof *r);
+  if (!r) return;
+  for (int i = 0; i < n; i++)
+    if (dt_comm_host_of(world, i) == t.host) r[k++] = i;
+  dt__cli_obs_serve_ranks(a->co, r, k);
+  free(r);
+}
 
 /* "1 shm, 2-3 tcp": the transport rank 0 uses to each peer, in runs. */
 static void describe_links(const dt_comm *c) {
@@ -239,6 +258,7 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
   int r = w->rank;
   view *v = a->v;
   if (r == 0 && a->describe) describe_links(c);
+  serve_host(a, c);
   int rc = DT_OK;
   if (a->servers > 0) {
     /* a parameter-server job: workers first, then servers; the engine
@@ -615,7 +635,8 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   dt__cli_obs_begin(&co, out, r0, nloc, cfg->run.obs_metrics, cfg->run.obs_trace);
   obs_on = 1;
   if (multi) {
-    struct worker_args wa = {e, &cfg->run, cfg->run.ps.servers, cfg->run.workers, out, text, L || ext, &v};
+    struct worker_args wa = {e, &cfg->run, cfg->run.ps.servers, cfg->run.workers, out, text, L || ext, &v,
+                             ext, &co};
     status = dt__cli_job_status(job, dt_job_run(job, run_worker, &wa));
     goto done;
   }

@@ -6,7 +6,9 @@
  * SIGUSR1 arrives, reads every rank's flight recorder and prints the hang
  * diagnosis naming the rank that is behind (DIR/diagnosis.txt, with each
  * rank's recorder in DIR/obs/flight.txt); after the job it merges the
- * per-rank traces into DIR/trace.json. The work itself is src/obs; this
+ * per-rank traces into DIR/trace.json. Under mpirun/srun there is no
+ * launcher: the first rank of each host serves that host's ranks
+ * (dt__cli_obs_serve_ranks, called by cmd_train.c once the ranks have met). The work itself is src/obs; this
  * file decides when and prints.
  */
 #include <signal.h>
@@ -90,20 +92,47 @@ static void diagnose(struct dt__cli_obs *co, const char *why) {
   }
 }
 
-void dt__cli_obs_serve(struct dt__cli_obs *co) {
-  if (!co->metrics[0] || co->srv || co->serve_tried) return;
+/* "0-3" or "0,2,4": the ranks a server serves, for its line. */
+static void rank_list(const int *r, int n, char *buf, size_t cap) {
+  int contiguous = 1;
+  for (int i = 1; i < n; i++) contiguous &= r[i] == r[0] + i;
+  if (contiguous) {
+    snprintf(buf, cap, "%d-%d", r[0], r[n - 1]);
+    return;
+  }
+  size_t k = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && k + 16 < cap; i++)
+    k += (size_t)snprintf(buf + k, cap - k, "%s%d", i ? "," : "", r[i]);
+}
+
+void dt__cli_obs_serve_ranks(struct dt__cli_obs *co, const int *ranks, int n) {
+  if (!co->metrics[0] || co->srv || co->serve_tried || n < 1) return;
   co->serve_tried = 1;
-  if (dt_obs_server_start(&co->srv, co->metrics, co->dir, co->r0, co->n) < 0) {
+  if (dt_obs_server_start(&co->srv, co->metrics, co->dir, ranks, n) < 0) {
     fprintf(stderr, "dtrain: warning: %s; training goes on without it\n", dt_errmsg());
     return;
   }
-  char host[64];
+  char host[64], list[256];
   snprintf(host, sizeof host, "%s", co->metrics);
   char *colon = strrchr(host, ':');
   if (colon) *colon = '\0';
-  printf("metrics: http://%s:%d/metrics (ranks %d-%d)\n", host, dt_obs_server_port(co->srv),
-         co->r0, co->r0 + co->n - 1);
+  rank_list(ranks, n, list, sizeof list);
+  printf("metrics: http://%s:%d/metrics (ranks %s)\n", host, dt_obs_server_port(co->srv), list);
   fflush(stdout);
+}
+
+void dt__cli_obs_serve(struct dt__cli_obs *co) {
+  if (!co->metrics[0] || co->srv || co->serve_tried) return;
+  int *r = malloc((size_t)co->n * sizeof *r);
+  if (!r) {
+    co->serve_tried = 1;
+    fprintf(stderr, "dtrain: warning: obs.metrics: out of memory; training goes on without it\n");
+    return;
+  }
+  for (int i = 0; i < co->n; i++) r[i] = co->r0 + i;
+  dt__cli_obs_serve_ranks(co, r, co->n);
+  free(r);
 }
 
 void dt__cli_obs_watch(void *ud, const dt_job *job) {

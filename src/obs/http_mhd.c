@@ -5,7 +5,8 @@
  * other path 404, any other method 405. One internal polling thread; a
  * scrape reads n small files and formats them (well under a millisecond
  * for a few ranks). It does not aggregate over nodes: each node's
- * launcher serves its own ranks, so Prometheus scrapes one target per node.
+ * launcher (under mpirun/srun: each host's first rank) serves its own
+ * ranks, so Prometheus scrapes one target per node.
  * Built into the dtrain binary only (CMakeLists.txt: *_mhd.c), not into
  * libdtrain.
  */
@@ -21,7 +22,7 @@
 struct dt_obs_server {
   struct MHD_Daemon *d;
   char dir[4096];
-  int r0, n, port;
+  int *ranks, n, port;
 };
 
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
@@ -50,7 +51,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
   int got = 0;
   for (int i = 0; pg && i < s->n; i++) {
     char p[4200];
-    dt__obs_rank_path(s->dir, s->r0 + i, p, sizeof p);
+    dt__obs_rank_path(s->dir, s->ranks[i], p, sizeof p);
     if (dt__obs_read(p, &pg[got]) == DT_OK) got++; /* a rank not started yet: left out */
   }
   char *buf = NULL;
@@ -73,7 +74,8 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
   return ret;
 }
 
-int dt_obs_server_start(dt_obs_server **out, const char *addr, const char *obs_dir, int r0, int n) {
+int dt_obs_server_start(dt_obs_server **out, const char *addr, const char *obs_dir,
+                        const int *ranks, int n) {
   *out = NULL;
   if (!addr || !obs_dir || n < 1) return dt__seterr(DT_EINVAL, "obs.metrics: bad arguments");
   const char *colon = strrchr(addr, ':');
@@ -94,13 +96,18 @@ int dt_obs_server_start(dt_obs_server **out, const char *addr, const char *obs_d
   struct dt_obs_server *s = calloc(1, sizeof *s);
   if (!s) return dt__seterr(DT_ENOMEM, "obs.metrics: out of memory");
   snprintf(s->dir, sizeof s->dir, "%s", obs_dir);
-  s->r0 = r0;
+  if (!(s->ranks = malloc((size_t)n * sizeof *s->ranks))) {
+    free(s);
+    return dt__seterr(DT_ENOMEM, "obs.metrics: out of memory");
+  }
+  for (int i = 0; i < n; i++) s->ranks[i] = ranks ? ranks[i] : i;
   s->n = n;
   s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL_LINUX_ONLY, 0, NULL,
                           NULL, answer, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10,
                           MHD_OPTION_CONNECTION_LIMIT, (unsigned int)64, MHD_OPTION_END);
   if (!s->d) {
+    free(s->ranks);
     free(s);
     return dt__seterr(DT_EIO, "obs.metrics: cannot listen on %s (in use, or not this machine's "
                       "address)", addr);
@@ -116,5 +123,6 @@ int dt_obs_server_port(const dt_obs_server *s) { return s ? s->port : 0; }
 void dt_obs_server_stop(dt_obs_server *s) {
   if (!s) return;
   MHD_stop_daemon(s->d);
+  free(s->ranks);
   free(s);
 }

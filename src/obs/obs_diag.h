@@ -36,10 +36,12 @@ int dt_obs_expose(const struct dt_obs_page *pages, int n, char **buf, size_t *le
 
 typedef struct dt_obs_server dt_obs_server;
 /* Serves GET /metrics on addr ("HOST:PORT", an IPv4 address or "localhost";
- * port 0: any free one) with the pages of ranks r0..r0+n-1 in obs_dir, read
- * at every scrape. DT_EINVAL for a bad address (naming it), DT_EIO when the
- * port cannot be bound. */
-int dt_obs_server_start(dt_obs_server **out, const char *addr, const char *obs_dir, int r0, int n);
+ * port 0: any free one) with the pages of the n ranks in ranks[] (NULL:
+ * ranks 0..n-1) in obs_dir, read at every scrape; the list is copied.
+ * DT_EINVAL for a bad address (naming it), DT_EIO when the port cannot be
+ * bound. */
+int dt_obs_server_start(dt_obs_server **out, const char *addr, const char *obs_dir,
+                        const int *ranks, int n);
 int dt_obs_server_port(const dt_obs_server *s);
 void dt_obs_server_stop(dt_obs_server *s);
 
