@@ -9,6 +9,9 @@
 #   shm vs Open MPI: busbw >= 1.0x from 4 KB to 64 MB, >= 1.5x at >= 16 MB,
 #                    time <= 1.5x at <= 256 B
 #   tcp vs Gloo:     busbw >= 2x at >= 64 KB, time <= 0.5x at <= 256 B
+# and last, tcp across 3 network-namespace hosts on tc-tbf-shaped links
+# (tests/comm/test_netns_tcp.sh with DT_NETNS_MIN_PCT=85): busbw >= 85% of
+# the shaped rate from 4 to 16 MB (skipped where namespaces cannot be made).
 # The raw outputs stay in $BUILD/bench-comm/. The machine has 2 cores and
 # is shared, so re-run before believing a single number.
 #
@@ -115,3 +118,11 @@ for n in $RANKS; do report "$n"; done
 wrong=$(cat "$OUT"/dtrain_*.txt 2>/dev/null | awk '$1 ~ /^[0-9]+$/ && $8 != 0 { c++ } END { print c + 0 }')
 [ "$wrong" = 0 ] || { echo "dtrain: $wrong sizes with wrong results (see $OUT)"; exit 1; }
 echo "raw outputs: $OUT"
+
+# ---- tcp across 3 shaped namespace hosts ---------------------------------
+cmake --build "$BUILD" -j"$(nproc)" --target test_netns_rank >/dev/null || { say "test_netns_rank did not build"; exit 1; }
+echo
+echo "tcp across 3 namespace hosts, links shaped to ${DT_NETNS_RATE:-400mbit} (target: busbw >= 85% from 4 to 16 MB)"
+DT_NETNS_MIN_PCT=85 DT_TEST_BIN="$BUILD" bash tests/comm/test_netns_tcp.sh
+rc=$?
+[ $rc = 0 ] || [ $rc = 77 ] || echo "  target MISSED (see above)"
