@@ -126,6 +126,14 @@ int dt_obs_tracing(const dt_obs *o);
  * string literal or otherwise outlive the handle. arg: a number shown with
  * the span (bucket index, bytes), or -1 for none. */
 void dt_obs_span(dt_obs *o, const char *name, int tid, int64_t t0, int64_t t1, int64_t arg);
+/* The end of a timed operation that began at t0_ns (dt_now_ns): observes
+ * its seconds in histogram h and, when tracing, keeps the span [t0, now)
+ * named span on thread tid with arg. Returns the seconds (also with o and
+ * h NULL), so a caller that adds up its own waits needs one line:
+ *   int64_t t0 = dt_now_ns(); rc = wait(...);
+ *   p->wait_s += dt_obs_lap(p->obs, p->m_wait, "recv", 0, t0, j); */
+double dt_obs_lap(dt_obs *o, dt_obs_metric *h, const char *span, int tid, int64_t t0_ns,
+                  int64_t arg);
 /* Writes the kept spans as a Chrome trace event file (JSON object with
  * traceEvents; pid = rank, tid as given). DT_EIO naming the path. */
 int dt_obs_trace_write(dt_obs *o, const char *path);

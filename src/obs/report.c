@@ -338,13 +338,27 @@ static int summary_section(FILE *f, const char *dir) {
   return found;
 }
 
-/* histograms of the rank pages: per-rank distribution of step / allreduce times */
+/* histograms of the rank pages: per-rank distribution of step and communication times */
 static void pages_section(FILE *f, const char *dir) {
-  static const char *const names[] = {"dtrain_step_seconds", "dtrain_allreduce_seconds"};
+  /* the step, then each strategy's communication: ddp's bucket reductions,
+   * a parameter server worker's pushes and wait for parameters, a pipeline
+   * stage's waits for its neighbours */
+  static const char *const names[] = {"dtrain_step_seconds", "dtrain_allreduce_seconds",
+                                      "dtrain_ps_push_seconds", "dtrain_ps_pull_wait_seconds",
+                                      "dtrain_pipeline_recv_seconds",
+                                      "dtrain_pipeline_send_wait_seconds"};
+  static const char *const titles[] = {
+      "Step time, fraction of steps per histogram bucket",
+      "Gradient bucket allreduce time, fraction per bucket",
+      "Parameter server push time (one key), fraction per bucket",
+      "Parameter server wait for parameters (end of step), fraction per bucket",
+      "Pipeline receive wait (activations or gradients), fraction per bucket",
+      "Pipeline send wait, fraction per bucket"};
+  const int nnames = (int)(sizeof names / sizeof names[0]);
   char p[4200];
   struct dt_obs_page *pg = malloc(sizeof *pg);
   int any = 0;
-  for (int m = 0; pg && m < 2; m++) {
+  for (int m = 0; pg && m < nnames; m++) {
     series s[MAXS];
     double xs[MAXS][DT_OBS_MAX_BOUNDS + 1], ys[MAXS][DT_OBS_MAX_BOUNDS + 1];
     char nm[MAXS][32];
@@ -371,8 +385,7 @@ static void pages_section(FILE *f, const char *dir) {
     }
     if (!ns) continue;
     if (!any++) fputs("<h2>Time distributions (metrics)</h2>\n<div class=\"row\">", f);
-    line_chart(f, m ? "Gradient bucket allreduce time, fraction per bucket" : "Step time, fraction "
-               "of steps per histogram bucket", "log10(upper bound, seconds)", "fraction", s, ns);
+    line_chart(f, titles[m], "log10(upper bound, seconds)", "fraction", s, ns);
   }
   if (any) fputs("</div>\n", f);
   free(pg);

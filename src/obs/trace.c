@@ -7,7 +7,8 @@
  * the oldest go first, and the file holds the spans of the last `steps`
  * "step" spans (and what came after them), so a long run keeps its last
  * steps and the file stays small (docs/observability.md has the sizes). It takes no times
- * itself: callers pass dt_now_ns() pairs.
+ * itself (callers pass dt_now_ns() pairs), except dt_obs_lap, which ends a
+ * timed operation now.
  */
 #include "obs/obs_int.h"
 
@@ -58,6 +59,15 @@ void dt_obs_span(dt_obs *o, const char *name, int tid, int64_t t0, int64_t t1, i
   /* the training thread's "step" spans mark the steps the file keeps */
   if (tid == 0 && !strcmp(name, "step")) o->step_t0[o->nstep++ % o->steps] = t0;
   pthread_mutex_unlock(&o->mu);
+}
+
+double dt_obs_lap(dt_obs *o, dt_obs_metric *h, const char *span, int tid, int64_t t0_ns,
+                  int64_t arg) {
+  int64_t t1 = dt_now_ns();
+  double s = (double)(t1 - t0_ns) / 1e9;
+  dt_obs_observe(h, s);
+  if (dt_obs_tracing(o)) dt_obs_span(o, span, tid, t0_ns, t1, arg);
+  return s;
 }
 
 void dt__obs_trace_free(dt_obs *o) {

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "obs/obs.h"
 #include "parallel/ddp.h"
 #include "parallel/pipe.h"
 #include "tensor/tensor.h"
@@ -25,6 +26,8 @@
 
 struct dt_pipe {
   dt_pipe_cfg c;
+  dt_obs *obs;               /* the waits below as spans and histograms (docs/observability.md) */
+  dt_obs_metric *m_send, *m_recv;
   int K, S;                  /* stage models, slots */
   dt_model **inst;           /* K models of this stage */
   int *inst_mb;              /* micro-batch whose activations model k holds (-1: none) */
@@ -73,6 +76,11 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
   p->c = *cfg;
   p->S = nslots(cfg);
   p->K = cfg->recompute || cfg->det ? 1 : p->S;
+  p->obs = dt_comm_obs(cfg->comm);
+  p->m_send = dt_obs_histogram(p->obs, "dtrain_pipeline_send_wait_seconds",
+                               "Time a stage waited for a send to a neighbour stage to finish", NULL, 0);
+  p->m_recv = dt_obs_histogram(p->obs, "dtrain_pipeline_recv_seconds",
+                               "Time a stage waited to receive activations or gradients", NULL, 0);
   const int first = cfg->stage == 0, last = cfg->stage == cfg->nstages - 1;
   int rc = DT_OK;
   p->inst = calloc((size_t)p->K, sizeof *p->inst);
@@ -151,17 +159,17 @@ static int comm_err(dt_pipe *p, int rc, const char *what, int j, int peer) {
 static int wait_send(dt_pipe *p, dt_comm_req *req, int *pend, int peer, int j) {
   if (!*pend) return DT_OK;
   *pend = 0;
-  double t0 = dt_now();
+  int64_t t0 = dt_now_ns();
   int rc = dt_comm_waitall(p->c.comm, req, 1);
-  p->wait_s += dt_now() - t0;
+  p->wait_s += dt_obs_lap(p->obs, p->m_send, "send", 0, t0, j);
   return rc < 0 ? comm_err(p, rc, "sending", j, peer) : DT_OK;
 }
 
 static int recv_msg(dt_pipe *p, int peer, int tag, void *buf, size_t bytes, int j,
                     const char *what) {
-  double t0 = dt_now();
+  int64_t t0 = dt_now_ns();
   int rc = dt_comm_recv(p->c.comm, peer, tag, buf, bytes);
-  p->wait_s += dt_now() - t0;
+  p->wait_s += dt_obs_lap(p->obs, p->m_recv, "recv", 0, t0, j);
   return rc < 0 ? comm_err(p, rc, what, j, peer) : DT_OK;
 }
 

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "obs/obs.h"
 #include "ps/ps.h"
 
 int64_t dt__ps_server_min_mark(const dt_ps_server *s);
@@ -29,6 +30,8 @@ int64_t dt__ps_server_min_mark(const dt_ps_server *s);
 enum { K_PUSHED = 1, K_WAIT = 2, K_DONE = 4 };
 
 struct dt_ps_client {
+  dt_obs *obs;         /* pushes and the pull wait as spans and histograms */
+  dt_obs_metric *m_push, *m_pull;
   const dt_ps_map *map;
   dt_ps_opts o;
   int me;
@@ -72,6 +75,11 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
   *out = NULL;
   dt_ps_client *c = calloc(1, sizeof *c);
   if (!c) return dt__seterr(DT_ENOMEM, "ps client: out of memory");
+  c->obs = dt_comm_obs(comm);
+  c->m_push = dt_obs_histogram(c->obs, "dtrain_ps_push_seconds",
+                               "Time to push one key's gradients to its server", NULL, 0);
+  c->m_pull = dt_obs_histogram(c->obs, "dtrain_ps_pull_wait_seconds",
+                               "Time a worker waited at a step's end for every key's parameters", NULL, 0);
   c->map = map;
   c->o = *opts;
   c->me = worker;
@@ -174,7 +182,7 @@ static void backoff(int idle) {
 
 /* Waits for every outstanding request and reply; checks reply headers. */
 static int wait_all(dt_ps_client *c) {
-  double t0 = dt_now();
+  int64_t t0 = dt_now_ns();
   int rc = DT_OK;
   if (!c->local) {
     int bad = -1;
@@ -223,7 +231,7 @@ static int wait_all(dt_ps_client *c) {
     c->kst[k] = (uint8_t)((c->kst[k] & ~K_WAIT) | K_DONE);
     c->st.pulled_floats += (int64_t)K->len;
   }
-  c->st.wait_seconds += dt_now() - t0;
+  c->st.wait_seconds += dt_obs_lap(c->obs, c->m_pull, "pull", 0, t0, -1);
   return DT_OK;
 }
 
@@ -337,6 +345,14 @@ static int push_key(dt_ps_client *c, int k) {
   return request(c, &m, g, 1);
 }
 
+/* push_key, timed (span "push", argument the key) */
+static int push_timed(dt_ps_client *c, int k) {
+  int64_t t0 = dt_now_ns();
+  int rc = push_key(c, k);
+  dt_obs_lap(c->obs, c->m_push, "push", 0, t0, k);
+  return rc;
+}
+
 void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n) {
   if (c->err) return;
   if (c->local) {
@@ -352,7 +368,7 @@ void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n) {
   }
   if (off < c->ready_lo && off + n >= c->ready_lo) c->ready_lo = off;
   while (c->next_key >= 0 && c->map->keys[c->next_key].off >= c->ready_lo) {
-    int rc = push_key(c, c->next_key);
+    int rc = push_timed(c, c->next_key);
     if (rc < 0) {
       c->err = rc; /* reported by finish */
       snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
@@ -364,7 +380,7 @@ void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n) {
 
 int dt_ps_client_finish(dt_ps_client *c) {
   if (c->err) return dt__seterr(c->err, "ps worker %d: during backward: %s", c->me, c->errmsg);
-  for (; c->next_key >= 0; c->next_key--) DT_CHECK(push_key(c, c->next_key));
+  for (; c->next_key >= 0; c->next_key--) DT_CHECK(push_timed(c, c->next_key));
   DT_CHECK(wait_all(c));
   c->clock++;
   return DT_OK;
