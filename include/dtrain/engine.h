@@ -75,6 +75,7 @@ enum dt_dist_balance { DT_BALANCE_STATIC, DT_BALANCE_DYNAMIC, DT_BALANCE_STEAL }
 typedef struct dt_run_cfg {
   /* [model] */
   char layers[DT_CFG_SPEC_MAX];        /* the layer spec (dtrain/model.h) */
+  int loss;                            /* model.loss: 0 xent, 1 mse (one output vs the label) */
   /* [data] (ignored by dt_engine_create_with_data except normalize, shuffle, limits) */
   int format;                          /* enum dt_data_format */
   char train_images[DT_CFG_PATH_MAX];  /* idx/npy: features; csv: the CSV file */

@@ -17,8 +17,13 @@
  *   dropout(P)                     dropout with probability P (training only)
  *   flatten                        (c,h,w) -> c*h*w
  *   layernorm batchnorm            normalisation (PyTorch defaults)
+ *   embedding(V,D[,std=S])         first layer only: each input feature is a
+ *                                  row id in [0, V); out: the rows (D each)
+ *   dot                            the inner product of the two halves of a
+ *                                  flat input, plus a bias: one output
  * The last layer's output size is the number of classes; the loss is
- * softmax cross-entropy over it.
+ * softmax cross-entropy over it, or the mean squared error of a single
+ * output against the integer label (dt__model_set_loss, model.loss = mse).
  *
  * Errors follow dtrain/core.h: DT_EINVAL with a dt_errmsg() line naming the
  * argument, or the 1-based layer number and its token for a bad spec.
@@ -40,7 +45,7 @@ typedef struct dt_model dt_model;
 
 enum dt_layer_kind {
   DT_L_LINEAR, DT_L_CONV2D, DT_L_MAXPOOL2D, DT_L_AVGPOOL2D, DT_L_RELU, DT_L_GELU,
-  DT_L_DROPOUT, DT_L_FLATTEN, DT_L_LAYERNORM, DT_L_BATCHNORM
+  DT_L_DROPOUT, DT_L_FLATTEN, DT_L_LAYERNORM, DT_L_BATCHNORM, DT_L_EMBEDDING, DT_L_DOT
 };
 
 /* Read-only description of one layer. Offsets and counts are in floats

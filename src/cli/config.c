@@ -154,6 +154,7 @@ static const key keys[] = {
     {"dist", "max_workers", K_INT, OFF(max_workers), 0, 4096, 0, NULL},
     {"dist", "rejoin_timeout", K_FLOAT, OFF(rejoin_timeout), 0, 86400, 0, NULL},
     {"dist", "heartbeat_timeout", K_FLOAT, OFF(heartbeat_timeout), 0.05, 3600, 0, NULL},
+    {"model", "loss", K_ENUM, OFF(loss), 0, 0, 0, dt__loss_names},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 _Static_assert(sizeof keys / sizeof keys[0] <= DT_CONFIG_MAX_KEYS, "too many keys");

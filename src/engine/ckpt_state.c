@@ -76,6 +76,18 @@ static int model_trefs(const dt_model *m, tref *t, int cap) {
       int64_t c = (int64_t)l->nparams / 2;
       w.shape[0] = c, w.n = (size_t)c;
       b.shape[0] = c, b.n = (size_t)c;
+    } else if (l->kind == DT_L_EMBEDDING || l->kind == DT_L_DOT) {
+      /* embedding: weight (V, D); dot: bias (1) — one tensor each */
+      tref *o = l->kind == DT_L_DOT ? &b : &w;
+      int64_t per = in > 0 ? out / in : 1;
+      o->off = l->param_off;
+      o->n = l->nparams;
+      if (l->kind == DT_L_EMBEDDING)
+        o->ndim = 2, o->shape[0] = (int64_t)l->nparams / per, o->shape[1] = per;
+      else
+        o->shape[0] = 1;
+      t[n++] = *o;
+      continue;
     } else {
       continue;
     }

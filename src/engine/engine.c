@@ -159,7 +159,10 @@ static int build(dt_engine *e) {
   rc = dt_model_create(&e->model, cfg->layers, e->train.c, e->train.h, e->train.w, cfg->batch);
   if (rc < 0) return dt__preerr(rc, "model.layers");
   int classes = e->train.nclasses > e->test.nclasses ? e->train.nclasses : e->test.nclasses;
-  if (dt_model_out_dim(e->model) < classes)
+  if (cfg->loss) {
+    rc = dt__model_set_loss(e->model, cfg->loss);
+    if (rc < 0) return rc;
+  } else if (dt_model_out_dim(e->model) < classes)
     return dt__seterr(DT_EINVAL, "model.layers: the last layer has %d outputs but the data has %d "
                       "classes", dt_model_out_dim(e->model), classes);
   dt_model_init(e->model, cfg->seed);

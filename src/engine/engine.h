@@ -39,6 +39,7 @@ extern const char *const dt__balance_names[];
 extern const char *const dt__schedule_names[];
 extern const char *const dt__log_format_names[]; /* obs.log_format */
 extern const char *const dt__ps_consistency_names[]; /* ps.consistency */
+extern const char *const dt__loss_names[];           /* model.loss */
 
 /* Parameter-server jobs (docs/ps.md): the communicator of the whole job,
  * workers first then servers, lent to the "ps" strategy (the engine's own

@@ -20,6 +20,7 @@ const char *const dt__balance_names[] = {"static", "dynamic", "steal", NULL};
 const char *const dt__schedule_names[] = {"gpipe", "1f1b", NULL};
 const char *const dt__log_format_names[] = {"text", "json", NULL};
 const char *const dt__ps_consistency_names[] = {"bsp", "ssp", "asp", NULL};
+const char *const dt__loss_names[] = {"xent", "mse", NULL};
 
 void dt_run_cfg_defaults(dt_run_cfg *c) {
   if (!c) return;

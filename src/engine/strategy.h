@@ -125,6 +125,10 @@ struct dt_strategy_ops {
   int (*setup)(dt_strategy *s);
   /* Before this worker's pieces of a step (plan: see batch_source.h). */
   int (*step_begin)(dt_strategy *s, const dt_step_plan *plan);
+  /* Before the forward of each piece, with its batch (may be NULL): fetch
+   * what that forward reads (ps: the embedding rows of the batch). An
+   * error ends the step as step_finish's would. */
+  int (*forward_begin)(dt_strategy *s, const dt_batch *b, int index, int count);
   /* Between the forward and the backward of each piece (may be NULL). */
   void (*backward_begin)(dt_strategy *s, const dt_batch *b, int index, int count);
   /* Runs this worker's pieces of a step itself, adding each forward's loss

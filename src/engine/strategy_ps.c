@@ -9,6 +9,11 @@
  * parameters with every worker's pushes in (the same everywhere), then shard
  * and sum over the workers' communicator as ddp does.
  *
+ * A model whose first layer is an embedding trains it by rows
+ * (forward_begin): before each forward the worker pulls only the rows the
+ * batch reads, and backward pushes only their gradients (the model then
+ * zeroes only those rows of its gradient, dt__model_set_sparse_grads).
+ *
  * Separate servers are the ranks after the workers in the job's
  * communicator (dt__engine_set_job_comm); dt__engine_serve runs one. With
  * ps.colocate the workers' own communicator carries everything and each
@@ -34,6 +39,7 @@ typedef struct ps_impl {
   dt_step_plan plan;
   uint64_t sent0, recv0;
   int stopped;
+  int32_t *rows;     /* embedding first: the rows of the piece's batch */
 } ps_impl;
 
 static void ps_opts(const dt_run_cfg *c, int nworkers, dt_ps_opts *o) {
@@ -84,6 +90,12 @@ static int ps_setup(dt_strategy *s) {
     rc = dt_ps_client_create(&d->cl, &d->map, &d->o, s->rank, job, dt_model_params(s->model),
                              dt_model_grads(s->model), d->srv);
   dt_comm_bytes(job, &d->sent0, &d->recv0);
+  const dt_layer_info *L0 = dt_model_layer(s->model, 0);
+  if (rc == DT_OK && L0 && L0->kind == DT_L_EMBEDDING) {
+    d->rows = malloc((size_t)c->batch * (size_t)dt_model_in_dim(s->model) * sizeof *d->rows);
+    if (!d->rows) rc = dt__seterr(DT_ENOMEM, "ps: out of memory");
+    dt__model_set_sparse_grads(s->model, 1);
+  }
   if (rc == DT_OK) rc = dt_ps_client_start(d->cl);
   if (rc < 0) {
     ps_teardown(s);
@@ -98,7 +110,26 @@ static int ps_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   d->plan = *plan;
   float w = plan->n_global > 0 ? (float)plan->n_local / (float)plan->n_global : 0.0f;
   dt_ps_client_begin(d->cl, w, dt_sched_lr(s->sched, s->step));
+  /* rows: none until a piece names its own (a worker without a piece
+   * still pushes every key, with no rows) */
+  if (d->rows) {
+    int rc = dt_ps_client_rows(d->cl, 0, NULL, 0);
+    if (rc < 0) return err_rank(s, rc);
+  }
   return DT_OK;
+}
+
+static int ps_forward_begin(dt_strategy *s, const dt_batch *b, int index, int count) {
+  ps_impl *d = s->impl;
+  (void)index;
+  if (!d->rows) return DT_OK;
+  if (count > 1)
+    return dt__seterr(DT_EINVAL, "rank %d: ps with an embedding takes one piece per step, not %d",
+                      s->rank, count);
+  int n = dt__model_embedding_rows(s->model, b->x, b->n, d->rows);
+  int rc = n < 0 ? n : dt_ps_client_rows(d->cl, 0, d->rows, n);
+  if (rc == DT_OK) rc = dt_ps_client_pull_rows(d->cl);
+  return rc < 0 ? err_rank(s, rc) : DT_OK;
 }
 
 static void ps_grad_ready(void *ud, size_t off, size_t n) {
@@ -168,6 +199,8 @@ static void ps_teardown(dt_strategy *s) {
     dt_ps_client_destroy(d->cl);
     dt_ps_server_destroy(d->srv);
     dt_ps_map_free(&d->map);
+    free(d->rows);
+    dt__model_set_sparse_grads(s->model, 0);
   }
   free(d);
   s->impl = s->grad_ud = NULL;
@@ -189,6 +222,7 @@ const struct dt_strategy_ops dt__strategy_ps = {
     .open_source = ps_source,
     .setup = ps_setup,
     .step_begin = ps_step_begin,
+    .forward_begin = ps_forward_begin,
     .backward_begin = NULL,
     .grad_ready = ps_grad_ready,
     .step_finish = ps_step_finish,

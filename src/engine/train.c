@@ -321,6 +321,8 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
         if (e->elastic) dt__elastic_fault(e, DT_FAULT_FORWARD);
         /* dropout masks are keyed by (seed, step, global position) */
         dt_step_ctx ctx = {1, c->seed, (uint64_t)S->step, b.sample0};
+        if (S->ops->forward_begin)
+          DT_CHECK_GOTO(S->ops->forward_begin(S, &b, i, plan.pieces), rc, step_failed);
         DT_CHECK_GOTO(dt_model_forward(e->model, b.x, b.n, &ctx), rc, step_failed);
         if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "forward", 0, n0, n1, b.n), n0 = n1;
         if (S->ops->backward_begin) S->ops->backward_begin(S, &b, i, plan.pieces);

@@ -6,9 +6,13 @@
  * unique), which is what a parameter server pushes and pulls for this layer
  * (sparse rows, docs/ps.md).
  *
- * It does not check indices in the hot loop (dt_embedding_check does, once
- * per batch, naming the first bad one) and is not yet a layer of the model
- * spec: the kernel and its PyTorch golden test come first.
+ * Also the `dot` layer's kernels (the inner product of a sample's two
+ * halves, matrix factorisation's user . item, plus a bias), which the
+ * recommender workload puts after an embedding (docs/ps.md).
+ *
+ * It does not check indices in the hot loop (dt_embedding_check and
+ * dt_embedding_ids do, once per batch, naming the first bad one); the layer
+ * itself (the model spec's `embedding(V,D)`) is in model.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -52,4 +56,46 @@ int dt_embedding_rows(const int32_t *idx, int N, int32_t *rows) {
   for (int i = 1; i < N; i++)
     if (rows[i] != rows[n - 1]) rows[n++] = rows[i];
   return n;
+}
+
+void dt_embedding_backward_add(float *dweight, const float *dout, const int32_t *idx, int N,
+                               int D) {
+  for (int i = 0; i < N; i++) {
+    float *restrict dw = dweight + (size_t)idx[i] * D;
+    const float *restrict g = dout + (size_t)i * D;
+    for (int d = 0; d < D; d++) dw[d] += g[d];
+  }
+}
+
+int dt_embedding_ids(int32_t *idx, const float *x, int N, int V) {
+  for (int i = 0; i < N; i++) {
+    float v = x[i];
+    if (!(v >= 0.0f && v < (float)V) || v != (float)(int32_t)v)
+      return dt__seterr(DT_EINVAL, "embedding: id %d of the batch is %g, not a row of the "
+                        "table of %d rows", i, (double)v, V);
+    idx[i] = (int32_t)v;
+  }
+  return DT_OK;
+}
+
+void dt_dot_forward(float *out, const float *x, float bias, int B, int D) {
+  for (int b = 0; b < B; b++) {
+    const float *u = x + (size_t)b * 2 * D, *v = u + D;
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) s += u[d] * v[d];
+    out[b] = s + bias;
+  }
+}
+
+void dt_dot_backward(float *dinp, float *dbias, const float *dout, const float *x, int B, int D) {
+  float db = 0.0f;
+  for (int b = 0; b < B; b++) {
+    const float *u = x + (size_t)b * 2 * D, *v = u + D;
+    const float g = dout[b];
+    db += g;
+    if (!dinp) continue;
+    float *du = dinp + (size_t)b * 2 * D, *dv = du + D;
+    for (int d = 0; d < D; d++) du[d] = g * v[d], dv[d] = g * u[d];
+  }
+  *dbias = db;
 }

@@ -85,6 +85,24 @@ void dt_embedding_forward(float *out, const int32_t *idx, const float *weight, i
 void dt_embedding_backward(float *dweight, const float *dout, const int32_t *idx, int N, int V,
                            int D);
 int dt_embedding_rows(const int32_t *idx, int N, int32_t *rows);
+/* The same scatter without the zeroing: dweight's rows idx[i] += dout[i]. */
+void dt_embedding_backward_add(float *dweight, const float *dout, const int32_t *idx, int N,
+                               int D);
+/* Float ids (a model's input) to indices: DT_EINVAL naming the first that
+ * is not an integer in [0, V). */
+int dt_embedding_ids(int32_t *idx, const float *x, int N, int V);
+
+/* dot: x (B, 2D) -> out (B) = sum_d x[b][d] * x[b][D + d] + bias (the inner
+ * product of a sample's two halves: matrix factorisation's user . item).
+ * Backward: dinp (may be NULL) and dbias (one float, overwritten). */
+void dt_dot_forward(float *out, const float *x, float bias, int B, int D);
+void dt_dot_backward(float *dinp, float *dbias, const float *dout, const float *x, int B, int D);
+
+/* Mean squared error over B predictions (one per sample) against integer
+ * targets: loss = mean (pred - t)^2; dpred (may be NULL) = 2 (pred - t) / B;
+ * *ncorrect = predictions within 0.5 of their target (the rounded
+ * prediction is right). */
+float dt_mse(float *dpred, int *ncorrect, const float *pred, const int32_t *targets, int B);
 
 /* element-wise activations over N floats; out may alias inp for forward. */
 void dt_relu_forward(float *out, const float *inp, size_t N);

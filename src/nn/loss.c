@@ -4,6 +4,8 @@
  * maximum so large logits do not overflow. Labels are not validated here.
  * With and without the gradient the loss is computed by the same operations
  * in the same order, so dt_model_loss and dt_model_backward agree bitwise.
+ * Also the mean squared error of one prediction per sample against integer
+ * targets (the ratings workload's regression loss, model.loss = mse).
  */
 #include "nn/kernels.h"
 
@@ -36,6 +38,20 @@ float dt_softmax_xent(float *dlogits, int *ncorrect, const float *logits, const 
     float lse = mx + logf(sum);
     loss += (double)(lse - x[t]);
     if (am == t) correct++;
+  }
+  if (ncorrect) *ncorrect = correct;
+  return (float)(loss / B);
+}
+
+float dt_mse(float *dpred, int *ncorrect, const float *pred, const int32_t *targets, int B) {
+  double loss = 0.0;
+  int correct = 0;
+  const float s = 2.0f / (float)B;
+  for (int b = 0; b < B; b++) {
+    float e = pred[b] - (float)targets[b];
+    loss += (double)e * e;
+    if (e < 0.5f && e > -0.5f) correct++;
+    if (dpred) dpred[b] = s * e;
   }
   if (ncorrect) *ncorrect = correct;
   return (float)(loss / B);

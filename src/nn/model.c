@@ -42,7 +42,16 @@
  * are keyed by the layer's index in the whole model, so a stage draws the
  * masks the whole model would.
  *
- * It does not do losses other than softmax cross-entropy or threads.
+ * Embedding layers (the first layer: ids in, rows out) convert their float
+ * input to indices once per batch, checking every one. Their backward
+ * scatters into the weight gradient; with dt__model_set_sparse_grads it
+ * zeroes only the rows the previous backward wrote instead of the whole
+ * table, so a step costs the batch's rows, not V x D (a parameter server
+ * moves only those rows, docs/ps.md).
+ *
+ * Losses: softmax cross-entropy over the outputs, or (dt__model_set_loss)
+ * the mean squared error of one output per sample against the integer
+ * label. It does not do threads.
  */
 #include <math.h>
 #include <stdint.h>
@@ -77,6 +86,8 @@ typedef struct layer {
   float *mean, *rstd;     /* saved statistics: layernorm (B), batchnorm (C) */
   float *mask;            /* dropout: (max_batch, out_el) */
   int32_t *argmax;        /* maxpool: (max_batch, out_el) */
+  int32_t *ids, *prev;    /* embedding: the batch's ids; those the last backward wrote */
+  int nprev;              /* embedding: entries of prev; -1: zero the whole gradient */
   uint8_t *code;          /* fused relu+maxpool: (max_batch, out_el), in the argmax arena */
   dt_conv2d_geom g;       /* conv: geometry at max_batch; B is set per call */
 } layer;
@@ -107,6 +118,8 @@ struct dt_model {
   int need_dx;            /* backward goes down to layer 0 and keeps the input gradient */
   int accum;              /* backward adds parameter gradients instead of writing them */
   float gscale;           /* the loss gradient is multiplied by this */
+  int loss;               /* enum dt__loss */
+  int sparse_grads;       /* embeddings zero only the rows they wrote last */
   const float *dx;        /* input gradient of the last backward (need_dx) */
   float *gtmp;            /* accum: a non-linear layer's gradients before they are added */
   int shared;             /* params, grads and bufs are another model's */
@@ -215,6 +228,7 @@ static int create_from(dt_model **out, dt__spec sp, int c, int h, int w, int max
       break;
     case DT_L_LAYERNORM: nacts += 2 * al16(MB); break;
     case DT_L_BATCHNORM: nacts += 2 * al16((size_t)l->s.bn_c); break;
+    case DT_L_EMBEDDING: niacts += 2 * al16(MB * l->in_el); break;
     case DT_L_CONV2D: {
       dt_conv2d_geom *g = &l->g;
       g->B = max_batch, g->C = in->in_c, g->H = in->in_h, g->W = in->in_w;
@@ -231,7 +245,8 @@ static int create_from(dt_model **out, dt__spec sp, int c, int h, int w, int max
   m->gscale = 1.0f;
   size_t ntmp = 1;
   for (int i = 0; i < sp.n; i++)
-    if (sp.L[i].info.kind != DT_L_LINEAR && sp.L[i].info.nparams > ntmp)
+    if (sp.L[i].info.kind != DT_L_LINEAR && sp.L[i].info.kind != DT_L_EMBEDDING &&
+        sp.L[i].info.nparams > ntmp)
       ntmp = sp.L[i].info.nparams;
 
   /* Pass 2: allocate once and lay the pointers into the arenas. */
@@ -258,7 +273,8 @@ static int create_from(dt_model **out, dt__spec sp, int c, int h, int w, int max
       l->w = m->params + in->param_off;
       l->dw = m->grads + in->param_off;
       size_t nb = in->kind == DT_L_LINEAR || in->kind == DT_L_CONV2D ? (size_t)l->s.oc
-                                                                     : in->nparams / 2;
+                  : in->kind == DT_L_EMBEDDING || in->kind == DT_L_DOT ? 0 /* dot: w[0] */
+                                                                       : in->nparams / 2;
       l->b = l->w + (in->nparams - nb);
       l->db = l->dw + (in->nparams - nb);
     }
@@ -272,6 +288,11 @@ static int create_from(dt_model **out, dt__spec sp, int c, int h, int w, int max
         l->code = (uint8_t *)ia, ia += al16((MB * l->out_el + 3) / 4);
       else
         l->argmax = ia, ia += al16(MB * l->out_el);
+      break;
+    case DT_L_EMBEDDING:
+      l->ids = ia, ia += al16(MB * l->in_el);
+      l->prev = ia, ia += al16(MB * l->in_el);
+      l->nprev = -1;
       break;
     case DT_L_LAYERNORM:
       l->mean = a, a += al16(MB);
@@ -404,6 +425,30 @@ void dt__model_drop_grads(dt_model *m) {
   for (int i = 0; i < m->n; i++) m->L[i].dw = m->L[i].db = NULL;
 }
 
+int dt__model_set_loss(dt_model *m, int loss) {
+  if (!m) return dt__seterr(DT_EINVAL, "model loss: model is NULL");
+  if (loss != DT__LOSS_XENT && loss != DT__LOSS_MSE)
+    return dt__seterr(DT_EINVAL, "model loss: unknown loss %d", loss);
+  if (loss == DT__LOSS_MSE && m->out_dim != 1)
+    return dt__seterr(DT_EINVAL, "model.loss = mse needs one output per sample; the last layer "
+                      "has %zu", m->out_dim);
+  m->loss = loss;
+  return DT_OK;
+}
+
+void dt__model_set_sparse_grads(dt_model *m, int on) {
+  m->sparse_grads = on;
+  for (int i = 0; i < m->n; i++) m->L[i].nprev = -1;
+}
+
+int dt__model_embedding_rows(const dt_model *m, const float *x, int B, int32_t *rows) {
+  const layer *l = &m->L[0];
+  if (l->s.info.kind != DT_L_EMBEDDING) return 0;
+  int N = B * (int)l->in_el;
+  DT_CHECK(dt_embedding_ids(rows, x, N, l->s.k));
+  return dt_embedding_rows(rows, N, rows);
+}
+
 void dt__model_set_accum(dt_model *m, int accumulate, float gscale) {
   m->accum = accumulate;
   m->gscale = gscale;
@@ -427,6 +472,13 @@ int dt_model_init(dt_model *m, uint64_t seed) {
       dt_rng_uniform(l->b, nb, -bound, bound, seed, DT_RNG_INIT, 2 * (uint64_t)i + 1);
       break;
     }
+    case DT_L_EMBEDDING: {
+      /* uniform with standard deviation std (PyTorch draws normal(0, 1)) */
+      float bound = (float)(l->s.eps * sqrt(3.0));
+      dt_rng_uniform(l->w, in->nparams, -bound, bound, seed, DT_RNG_INIT, 2 * (uint64_t)i);
+      break;
+    }
+    case DT_L_DOT: l->w[0] = 0.0f; break;
     case DT_L_LAYERNORM:
     case DT_L_BATCHNORM: {
       size_t half = in->nparams / 2;
@@ -574,6 +626,11 @@ int dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx)
       dt_batchnorm_forward(l->out, l->mean, l->rstd, l->run_mean, l->run_var, cur, l->w, l->b, B,
                            s->bn_c, s->bn_s, s->eps, s->momentum, train);
       break;
+    case DT_L_EMBEDDING:
+      DT_CHECK(dt_embedding_ids(l->ids, cur, B * (int)l->in_el, s->k));
+      dt_embedding_forward(l->out, l->ids, l->w, B * (int)l->in_el, s->oc);
+      break;
+    case DT_L_DOT: dt_dot_forward(l->out, cur, l->w[0], B, (int)l->in_el / 2); break;
     }
     cur = l->out;
   }
@@ -592,7 +649,7 @@ static int check_labels(const dt_model *m, const int32_t *labels, int B, const c
   if (B != m->B)
     return dt__seterr(DT_EINVAL, "model %s: batch %d does not match the last forward (%d)", what,
                       B, m->B);
-  uint32_t V = (uint32_t)m->out_dim;
+  uint32_t V = m->loss == DT__LOSS_MSE ? 1u << 24 : (uint32_t)m->out_dim;
   int bad = -1;
   for (int b = 0; b < B; b++)
     if ((uint32_t)labels[b] >= V) bad = b;
@@ -604,7 +661,9 @@ static int check_labels(const dt_model *m, const int32_t *labels, int B, const c
 
 int dt_model_loss(dt_model *m, const int32_t *labels, int B, float *loss, int *ncorrect) {
   DT_CHECK(check_labels(m, labels, B, "loss"));
-  float l = dt_softmax_xent(NULL, ncorrect, m->logits, labels, B, (int)m->out_dim);
+  float l = m->loss == DT__LOSS_MSE
+                ? dt_mse(NULL, ncorrect, m->logits, labels, B)
+                : dt_softmax_xent(NULL, ncorrect, m->logits, labels, B, (int)m->out_dim);
   if (loss) *loss = l;
   return DT_OK;
 }
@@ -719,6 +778,31 @@ static int backward_layers(dt_model *m, float *d, int B, dt_grad_ready_fn on_rea
       dt_batchnorm_backward(dinp, gw, gb, d, l->in, l->w, l->mean, l->rstd, B, s->bn_c, s->bn_s);
       add_grads(m, l);
       break;
+    case DT_L_EMBEDDING: {
+      /* accumulation adds straight into the gradient (no table-sized scratch) */
+      const int n = B * (int)l->in_el, D = s->oc;
+      if (!m->accum) {
+        if (m->sparse_grads && l->nprev >= 0)
+          for (int j = 0; j < l->nprev; j++)
+            memset(l->dw + (size_t)l->prev[j] * D, 0, (size_t)D * sizeof(float));
+        else
+          memset(l->dw, 0, in->nparams * sizeof(float));
+        l->nprev = 0;
+      }
+      dt_embedding_backward_add(l->dw, d, l->ids, n, D);
+      if (l->nprev >= 0 && (size_t)l->nprev + n <= (size_t)m->max_batch * l->in_el) {
+        memcpy(l->prev + l->nprev, l->ids, (size_t)n * sizeof(int32_t));
+        l->nprev += n;
+      } else {
+        l->nprev = -1; /* more than one batch accumulated: zero everything next time */
+      }
+      if (dinp) memset(dinp, 0, (size_t)B * l->in_el * sizeof(float)); /* ids have none */
+      break;
+    }
+    case DT_L_DOT:
+      dt_dot_backward(dinp, gw, d, l->in, B, (int)l->in_el / 2);
+      add_grads(m, l);
+      break;
     }
     if (in->nparams && on_ready) on_ready(ud, in->param_off, in->nparams);
     d = dinp;
@@ -731,7 +815,9 @@ int dt_model_backward(dt_model *m, const int32_t *labels, int B, float *loss_out
                       dt_grad_ready_fn on_ready, void *ud) {
   DT_CHECK(check_labels(m, labels, B, "backward"));
   float *d = m->dbuf[0];
-  float loss = dt_softmax_xent(d, ncorrect, m->logits, labels, B, (int)m->out_dim);
+  float loss = m->loss == DT__LOSS_MSE
+                   ? dt_mse(d, ncorrect, m->logits, labels, B)
+                   : dt_softmax_xent(d, ncorrect, m->logits, labels, B, (int)m->out_dim);
   if (loss_out) *loss_out = loss;
   if (m->gscale != 1.0f) {
     const float g = m->gscale;

@@ -34,6 +34,28 @@ void dt_model_set_grads(dt_model *m, float *grads);
  * model is ignored. */
 void dt_model_set_gemm_flags(dt_model *m, int flags);
 
+/* The loss (model.loss): softmax cross-entropy, or the mean squared error
+ * of a single output against the integer label (DT_EINVAL unless the model
+ * has one output). */
+enum dt__loss { DT__LOSS_XENT = 0, DT__LOSS_MSE = 1 };
+int dt__model_set_loss(dt_model *m, int loss);
+/* Embedding backward zeroes only the rows its previous backward wrote, not
+ * the whole table: only for a caller that writes no other rows of the
+ * gradient buffer (the parameter-server worker). */
+void dt__model_set_sparse_grads(dt_model *m, int on);
+/* The sorted distinct rows the first layer, an embedding, reads for input
+ * x of B samples (rows: B x ids-per-sample entries of room); 0 when the
+ * first layer is not an embedding; DT_EINVAL for an id outside the table. */
+int dt__model_embedding_rows(const dt_model *m, const float *x, int B, int32_t *rows);
+
+/* A lazy step over some rows only (a parameter server's embedding keys):
+ * grads holds nrows rows of rowlen floats, the update of params' row
+ * rows[j] (and of its optimizer state); other rows and their state do not
+ * move (as torch.optim.SparseAdam / lazy Adam). The step count advances
+ * once. DT_EINVAL for a row outside the buffer. */
+int dt__optim_step_rows(dt_optim *o, float *params, const float *grads, float lr,
+                        const uint32_t *rows, size_t nrows, size_t rowlen);
+
 /* Flat optimizer state for checkpoints: nstate floats plus the step count. */
 size_t dt_optim_state_floats(const dt_optim *o);
 float *dt_optim_state(dt_optim *o);

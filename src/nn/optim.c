@@ -10,7 +10,9 @@
  *
  * State is one flat float array (SGD: the momentum buffer, absent without
  * momentum; AdamW: m then v) plus a step count, so checkpoints and ZeRO
- * shards treat it like the parameters. It does not do per-parameter-group
+ * shards treat it like the parameters. dt__optim_step_rows updates some
+ * rows only, lazily (the rows' state moves, the others' does not), for a
+ * parameter server's embedding rows. It does not do per-parameter-group
  * settings, amsgrad or maximize.
  */
 #include <math.h>
@@ -174,5 +176,41 @@ int dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
   float decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
   o->grad_maxbits = adamw(params, grads, o->state, o->state + o->n, o->n, decay, c->beta1, c->beta2, step_size,
         inv_bc2_sqrt, c->eps);
+  return DT_OK;
+}
+
+int dt__optim_step_rows(dt_optim *o, float *params, const float *grads, float lr,
+                        const uint32_t *rows, size_t nrows, size_t rowlen) {
+  if (!o || !params || (nrows && (!grads || !rows)) || rowlen == 0)
+    return dt__seterr(DT_EINVAL, "optimizer row step: NULL argument or rowlen 0");
+  if (!(lr >= 0.0f) || isinf(lr))
+    return dt__seterr(DT_EINVAL, "optimizer row step: lr %g must be finite and >= 0", (double)lr);
+  const dt_optim_cfg *c = &o->cfg;
+  o->step++;
+  uint32_t big = 0, b;
+  double t = (double)o->step;
+  float step_size = 0, inv_bc2_sqrt = 0, decay = 0;
+  if (c->kind == DT_OPT_ADAMW) {
+    step_size = (float)((double)lr / (1.0 - pow((double)c->beta1, t)));
+    inv_bc2_sqrt = (float)(1.0 / sqrt(1.0 - pow((double)c->beta2, t)));
+    decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
+  }
+  for (size_t j = 0; j < nrows; j++) {
+    size_t at = (size_t)rows[j] * rowlen;
+    if (at + rowlen > o->n)
+      return dt__seterr(DT_EINVAL, "optimizer row step: row %u outside %zu floats", rows[j], o->n);
+    float *p = params + at;
+    const float *g = grads + j * rowlen;
+    if (c->kind == DT_OPT_ADAMW)
+      b = adamw(p, g, o->state + at, o->state + o->n + at, rowlen, decay, c->beta1, c->beta2,
+                step_size, inv_bc2_sqrt, c->eps);
+    else if (c->momentum == 0.0f)
+      b = sgd_plain(p, g, rowlen, lr, c->weight_decay);
+    else
+      b = sgd_momentum(p, g, o->state + at, rowlen, lr, c->weight_decay, c->momentum,
+                       c->dampening, c->nesterov, o->step == 1);
+    big = b > big ? b : big;
+  }
+  o->grad_maxbits = big;
   return DT_OK;
 }

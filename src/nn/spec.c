@@ -10,6 +10,10 @@
  *   relu  gelu  dropout([p=0.5])  flatten
  *   layernorm([eps=1e-5])               over all features of a sample
  *   batchnorm([eps=1e-5][, momentum=0.1])  2d on (C,H,W), 1d on flat input
+ *   embedding(rows, dim[, std=1])       first layer only: every input feature
+ *                                       is a row id; out: the rows, flat
+ *   dot                                 flat input of 2D: the two halves'
+ *                                       inner product plus a bias (1 output)
  * Aliases: conv2d, maxpool2d, avgpool2d, fc (for linear).
  * Every error is DT_EINVAL with one line "layer N 'token': what is wrong",
  * N counting from 1. This file allocates only the layer array: no tensors,
@@ -59,6 +63,9 @@ static const kinddef KINDS[] = {
     {"layernorm", NULL, DT_L_LAYERNORM, 1, {{"eps", NULL, A_FLOAT, 0, 1e-5}}},
     {"batchnorm", NULL, DT_L_BATCHNORM, 2,
      {{"eps", NULL, A_FLOAT, 0, 1e-5}, {"momentum", NULL, A_FLOAT, 0, 0.1}}},
+    {"embedding", NULL, DT_L_EMBEDDING, 3,
+     {{"rows", NULL, A_INT, 1, 0}, {"dim", NULL, A_INT, 1, 0}, {"std", NULL, A_FLOAT, 0, 1.0}}},
+    {"dot", NULL, DT_L_DOT, 0, {{0}}},
 };
 #define NKINDS (int)(sizeof KINDS / sizeof KINDS[0])
 
@@ -277,6 +284,29 @@ static int infer(int idx, dt__layer_spec *l, const double v[4], int *c, int *h, 
     in->nbufs = 2 * (size_t)l->bn_c;
     in->fwd_flops = 8.0 * (double)inel;
     break;
+  case DT_L_EMBEDDING: {
+    if (idx != 0) return lerr(idx, tok, "an embedding must be the first layer (its input is ids)");
+    if (v[0] < 1 || v[1] < 1) return lerr(idx, tok, "rows and dim must be >= 1");
+    if (!(v[2] > 0.0)) return lerr(idx, tok, "std must be > 0");
+    l->oc = (int)v[1];   /* dim */
+    l->k = (int)v[0];    /* rows */
+    l->eps = (float)v[2]; /* init std */
+    if ((double)v[0] * v[1] > (double)DT__SPEC_MAX_PARAMS)
+      return lerr(idx, tok, "%.0f x %.0f weights are too many", v[0], v[1]);
+    in->nparams = (size_t)l->k * (size_t)l->oc;
+    in->fwd_flops = (double)inel * l->oc;
+    oc = inel * (size_t)l->oc, oh = ow = 1;
+    *flat = 1;
+    break;
+  }
+  case DT_L_DOT:
+    if (inel < 2 || inel % 2)
+      return lerr(idx, tok, "needs an even number of input features (two halves), got %zu", inel);
+    in->nparams = 1;
+    in->fwd_flops = (double)inel;
+    oc = 1, oh = ow = 1;
+    *flat = 1;
+    break;
   }
   if ((double)oc * (double)oh * (double)ow > (double)DT__SPEC_MAX_ELEMS)
     return lerr(idx, tok, "output of %zux%zux%zu elements per sample is too large", oc, oh, ow);
@@ -355,7 +385,7 @@ int dt__spec_parse(dt__spec *out, const char *text, int c, int h, int w) {
       printable(name, sizeof name, start, namelen);
       rc = lerr(idx, l.token,
                 "unknown layer '%s' (known: linear conv maxpool avgpool relu gelu dropout "
-                "flatten layernorm batchnorm)",
+                "flatten layernorm batchnorm embedding dot)",
                 name);
       goto fail;
     }

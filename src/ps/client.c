@@ -14,6 +14,11 @@
  * controller decides when that is). sync() pulls with every worker's
  * pushes up to the current clock (the same parameters everywhere).
  *
+ * Keys of rows (an embedding's): dt_ps_client_rows names the rows a step's
+ * batch reads; dt_ps_client_pull_rows fetches just those before forward,
+ * and backward pushes just their gradients (row numbers, then values), with
+ * no reply: the next step pulls its own rows. Only those rows travel.
+ *
  * It does not apply any optimizer: the parameters come from the servers.
  */
 #include <sched.h>
@@ -49,6 +54,11 @@ struct dt_ps_client {
   int64_t *kver;       /* per key: version of the parameters held */
   float *resid;        /* significance filter: the update not pushed yet (nparams) */
   float *pairs;        /* significance filter: (index, value) pairs (2 x nparams) */
+  /* keys of rows */
+  int64_t *knrows;     /* per key: rows named this step, -1 none (whole key) */
+  uint32_t *rows;      /* the row numbers, key by key (krow0[k]) */
+  size_t *krow0, *kbuf0;
+  float *rbuf;         /* per key (kbuf0[k]): pulled rows, or a push's numbers + values */
   size_t ready_lo;
   int next_key;        /* pushes go from the last key down */
   dt_ps_client_stats st;
@@ -58,9 +68,26 @@ struct dt_ps_client {
 
 static int srv_rank(const dt_ps_client *c, int s) { return dt_ps_server_rank(&c->o, s); }
 
+/* Rows of key k pulled into src (in the order they were named) go to
+ * their places in the parameters. */
+static void scatter_rows(dt_ps_client *c, int k, const float *src, uint64_t n) {
+  const dt_ps_key *K = &c->map->keys[k];
+  const uint32_t *rows = c->rows + c->krow0[k];
+  const size_t rl = K->rowlen;
+  for (uint64_t j = 0; j < n; j++)
+    memcpy(c->params + K->off + (size_t)rows[j] * rl, src + j * rl, rl * sizeof(float));
+  c->st.pulled_floats += (int64_t)(n * rl);
+}
+
 static void local_reply(void *ud, const dt_ps_msg *m, const float *payload) {
   dt_ps_client *c = ud;
   const dt_ps_key *K = &c->map->keys[m->key];
+  if (m->flags & DT_PS_F_ROWS) {
+    scatter_rows(c, m->key, payload, m->count);
+    c->kver[m->key] = m->clock;
+    c->kst[m->key] = (uint8_t)((c->kst[m->key] & ~K_WAIT) | K_DONE);
+    return;
+  }
   memcpy(c->params + K->off, payload, K->len * sizeof(float));
   c->kver[m->key] = m->clock;
   c->kst[m->key] = (uint8_t)((c->kst[m->key] & ~K_WAIT) | K_DONE);
@@ -100,7 +127,22 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
     c->pairs = dt_alloc(2 * map->nparams * sizeof(float));
     if (c->resid) memset(c->resid, 0, map->nparams * sizeof(float));
   }
-  if (!c->hout || !c->hin || !c->kreq || !c->kst || !c->nreq || !c->kver ||
+  c->knrows = malloc((size_t)c->nk * sizeof *c->knrows);
+  c->krow0 = calloc((size_t)c->nk + 1, sizeof *c->krow0);
+  c->kbuf0 = calloc((size_t)c->nk + 1, sizeof *c->kbuf0);
+  if (c->knrows && c->krow0 && c->kbuf0) {
+    for (int k = 0; k < c->nk; k++) {
+      const dt_ps_key *K = &map->keys[k];
+      size_t nr = K->rowlen > 1 ? K->len / K->rowlen : 0;
+      c->knrows[k] = -1;
+      c->krow0[k + 1] = c->krow0[k] + nr;
+      c->kbuf0[k + 1] = c->kbuf0[k] + (nr ? K->len + nr : 0);
+    }
+    c->rows = malloc((c->krow0[c->nk] ? c->krow0[c->nk] : 1) * sizeof *c->rows);
+    c->rbuf = dt_alloc((c->kbuf0[c->nk] ? c->kbuf0[c->nk] : 1) * sizeof(float));
+  }
+  if (!c->hout || !c->hin || !c->kreq || !c->kst || !c->nreq || !c->kver || !c->knrows ||
+      !c->krow0 || !c->kbuf0 || !c->rows || !c->rbuf ||
       (opts->significance > 0 && (!c->resid || !c->pairs))) {
     dt_ps_client_destroy(c);
     return dt__seterr(DT_ENOMEM, "ps client: out of memory");
@@ -120,6 +162,11 @@ void dt_ps_client_destroy(dt_ps_client *c) {
   free(c->kver);
   dt_free(c->resid);
   dt_free(c->pairs);
+  free(c->knrows);
+  free(c->rows);
+  free(c->krow0);
+  free(c->kbuf0);
+  dt_free(c->rbuf);
   free(c);
 }
 
@@ -152,10 +199,15 @@ static int request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, in
   }
   int peer = srv_rank(c, K->server), rc = DT_OK, n = 0;
   dt_comm_req *r = &c->kreq[4 * (size_t)k];
+  const int rows = (m->flags & DT_PS_F_ROWS) != 0;
   if (expect) {
     rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k), c->hin + (size_t)k * DT_PS_HDR_BYTES,
                        DT_PS_HDR_BYTES, &r[n++]);
-    if (rc == DT_OK)
+    /* rows come into the key's staging buffer, then go to their places */
+    if (rc == DT_OK && rows && m->count)
+      rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k) + 1, c->rbuf + c->kbuf0[k],
+                         m->count * K->rowlen * sizeof(float), &r[n++]);
+    else if (rc == DT_OK && !rows)
       rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k) + 1, c->params + K->off,
                          K->len * sizeof(float), &r[n++]);
   }
@@ -163,6 +215,7 @@ static int request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, in
   dt_ps_msg_encode(m, h);
   if (rc == DT_OK) rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ, h, DT_PS_HDR_BYTES, &r[n++]);
   size_t bytes = (m->flags & DT_PS_F_SPARSE ? 2 : 1) * m->count * sizeof(float);
+  if (rows) bytes = m->count * (m->type == DT_PS_PUSH ? 1 + K->rowlen : 1) * sizeof(float);
   if (rc == DT_OK && payload && bytes)
     rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ_DATA, payload, bytes, &r[n++]);
   if (rc < 0) return comm_fail(c, rc, "sending to a server");
@@ -226,10 +279,16 @@ static int wait_all(dt_ps_client *c) {
     if (rc == DT_OK && (m.type != DT_PS_PARAMS || m.key != k))
       rc = dt__seterr(DT_EPROTO, "ps: server %d answered key %d with %s for key %d", K->server, k,
                       dt_ps_type_name(m.type), m.key);
+    if (rc == DT_OK && (m.flags & DT_PS_F_ROWS) && (int64_t)m.count != c->knrows[k])
+      rc = dt__seterr(DT_EPROTO, "ps: server %d answered a pull of %lld rows of key %d with "
+                      "%llu", K->server, (long long)c->knrows[k], k, (unsigned long long)m.count);
     if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
     c->kver[k] = m.clock;
     c->kst[k] = (uint8_t)((c->kst[k] & ~K_WAIT) | K_DONE);
-    c->st.pulled_floats += (int64_t)K->len;
+    if (m.flags & DT_PS_F_ROWS)
+      scatter_rows(c, k, c->rbuf + c->kbuf0[k], m.count);
+    else
+      c->st.pulled_floats += (int64_t)K->len;
   }
   c->st.wait_seconds += dt_obs_lap(c->obs, c->m_pull, "pull", 0, t0, -1);
   return DT_OK;
@@ -302,13 +361,66 @@ void dt_ps_client_begin(dt_ps_client *c, float weight, float lr) {
   c->lr = lr;
   c->ready_lo = c->map->nparams;
   c->next_key = c->nk - 1;
-  for (int k = 0; k < c->nk; k++) c->kst[k] &= (uint8_t)~K_PUSHED;
+  for (int k = 0; k < c->nk; k++) {
+    c->kst[k] &= (uint8_t)~K_PUSHED;
+    c->knrows[k] = -1;
+  }
+}
+
+int dt_ps_client_rows(dt_ps_client *c, int layer, const int32_t *rows, int n) {
+  int k = 0;
+  while (k < c->nk && c->map->keys[k].layer != layer) k++;
+  if (k == c->nk || c->map->keys[k].rowlen < 2)
+    return dt__seterr(DT_EINVAL, "ps worker %d: layer %d is not a layer of rows", c->me, layer + 1);
+  const uint64_t base = c->map->keys[k].off, rl = c->map->keys[k].rowlen;
+  for (int j = k; j < c->nk && c->map->keys[j].layer == layer; j++) c->knrows[j] = 0;
+  for (int i = 0; i < n; i++) {
+    uint64_t at = base + (uint64_t)rows[i] * rl;
+    while (k < c->nk && c->map->keys[k].layer == layer &&
+           at >= c->map->keys[k].off + c->map->keys[k].len)
+      k++;
+    if (k == c->nk || c->map->keys[k].layer != layer || at < c->map->keys[k].off ||
+        (i && rows[i] <= rows[i - 1]))
+      return dt__seterr(DT_EINVAL, "ps worker %d: row %d of layer %d is outside it or not in "
+                        "increasing order", c->me, (int)rows[i], layer + 1);
+    const dt_ps_key *K = &c->map->keys[k];
+    c->rows[c->krow0[k] + (size_t)c->knrows[k]++] = (uint32_t)((at - K->off) / rl);
+  }
+  return DT_OK;
+}
+
+int dt_ps_client_pull_rows(dt_ps_client *c) {
+  if (c->err) return dt__seterr(c->err, "ps worker %d: %s", c->me, c->errmsg);
+  for (int k = 0; k < c->nk; k++) {
+    if (c->knrows[k] < 0) continue;
+    dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .flags = DT_PS_F_ROWS,
+                   .clock = c->clock, .count = (uint64_t)c->knrows[k]};
+    DT_CHECK(request(c, &m, (const float *)(const void *)(c->rows + c->krow0[k]), 1));
+  }
+  return wait_all(c);
 }
 
 static int push_key(dt_ps_client *c, int k) {
   const dt_ps_key *K = &c->map->keys[k];
   float *g = c->grads + K->off;
   const float w = c->weight;
+  if (c->knrows[k] >= 0) {
+    /* the named rows only: their numbers, then their scaled gradients */
+    const size_t n = (size_t)c->knrows[k], rl = K->rowlen;
+    float *buf = c->rbuf + c->kbuf0[k], *vals = buf + n;
+    const uint32_t *rows = c->rows + c->krow0[k];
+    memcpy(buf, rows, n * sizeof(uint32_t));
+    for (size_t j = 0; j < n; j++) {
+      const float *src = g + (size_t)rows[j] * rl;
+      for (size_t d = 0; d < rl; d++) vals[j * rl + d] = src[d] * w;
+    }
+    dt_ps_msg m = {.type = DT_PS_PUSH, .sender = c->me, .key = k, .flags = DT_PS_F_ROWS,
+                   .clock = c->clock, .count = n, .lr = c->lr, .weight = c->weight,
+                   .aux = (uint64_t)c->kver[k]};
+    c->kst[k] |= K_PUSHED;
+    c->st.pushed_floats += (int64_t)(n * rl);
+    return request(c, &m, buf, 0);
+  }
   for (size_t i = 0; i < K->len; i++) g[i] *= w;
   dt_ps_msg m = {.type = DT_PS_PUSH, .sender = c->me, .key = k, .flags = DT_PS_F_PULL,
                  .clock = c->clock, .count = K->len, .lr = c->lr, .weight = c->weight,

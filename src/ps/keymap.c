@@ -5,6 +5,9 @@
  * time. Balanced by bytes: server s's share ends near (s + 1) * P / S; a
  * boundary moves to a layer boundary within an eighth of a share, so small
  * layers stay whole and a layer larger than that is split between servers.
+ * A layer of rows (an embedding: rowlen floats a row) is only ever cut
+ * between rows, so a row lives whole in one key: workers push and pull
+ * such keys row by row (sparse rows, docs/ps.md).
  * A pure function of the layer sizes and the server count, hashed, so every
  * rank can check it holds the same map as the servers.
  *
@@ -38,7 +41,25 @@ static uint64_t nearest_boundary(const uint64_t *len, int nlayers, uint64_t targ
   return best;
 }
 
+/* b moved to a row boundary of the layer it falls in (rowlen[i] > 1). */
+static uint64_t row_align(const uint64_t *len, const uint64_t *rowlen, int nlayers, uint64_t b) {
+  uint64_t at = 0;
+  for (int i = 0; i < nlayers; i++) {
+    if (b > at && b < at + len[i] && rowlen && rowlen[i] > 1) {
+      uint64_t r = rowlen[i], k = (b - at + r / 2) / r;
+      return at + k * r;
+    }
+    at += len[i];
+  }
+  return b;
+}
+
 int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers) {
+  return dt_ps_map_build_rows(m, len, NULL, nlayers, nservers);
+}
+
+int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
+                         int nservers) {
   if (!m) return dt__seterr(DT_EINVAL, "ps map: NULL map");
   memset(m, 0, sizeof *m);
   if (nservers < 1) return dt__seterr(DT_EINVAL, "ps map: %d servers (need at least 1)", nservers);
@@ -59,6 +80,8 @@ int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers
   for (int s = 1; s < nservers; s++) {
     uint64_t target = P * (uint64_t)s / (uint64_t)nservers;
     uint64_t b = nearest_boundary(len, nlayers, target, tol, m->srv_lo[s - 1]);
+    b = row_align(len, rowlen, nlayers, b);
+    if (b <= m->srv_lo[s - 1]) b = row_align(len, rowlen, nlayers, m->srv_lo[s - 1] + 1);
     if (b <= m->srv_lo[s - 1]) b = m->srv_lo[s - 1] + 1;
     if (b > P - (uint64_t)(nservers - s)) b = P - (uint64_t)(nservers - s);
     m->srv_lo[s] = b;
@@ -80,7 +103,9 @@ int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers
         dt_ps_map_free(m);
         return dt__seterr(DT_EINVAL, "ps map: more than %d keys", DT_PS_MAX_KEYS);
       }
-      m->keys[nk++] = (dt_ps_key){lo, end - lo, srv, i};
+      uint64_t r = rowlen && rowlen[i] > 1 && (end - lo) % rowlen[i] == 0 &&
+                           (lo - (at - len[i])) % rowlen[i] == 0 ? rowlen[i] : 1;
+      m->keys[nk++] = (dt_ps_key){lo, end - lo, srv, i, r};
       lo = end;
     }
   }
@@ -90,7 +115,7 @@ int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers
     m->srv_key0[s] = k;
   }
   /* the digest: server bounds and every key, as little-endian u64s */
-  size_t words = (size_t)nservers + 3 + 4 * (size_t)nk, w = 0;
+  size_t words = (size_t)nservers + 3 + 5 * (size_t)nk, w = 0;
   uint8_t *buf = malloc(words * 8);
   if (!buf) goto oom;
   uint64_t head[3] = {P, (uint64_t)nservers, (uint64_t)nk};
@@ -99,9 +124,9 @@ int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers
   for (int s = 0; s < nservers; s++, w++)
     for (int b = 0; b < 8; b++) buf[w * 8 + b] = (uint8_t)(m->srv_lo[s + 1] >> (8 * b));
   for (int k = 0; k < nk; k++) {
-    uint64_t v[4] = {m->keys[k].off, m->keys[k].len, (uint64_t)m->keys[k].server,
-                     (uint64_t)m->keys[k].layer};
-    for (int i = 0; i < 4; i++, w++)
+    uint64_t v[5] = {m->keys[k].off, m->keys[k].len, (uint64_t)m->keys[k].server,
+                     (uint64_t)m->keys[k].layer, m->keys[k].rowlen};
+    for (int i = 0; i < 5; i++, w++)
       for (int b = 0; b < 8; b++) buf[w * 8 + b] = (uint8_t)(v[i] >> (8 * b));
   }
   dt_sha256(buf, words * 8, m->sha);
@@ -115,10 +140,17 @@ oom:
 int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers) {
   int n = dt_model_nlayers(model);
   if (n <= 0) return dt__seterr(DT_EINVAL, "ps map: the model has no layers");
-  uint64_t *len = calloc((size_t)n, sizeof *len);
+  uint64_t *len = calloc(2 * (size_t)n, sizeof *len), *rowlen = len + n;
   if (!len) return dt__seterr(DT_ENOMEM, "ps map: out of memory");
-  for (int i = 0; i < n; i++) len[i] = dt_model_layer(model, i)->nparams;
-  int rc = dt_ps_map_build(m, len, n, nservers);
+  for (int i = 0; i < n; i++) {
+    const dt_layer_info *L = dt_model_layer(model, i);
+    len[i] = L->nparams;
+    /* an embedding's rows: its output per id */
+    rowlen[i] = L->kind == DT_L_EMBEDDING
+                    ? (uint64_t)L->out_c / (uint64_t)((size_t)L->in_c * L->in_h * L->in_w)
+                    : 1;
+  }
+  int rc = dt_ps_map_build_rows(m, len, rowlen, n, nservers);
   free(len);
   return rc;
 }
@@ -139,9 +171,11 @@ size_t dt_ps_map_describe(const dt_ps_map *m, const dt_model *model, char *buf, 
     for (int k = m->srv_key0[s]; k < m->srv_key0[s + 1]; k++) {
       const dt_ps_key *K = &m->keys[k];
       const dt_layer_info *L = model ? dt_model_layer(model, K->layer) : NULL;
-      PUT(" key %d = layer %d%s%s%s [%llu, %llu)%s", k, K->layer + 1, L ? " '" : "",
+      PUT(" key %d = layer %d%s%s%s [%llu, %llu)", k, K->layer + 1, L ? " '" : "",
           L ? L->name : "", L ? "'" : "", (unsigned long long)K->off,
-          (unsigned long long)(K->off + K->len), k + 1 < m->srv_key0[s + 1] ? "," : "");
+          (unsigned long long)(K->off + K->len));
+      if (K->rowlen > 1) PUT(" (%llu rows)", (unsigned long long)(K->len / K->rowlen));
+      PUT("%s", k + 1 < m->srv_key0[s + 1] ? "," : "");
     }
     PUT("\n");
   }

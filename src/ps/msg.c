@@ -104,7 +104,7 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
                       m.sender);
   if (to_server ? (from < 0 || from >= nworkers) : (from < 0 || from >= map->nservers))
     return dt__seterr(DT_EPROTO, "ps: message from unknown %s %d", who, from);
-  if (m.flags & ~(DT_PS_F_PULL | DT_PS_F_FINAL | DT_PS_F_SPARSE))
+  if (m.flags & ~(DT_PS_F_PULL | DT_PS_F_FINAL | DT_PS_F_SPARSE | DT_PS_F_ROWS))
     return dt__seterr(DT_EPROTO, "ps: %s %d sent unknown flags 0x%x", who, from, m.flags);
   if (m.type == DT_PS_ERR) {
     if (m.count != 0 || m.clock >= 0)
@@ -133,6 +133,23 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
   if ((m.flags & DT_PS_F_SPARSE) && m.type != DT_PS_PUSH)
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d marked sparse", who, from,
                       dt_ps_type_name(m.type), m.key);
+  if (m.flags & DT_PS_F_ROWS) {
+    /* rows of an embedding key: a push without a pull, a pull, or its reply */
+    if (K->rowlen < 2 || (m.flags & (DT_PS_F_SPARSE | DT_PS_F_FINAL | DT_PS_F_PULL)))
+      return dt__seterr(DT_EPROTO, "ps: %s %d sent %s of rows for key %d (%s)", who, from,
+                        dt_ps_type_name(m.type), m.key,
+                        K->rowlen < 2 ? "a dense key" : "with flags that rows do not take");
+    if (m.count > K->len / K->rowlen)
+      return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d with %llu rows (the key has "
+                        "%llu)", who, from, dt_ps_type_name(m.type), m.key,
+                        (unsigned long long)m.count, (unsigned long long)(K->len / K->rowlen));
+    if (m.type == DT_PS_PUSH && (!isfinite(m.lr) || m.lr < 0 || !isfinite(m.weight) ||
+                                 m.weight < 0 || m.weight > 1))
+      return dt__seterr(DT_EPROTO, "ps: worker %d sent push for key %d with lr %g weight %g",
+                        from, m.key, (double)m.lr, (double)m.weight);
+    *out = m;
+    return DT_OK;
+  }
   uint64_t want = m.type == DT_PS_PULL ? 0 : K->len;
   if ((m.flags & DT_PS_F_SPARSE) && m.count > K->len)
     return dt__seterr(DT_EPROTO, "ps: worker %d sent a sparse push for key %d with %llu pairs "

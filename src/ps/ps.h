@@ -37,6 +37,8 @@ typedef struct dt_ps_key {
   uint64_t off, len; /* floats */
   int server;
   int layer;         /* 0-based layer index */
+  uint64_t rowlen;   /* > 1: a key of rows of this many floats (an embedding's),
+                      * pushed and pulled row by row; 1: dense */
 } dt_ps_key;
 
 typedef struct dt_ps_map {
@@ -59,6 +61,10 @@ typedef struct dt_ps_map {
  * everywhere. DT_EINVAL for nservers < 1, no parameters, or more servers
  * than parameters; DT_ENOMEM. Free with dt_ps_map_free. */
 int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers);
+/* The same with rows: layer i is rows of rowlen[i] floats (rowlen NULL: all
+ * 1), never cut inside a row; its keys carry rowlen. */
+int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
+                         int nservers);
 /* The same from a model's layers. */
 int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers);
 void dt_ps_map_free(dt_ps_map *m);
@@ -85,6 +91,11 @@ enum dt_ps_type {
 #define DT_PS_F_FINAL 2u /* PULL: wait for every worker's pushes up to clock */
 #define DT_PS_F_SPARSE 4u /* PUSH: count (index, value) pairs, 2 x count floats follow
                            * (the index's bits as a uint32); count may be 0 */
+#define DT_PS_F_ROWS 8u   /* a key of rows (rowlen > 1), count rows of it:
+                           * PUSH: count row numbers (uint32, within the key),
+                           *   then count x rowlen floats, as one payload;
+                           * PULL: count row numbers follow;
+                           * PARAMS: count x rowlen floats, in the pull's order */
 
 /* A decoded header (64 bytes on the wire, little-endian). */
 typedef struct dt_ps_msg {
@@ -213,6 +224,14 @@ int dt_ps_client_start(dt_ps_client *c);
  * gradients become final; finish pushes the rest, then waits for every
  * key's parameters for the next clock. */
 void dt_ps_client_begin(dt_ps_client *c, float weight, float lr);
+/* Keys of rows (an embedding layer's, 0-based `layer`): this step reads
+ * only rows[0..n) (sorted, distinct, of the layer); its pushes of those
+ * keys carry just those rows. Call after begin. DT_EINVAL for a layer that
+ * is not one of rows, or rows out of order or range. */
+int dt_ps_client_rows(dt_ps_client *c, int layer, const int32_t *rows, int n);
+/* Pulls the rows named by dt_ps_client_rows at the current clock into the
+ * parameters (before forward), and waits for them. */
+int dt_ps_client_pull_rows(dt_ps_client *c);
 void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n);
 int dt_ps_client_finish(dt_ps_client *c);
 /* Pulls every key with every worker's pushes up to the current clock (the

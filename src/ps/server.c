@@ -24,6 +24,12 @@
  * through dt_ps_server_local. A protocol error ends the server and aborts
  * the communicator with the message, so every worker learns why.
  *
+ * Keys of rows (an embedding's, rowlen > 1) also take pushes and pulls of
+ * some rows (DT_PS_F_ROWS): a bsp clock sums each row over the workers that
+ * pushed it, in rank order, and steps the optimizer on those rows only
+ * (lazily: other rows and their state stay); async modes step the pushed
+ * rows on arrival. A pull of rows is answered with just those rows.
+ *
  * It does not pick learning rates (they come with the pushes), replicate
  * keys, or know about models beyond the key-range map.
  */
@@ -56,7 +62,16 @@ typedef struct skey {
   uint8_t *sent;     /* per worker: sreq in flight */
   uint8_t *shdr;     /* per worker: 64-byte header */
   float *snap;       /* per worker: payload copy (async, backups) */
-  float *pairs;      /* 2 x len: a sparse push as it arrived */
+  float *pairs;      /* 2 x len: a sparse push or a push/pull of rows as it arrived */
+  /* keys of rows (K->rowlen > 1) */
+  size_t nrows;      /* len / rowlen; 0: a dense key */
+  size_t stride;     /* floats of a worker's bsp slot in pb: len (+ nrows) */
+  int64_t *pcount;   /* per worker: rows in its bsp slot, -1 dense */
+  uint32_t *wrows;   /* per worker: the rows of its pending pull (N x nrows) */
+  uint64_t *wnrows;
+  uint8_t *mark;     /* per row: in this clock's sum */
+  uint32_t *pos, *touched; /* per row: its place in sum; the rows summed */
+  int rowmode;       /* -1 not yet, 0 dense pushes, 1 row pushes (never mixed) */
 } skey;
 
 struct dt_ps_server {
@@ -127,7 +142,19 @@ int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_op
     k->arr = calloc((size_t)N, 1);
     k->wweight = calloc((size_t)N, sizeof(float));
     k->wlr = calloc((size_t)N, sizeof(float));
-    k->pb = dt_alloc((size_t)N * len * sizeof(float));
+    k->nrows = k->K->rowlen > 1 ? len / k->K->rowlen : 0;
+    k->stride = len + k->nrows;
+    k->rowmode = -1;
+    k->pb = dt_alloc((size_t)N * k->stride * sizeof(float));
+    if (k->nrows) {
+      k->pcount = calloc((size_t)N, sizeof *k->pcount);
+      k->wrows = malloc((size_t)N * k->nrows * sizeof *k->wrows);
+      k->wnrows = calloc((size_t)N, sizeof *k->wnrows);
+      k->mark = calloc(k->nrows, 1);
+      k->pos = malloc(k->nrows * sizeof *k->pos);
+      k->touched = malloc(k->nrows * sizeof *k->touched);
+      if (!k->pcount || !k->wrows || !k->wnrows || !k->mark || !k->pos || !k->touched) goto oom;
+    }
     k->sum = dt_alloc(len * sizeof(float));
     k->want = malloc((size_t)N * sizeof *k->want);
     k->wflags = calloc((size_t)N, sizeof *k->wflags);
@@ -168,6 +195,12 @@ void dt_ps_server_destroy(dt_ps_server *s) {
     free(k->shdr);
     dt_free(k->snap);
     dt_free(k->pairs);
+    free(k->pcount);
+    free(k->wrows);
+    free(k->wnrows);
+    free(k->mark);
+    free(k->pos);
+    free(k->touched);
   }
   free(s->keys);
   dt_free(s->params);
@@ -245,6 +278,31 @@ static int reply(dt_ps_server *s, skey *k, int w) {
   dt_ps_msg m = {.type = DT_PS_PARAMS, .sender = s->index, .key = k->idx, .clock = k->version,
                  .count = k->K->len, .aux = (uint64_t)(mc < 0 ? 0 : mc)};
   size_t len = k->K->len;
+  if (k->wflags[w] & DT_PS_F_ROWS) {
+    /* just the rows asked for, gathered in the pull's order */
+    DT_CHECK(wait_sent(s, k, w));
+    const size_t rl = k->K->rowlen, n = k->wnrows[w];
+    const uint32_t *rows = k->wrows + (size_t)w * k->nrows;
+    float *dst = k->snap + (size_t)w * len;
+    for (size_t j = 0; j < n; j++)
+      memcpy(dst + j * rl, k->p + (size_t)rows[j] * rl, rl * sizeof(float));
+    m.flags = DT_PS_F_ROWS;
+    m.count = n;
+    if (w == s->local) {
+      s->local_fn(s->local_ud, &m, dst);
+      return DT_OK;
+    }
+    uint8_t *h = k->shdr + (size_t)w * DT_PS_HDR_BYTES;
+    dt_ps_msg_encode(&m, h);
+    int rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
+                           &k->sreq[2 * w]);
+    if (rc == DT_OK)
+      rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, dst,
+                         n * rl * sizeof(float), &k->sreq[2 * w + 1]);
+    if (rc < 0) return comm_fail(s, rc, "sending rows");
+    k->sent[w] = 1;
+    return DT_OK;
+  }
   if (w == s->local) {
     s->local_fn(s->local_ud, &m, k->p);
     return DT_OK;
@@ -277,7 +335,49 @@ static int try_replies(dt_ps_server *s, skey *k) {
 
 /* ---- applying pushes ---------------------------------------------------------- */
 
+/* bsp_close of a key of rows: each row summed over the workers that pushed
+ * it, in rank order, then the optimizer steps those rows only. */
+static int bsp_close_rows(dt_ps_server *s, skey *k) {
+  const size_t rl = k->K->rowlen;
+  size_t nt = 0;
+  float wsum = 0, lr = 0;
+  int first = 1;
+  for (int w = 0; w < s->N; w++) {
+    if (!k->arr[w]) continue;
+    const float *slot = k->pb + (size_t)w * k->stride;
+    const size_t n = (size_t)k->pcount[w];
+    const float *vals = slot + n;
+    for (size_t j = 0; j < n; j++) {
+      uint32_t r;
+      memcpy(&r, &slot[j], sizeof r);
+      float *dst = k->sum + (size_t)(k->mark[r] ? k->pos[r] : (k->pos[r] = (uint32_t)nt)) * rl;
+      if (!k->mark[r]) {
+        k->mark[r] = 1;
+        k->touched[nt++] = r;
+        memcpy(dst, vals + j * rl, rl * sizeof(float));
+      } else {
+        for (size_t d = 0; d < rl; d++) dst[d] += vals[j * rl + d];
+      }
+    }
+    if (first) lr = k->wlr[w], first = 0;
+    wsum += k->wweight[w];
+  }
+  if (k->narr < s->N && wsum > 0) {
+    float sc = 1.0f / wsum;
+    for (size_t i = 0; i < nt * rl; i++) k->sum[i] *= sc;
+  }
+  int rc = dt__optim_step_rows(k->opt, k->p, k->sum, lr, k->touched, nt, rl);
+  for (size_t j = 0; j < nt; j++) k->mark[k->touched[j]] = 0;
+  if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
+  memset(k->arr, 0, (size_t)s->N);
+  k->narr = 0;
+  k->version++;
+  s->st.clocks++;
+  return try_replies(s, k);
+}
+
 static int bsp_close(dt_ps_server *s, skey *k) {
+  if (k->rowmode == 1) return bsp_close_rows(s, k);
   size_t len = k->K->len;
   int N = s->N;
   /* direct sends of the last version must be done before it changes */
@@ -288,7 +388,7 @@ static int bsp_close(dt_ps_server *s, skey *k) {
   float lr = 0, wsum = 0;
   for (int w = 0; w < N; w++) {
     if (!k->arr[w]) continue;
-    const float *x = k->pb + (size_t)w * len;
+    const float *x = k->pb + (size_t)w * k->stride;
     if (first) {
       memcpy(g, x, len * sizeof(float));
       lr = k->wlr[w];
@@ -316,7 +416,7 @@ static int bsp_close(dt_ps_server *s, skey *k) {
  * the scratch (async, and late pushes that are dropped). */
 static float *push_dest(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m) {
   if (s->o.consistency == DT_PS_BSP && m->clock == k->version && !k->arr[w])
-    return k->pb + (size_t)w * k->K->len;
+    return k->pb + (size_t)w * k->stride;
   return k->sum;
 }
 
@@ -337,9 +437,67 @@ static int scatter(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const fl
   return DT_OK;
 }
 
+/* A push of rows (DT_PS_F_ROWS): data = count row numbers, then their
+ * values. */
+static int on_push_rows(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data) {
+  const size_t n = m->count, rl = k->K->rowlen;
+  for (size_t j = 0; j < n; j++) {
+    uint32_t r;
+    memcpy(&r, &data[j], sizeof r);
+    if (r >= k->nrows)
+      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed row %u of key %d (the key "
+                        "has %zu rows)", s->index, w, r, m->key, k->nrows);
+  }
+  if (s->o.consistency == DT_PS_BSP) {
+    if (m->clock > k->version)
+      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d before "
+                        "clock %lld closed", s->index, w, (long long)m->clock, m->key,
+                        (long long)k->version);
+    if (m->clock < k->version) {
+      s->st.dropped++;
+    } else {
+      float *slot = k->pb + (size_t)w * k->stride;
+      if (data != slot) memcpy(slot, data, n * (1 + rl) * sizeof(float));
+      k->pcount[w] = (int64_t)n;
+      k->arr[w] = 1;
+      k->wweight[w] = m->weight;
+      k->wlr[w] = m->lr;
+      k->narr++;
+    }
+    if (k->narr >= s->N - s->o.backup_workers) return bsp_close_rows(s, k);
+    return try_replies(s, k);
+  }
+  float lr = m->lr;
+  if (s->o.consistency == DT_PS_ASP) {
+    int64_t stale = k->version - (int64_t)m->aux;
+    if (stale > 1) lr /= (float)stale;
+  }
+  int rc = dt__optim_step_rows(k->opt, k->p, data + n, lr, (const uint32_t *)(const void *)data,
+                               n, rl);
+  if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
+  k->version++;
+  return try_replies(s, k);
+}
+
 static int on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data) {
   size_t len = k->K->len;
   s->st.pushes++;
+  if (k->nrows) {
+    int rows = (m->flags & DT_PS_F_ROWS) != 0;
+    if (k->rowmode >= 0 && k->rowmode != rows)
+      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed key %d %s, but it has been "
+                        "pushed %s", s->index, w, m->key, rows ? "by rows" : "whole",
+                        rows ? "whole" : "by rows");
+    k->rowmode = rows;
+  }
+  if (m->flags & DT_PS_F_ROWS) {
+    if (m->clock != k->wclock[w])
+      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d, "
+                        "expected clock %lld", s->index, w, (long long)m->clock, m->key,
+                        (long long)k->wclock[w]);
+    k->wclock[w]++;
+    return on_push_rows(s, k, w, m, data);
+  }
   if (m->flags & DT_PS_F_SPARSE) {
     float *dst = push_dest(s, k, w, m);
     DT_CHECK(scatter(s, k, w, m, data, dst));
@@ -358,7 +516,7 @@ static int on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const fl
     if (m->clock < k->version) {
       s->st.dropped++; /* a backup worker's late push */
     } else {
-      float *dst = k->pb + (size_t)w * len;
+      float *dst = k->pb + (size_t)w * k->stride;
       if (data != dst) memcpy(dst, data, len * sizeof(float));
       k->arr[w] = 1;
       k->wweight[w] = m->weight;
@@ -413,6 +571,17 @@ static int handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data)
   case DT_PS_PULL: {
     skey *k = key_of(s, m->key);
     s->st.pulls++;
+    if (m->flags & DT_PS_F_ROWS) {
+      for (uint64_t j = 0; j < m->count; j++) {
+        uint32_t r;
+        memcpy(&r, &data[j], sizeof r);
+        if (r >= k->nrows)
+          return dt__seterr(DT_EPROTO, "ps server %d: worker %d pulled row %u of key %d (the "
+                            "key has %zu rows)", s->index, w, r, m->key, k->nrows);
+        k->wrows[(size_t)w * k->nrows + j] = r;
+      }
+      k->wnrows[w] = m->count;
+    }
     k->want[w] = m->clock;
     k->wflags[w] = m->flags;
     return try_replies(s, k);
@@ -465,11 +634,12 @@ static int arrived(dt_ps_server *s, int w) {
                            s->index, w, &m);
   if (rc < 0) return dt__preerr(rc, "ps server %d refused a message", s->index);
   const float *data = NULL;
-  if (m.type == DT_PS_PUSH) {
+  if (m.type == DT_PS_PUSH || (m.type == DT_PS_PULL && (m.flags & DT_PS_F_ROWS))) {
     skey *k = key_of(s, m.key);
-    int sparse = (m.flags & DT_PS_F_SPARSE) != 0;
-    float *dst = sparse ? k->pairs : push_dest(s, k, w, &m);
+    int sparse = (m.flags & DT_PS_F_SPARSE) != 0, rows = (m.flags & DT_PS_F_ROWS) != 0;
+    float *dst = sparse || rows ? k->pairs : push_dest(s, k, w, &m);
     size_t bytes = (sparse ? 2 : 1) * m.count * sizeof(float);
+    if (rows) bytes = m.count * (m.type == DT_PS_PUSH ? 1 + k->K->rowlen : 1) * sizeof(float);
     if (bytes) rc = dt_comm_recv(s->comm, srank(s, w), DT_PS_TAG_REQ_DATA, dst, bytes);
     if (rc < 0) return comm_fail(s, rc, "receiving a push");
     data = dst;

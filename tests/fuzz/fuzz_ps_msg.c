@@ -5,7 +5,8 @@
  * the server and the worker rely on before they read a payload (a known
  * type for that direction, the sender it came from, a key of the map held
  * by the server involved, a payload size equal to the key's length, a
- * finite rate and weight), and re-encode to the same bytes but the
+ * finite rate and weight; rows only of a key of rows, no more than it
+ * has), and re-encode to the same bytes but the
  * reserved fields; a refusal must leave a message.
  */
 #include <math.h>
@@ -19,8 +20,9 @@ static int ready;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!ready) {
-    uint64_t len[] = {0, 200, 30, 0, 7, 1};
-    if (dt_ps_map_build(&map, len, 6, 3) < 0) abort();
+    /* layer 1: 25 rows of 8 (an embedding), the rest dense */
+    uint64_t len[] = {0, 200, 30, 0, 7, 1}, rowlen[] = {1, 8, 1, 1, 1, 1};
+    if (dt_ps_map_build_rows(&map, len, rowlen, 6, 3) < 0) abort();
     ready = 1;
   }
   if (size < 2) return 0;
@@ -42,7 +44,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (m.type == DT_PS_PUSH || m.type == DT_PS_PULL || m.type == DT_PS_PARAMS) {
     if (m.key < 0 || m.key >= map.nkeys) abort();
     if (map.keys[m.key].server != (to >= 0 ? to : from)) abort();
-    if (m.flags & DT_PS_F_SPARSE) {
+    if (m.flags & DT_PS_F_ROWS) {
+      const dt_ps_key *K = &map.keys[m.key];
+      if (K->rowlen < 2 || K->len % K->rowlen || m.count > K->len / K->rowlen) abort();
+      if (m.flags & (DT_PS_F_SPARSE | DT_PS_F_PULL | DT_PS_F_FINAL)) abort();
+    } else if (m.flags & DT_PS_F_SPARSE) {
       if (m.type != DT_PS_PUSH || m.count > map.keys[m.key].len) abort();
     } else if (m.count != (m.type == DT_PS_PULL ? 0 : map.keys[m.key].len)) {
       abort();

@@ -2,7 +2,8 @@
  * test_kernels_gradcheck.c — central finite differences against every
  * backward kernel (input and parameter gradients), plus the behaviour of
  * dropout (determinism, independence from how the batch is split, keep
- * rate, p = 0 identity, backward through the mask) and batchnorm eval mode.
+ * rate, p = 0 identity, backward through the mask) and batchnorm eval mode;
+ * the dot layer and the mean squared error too.
  *
  * Each check uses the scalar L = sum_i r_i * out_i (r fixed random, so dL/dout
  * = r) accumulated in double from the float kernel outputs, perturbs up to
@@ -287,6 +288,49 @@ static void test_xent(void **st) {
   free(c.x); free(dx);
 }
 
+/* ---- dot (two halves' inner product + bias) and mse ---- */
+typedef struct { int B, D; float *x, *bias, *y, *r; } dot_ctx;
+static double dot_loss(void *p) {
+  dot_ctx *c = p;
+  dt_dot_forward(c->y, c->x, c->bias[0], c->B, c->D);
+  return dot(c->r, c->y, (size_t)c->B);
+}
+typedef struct { int B; float *x; const int32_t *t; } mse_ctx;
+static double mse_loss(void *p) {
+  mse_ctx *c = p;
+  return dt_mse(NULL, NULL, c->x, c->t, c->B);
+}
+static void test_dot_mse(void **st) {
+  (void)st;
+  dot_ctx c = {.B = 5, .D = 6};
+  c.x = rnd(60, -1, 1, 80);
+  c.bias = rnd(1, -1, 1, 81);
+  c.y = rnd(5, 0, 0, 0);
+  c.r = rnd(5, -1, 1, 82);
+  float *dx = rnd(60, 0, 0, 0), db = 0;
+  dt_dot_backward(dx, &db, c.r, c.x, c.B, c.D);
+  fdcheck("dot dx", dot_loss, &c, c.x, dx, 60, 1e-2f);
+  fdcheck("dot dbias", dot_loss, &c, c.bias, &db, 1, 1e-2f);
+  /* a hand-checked value: (1,2).(3,4) + 0.5 = 11.5 */
+  float x2[4] = {1, 2, 3, 4}, y2;
+  dt_dot_forward(&y2, x2, 0.5f, 1, 2);
+  assert_true(y2 == 11.5f);
+  mse_ctx m = {.B = 4};
+  m.x = rnd(4, 0, 5, 83);
+  int32_t t[4] = {1, 5, 3, 2};
+  m.t = t;
+  float *dm = rnd(4, 0, 0, 0);
+  int nc = -1;
+  dt_mse(dm, &nc, m.x, t, 4);
+  fdcheck("mse dpred", mse_loss, &m, m.x, dm, 4, 1e-2f);
+  float p3[3] = {1.2f, 4.0f, 2.4f};
+  int32_t t3[3] = {1, 5, 3};
+  float l = dt_mse(NULL, &nc, p3, t3, 3); /* (0.04 + 1 + 0.36) / 3 */
+  assert_true(fabsf(l - 1.4f / 3) < 1e-6f);
+  assert_int_equal(nc, 1); /* only 1.2 is within 0.5 of its star */
+  free(c.x); free(c.bias); free(c.y); free(c.r); free(dx); free(m.x); free(dm);
+}
+
 /* ---- dropout ---- */
 static void test_dropout(void **st) {
   (void)st;
@@ -348,7 +392,7 @@ int main(void) {
       cmocka_unit_test(test_pool),      cmocka_unit_test(test_act),
       cmocka_unit_test(test_layernorm), cmocka_unit_test(test_batchnorm),
       cmocka_unit_test(test_batchnorm_eval), cmocka_unit_test(test_xent),
-      cmocka_unit_test(test_dropout),
+      cmocka_unit_test(test_dropout),   cmocka_unit_test(test_dot_mse),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

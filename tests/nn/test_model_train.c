@@ -5,7 +5,9 @@
  * and state, run twice), the gradient of a model using every layer kind
  * against central finite differences of the loss (which checks the wiring:
  * in-place relu, flatten aliasing, ping-pong gradients, batchnorm and
- * dropout state), eval mode, and bad calls.
+ * dropout state), eval mode, and bad calls; the embedding + dot + mse
+ * model (matrix factorisation): its row gradients, the sparse zeroing that
+ * must give the same gradients as zeroing the whole table, a bad id.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -229,8 +231,63 @@ static void test_eval_and_bad_calls(void **st) {
   dt_model_destroy(m);
 }
 
+static void test_embedding_model(void **st) {
+  (void)st;
+  dt_model *m = NULL, *s = NULL;
+  /* ids per sample: user, item (of one 12-row table) */
+  assert_int_equal(dt_model_create(&m, "embedding(12,3,std=0.5) dot", 1, 1, 2, 4), DT_OK);
+  assert_int_equal(dt_model_create(&s, "embedding(12,3,std=0.5) dot", 1, 1, 2, 4), DT_OK);
+  assert_int_equal(dt_model_nparams(m), 37);
+  assert_int_equal(dt_model_out_dim(m), 1);
+  dt_model_init(m, 3);
+  dt_model_init(s, 3);
+  assert_int_equal(dt__model_set_loss(m, DT__LOSS_MSE), DT_OK);
+  assert_int_equal(dt__model_set_loss(s, DT__LOSS_MSE), DT_OK);
+  dt__model_set_sparse_grads(s, 1);
+  float xs[3][8] = {{0, 6, 1, 7, 2, 8, 0, 9}, {3, 10, 4, 11, 3, 6, 5, 6}, {1, 6, 0, 6, 2, 7, 1, 8}};
+  int32_t y[4] = {1, 5, 3, 4};
+  for (int b = 0; b < 3; b++) {
+    dt_step_ctx t = {1, 1, (uint64_t)b, 0};
+    assert_int_equal(dt_model_forward(m, xs[b], 4, &t), DT_OK);
+    assert_int_equal(dt_model_forward(s, xs[b], 4, &t), DT_OK);
+    /* the prediction is the rows' inner product (bias 0 at init) */
+    const float *P = dt_model_params(m), *out = dt_model_logits(m);
+    int u = (int)xs[b][0], i = (int)xs[b][1];
+    float want = P[u * 3] * P[i * 3] + P[u * 3 + 1] * P[i * 3 + 1] + P[u * 3 + 2] * P[i * 3 + 2];
+    assert_true(fabsf(out[0] - want) < 1e-6f);
+    float lm, ls;
+    assert_int_equal(dt_model_backward(m, y, 4, &lm, NULL, NULL, NULL), DT_OK);
+    assert_int_equal(dt_model_backward(s, y, 4, &ls, NULL, NULL, NULL), DT_OK);
+    assert_true(lm == ls);
+    /* sparse zeroing leaves exactly the full zeroing's gradient */
+    assert_memory_equal(dt_model_grads(m), dt_model_grads(s), 37 * sizeof(float));
+    /* rows no sample read have no gradient */
+    int32_t rows[8];
+    int n = dt__model_embedding_rows(m, xs[b], 4, rows);
+    assert_true(n > 0 && n <= 8);
+    for (int r = 0; r < 12; r++) {
+      int hit = 0;
+      for (int j = 0; j < n; j++) hit |= rows[j] == r;
+      for (int d = 0; !hit && d < 3; d++) assert_true(dt_model_grads(m)[r * 3 + d] == 0.0f);
+    }
+  }
+  /* an id outside the table, or not an integer, is refused by name */
+  float bad[2] = {3, 12}, frac[2] = {1.5f, 2};
+  assert_int_equal(dt_model_forward(m, bad, 1, NULL), DT_EINVAL);
+  assert_non_null(strstr(dt_errmsg(), "not a row of the table of 12 rows"));
+  assert_int_equal(dt_model_forward(m, frac, 1, NULL), DT_EINVAL);
+  dt_model_destroy(m);
+  dt_model_destroy(s);
+  /* mse needs one output */
+  assert_int_equal(dt_model_create(&m, "linear(3)", 1, 1, 2, 4), DT_OK);
+  assert_int_equal(dt__model_set_loss(m, DT__LOSS_MSE), DT_EINVAL);
+  assert_non_null(strstr(dt_errmsg(), "one output"));
+  dt_model_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_embedding_model),
       cmocka_unit_test(test_init),
       cmocka_unit_test(test_determinism),
       cmocka_unit_test(test_gradient_fd),
