@@ -104,4 +104,106 @@ struct dt_shm_hdr {
   _Alignas(DT_SHM_LINE) _Atomic uint8_t cma_ok[];
 };
 
+/* ---- the transport's own state (shm.c, shm_seg.c) ---------------------- */
+
+#include "comm/transport.h"
+#include "comm/proc_watch.h"
+#include "comm/transport/match.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct unexp {
+  struct dt_match_msg m; /* tag; m.len counts buffered bytes (0 for CMA);
+                          * m.req: a receive that matched while still streaming */
+  uint64_t len, cookie_or_addr; /* CMA: sender address */
+  uint32_t cookie;              /* CMA: the sender's cookie for the ACK */
+  int kind;             /* DT_SHM_EAGER or DT_SHM_CMA */
+  bool complete;        /* EAGER: every byte arrived */
+  uint8_t *data;        /* EAGER payload (len bytes) */
+};
+
+struct ack {
+  uint64_t cookie;
+  int32_t rc;
+};
+
+struct dt_tp_ep {
+  struct dt_tp_ctx *ctx;
+  int peer;
+  pid_t pid;
+  int pidfd;
+  void *pbase;
+  size_t plen;
+  struct dt_shm_hdr *phdr;
+  struct dt_shm_ring *tx, *rx; /* tx: ring[me] in the peer's inbox; rx: ring[peer] in mine */
+  uint64_t mask;               /* ring_bytes - 1 (same for both: checked at connect) */
+  uint64_t rx_mask;
+  /* sending */
+  struct dt_tp_req *sq_head, *sq_tail; /* queued sends; the head may be mid-record */
+  uint64_t tx_head, tx_tail_seen;
+  uint64_t tx_left;                    /* bytes of the head's record payload (padded) left */
+  bool tx_in_rec;
+  bool tx_zero;                        /* head was cancelled mid-record: fill with zeros */
+  struct dt_tp_req *cma_wait;          /* CMA sends waiting for their ACK */
+  uint32_t cma_seq;                    /* cookie of the last CMA record */
+  struct ack *acks;
+  int nacks, cap_acks;
+  /* receiving */
+  struct dt_match mt;                  /* posted receives, early messages (match.c) */
+  struct dt_tp_req *pull_head, *pull_tail; /* matched CMA receives not yet copied */
+  bool rx_in_rec;
+  uint64_t rx_len, rx_off, rx_total;   /* current record: payload, consumed, padded */
+  bool rx_complete;                    /* ... written whole before its header */
+  struct dt_tp_req *rx_req;            /* destination of the current record, or */
+  struct unexp *rx_ux;                 /* ... buffered, or neither (discard) */
+  uint64_t rx_tag;
+  bool dead;
+  bool gone;                           /* exited after a clean close */
+  bool tx_touched, rx_touched;         /* our rings with this peer prefaulted (first use) */
+  struct dt_proc_watch pw;             /* is the peer stopped (SIGSTOP)? */
+};
+
+struct dt_tp_ctx {
+  int rank, size;
+  pid_t pid;
+  char host_id[DT_TP_ADDR_MAX];
+  char name[96];
+  void *base;
+  size_t map_len;
+  struct dt_shm_hdr *hdr;
+  uint64_t job_hash;
+  uint64_t ring_bytes;
+  struct dt_tp_ep **eps; /* [size], NULL where not connected through shm */
+  int neps;
+  size_t cma_min;
+  int64_t spin_ns; /* poll this long before sleeping */
+  bool oversub;
+  int64_t yield_ns; /* poll without yielding this long first */
+  int64_t live_ns, next_live;
+  volatile uint64_t probe; /* peers read this with process_vm_readv */
+  _Atomic int aborting;
+  _Atomic int abort_rc;
+  char abort_msg[DT_TP_ERR_MAX];
+  bool failed_all; /* pending requests already failed after the abort */
+};
+
+/* shm_seg.c: segment life cycle. */
+int dt__shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *addr);
+bool dt__shm_can_connect(struct dt_tp_ctx *ctx, const struct dt_tp_peer *peer);
+int dt__shm_connect(struct dt_tp_ctx *ctx, const struct dt_tp_peer *peer, int64_t deadline_ns,
+                    struct dt_tp_ep **out, char *err);
+/* Every peer that will map our inbox is connected: publish the count. */
+void dt__shm_setup_done(struct dt_tp_ctx *ctx);
+/* Unlinks inboxes whose creator is gone. */
+void dt__shm_sweep_stale(void);
+/* True if pid has exited (also as an unreaped zombie). */
+bool dt__shm_pid_gone(pid_t pid);
+/* Maps [p, p + n) now (we write it) / maps a ring a peer writes (we read). */
+void dt__shm_prefault(void *p, size_t n);
+void dt__shm_prefault_read(const void *p, size_t n);
+/* Formats a one-line message into err (DT_TP_ERR_MAX bytes; NULL: nothing). */
+void dt__shm_set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 #endif /* DT_COMM_SHM_INT_H */
