@@ -54,6 +54,10 @@ static void ps_opts(const dt_run_cfg *c, int nworkers, dt_ps_opts *o) {
   o->backup_workers = c->ps.backup_workers;
   o->significance = c->ps.significance;
   o->optim = c->optim;
+  /* colocated asp/ssp: a server thread answers while its worker computes
+   * (bsp: every worker waits for every push anyway, so the worker's own
+   * waits serve as well, without a thread on the two cores) */
+  o->server_thread = o->colocate && o->consistency != DT_PS_BSP;
 }
 
 static int err_rank(dt_strategy *s, int rc) { return dt__preerr(rc, "rank %d", s->rank); }

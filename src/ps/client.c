@@ -19,8 +19,19 @@
  * and backward pushes just their gradients (row numbers, then values), with
  * no reply: the next step pulls its own rows. Only those rows travel.
  *
+ * Server thread (colocated asp and ssp, dt_ps_opts.server_thread): the
+ * colocated server runs on a thread of its own, so it answers the other
+ * workers while this one computes (in forward, where nothing polls it),
+ * instead of only when this worker waits. The communicator is
+ * single-threaded: one mutex serialises it — the worker holds it inside
+ * every client call and gives it up only while it waits; the thread
+ * holds it while it polls. At a mark (before every collective) the thread
+ * parks, so the collective has the communicator alone; the next client
+ * call wakes it.
+ *
  * It does not apply any optimizer: the parameters come from the servers.
  */
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +73,12 @@ struct dt_ps_client {
   size_t ready_lo;
   int next_key;        /* pushes go from the last key down */
   dt_ps_client_stats st;
+  /* the server thread (colocated, server_thread) */
+  int threaded;
+  pthread_t thr;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int park, quit, spin;
   int err;             /* a push or a poll failed during backward (reported by finish) */
   char errmsg[512];
 };
@@ -152,8 +169,12 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
   return DT_OK;
 }
 
+static void stop_thread(dt_ps_client *c);
+static int start_thread(dt_ps_client *c);
+
 void dt_ps_client_destroy(dt_ps_client *c) {
   if (!c) return;
+  stop_thread(c);
   free(c->hout);
   free(c->hin);
   free(c->kreq);
@@ -185,6 +206,25 @@ static int server_fail(dt_ps_client *c, int rc, int srv) {
                     "[%llu, %llu)): %s", c->me, srv, srv_rank(c, srv), m->srv_key0[srv],
                     m->srv_key0[srv + 1] - 1, (unsigned long long)m->srv_lo[srv],
                     (unsigned long long)m->srv_lo[srv + 1], msg);
+}
+
+/* Lets this worker's colocated server make progress while the worker
+ * waits: polls it, or with a server thread gives the thread the
+ * communicator for a moment (and reports as busy, so the caller does not
+ * sleep holding it). */
+static int poll_local(dt_ps_client *c, int *busy) {
+  if (!c->threaded) return dt_ps_server_poll(c->local, busy);
+  *busy = 1;
+  pthread_mutex_unlock(&c->mu);
+  if (c->spin++ < 16) {
+    sched_yield();
+  } else {
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+  }
+  pthread_mutex_lock(&c->mu);
+  if (c->err) return dt__seterr(c->err, "%s", c->errmsg);
+  return DT_OK;
 }
 
 /* Sends request m for key k (its server's); a reply is expected when
@@ -261,7 +301,7 @@ static int wait_all(dt_ps_client *c) {
       }
       if (!pending) break;
       int busy = 0;
-      rc = dt_ps_server_poll(c->local, &busy);
+      rc = poll_local(c, &busy);
       if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
       progressed |= busy;
       idle = progressed ? 0 : idle + 1;
@@ -323,7 +363,7 @@ int dt_ps_client_start(dt_ps_client *c) {
           continue;
         }
         int busy = 0;
-        rc = dt_ps_server_poll(c->local, &busy);
+        rc = poll_local(c, &busy);
         idle = busy ? 0 : idle + 1;
         backoff(idle);
       }
@@ -346,12 +386,18 @@ int dt_ps_client_start(dt_ps_client *c) {
     dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .clock = 0};
     DT_CHECK(request(c, &m, NULL, 1));
   }
-  return wait_all(c);
+  int rc = wait_all(c);
+  /* the server thread starts parked: the first step wakes it */
+  if (rc == DT_OK && c->local && c->o.server_thread) {
+    c->park = 1;
+    rc = start_thread(c);
+  }
+  return rc;
 }
 
-void dt_ps_client_begin(dt_ps_client *c, float weight, float lr) {
-  if (c->local) {
-    int busy = 0, rc = dt_ps_server_poll(c->local, &busy);
+static void begin_impl(dt_ps_client *c, float weight, float lr) {
+  if (c->local && !c->threaded) {
+    int busy = 0, rc = poll_local(c, &busy);
     if (rc < 0) {
       c->err = rc;
       snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
@@ -367,7 +413,7 @@ void dt_ps_client_begin(dt_ps_client *c, float weight, float lr) {
   }
 }
 
-int dt_ps_client_rows(dt_ps_client *c, int layer, const int32_t *rows, int n) {
+static int rows_impl(dt_ps_client *c, int layer, const int32_t *rows, int n) {
   int k = 0;
   while (k < c->nk && c->map->keys[k].layer != layer) k++;
   if (k == c->nk || c->map->keys[k].rowlen < 2)
@@ -389,7 +435,7 @@ int dt_ps_client_rows(dt_ps_client *c, int layer, const int32_t *rows, int n) {
   return DT_OK;
 }
 
-int dt_ps_client_pull_rows(dt_ps_client *c) {
+static int pull_rows_impl(dt_ps_client *c) {
   if (c->err) return dt__seterr(c->err, "ps worker %d: %s", c->me, c->errmsg);
   for (int k = 0; k < c->nk; k++) {
     if (c->knrows[k] < 0) continue;
@@ -465,13 +511,13 @@ static int push_timed(dt_ps_client *c, int k) {
   return rc;
 }
 
-void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n) {
+static void ready_impl(dt_ps_client *c, size_t off, size_t n) {
   if (c->err) return;
-  if (c->local) {
+  if (c->local && !c->threaded) {
     /* a colocated server answers the other workers while this one is in
      * backward too (its replies to this worker only ever concern keys this
      * worker already pushed, whose layers backward is done with) */
-    int busy = 0, rc = dt_ps_server_poll(c->local, &busy);
+    int busy = 0, rc = poll_local(c, &busy);
     if (rc < 0) {
       c->err = rc;
       snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
@@ -490,7 +536,7 @@ void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n) {
   }
 }
 
-int dt_ps_client_finish(dt_ps_client *c) {
+static int finish_impl(dt_ps_client *c) {
   if (c->err) return dt__seterr(c->err, "ps worker %d: during backward: %s", c->me, c->errmsg);
   for (; c->next_key >= 0; c->next_key--) DT_CHECK(push_timed(c, c->next_key));
   DT_CHECK(wait_all(c));
@@ -519,7 +565,7 @@ static int mark(dt_ps_client *c, uint32_t flags) {
       rc = dt_comm_test(c->comm, &r, &done);
       if (rc == DT_OK && !done && c->local) {
         int busy = 0;
-        rc = dt_ps_server_poll(c->local, &busy);
+        rc = poll_local(c, &busy);
         idle = busy ? 0 : idle + 1;
         backoff(idle);
       } else if (rc == DT_OK && !done) {
@@ -533,15 +579,17 @@ static int mark(dt_ps_client *c, uint32_t flags) {
   int idle = 0;
   while (dt__ps_server_min_mark(c->local) < c->marks) {
     int busy = 0;
-    int rc = dt_ps_server_poll(c->local, &busy);
+    int rc = poll_local(c, &busy);
     if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
     idle = busy ? 0 : idle + 1;
     backoff(idle);
   }
+  /* a server thread parks now: a collective on the communicator follows */
+  c->park = c->threaded;
   return DT_OK;
 }
 
-int dt_ps_client_sync(dt_ps_client *c) {
+static int sync_impl(dt_ps_client *c) {
   for (int k = 0; k < c->nk; k++) {
     dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .flags = DT_PS_F_FINAL,
                    .clock = c->clock};
@@ -553,9 +601,112 @@ int dt_ps_client_sync(dt_ps_client *c) {
   return c->local ? mark(c, 0) : DT_OK;
 }
 
-int dt_ps_client_stop(dt_ps_client *c) { return mark(c, DT_PS_F_FINAL); }
+/* ---- the public calls: with a server thread, each holds the communicator
+ * (and wakes the thread, which a mark parked) ---------------------------------- */
 
-int dt_ps_client_quiesce(dt_ps_client *c) { return c->local ? mark(c, 0) : DT_OK; }
+static void enter(dt_ps_client *c) {
+  if (!c->threaded) return;
+  pthread_mutex_lock(&c->mu);
+  c->spin = 0;
+  if (c->park) {
+    c->park = 0;
+    pthread_cond_signal(&c->cv);
+  }
+}
+static void leave(dt_ps_client *c) {
+  if (c->threaded) pthread_mutex_unlock(&c->mu);
+}
 
-void dt_ps_client_stats_get(const dt_ps_client *c, dt_ps_client_stats *out) { *out = c->st; }
+void dt_ps_client_begin(dt_ps_client *c, float weight, float lr) {
+  enter(c);
+  begin_impl(c, weight, lr);
+  leave(c);
+}
+void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n) {
+  enter(c);
+  ready_impl(c, off, n);
+  leave(c);
+}
+#define LOCKED(call)    \
+  do {                  \
+    enter(c);           \
+    int rc_ = (call);   \
+    leave(c);           \
+    return rc_;         \
+  } while (0)
+int dt_ps_client_rows(dt_ps_client *c, int layer, const int32_t *rows, int n) {
+  LOCKED(rows_impl(c, layer, rows, n));
+}
+int dt_ps_client_pull_rows(dt_ps_client *c) { LOCKED(pull_rows_impl(c)); }
+int dt_ps_client_finish(dt_ps_client *c) { LOCKED(finish_impl(c)); }
+int dt_ps_client_sync(dt_ps_client *c) { LOCKED(sync_impl(c)); }
+int dt_ps_client_stop(dt_ps_client *c) { LOCKED(mark(c, DT_PS_F_FINAL)); }
+int dt_ps_client_quiesce(dt_ps_client *c) { LOCKED(c->local ? mark(c, 0) : DT_OK); }
+#undef LOCKED
+
+void dt_ps_client_stats_get(const dt_ps_client *c, dt_ps_client_stats *out) {
+  enter((dt_ps_client *)c);
+  *out = c->st;
+  leave((dt_ps_client *)c);
+}
 int64_t dt_ps_client_clock(const dt_ps_client *c) { return c->clock; }
+
+/* The server thread: polls the colocated server whenever the worker is not
+ * inside a client call; parks at marks; records a failure for the worker. */
+static void *serve_main(void *arg) {
+  dt_ps_client *c = arg;
+  int idle = 0;
+  pthread_mutex_lock(&c->mu);
+  while (!c->quit) {
+    if (c->park || c->err) {
+      pthread_cond_wait(&c->cv, &c->mu);
+      continue;
+    }
+    int busy = 0, rc = dt_ps_server_poll(c->local, &busy);
+    if (rc < 0) {
+      c->err = rc;
+      snprintf(c->errmsg, sizeof c->errmsg, "ps worker %d's server thread: %s", c->me,
+               dt_errmsg());
+      continue;
+    }
+    pthread_mutex_unlock(&c->mu);
+    idle = busy ? 0 : idle + 1;
+    if (idle > 4) {
+      struct timespec ts = {0, idle < 64 ? 10000 : 50000};
+      nanosleep(&ts, NULL);
+    } else if (idle) {
+      sched_yield();
+    }
+    pthread_mutex_lock(&c->mu);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+static int start_thread(dt_ps_client *c) {
+  if (pthread_mutex_init(&c->mu, NULL)) return dt__seterr(DT_ENOMEM, "ps worker %d: mutex", c->me);
+  if (pthread_cond_init(&c->cv, NULL)) {
+    pthread_mutex_destroy(&c->mu);
+    return dt__seterr(DT_ENOMEM, "ps worker %d: condition variable", c->me);
+  }
+  c->threaded = 1;
+  if (pthread_create(&c->thr, NULL, serve_main, c)) {
+    c->threaded = 0;
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    return dt__seterr(DT_ENOMEM, "ps worker %d: cannot start the server thread", c->me);
+  }
+  return DT_OK;
+}
+
+static void stop_thread(dt_ps_client *c) {
+  if (!c->threaded) return;
+  pthread_mutex_lock(&c->mu);
+  c->quit = 1;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  pthread_join(c->thr, NULL);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+  c->threaded = 0;
+}

@@ -151,6 +151,8 @@ typedef struct dt_ps_opts {
                          * gradient) exceeds this fraction of |parameter|; the
                          * rest stays in the worker's residual (error feedback) */
   dt_optim_cfg optim;   /* the server-side optimizer */
+  int server_thread;    /* colocated: the server runs on a thread of its own
+                         * (client.c), not only inside its worker's waits */
 } dt_ps_opts;
 
 /* The world rank of server s and of worker w under opts. */

@@ -7,8 +7,9 @@
  *     servers, end 50 steps with the parameters of 1 worker training alone
  *     to 1e-5 relative, every worker holding the same bytes;
  *   - determinism: the same BSP job twice gives the same bytes;
- *   - ssp (s = 2) and asp finish with every worker holding the same
- *     parameters and learn the task as well as bsp (within 5 points);
+ *   - ssp (s = 2) and asp, separate or colocated (server threads), finish
+ *     with every worker holding the same parameters and learn the task as
+ *     well as bsp (within 5 points);
  *   - AdamW on the servers matches 1-worker AdamW too;
  *   - sparse rows: matrix factorisation (embedding(1000,4) dot, model.loss =
  *     mse) over ratings, BSP with plain SGD, 2 workers and 1 or 2 servers
@@ -236,13 +237,18 @@ static void test_ssp_asp(void **state) {
   p = ps_job("aspc", 2, 0, 2, 0, DT_OPT_SGD, &n);
   double c = read_acc("aspc", 0);
   free(p);
+  /* colocated ssp and asp run their servers on threads of their own */
+  p = ps_job("sspc", 2, 0, 1, 2, DT_OPT_SGD, &n);
+  double sc = read_acc("sspc", 0);
+  free(p);
   p = ps_job("bspacc", 2, 1, 0, 0, DT_OPT_SGD, &n);
   double ref = read_acc("bspacc", 0);
   free(p);
-  printf("# accuracy: bsp %.3f, ssp(2) %.3f, asp %.3f, asp colocated %.3f\n", ref, a, b, c);
+  printf("# accuracy: bsp %.3f, ssp(2) %.3f, asp %.3f, asp colocated %.3f, ssp(2) colocated "
+         "%.3f\n", ref, a, b, c, sc);
   /* three classes (chance 1/3): within a few points of bsp after one epoch */
   assert_true(ref > 0.6);
-  assert_true(a > ref - 0.05 && b > ref - 0.05 && c > ref - 0.05);
+  assert_true(a > ref - 0.05 && b > ref - 0.05 && c > ref - 0.05 && sc > ref - 0.05);
 }
 
 /* Ratings: label = a star 1..5, then a user id (0..599) and an item id
