@@ -157,6 +157,8 @@ typedef struct dt_run_cfg {
   int max_workers;                     /* 0: dist.workers */
   float rejoin_timeout;                /* below min_workers: wait this long, seconds */
   float heartbeat_timeout;             /* a silent member is dead after this, seconds */
+  int replace;                         /* dist.replace: spare workers replace lost ones */
+  int standby;                         /* dist.standby: spare workers forked at start */
 } dt_run_cfg;
 
 /* Fills *cfg with the defaults of docs/config.md: the 2-conv CNN on

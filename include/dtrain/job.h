@@ -126,9 +126,16 @@ struct dt_job_config {
   int min_workers;      /* elastic training (docs/elastic.md): 0 (default) a lost
                          * worker ends the job; else the launcher reports a
                          * dead worker to the store and lets the others go on */
+  int spares;           /* elastic: processes forked with the workers that wait,
+                         * with the data loaded, to replace a lost worker: the
+                         * launcher wakes one per loss (fn runs in it with
+                         * w->joining = 1); 0 (default): none */
+  int join;             /* 1: this process joins a running elastic job whose
+                         * store is at rdzv (token required): dt_job_run runs
+                         * fn once, here, with w->joining = 1 */
 };
 #define DT_JOB_CONFIG_INIT                                                     \
-  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0 }
+  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0 }
 
 /* What a worker function gets. Everything is borrowed for the duration of
  * the call. */
@@ -146,6 +153,12 @@ struct dt_job_worker {
   const char *rdzv_host;
   int rdzv_port;
   const struct dt_comm_config *comm_config;
+  /* 1: a joiner of a running elastic job (dt_job_config.spares, join):
+   * comm is NULL, rank is a placeholder; the worker finds its place
+   * through the store and writes its member id to *member_id (may be NULL)
+   * so the launcher can report its death. */
+  int joining;
+  int *member_id;
 };
 
 /* Runs one worker's share of the job. Returns the worker's exit status:

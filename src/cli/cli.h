@@ -37,6 +37,8 @@ struct dt__launch {
   int nnodes, node_rank, nproc; /* world = nnodes * nproc */
   char rdzv[300];               /* "HOST:PORT", "" for the single-node default */
   char bind_addr[64];           /* "" = the route's source address */
+  int join;                     /* --join: one worker joining a running elastic job */
+  int standby;                  /* --standby K (-1: not given) */
 };
 /* The train command; launch == NULL is plain `dtrain train`. */
 int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *launch);

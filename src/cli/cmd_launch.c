@@ -10,8 +10,10 @@
  * a world of M*K, and their tcp transport listens on the address of the
  * route towards HOST (docs/launch.md).
  *
- * It does not restart failed workers (--max-restarts must be 0) and it does
- * not train: cmd_train.c does, through a job of the launch layer
+ * `--join` starts one worker that joins a running elastic job whose store
+ * is at --rdzv (docs/elastic.md); `--standby K` forks K spare workers that
+ * replace lost ones. It does not restart the job (--max-restarts must be
+ * 0: elastic jobs go on without a restart) and it does not train: cmd_train.c does, through a job of the launch layer
  * (dt_job_*), which forks the workers and meets the other nodes.
  */
 #include <arpa/inet.h>
@@ -44,7 +46,11 @@ static void launch_usage(FILE *f) {
           "  --bind-addr IP      address the workers' tcp transport listens on (env\n"
           "                      DTRAIN_BIND_ADDR; default: this machine's address on\n"
           "                      the route to HOST)\n"
-          "  --max-restarts N    only 0: a failed worker ends the job\n"
+          "  --max-restarts N    only 0: a failed worker ends the job (unless elastic:\n"
+          "                      dist.min_workers, docs/elastic.md)\n"
+          "  --join              join a running elastic job at --rdzv as one more\n"
+          "                      worker (admitted at its next re-forming)\n"
+          "  --standby K         K spare workers, data loaded, replace lost ones\n"
           "\n"
           "Environment: DTRAIN_JOB_TOKEN (required when M > 1, the same on every node;\n"
           "make one with `openssl rand -hex 32`), DTRAIN_TIMEOUT (seconds every\n"
@@ -60,11 +66,13 @@ static int usage_err(const char *fmt, const char *a, const char *b) {
 }
 
 int dt__cmd_launch(int argc, char **argv) {
-  enum { NNODES, NODE_RANK, RDZV, NPROC, BIND, RESTARTS, NOPT };
+  enum { NNODES, NODE_RANK, RDZV, NPROC, BIND, RESTARTS, STANDBY, NOPT };
   static const char *const flag[NOPT] = {"--nnodes", "--node-rank", "--rdzv",
-                                         "--nproc-per-node", "--bind-addr", "--max-restarts"};
+                                         "--nproc-per-node", "--bind-addr", "--max-restarts",
+                                         "--standby"};
   static const char *const env[NOPT] = {"DTRAIN_NNODES", "DTRAIN_NODE_RANK", "DTRAIN_RDZV",
-                                        "DTRAIN_NPROC_PER_NODE", "DTRAIN_BIND_ADDR", NULL};
+                                        "DTRAIN_NPROC_PER_NODE", "DTRAIN_BIND_ADDR", NULL, NULL};
+  int join = 0;
   const char *val[NOPT] = {0}, *src[NOPT] = {0};
   int i = 1;
   for (; i < argc; i++) {
@@ -78,6 +86,10 @@ int dt__cmd_launch(int argc, char **argv) {
       break;
     }
     if (a[0] != '-') break;
+    if (!strcmp(a, "--join")) {
+      join = 1;
+      continue;
+    }
     int which = -1;
     for (int j = 0; j < NOPT && which < 0; j++) {
       size_t n = strlen(flag[j]);
@@ -103,6 +115,16 @@ int dt__cmd_launch(int argc, char **argv) {
   memset(&L, 0, sizeof L);
   L.nnodes = 1;
   L.nproc = 1;
+  L.join = join;
+  L.standby = -1;
+  if (val[STANDBY] && dt__parse_int(src[STANDBY], val[STANDBY], 0, 4096, &L.standby) < 0)
+    return usage_err("%s%s", dt_errmsg(), "");
+  if (join && (val[NNODES] || val[NODE_RANK] || val[NPROC] || val[STANDBY]))
+    return usage_err("--join: starts one worker of a running job; not with --nnodes, "
+                     "--node-rank, --nproc-per-node or --standby%s%s", "", "");
+  if (join && !val[RDZV])
+    return usage_err("--join: give --rdzv HOST:PORT, the running job's rendezvous store%s%s",
+                     "", "");
   int restarts = 0;
   if ((val[NNODES] && dt__parse_int(src[NNODES], val[NNODES], 1, 1024, &L.nnodes) < 0) ||
       (val[NODE_RANK] &&
@@ -134,7 +156,7 @@ int dt__cmd_launch(int argc, char **argv) {
             "nodes: an address of node 0 that every node reaches\n", L.nnodes);
     return DT_EXIT_USAGE;
   }
-  if (L.node_rank == 0 && dt__can_bind(ip, port) < 0) {
+  if (L.node_rank == 0 && !join && dt__can_bind(ip, port) < 0) {
     fprintf(stderr, "dtrain: %s %s: node 0 serves the rendezvous there but cannot listen on "
             "%s:%d: %s\n", src[RDZV] ? src[RDZV] : "--rdzv", val[RDZV] ? val[RDZV] : "127.0.0.1",
             ip, port, dt_errmsg());
@@ -161,7 +183,7 @@ int dt__cmd_launch(int argc, char **argv) {
   /* the token is checked here, before the config is loaded */
   char who[64];
   const char *token;
-  snprintf(who, sizeof who, "a job of %d nodes", L.nnodes);
-  if (dt__job_token(L.nnodes > 1, who, &token) < 0) return usage_err("%s%s", dt_errmsg(), "");
+  snprintf(who, sizeof who, join ? "a joiner (--join)" : "a job of %d nodes", L.nnodes);
+  if (dt__job_token(L.nnodes > 1 || join, who, &token) < 0) return usage_err("%s%s", dt_errmsg(), "");
   return dt__cmd_train_launch(argc - i, argv + i, &L);
 }

@@ -48,7 +48,7 @@ static void train_usage(FILE *f) {
   fprintf(f,
           "usage: dtrain train [CONFIG] [--set section.key=value ...] [--out DIR] [--workers N]\n"
           "                    [--resume [DIR]]\n"
-          "                    [--servers S]\n"
+          "                    [--servers S] [--standby K]\n"
           "\n"
           "Trains the model of CONFIG (an INI file; without it the built-in CNN on\n"
           "Fashion-MNIST, as in examples/fashion_cnn.ini) and writes DIR/summary.json,\n"
@@ -61,6 +61,8 @@ static void train_usage(FILE *f) {
           "  --resume [DIR]           continue from the newest valid checkpoint under DIR (a\n"
           "                           checkpoint, its root or a run directory; default:\n"
           "                           ckpt.dir, else --out) (docs/checkpoint.md)\n"
+          "  --standby K              elastic: K spare workers, forked with the data loaded,\n"
+          "                           replace lost ones (dist.standby; docs/elastic.md)\n"
           "  --servers S              S parameter-server processes besides the workers\n"
           "                           (ps.servers; docs/ps.md)\n"
           "  -h, --help               this help\n"
@@ -224,7 +226,7 @@ static void describe_links(const dt_comm *c) {
 /* dist.min_workers > 0: this worker's membership handle, watching the
  * job's communicator, given to the engine. */
 static int start_elastic(const struct dt_job_worker *w, const dt_run_cfg *r, dt_engine *e,
-                         dt_elastic **out) {
+                         const char *text, dt_elastic **out) {
   *out = NULL;
   if (!w->rdzv_port || !w->comm_config)
     return dt__seterr(DT_ENOTSUP, "dist.min_workers = %d: elastic training needs workers started "
@@ -238,8 +240,27 @@ static int start_elastic(const struct dt_job_worker *w, const dt_run_cfg *r, dt_
   ec.id = w->rank;
   ec.size0 = w->size;
   ec.min_workers = r->min_workers;
+  ec.max_workers = r->max_workers > 0 ? r->max_workers : r->workers;
   ec.rejoin_timeout_s = r->rejoin_timeout;
   ec.heartbeat_timeout_s = r->heartbeat_timeout;
+  dt__engine_el_fingerprint(e, text, &ec.fp, &ec.fp_len);
+  if (w->joining) {
+    /* a joiner: the job's config checked, a member id, admission, the
+     * generation's communicator; the engine takes the state when it runs */
+    ec.join = 1;
+    ec.check_fp = dt__engine_el_check_fp;
+    ec.fp_ud = e;
+    DT_CHECK(dt_elastic_create(out, &ec));
+    if (w->member_id) *w->member_id = dt_elastic_id(*out);
+    dt_elastic_gen g;
+    int rc = dt_elastic_join(*out, &g);
+    if (rc == DT_OK) rc = dt__engine_set_joined(e, *out, &g);
+    if (rc < 0) {
+      dt_elastic_destroy(*out);
+      *out = NULL;
+    }
+    return rc;
+  }
   DT_CHECK(dt_elastic_create(out, &ec));
   int rc = dt_elastic_start(*out, w->comm);
   if (rc == DT_OK) rc = dt__engine_set_elastic(e, *out, w->rank);
@@ -279,10 +300,11 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
     }
     if (rc == DT_OK) rc = dt__engine_set_job_comm(a->e, job);
   }
-  if (rc == DT_OK) rc = dt_engine_set_comm(a->e, c);
+  if (rc == DT_OK && !w->joining) rc = dt_engine_set_comm(a->e, c);
   catch_stop(a->e, a->cfg);
   dt_elastic *el = NULL;
-  if (rc == DT_OK && a->cfg->min_workers > 0) rc = start_elastic(w, a->cfg, a->e, &el);
+  if (rc == DT_OK && (a->cfg->min_workers > 0 || w->joining))
+    rc = start_elastic(w, a->cfg, a->e, a->text, &el);
   dt_engine_hooks hooks = {NULL, NULL, NULL};
   /* elastic: whoever is rank 0 reports (the engine calls only its hooks) */
   if (r == 0 || el) hooks = (dt_engine_hooks){on_step, on_epoch, v};
@@ -295,6 +317,8 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
     const char *m = dt_errmsg();
     /* messages from the engine already name this rank */
     if (!strncmp(m, "rank ", 5)) fprintf(stderr, "dtrain: %s\n", m);
+    else if (w->joining && !el) fprintf(stderr, "dtrain: joiner (pid %d): %s\n", (int)getpid(), m);
+    else if (w->joining) fprintf(stderr, "dtrain: joiner: %s\n", m);
     else fprintf(stderr, "dtrain: rank %d: %s\n", r, m);
     status = rc == DT_EMISMATCH ? DT_EXIT_USAGE : DT_EXIT_FAIL;
     if (rc == DT_EABORTED && stop_signal) status = 128 + stop_signal;
@@ -331,6 +355,7 @@ struct train_args {
   const char *resume_dir;     /* its DIR, or NULL for the default */
   const char *sets[256];
   int nsets, workers, servers;
+  int standby;                /* --standby K: K + 1 (0: not given) */
 };
 
 /* Parses argv; returns -1 to go on, else the exit status (help, bad usage). */
@@ -354,9 +379,9 @@ static int parse_args(int argc, char **argv, struct train_args *ta) {
       if (ta->resume_dir && !*ta->resume_dir) return bad("--resume=: empty directory name%s", "");
       continue;
     }
-    const char *opts[] = {"--set", "--out", "--workers", "--servers"};
+    const char *opts[] = {"--set", "--out", "--workers", "--servers", "--standby"};
     int which = -1;
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < 5; j++) {
       size_t n = strlen(opts[j]);
       if (!strncmp(a, opts[j], n) && (a[n] == '\0' || a[n] == '=')) {
         which = j;
@@ -386,6 +411,13 @@ static int parse_args(int argc, char **argv, struct train_args *ta) {
       if (end == val || *end || errno || sv < 1 || sv > 4096)
         return bad("--servers '%s': expects a positive integer", val);
       ta->servers = (int)sv;
+    } else if (which == 4) {
+      char *end;
+      errno = 0;
+      long k = strtol(val, &end, 10);
+      if (end == val || *end || errno || k < 0 || k > 4096)
+        return bad("--standby '%s': expects an integer in [0, 4096]", val);
+      ta->standby = (int)k + 1;
     } else if (a[0] == '-' && a[1]) {
       return bad("train: unknown option '%s' (see dtrain train --help)", a);
     } else if (ta->config_path) {
@@ -415,6 +447,11 @@ static int build_config(dt_config *cfg, const struct train_args *ta, int world, 
     char sv[32];
     snprintf(sv, sizeof sv, "ps.servers=%d", ta->servers);
     rc = dt_config_set(cfg, sv);
+  }
+  if (rc == DT_OK && ta->standby) {
+    char sb[40];
+    snprintf(sb, sizeof sb, "dist.standby=%d", ta->standby - 1);
+    rc = dt_config_set(cfg, sb);
   }
   for (int i = 0; rc == DT_OK && i < ta->nsets; i++) rc = dt_config_set(cfg, ta->sets[i]);
   /* a launched parameter-server job: the world is workers + servers */
@@ -478,6 +515,11 @@ static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_
       jc.workers = cfg->run.workers + cfg->run.ps.servers;
     }
     jc.min_workers = cfg->run.min_workers;
+    /* elastic: spares replace lost workers (dist.standby of them; with
+     * dist.replace alone, one per worker) */
+    jc.spares = cfg->run.standby > 0 ? cfg->run.standby : cfg->run.replace ? cfg->run.workers : 0;
+    if (L && L->join) jc.join = 1, jc.spares = 0, jc.nnodes = 1, jc.node_rank = 0,
+                      jc.nproc_per_node = 1;
     rc = dt_job_create(job, &jc);
   }
   /* every failure here is bad input, the memory check's refusal too */
@@ -516,6 +558,9 @@ static void header(const dt_config *cfg, const dt_engine *e, const struct dt__la
     }
     free(map);
   }
+  else if (L && L->join)
+    printf("dtrain %s: joining the elastic job at %s (admitted at its next re-forming)\n",
+           dt_version(), L->rdzv);
   else if (L && L->nproc == 1)
     printf("dtrain %s: node %d of %d, rank %d of %d (rank 0, on node 0, reports)\n",
            dt_version(), L->node_rank, L->nnodes, L->node_rank, cfg->run.workers);
@@ -530,6 +575,7 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   struct train_args ta;
   int status = parse_args(argc, argv, &ta);
   if (status >= 0) return status;
+  if (L && L->standby >= 0) ta.standby = L->standby + 1;
 
   /* Who starts the ranks: `dtrain launch` (L), an external launcher (mpirun,
    * srun: rank and size in the environment), or this command (--workers). */
@@ -545,7 +591,7 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
             "(%s); use one or the other\n", ta.workers, ew.rank, ew.size, ew.source, ew.size_var);
     return DT_EXIT_USAGE;
   }
-  int world = L ? L->nnodes * L->nproc : ext ? ew.size : 0;
+  int world = L && !L->join ? L->nnodes * L->nproc : ext ? ew.size : 0;
 
   dt_config *cfg = malloc(sizeof *cfg);
   char *text = NULL;
@@ -560,6 +606,10 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
     goto done;
   }
   if ((status = build_config(cfg, &ta, world, L ? "dtrain launch" : ew.source)) >= 0) goto done;
+  /* a joiner trains with the data-parallel strategy of a job of several
+   * workers; their number is the job's business (not compared) */
+  if (L && L->join && cfg->run.workers < 2)
+    cfg->run.workers = cfg->run.min_workers > 2 ? cfg->run.min_workers : 2;
   if (!(transport = pick_transport(cfg))) {
     status = DT_EXIT_USAGE;
     goto done;
@@ -607,7 +657,13 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   }
   /* A world of one trains here, without a job: nothing to fork (and the
    * single-worker engine has started its loader thread already). */
-  int multi = cfg->run.workers + cfg->run.ps.servers > 1;
+  int multi = cfg->run.workers + cfg->run.ps.servers > 1 || (L && L->join);
+  if (L && L->join && !cfg->run.min_workers) {
+    fprintf(stderr, "dtrain: --join: the job must be elastic (dist.min_workers, as the running "
+            "job's config sets it)\n");
+    status = DT_EXIT_USAGE;
+    goto done;
+  }
   if (multi && (status = make_job(&job, L, ext, cfg, transport, e, &co)) >= 0) goto done;
   if (!out) {
     default_out_dir(outbuf, sizeof outbuf);
@@ -617,7 +673,7 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
    * owns its output directory (DIR/.lock, held by this process and the
    * workers it forks): one that cannot be made is bad input; one that
    * another run holds is refused, naming its pid. */
-  int has_rank0 = L ? L->node_rank == 0 : ext ? ew.rank == 0 : 1;
+  int has_rank0 = L ? L->node_rank == 0 && !L->join : ext ? ew.rank == 0 : 1;
   if (has_rank0 && (rc = dt_engine_set_out_dir(e, out)) < 0) {
     const char *m = dt_errmsg();
     fprintf(stderr, "dtrain: %s%s\n", strncmp(m, "ckpt.dir", 8) ? "--out: " : "", m);

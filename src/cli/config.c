@@ -154,6 +154,8 @@ static const key keys[] = {
     {"dist", "max_workers", K_INT, OFF(max_workers), 0, 4096, 0, NULL},
     {"dist", "rejoin_timeout", K_FLOAT, OFF(rejoin_timeout), 0, 86400, 0, NULL},
     {"dist", "heartbeat_timeout", K_FLOAT, OFF(heartbeat_timeout), 0.05, 3600, 0, NULL},
+    {"dist", "replace", K_BOOL, OFF(replace), 0, 1, 0, NULL},
+    {"dist", "standby", K_INT, OFF(standby), 0, 4096, 0, NULL},
     {"model", "loss", K_ENUM, OFF(loss), 0, 0, 0, dt__loss_names},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
@@ -669,6 +671,9 @@ int dt_config_validate(const dt_config *c) {
                      "strategies only, not with %s yet", ps_on ? "a parameter server" : r->zero
                      ? "dist.zero" : r->balance == DT_BALANCE_STEAL ? "dist.balance = steal"
                      : "pipeline parallelism (dist.pipeline_stages, dist.micro_batches)");
+  if ((r->replace || r->standby) && !r->min_workers)
+    return key_error(c, find_key("dist", r->replace ? "replace" : "standby"), "spare workers "
+                     "replace lost ones in elastic training only: set dist.min_workers too");
   if (r->max_workers && r->max_workers < r->min_workers)
     return key_error(c, find_key("dist", "max_workers"), "%d is less than dist.min_workers = %d",
                      r->max_workers, r->min_workers);

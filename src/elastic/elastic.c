@@ -176,9 +176,53 @@ static void *watch(void *arg) {
 
 /* ---- create / destroy --------------------------------------------------------- */
 
+/* Members: what a joiner reads (the first member to get here writes it;
+ * the members' configurations were compared when the job started). */
+static int publish_job(dt_elastic *el) {
+  char k[256], v[32];
+  bool sw;
+  int n = snprintf(v, sizeof v, "%d", el->cfg.size0);
+  key(el, k, sizeof k, "size0", 0, 0);
+  DT_CHECK(dt_store_cas(el->st, k, NULL, 0, v, (size_t)n, &sw, NULL, 0, NULL, el->cfg.cc.timeout_s));
+  if (!el->cfg.fp_len) return DT_OK;
+  key(el, k, sizeof k, "fp", 0, 0);
+  return dt_store_cas(el->st, k, NULL, 0, el->cfg.fp, el->cfg.fp_len, &sw, NULL, 0, NULL,
+                      el->cfg.cc.timeout_s);
+}
+
+/* Joiners: the job's fingerprint checked, then a fresh member id. A refused
+ * joiner has changed nothing in the store but the count of ids. */
+static int joiner_id(dt_elastic *el) {
+  char k[256], v[64];
+  size_t len = 0;
+  const double tmo = el->cfg.cc.timeout_s;
+  key(el, k, sizeof k, "size0", 0, 0);
+  int rc = dt_store_get(el->st, k, v, sizeof v - 1, &len, tmo);
+  if (rc < 0) return dt__preerr(rc, "joining: the job's record %s", k);
+  v[len] = '\0';
+  int size0 = atoi(v);
+  if (size0 < 1 || size0 > MAX_MEMBERS)
+    return dt__seterr(DT_EPROTO, "elastic: joining: bad record %s = '%.20s'", k, v);
+  if (el->cfg.check_fp) {
+    key(el, k, sizeof k, "fp", 0, 0);
+    char *fp = malloc(65536);
+    if (!fp) return dt__seterr(DT_ENOMEM, "elastic: out of memory");
+    rc = dt_store_get(el->st, k, fp, 65536, &len, tmo);
+    if (rc == DT_OK) rc = el->cfg.check_fp(el->cfg.fp_ud, fp, len);
+    free(fp);
+    DT_CHECK(rc);
+  }
+  int64_t n = 0;
+  key(el, k, sizeof k, "nextid", 0, 0);
+  DT_CHECK(dt_store_add(el->st, k, 1, &n, tmo));
+  el->cfg.size0 = size0;
+  el->cfg.id = size0 + (int)n - 1;
+  return DT_OK;
+}
+
 int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
   *out = NULL;
-  if (cfg->size0 < 1 || cfg->size0 > MAX_MEMBERS || cfg->id < 0)
+  if (!cfg->join && (cfg->size0 < 1 || cfg->size0 > MAX_MEMBERS || cfg->id < 0))
     return dt__seterr(DT_EINVAL, "elastic: member %d of %d", cfg->id, cfg->size0);
   dt_elastic *el = calloc(1, sizeof *el);
   if (!el) return dt__seterr(DT_ENOMEM, "elastic: out of memory");
@@ -194,15 +238,17 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
   int rc = dt_store_connect(&el->st, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
   if (rc == DT_OK)
     rc = dt_store_connect(&el->wst, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
-  el->nmembers = cfg->size0;
-  el->members = malloc((size_t)cfg->size0 * sizeof *el->members);
+  if (rc == DT_OK && cfg->join) rc = joiner_id(el);
+  el->nmembers = el->cfg.size0 > 0 ? el->cfg.size0 : 1;
+  el->members = malloc((size_t)el->nmembers * sizeof *el->members);
   if (rc == DT_OK && !el->members) rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
-  if (rc == DT_OK) {
+  if (rc == DT_OK && !cfg->join) rc = publish_job(el);
+  if (rc == DT_OK && !cfg->join) {
     /* generation 0: ids 0..size0-1, published once (whoever comes first) */
     char *rec = malloc(GEN_MAX);
     if (!rec) rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
     size_t n = rec ? (size_t)snprintf(rec, GEN_MAX, "0 0 ") : 0;
-    for (int i = 0; rec && i < cfg->size0; i++) {
+    for (int i = 0; rec && i < el->cfg.size0; i++) {
       el->members[i] = i;
       n += (size_t)snprintf(rec + n, GEN_MAX - n, "%s%d", i ? "," : "", i);
     }
@@ -216,6 +262,7 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
     char why[400];
     snprintf(why, sizeof why, "%s", dt_errmsg());
     dt_elastic_destroy(el);
+    if (cfg->join) return dt__seterr(rc, "elastic: joiner refused: %s", why);
     return dt__seterr(rc, "elastic: member %d: %s", cfg->id, why);
   }
   *out = el;
@@ -234,6 +281,8 @@ int dt_elastic_start(dt_elastic *el, dt_comm *c) {
 }
 
 int dt_elastic_generation(const dt_elastic *el) { return el->gen; }
+
+int dt_elastic_id(const dt_elastic *el) { return el->cfg.id; }
 
 void dt_elastic_release_old(dt_elastic *el) {
   dt_comm_destroy(el->old);
@@ -324,12 +373,127 @@ static int adopt(dt_elastic *el, const char *rec, int *rank) {
   return DT_OK;
 }
 
+/* Joiners registered for generation g (ids size0.. handed out, not members
+ * of the current generation, not reported dead), ascending, at most cap. */
+static int joiners(dt_elastic *el, int g, int *ids, int cap) {
+  char k[256];
+  key(el, k, sizeof k, "nextid", 0, 0);
+  int64_t nj = counter(el->st, k, 0), n = 0;
+  for (int64_t j = 0; j < nj && n < cap; j++) {
+    int id = el->cfg.size0 + (int)j, member = 0;
+    for (int i = 0; i < el->nmembers; i++) member |= el->members[i] == id;
+    if (member) continue;
+    key(el, k, sizeof k, "g%d/in/%d", g, id);
+    if (counter(el->st, k, 0) <= 0) continue;
+    key(el, k, sizeof k, "dead/%d", id, 0);
+    if (counter(el->st, k, 0) > 0) continue;
+    ids[n++] = id;
+  }
+  return (int)n;
+}
+
+/* The decided record rec names generation el->gen + 1 or later: adopt it,
+ * find the most advanced member, join the generation's communicator. */
+static int enter(dt_elastic *el, const char *rec, double t0, dt_elastic_gen *out) {
+  char k[256];
+  int rank = -1;
+  DT_CHECK(adopt(el, rec, &rank));
+  /* the most advanced member: largest position, then lowest rank */
+  int64_t best = -1;
+  int src = 0;
+  for (int i = 0; i < el->nmembers; i++) {
+    key(el, k, sizeof k, "g%d/in/%d", el->gen, el->members[i]);
+    int64_t v = counter(el->st, k, 0) - 1;
+    if (v > best) best = v, src = i;
+  }
+  /* the generation's own communicator (fresh store prefix and segments) */
+  struct dt_comm_config cc = el->cfg.cc;
+  snprintf(el->cjob, sizeof el->cjob, "%s.g%d", el->job, el->gen);
+  cc.job = el->cjob;
+  cc.rank = rank;
+  cc.size = el->nmembers;
+  dt_comm *c = NULL;
+  DT_CHECK(dt_comm_create(&c, el->st, &cc));
+  dt_comm_destroy(el->old);
+  el->old = el->own;
+  el->own = c;
+  pthread_mutex_lock(&el->mu);
+  el->cur = c;
+  pthread_mutex_unlock(&el->mu);
+  out->gen = el->gen;
+  out->comm = c;
+  out->rank = rank;
+  out->size = el->nmembers;
+  out->source = src;
+  out->pos = best;
+  DT_LOG_INFO("elastic: generation %d: %d workers (member %d is rank %d) after %.3f s",
+              el->gen, el->nmembers, el->cfg.id, rank, dt_now() - t0);
+  return DT_OK;
+}
+
+int dt_elastic_join(dt_elastic *el, dt_elastic_gen *out) {
+  if (!el->cfg.join) return dt__seterr(DT_EINVAL, "dt_elastic_join: member %d is no joiner",
+                                       el->cfg.id);
+  const double t0 = dt_now(), tmo = el->cfg.cc.timeout_s;
+  const double until = t0 + tmo + el->cfg.rejoin_timeout_s;
+  char k[256], *rec = malloc(GEN_MAX);
+  if (!rec) return dt__seterr(DT_ENOMEM, "elastic: out of memory");
+  int rc = DT_OK, told = 0;
+  for (;;) {
+    DT_CHECK_GOTO(read_gen(el, rec, GEN_MAX), rc, done);
+    int g = 0, *ids = NULL, n = 0;
+    int64_t c = 0;
+    DT_CHECK_GOTO(parse_gen(rec, &g, &c, &ids, &n), rc, done);
+    int in = 0;
+    for (int i = 0; i < n; i++) in |= ids[i] == el->cfg.id;
+    free(ids);
+    if (in) break;
+    if (dt_now() > until) {
+      rc = dt__seterr(DT_ETIMEDOUT, "elastic: joiner %d was not admitted within %.0f s "
+                      "(generation %d has %d of at most %d workers)", el->cfg.id,
+                      dt_now() - t0, g, n, el->cfg.max_workers);
+      goto done;
+    }
+    /* full and nobody re-forming: wait for room (a loss re-forms the group) */
+    key(el, k, sizeof k, "change", 0, 0);
+    int64_t ch = counter(el->st, k, 0);
+    if (el->cfg.max_workers > 0 && n >= el->cfg.max_workers && ch <= c) {
+      if (!told)
+        DT_LOG_INFO("elastic: joiner %d waits: generation %d is full (%d workers, "
+                    "dist.max_workers)", el->cfg.id, g, n);
+      told = 1;
+      sleep_s(0.05);
+      continue;
+    }
+    /* ask for the next generation: register, then announce a change (the
+     * members leave their step in flight and re-form with us) */
+    key(el, k, sizeof k, "g%d/in/%d", g + 1, el->cfg.id);
+    int64_t v = 0;
+    DT_CHECK_GOTO(dt_store_add(el->st, k, 0, &v, tmo), rc, done);
+    if (v <= 0) DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
+    if (ch <= c) { /* nobody re-forming yet: ask for it */
+      key(el, k, sizeof k, "change", 0, 0);
+      DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
+    }
+    /* until generation g + 1 is decided (with us or, in a race, without) */
+    while (atoi(rec) <= g && dt_now() < until) {
+      sleep_s(0.002);
+      DT_CHECK_GOTO(read_gen(el, rec, GEN_MAX), rc, done);
+    }
+  }
+  DT_CHECK_GOTO(enter(el, rec, t0, out), rc, done);
+  rc = dt_elastic_start(el, out->comm);
+done:
+  free(rec);
+  return rc;
+}
+
 int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
   const double t0 = dt_now(), hbt = el->cfg.heartbeat_timeout_s;
   const double tmo = el->cfg.cc.timeout_s;
   char k[256], *rec = malloc(GEN_MAX);
   struct seen *sn = calloc((size_t)el->nmembers, sizeof *sn);
-  int rc = DT_OK, rank = -1, g = el->gen + 1;
+  int rc = DT_OK, g = el->gen + 1;
   if (!rec || !sn) {
     rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
     goto done;
@@ -380,6 +544,17 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
       if (h != s->hb || s->hb_at == 0) s->hb = h, s->hb_at = now;
       if (now - s->hb_at < hbt) open++; /* alive by its heartbeat: wait for it */
     }
+    int maxw = el->cfg.max_workers > 0 ? el->cfg.max_workers : MAX_MEMBERS;
+    int *jids = NULL, nj = 0;
+    if (!open && alive < maxw) {
+      jids = malloc((size_t)(maxw - alive) * sizeof *jids);
+      if (!jids) {
+        rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
+        goto done;
+      }
+      nj = joiners(el, g, jids, maxw - alive);
+    }
+    alive += nj;
     if (!open) {
       if (alive < el->cfg.min_workers) {
         if (!below_since) {
@@ -390,6 +565,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
                       el->cfg.rejoin_timeout_s);
         }
         if (now - below_t > el->cfg.rejoin_timeout_s) {
+          free(jids);
           rc = dt__seterr(DT_ETIMEDOUT, "elastic: only %d worker%s left, fewer than "
                           "dist.min_workers = %d, and none joined within dist.rejoin_timeout = "
                           "%.0f s", alive, alive == 1 ? "" : "s", el->cfg.min_workers,
@@ -400,12 +576,15 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
         /* decide: the registered members, by id; the change counter so far */
         int *ids = malloc((size_t)alive * sizeof *ids), n = 0;
         if (!ids) {
+          free(jids);
           rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
           goto done;
         }
         for (int i = 0; i < el->nmembers; i++)
           if (sn[i].in > 0) ids[n++] = el->members[i];
         qsort(ids, (size_t)n, sizeof *ids, cmp_int);
+        if (n > maxw) n = maxw; /* (members above dist.max_workers: the lowest ids stay) */
+        for (int i = 0; i < nj && n < maxw; i++) ids[n++] = jids[i]; /* joiners after them */
         key(el, k, sizeof k, "change", 0, 0);
         int64_t c = counter(el->st, k, 0);
         char *want = malloc(GEN_MAX);
@@ -416,6 +595,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
             wl += (size_t)snprintf(want + wl, GEN_MAX - wl, "%s%d", i ? "," : "", ids[i]);
         }
         free(ids);
+        free(jids);
         if (!want) {
           rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
           goto done;
@@ -428,6 +608,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
         continue; /* re-read: ours, or the one that won */
       }
     }
+    free(jids);
     if (dt_now() - t0 > tmo + el->cfg.rejoin_timeout_s + hbt) {
       rc = dt__seterr(DT_ETIMEDOUT, "elastic: member %d: no agreement on generation %d within "
                       "%.0f s", el->cfg.id, g, dt_now() - t0);
@@ -435,39 +616,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
     }
     sleep_s(0.002);
   }
-  DT_CHECK_GOTO(adopt(el, rec, &rank), rc, done);
-
-  /* the most advanced member: largest position, then lowest rank */
-  int64_t best = -1;
-  int src = 0;
-  for (int i = 0; i < el->nmembers; i++) {
-    key(el, k, sizeof k, "g%d/in/%d", el->gen, el->members[i]);
-    int64_t v = counter(el->st, k, 0) - 1;
-    if (v > best) best = v, src = i;
-  }
-  /* the generation's own communicator (fresh store prefix and segments) */
-  struct dt_comm_config cc = el->cfg.cc;
-  snprintf(el->cjob, sizeof el->cjob, "%s.g%d", el->job, el->gen);
-  cc.job = el->cjob;
-  cc.rank = rank;
-  cc.size = el->nmembers;
-  dt_comm *c = NULL;
-  rc = dt_comm_create(&c, el->st, &cc);
-  if (rc < 0) goto done;
-  dt_comm_destroy(el->old);
-  el->old = el->own;
-  el->own = c;
-  pthread_mutex_lock(&el->mu);
-  el->cur = c;
-  pthread_mutex_unlock(&el->mu);
-  out->gen = el->gen;
-  out->comm = c;
-  out->rank = rank;
-  out->size = el->nmembers;
-  out->source = src;
-  out->pos = best;
-  DT_LOG_INFO("elastic: generation %d: %d workers (member %d is rank %d) after %.3f s",
-              el->gen, el->nmembers, el->cfg.id, rank, dt_now() - t0);
+  DT_CHECK_GOTO(enter(el, rec, t0, out), rc, done);
 done:
   free(rec);
   free(sn);

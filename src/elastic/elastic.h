@@ -24,6 +24,15 @@
  *   P/el/hb/ID        counter: member ID's heartbeat
  *   P/el/dead/ID      counter > 0: a launcher saw member ID's process die
  *   P/el/gG/in/ID     1 + position: ID is alive and wants generation G
+ *   P/el/size0        the members of generation 0 (joiners' ids follow)
+ *   P/el/nextid       counter: joiner ids handed out (id = size0 + n - 1)
+ *   P/el/fp           the job's config fingerprint (a joiner compares it)
+ *
+ * A joiner (dt_elastic_cfg.join) gets the next free id, checks the job's
+ * fingerprint, registers for the next generation and announces a change;
+ * the members re-form at once (their step in flight is redone) and the
+ * deciding member admits registered joiners after the surviving members,
+ * up to max_workers.
  */
 #ifndef DT_ELASTIC_H
 #define DT_ELASTIC_H
@@ -44,6 +53,14 @@ typedef struct dt_elastic_cfg {
   int min_workers;             /* fewer members than this: wait, then give up */
   double rejoin_timeout_s;     /* how long to wait for members below min_workers */
   double heartbeat_timeout_s;  /* a member silent this long is dead */
+  int max_workers;             /* most members of a generation (0: no limit) */
+  int join;                    /* 1: a joiner (id and size0 are found in the store) */
+  /* The config fingerprint: members publish it, a joiner hands the job's to
+   * check_fp, which returns DT_EMISMATCH (message naming the key) to refuse. */
+  const void *fp;
+  size_t fp_len;
+  int (*check_fp)(void *ud, const void *job_fp, size_t len);
+  void *fp_ud;
 } dt_elastic_cfg;
 
 /* A generation as a member sees it. */
@@ -75,6 +92,13 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out);
 /* Frees the communicator of the previous generation if this dt_elastic
  * made it (call once nothing uses it any more). */
 void dt_elastic_release_old(dt_elastic *el);
+/* A joiner (cfg.join): waits (bounded by cc.timeout_s + rejoin_timeout_s)
+ * until a generation with room for it admits it, and joins that
+ * generation's communicator; then starts the watcher on it. *out as for
+ * dt_elastic_reform (source and pos: whose state to take). */
+int dt_elastic_join(dt_elastic *el, dt_elastic_gen *out);
+/* This worker's member id (a joiner's is known after dt_elastic_create). */
+int dt_elastic_id(const dt_elastic *el);
 /* The generation this worker is in. */
 int dt_elastic_generation(const dt_elastic *el);
 /* Stops the watcher, frees the communicators it made. NULL is a no-op. */

@@ -34,9 +34,136 @@ int dt__engine_set_elastic(dt_engine *e, dt_elastic *el, int id) {
   return DT_OK;
 }
 
+void dt__engine_el_fingerprint(dt_engine *e, const char *config_text, const void **fp,
+                               size_t *len) {
+  uint8_t sha[32];
+  const char *t = config_text ? config_text : "";
+  dt_sha256(t, strlen(t), sha);
+  dt__engine_lend(e);
+  dt__config_fingerprint(&e->cfg, e->train.n, e->test.n, dt_model_nparams(e->model), sha,
+                         &e->el_fp);
+  size_t n = sizeof e->el_fp + strlen(t);
+  free(e->el_blob);
+  e->el_blob = malloc(n + 1);
+  if (!e->el_blob) n = sizeof e->el_fp; /* the fingerprint alone */
+  else memcpy(e->el_blob, &e->el_fp, sizeof e->el_fp), memcpy(e->el_blob + sizeof e->el_fp, t, n - sizeof e->el_fp + 1);
+  *fp = e->el_blob ? (const void *)e->el_blob : (const void *)&e->el_fp;
+  *len = n;
+}
+
+/* Keys a joiner may hold differently: how the job was started. */
+static int launch_key(const char *sec, const char *key) {
+  return !strcmp(sec, "dist") && (!strcmp(key, "workers") || !strcmp(key, "standby") ||
+                                  !strcmp(key, "replace"));
+}
+
+/* The first line of config text b that differs from a's, as "section.key"
+ * with both values; 0 if none (launch keys skipped). */
+static int text_diff(const char *a, size_t na, const char *b, size_t nb, char *out, size_t cap) {
+  char sec[64] = "";
+  const char *pa = a, *pb = b, *ea = a + na, *eb = b + nb;
+  while (pa < ea || pb < eb) {
+    const char *la = pa, *lb = pb;
+    while (pa < ea && *pa != '\n') pa++;
+    while (pb < eb && *pb != '\n') pb++;
+    size_t ka = (size_t)(pa - la), kb = (size_t)(pb - lb);
+    if (pa < ea) pa++;
+    if (pb < eb) pb++;
+    if (ka && la[0] == '[') snprintf(sec, sizeof sec, "%.*s", (int)(ka > 2 ? ka - 2 : 0), la + 1);
+    if (ka == kb && !memcmp(la, lb, ka)) continue;
+    const char *eq = memchr(la, '=', ka);
+    char key[64];
+    snprintf(key, sizeof key, "%.*s", (int)(eq && eq > la ? eq - la - 1 : (ptrdiff_t)ka), la);
+    if (launch_key(sec, key)) continue;
+    const char *ev = memchr(lb, '=', kb);
+    snprintf(out, cap, "%s.%s = %.*s in the job, %.*s here", sec, key,
+             (int)(eq ? ka - (size_t)(eq - la) - 2 : ka), eq ? eq + 2 : la,
+             (int)(ev ? kb - (size_t)(ev - lb) - 2 : kb), ev ? ev + 2 : lb);
+    return 1;
+  }
+  return 0;
+}
+
+int dt__engine_el_check_fp(void *ud, const void *job_fp, size_t len) {
+  dt_engine *e = ud;
+  if (len < sizeof e->el_fp)
+    return dt__seterr(DT_EMISMATCH, "the job's config fingerprint has %zu bytes, this joiner's "
+                      "%zu (another dtrain version)", len, sizeof e->el_fp);
+  dt_ddp_fingerprint job, mine = e->el_fp;
+  memcpy(&job, job_fp, sizeof job);
+  /* how the job was started may differ; the text is compared below */
+  mine.workers = job.workers;
+  memcpy(mine.config_sha, job.config_sha, 32);
+  char buf[256];
+  const char *why = dt_ddp_fingerprint_diff(&job, &mine, "here", "in the job", buf,
+                                            sizeof buf);
+  if (!why && e->el_blob &&
+      text_diff((const char *)job_fp + sizeof job, len - sizeof job, e->el_blob + sizeof job,
+                strlen(e->el_blob + sizeof job) , buf, sizeof buf))
+    why = buf;
+  if (why)
+    return dt__seterr(DT_EMISMATCH, "its config differs from the job's (%s); a joiner must run "
+                      "the job's configuration", why);
+  return DT_OK;
+}
+
+int dt__engine_set_joined(dt_engine *e, dt_elastic *el, const dt_elastic_gen *g) {
+  if (!e || !el || !g || !g->comm)
+    return dt__seterr(DT_EINVAL, "dt__engine_set_joined: %s is NULL",
+                      !e ? "engine" : !el ? "elastic" : "generation");
+  if (e->ran) return dt__seterr(DT_EINVAL, "dt__engine_set_joined: engine already ran");
+  e->elastic = el;
+  e->el_id = dt_elastic_id(el);
+  e->comm = g->comm;
+  e->rank = g->rank;
+  e->nranks = g->size;
+  e->el_join = 1;
+  e->el_gen = g->gen;
+  e->el_source = g->source;
+  e->el_pos = g->pos;
+  e->el_join_t = dt_now();
+  e->strat.joining = 1;
+  dt__engine_lend(e);
+  return DT_OK;
+}
+
 static const char *const phases[] = {"", "forward", "backward", "allreduce", "eval", NULL};
 
-void dt__elastic_begin(dt_engine *e) {
+/* Where position pos (dt__elastic_pos) is in the loop: epoch and step. */
+static void where(const dt_engine *e, int64_t pos, int *epoch, int64_t *k) {
+  const int64_t spe = e->steps_per_epoch, step = e->strat.step;
+  if ((pos & 1) || step == 0 || step % spe) {
+    *epoch = (int)(step / spe) + 1;
+    *k = step % spe;
+  } else {
+    *epoch = (int)(step / spe);
+    *k = spe; /* that epoch's end is still to do */
+  }
+}
+
+/* A joiner's start: the source's state over the generation it was admitted
+ * to (the members are in membership_change too), the batches re-split. */
+static int join_start(dt_engine *e, dt_ckpt_pos *start) {
+  dt_strategy *S = &e->strat;
+  dt__eobs_membership(e, e->el_gen);
+  dt_membership m = {e->comm, e->rank, e->nranks, e->el_source};
+  int rc = S->ops->membership_change(S, &m);
+  S->joining = 0;
+  if (rc == DT_OK) rc = e->source->ops->bind(e->source, e->rank, e->nranks);
+  if (rc < 0) return dt__preerr(rc, "joiner %d: generation %d", e->el_id, e->el_gen);
+  e->ended_at = e->el_pos & 1 ? S->step : -1;
+  dt_tally z = {.fixed = S->ops->fixed_point};
+  memset(start, 0, sizeof *start);
+  start->ep = z;
+  where(e, e->el_pos, &start->epoch, &start->k);
+  e->el_failed_at = e->el_join_t; /* the first step's log line says how long joining took */
+  DT_LOG_INFO("elastic: joiner %d is rank %d of %d in generation %d; going on at epoch %d "
+              "step %lld", e->el_id, e->rank, e->nranks, e->el_gen, start->epoch,
+              (long long)start->k);
+  return DT_OK;
+}
+
+int dt__elastic_begin(dt_engine *e, dt_ckpt_pos *start) {
   e->kill_phase = 0;
   e->visits = NULL;
   e->ended_at = -1;
@@ -59,6 +186,7 @@ void dt__elastic_begin(dt_engine *e) {
   }
   size_t nb = dt_model_nbufs(e->model);
   if (nb && !e->bufs_snap) e->bufs_snap = malloc(nb * sizeof(float));
+  return e->el_join ? join_start(e, start) : DT_OK;
 }
 
 void dt__elastic_end(dt_engine *e) {
@@ -134,15 +262,7 @@ int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
   if (rc < 0) return dt__preerr(rc, "member %d: generation %d", e->el_id, g.gen);
   dt_elastic_release_old(e->elastic);
   e->ended_at = g.pos & 1 ? S->step : -1;
-  /* where the agreed position is in the loop */
-  const int64_t spe = e->steps_per_epoch, step = S->step;
-  if ((g.pos & 1) || step == 0 || step % spe) {
-    *epoch = (int)(step / spe) + 1;
-    *k = step % spe;
-  } else {
-    *epoch = (int)(step / spe);
-    *k = spe; /* that epoch's end is still to do */
-  }
+  where(e, g.pos, epoch, k); /* where the agreed position is in the loop */
   e->recoveries++;
   DT_LOG_INFO("elastic: generation %d: %d workers, going on at epoch %d step %lld (%.3f s)",
               g.gen, g.size, *epoch, (long long)*k, dt_now() - t0);

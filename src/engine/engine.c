@@ -246,6 +246,7 @@ void dt_engine_destroy(dt_engine *e) {
   dt_model_destroy(e->model);
   dt_dataset_free(&e->train);
   dt_dataset_free(&e->test);
+  free(e->el_blob);
   free(e);
 }
 

@@ -56,4 +56,18 @@ int dt__engine_ps_describe(dt_engine *e, char **out);
  * collective fails; id is this worker's member id. Before dt_engine_run. */
 struct dt_elastic;
 int dt__engine_set_elastic(dt_engine *e, struct dt_elastic *el, int id);
+/* The config fingerprint of this engine running config_text (the bytes a
+ * dt_elastic publishes or compares: see dt_elastic_cfg.fp); *fp points into
+ * the engine. */
+void dt__engine_el_fingerprint(dt_engine *e, const char *config_text, const void **fp,
+                               size_t *len);
+/* dt_elastic_cfg.check_fp for a joiner (ud: the engine): DT_EMISMATCH
+ * naming the first key of job_fp that differs from this engine's. */
+int dt__engine_el_check_fp(void *ud, const void *job_fp, size_t len);
+/* A joiner: el admitted it into generation g (dt_elastic_join); the engine
+ * trains over g's communicator, set up without collectives, and takes the
+ * job's state and position from g's source when it runs. Before
+ * dt_engine_run, instead of dt_engine_set_comm. */
+struct dt_elastic_gen;
+int dt__engine_set_joined(dt_engine *e, struct dt_elastic *el, const struct dt_elastic_gen *g);
 #endif /* DT_ENGINE_H */

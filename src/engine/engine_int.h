@@ -93,6 +93,12 @@ struct dt_engine {
   int64_t ended_at;         /* S->step when the last epoch end was done, or -1 */
   int recoveries;           /* membership changes survived */
   double el_failed_at;      /* dt_now() of the failure being recovered from, or 0 */
+  int el_join;              /* a joiner: the generation it was admitted to (el_gen) */
+  int el_gen, el_source;
+  int64_t el_pos;
+  double el_join_t;         /* dt_now() when it was admitted */
+  dt_ddp_fingerprint el_fp; /* dt__engine_el_fingerprint: fp, then the config text */
+  char *el_blob;
 };
 
 /* The checkpoint root of a run writing to out_dir (ckpt.dir, else
@@ -146,7 +152,9 @@ void dt__eobs_end(dt_engine *e, const char *out_dir, int rc, const char *msg);
 
 /* Fault points of DTRAIN_TEST_KILL. */
 enum { DT_FAULT_FORWARD = 1, DT_FAULT_BACKWARD, DT_FAULT_ALLREDUCE, DT_FAULT_EVAL };
-void dt__elastic_begin(dt_engine *e);
+/* Start of the loop; a joiner takes the job's state here and *start
+ * becomes where it goes on. */
+int dt__elastic_begin(dt_engine *e, dt_ckpt_pos *start);
 void dt__elastic_end(dt_engine *e);
 void dt__elastic_fault(const dt_engine *e, int phase);
 void dt__elastic_step_begin(dt_engine *e);

@@ -33,13 +33,16 @@ int dt__eobs_open(dt_engine *e, const char *out_dir) {
   char job[64];
   job_name(out_dir, job, sizeof job);
   if (out_dir) snprintf(x->dir, sizeof x->dir, "%s/obs", out_dir);
-  int rc = dt_obs_open(&x->o, out_dir ? x->dir : NULL, e->rank, e->nranks, job, NULL);
+  /* an elastic joiner's page is named by its member id: a rank of a later
+   * generation may be a running member's page */
+  int prank = e->el_join ? e->el_id : e->rank, psize = e->el_join ? e->el_id + 1 : e->nranks;
+  int rc = dt_obs_open(&x->o, out_dir ? x->dir : NULL, prank, psize, job, NULL);
   if (rc < 0 && out_dir) {
     /* observability must not stop a run: fall back to memory, say why */
     DT_LOG_WARN("rank %d: %s; metrics and flight recorder kept in memory only", e->rank,
                 dt_errmsg());
     x->dir[0] = '\0';
-    rc = dt_obs_open(&x->o, NULL, e->rank, e->nranks, job, NULL);
+    rc = dt_obs_open(&x->o, NULL, prank, psize, job, NULL);
   }
   if (rc < 0) return rc;
   dt_obs *o = x->o;

@@ -94,4 +94,6 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->max_workers = 0;
   c->rejoin_timeout = 30;
   c->heartbeat_timeout = 2;
+  c->replace = 0;
+  c->standby = 0;
 }

@@ -76,6 +76,10 @@ typedef struct dt_strategy {
   const dt_rank_perf *perf_epoch, *perf_run;
   int nperf;
   dt_obs *obs;                   /* metrics, flight recorder, spans (src/obs; may be NULL) */
+  /* 1: this worker joins a running elastic job: setup makes no collective
+   * call and builds nothing over s->comm; membership_change follows at
+   * once and brings the job's state. */
+  int joining;
 } dt_strategy;
 
 /* Named blobs of a strategy's state, for checkpoints. put copies len bytes

@@ -183,6 +183,10 @@ static int ddp_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_s
 }
 
 static int ddp_setup(dt_strategy *s) {
+  if (s->joining) { /* membership_change builds the rest with the job's state */
+    if (!(s->impl = calloc(1, sizeof(ddp_impl)))) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
+    return DT_OK;
+  }
   if (!s->comm)
     return dt__seterr(DT_EINVAL, "dist.workers = %d: the engine needs a communicator "
                       "(dt_engine_set_comm) to train with several workers", s->cfg->workers);

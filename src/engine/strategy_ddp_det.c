@@ -58,6 +58,10 @@ static int det_setup(dt_strategy *s) {
   /* Every product through our own kernels: OpenBLAS's choice depends on
    * the CPU (OPENBLAS_CORETYPE), which would change the hash. */
   dt_model_set_gemm_flags(s->model, DT_GEMM_FIXED);
+  if (s->joining) { /* membership_change builds the rest with the job's state */
+    if (!(s->impl = calloc(1, sizeof(det_impl)))) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
+    return DT_OK;
+  }
   DT_CHECK(dt__ddp_startup(s));
   det_impl *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");

@@ -290,7 +290,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   p.steps_per_epoch = e->steps_per_epoch;
   /* Elastic training (elastic_run.c): a failed collective re-forms the
    * group and the loop goes on at the agreed position (resume:). */
-  if (e->elastic) dt__elastic_begin(e);
+  if (e->elastic) DT_CHECK_GOTO(dt__elastic_begin(e, &start), rc, done);
   int64_t k0 = 0;
   dt_tally ep;
   for (epoch = start.epoch; epoch <= c->epochs; epoch++) {

@@ -99,7 +99,7 @@ int dt__job_run_external(dt_job *j, dt_job_worker_fn fn, void *arg) {
   dt_comm *c = NULL;
   if (j->world > 1) DT_CHECK(join(j, &c));
   j->st[0].pid = (int)getpid();
-  struct dt_job_worker w = {j->ew.rank, j->world, 0, 1, 0, 1, c, NULL, 0, NULL};
+  struct dt_job_worker w = {j->ew.rank, j->world, 0, 1, 0, 1, c, NULL, 0, NULL, 0, NULL};
   int status = fn(&w, arg);
   if (status != 0 && c) dt_comm_abort(c, DT_EABORTED, dt_errmsg());
   dt_comm_destroy(c);

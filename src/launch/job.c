@@ -68,9 +68,11 @@ static int job_alloc(dt_job **out, const struct dt_job_config *cfg) {
 }
 
 static int finish_alloc(dt_job *j) {
-  j->st = calloc((size_t)j->nlocal, sizeof *j->st);
+  int sp = j->cfg.spares > 0 && !j->external ? j->cfg.spares : 0;
+  j->st = calloc((size_t)(j->nlocal + sp), sizeof *j->st);
   if (!j->st) return dt__seterr(DT_ENOMEM, "job: out of memory for %d workers", j->nlocal);
   for (int i = 0; i < j->nlocal; i++) j->st[i].rank = j->rank0 + i;
+  for (int i = 0; i < sp; i++) j->st[j->nlocal + i].rank = j->world + i; /* spares: no rank yet */
   return DT_OK;
 }
 
@@ -117,6 +119,14 @@ int dt_job_create(dt_job **out, const struct dt_job_config *cfg) {
       return dt__seterr(DT_EINVAL, "job: bind_addr '%s': expects an IPv4 address of this machine",
                         cfg->bind_addr);
   }
+  if (cfg->spares < 0 || cfg->spares > 4096)
+    return dt__seterr(DT_EINVAL, "job: spares %d: expects 0..4096", cfg->spares);
+  if ((cfg->spares || cfg->join) && cfg->min_workers <= 0)
+    return dt__seterr(DT_EINVAL, "job: %s needs elastic training (min_workers > 0)",
+                      cfg->join ? "join" : "spares");
+  if (cfg->join && !cfg->rdzv)
+    return dt__seterr(DT_EINVAL, "job: join needs rdzv, the address of the running job's "
+                      "rendezvous store");
   if (cfg->token && strlen(cfg->token) < 16)
     return dt__seterr(DT_EINVAL, "job: token is too short (%zu characters, need at least 16)",
                       strlen(cfg->token));
@@ -156,7 +166,8 @@ int dt_job_create(dt_job **out, const struct dt_job_config *cfg) {
   } else {
     char who[64];
     snprintf(who, sizeof who, "a job of %d nodes", j->nnodes);
-    DT_CHECK_GOTO(dt__job_token(j->nnodes > 1, who, &j->token), rc, fail);
+    if (cfg->join) snprintf(who, sizeof who, "a joiner of a running job");
+    DT_CHECK_GOTO(dt__job_token(j->nnodes > 1 || cfg->join, who, &j->token), rc, fail);
     if (!*j->token) {
       dt__make_token(j->token_buf, sizeof j->token_buf);
       j->token = j->token_buf;
@@ -169,8 +180,10 @@ int dt_job_create(dt_job **out, const struct dt_job_config *cfg) {
     gethostname(hn, sizeof hn - 1);
     snprintf(j->host_id, sizeof j->host_id, "%s/launch-node-%d", hn, j->node);
   }
+  if (cfg->join) j->nlocal = 1, j->rank0 = 0;
   if (cfg->check_memory)
-    DT_CHECK_GOTO(dt__job_memcheck(j->nlocal, j->world, j->transport, cfg->worker_bytes,
+    DT_CHECK_GOTO(dt__job_memcheck(j->nlocal + (cfg->spares > 0 ? cfg->spares : 0), j->world,
+                                   j->transport, cfg->worker_bytes,
                                    cfg->worker_shm_bytes), rc, fail);
   DT_CHECK_GOTO(finish_alloc(j), rc, fail);
   *out = j;
@@ -253,6 +266,23 @@ int dt_job_run(dt_job *job, dt_job_worker_fn fn, void *arg) {
   if (!fn) return dt__seterr(DT_EINVAL, "dt_job_run: worker function is NULL");
   if (job->ran) return dt__seterr(DT_EINVAL, "dt_job_run: this job has already run (a job runs once)");
   job->ran = 1;
+  if (job->cfg.join) {
+    /* a joiner: fn once, here; it finds its place through the store */
+    struct dt_comm_config cc;
+    dt__job_comm_config(job, 0, &cc);
+    struct dt_job_worker w = {job->world, job->world, 0, 1, 0, 1, NULL, job->rdzv_ip,
+                              job->rdzv_port, &cc, 1, NULL};
+    job->st[0].pid = (int)getpid();
+    int status = fn(&w, arg);
+    job->st[0].exited = 1;
+    job->st[0].code = status & 255;
+    if (status != 0) {
+      job->failed = 0;
+      return dt__seterr(DT_EABORTED, "the joiner (pid %d) ended with status %d", (int)getpid(),
+                        status);
+    }
+    return DT_OK;
+  }
   return job->external ? dt__job_run_external(job, fn, arg) : dt__job_run_local(job, fn, arg);
 }
 

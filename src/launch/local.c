@@ -23,6 +23,11 @@
  * created (named by the job's token hash and the creator's pid, so a pid
  * reused since by another process is never touched) and stops the store.
  *
+ * Elastic jobs (cfg.min_workers): a lost worker is reported to the store,
+ * not fatal; with cfg.spares, spare processes are forked with the workers
+ * and block on a pipe each; the launcher wakes one per lost worker with the
+ * store port and it runs the callback as a joiner (docs/elastic.md).
+ *
  * It does not know what a worker does (the callback does), and it does not
  * watch other nodes' workers: their failures reach this node's workers
  * through the communicator (a lost peer), which then exit.
@@ -133,7 +138,7 @@ static void worker_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_f
   }
   dt_store_destroy(st);
   struct dt_job_worker w = {rank, j->world, r, j->nlocal, j->node, j->nnodes, c,
-                            j->rdzv_ip, port, &cc};
+                            j->rdzv_ip, port, &cc, 0, NULL};
   int status = fn(&w, arg);
   note_return(order, j->nlocal, r, status);
   /* a failed worker tells its peers why (a lost rank it saw, say) instead
@@ -143,6 +148,63 @@ static void worker_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_f
   fflush(stdout);
   fflush(stderr);
   _exit(status == 0 ? 0 : (status & 255) ? (status & 255) : 1);
+}
+
+/* A spare (local index r >= nlocal): waits until the launcher wakes it
+ * with the store port (0 or the pipe's end: quit, quietly), then runs fn
+ * as a joiner. */
+static void spare_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_fn fn, void *arg) {
+  if (j->sigfd >= 0) {
+    close(j->sigfd);
+    sigprocmask(SIG_SETMASK, &j->oldmask, NULL);
+  }
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  int port = 0;
+  ssize_t got;
+  do got = read(rfd, &port, sizeof port);
+  while (got < 0 && errno == EINTR);
+  close(rfd);
+  if (getppid() != parent || got != (ssize_t)sizeof port || port <= 0) _exit(0);
+  struct dt_comm_config cc;
+  dt__job_comm_config(j, 0, &cc);
+  int k = r - j->nlocal;
+  struct dt_job_worker w = {j->world + k, j->world, r, j->nlocal, j->node, j->nnodes, NULL,
+                            j->rdzv_ip, port, &cc, 1, j->spare_id ? &j->spare_id[k] : NULL};
+  int status = fn(&w, arg);
+  fflush(stdout);
+  fflush(stderr);
+  _exit(status == 0 ? 0 : (status & 255) ? (status & 255) : 1);
+}
+
+/* Elastic: wakes the next spare to replace a lost worker; 1 if one was. */
+static int wake_spare(dt_job *j) {
+  int n = j->cfg.spares;
+  while (j->spares_used < n) {
+    int k = j->spares_used++, fd = j->spare_fd[k];
+    j->spare_fd[k] = -1;
+    if (fd < 0) continue;
+    ssize_t w = write(fd, &j->store_port, sizeof j->store_port);
+    close(fd);
+    if (w == (ssize_t)sizeof j->store_port) {
+      dt__job_say(j, DT_JOB_INFO, "elastic: spare %d (pid %d) takes the lost worker's place", k,
+                  j->st[j->nlocal + k].pid);
+      return 1;
+    }
+  }
+  dt__job_say(j, DT_JOB_WARN, "elastic: no spare left to replace the lost worker (%d used)", n);
+  return 0;
+}
+
+/* The spares never woken: told to quit. */
+static void quit_spares(dt_job *j) {
+  for (int k = 0; j->spare_fd && k < j->cfg.spares; k++)
+    if (j->spare_fd[k] >= 0) {
+      int zero = 0;
+      ssize_t w = write(j->spare_fd[k], &zero, sizeof zero);
+      (void)w;
+      close(j->spare_fd[k]);
+      j->spare_fd[k] = -1;
+    }
 }
 
 static void record(dt_job *j, int r, int st) {
@@ -181,8 +243,14 @@ static int first_failure(const dt_job *j, const int *fresh, int nfresh, _Atomic 
 
 /* Elastic jobs: worker r is gone. The members learn it through the store
  * (its death is certain, so they need not wait for its heartbeat). */
-static void elastic_lost(dt_job *j, int r) {
+static int elastic_lost(dt_job *j, int r) {
   const struct dt_job_status *s = &j->st[r];
+  int id = s->rank;
+  if (r >= j->nlocal) { /* a spare: unwoken ones are no members; woken ones said their id */
+    int k = r - j->nlocal;
+    if (k >= j->spares_used || !j->spare_id || j->spare_id[k] < 0) return 0;
+    id = j->spare_id[k];
+  }
   j->lost++;
   if (s->signal)
     dt__job_say(j, DT_JOB_WARN, "worker rank %d (pid %d) was killed by signal %d; the others go "
@@ -195,17 +263,18 @@ static void elastic_lost(dt_job *j, int r) {
     j->el_store = NULL;
     dt__job_say(j, DT_JOB_WARN, "elastic: cannot reach the store to report rank %d: %s", s->rank,
                 dt_errmsg());
-    return;
+  } else if (dt_elastic_report_dead(j->el_store, j->name, id, 5) < 0) {
+    dt__job_say(j, DT_JOB_WARN, "elastic: reporting member %d: %s", id, dt_errmsg());
   }
-  if (j->el_store && dt_elastic_report_dead(j->el_store, j->name, s->rank, 5) < 0)
-    dt__job_say(j, DT_JOB_WARN, "elastic: reporting rank %d: %s", s->rank, dt_errmsg());
+  return j->cfg.spares > 0 && wake_spare(j);
 }
 
 /* Waits for every started worker by pid (pids[r] becomes 0 once reaped).
  * quiet: the workers were told to quit, their exits are no failures. */
 static void reap(dt_job *j, pid_t *pids, int n, int quiet, _Atomic int *order) {
+  /* spares count once woken (index below nlocal + spares_used) */
   int left = 0;
-  for (int r = 0; r < n; r++) left += pids[r] > 0;
+  for (int r = 0; r < n; r++) left += pids[r] > 0 && r < j->nlocal + j->spares_used;
   int *fresh = calloc((size_t)(n > 0 ? n : 1), sizeof *fresh);
   double kill_at = 0;
   int killed = 0;
@@ -228,7 +297,7 @@ static void reap(dt_job *j, pid_t *pids, int n, int quiet, _Atomic int *order) {
       pid_t p = waitpid(pids[r], &st, WNOHANG);
       if (p == 0 || (p < 0 && errno == EINTR)) continue;
       pids[r] = 0;
-      left--;
+      if (r < j->nlocal + j->spares_used) left--;
       if (p < 0) { /* not our child any more: count it as lost */
         j->st[r].exited = 0;
         j->st[r].signal = SIGKILL;
@@ -236,11 +305,12 @@ static void reap(dt_job *j, pid_t *pids, int n, int quiet, _Atomic int *order) {
         record(j, r, st);
       }
       int ok = j->st[r].exited && j->st[r].code == 0;
+      if (r >= j->nlocal + j->spares_used) continue; /* an unwoken spare: no member */
       if (!ok && !quiet && !j->signal && fresh) fresh[nfresh++] = r; /* after a signal: ours */
     }
     if (j->cfg.min_workers > 0 && !quiet && !j->signal) {
       /* elastic: a lost worker is reported to the store; the others go on */
-      for (int i = 0; i < nfresh; i++) elastic_lost(j, fresh[i]);
+      for (int i = 0; i < nfresh; i++) left += elastic_lost(j, fresh[i]);
       nfresh = 0;
     }
     /* elastic: no failure stops the others (the workers decide themselves) */
@@ -367,14 +437,38 @@ static void warn_host(dt_job *j) {
 
 int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
   warn_host(j);
-  pid_t *pids = calloc((size_t)j->nlocal, sizeof *pids);
-  int *spids = calloc((size_t)j->nlocal, sizeof *spids);
-  int pfd[2] = {-1, -1};
-  if (!pids || !spids || pipe2(pfd, O_CLOEXEC) < 0) {
+  const int nsp = j->cfg.spares > 0 ? j->cfg.spares : 0, total = j->nlocal + nsp;
+  pid_t *pids = calloc((size_t)total, sizeof *pids);
+  int *spids = calloc((size_t)total, sizeof *spids);
+  int *srfd = calloc((size_t)nsp + 1, sizeof *srfd);
+  j->spare_fd = calloc((size_t)nsp + 1, sizeof *j->spare_fd);
+  j->spare_id = nsp ? mmap(NULL, (size_t)nsp * sizeof(int), PROT_READ | PROT_WRITE,
+                           MAP_SHARED | MAP_ANONYMOUS, -1, 0) : NULL;
+  if (j->spare_id == MAP_FAILED) j->spare_id = NULL;
+  j->spares_used = 0;
+  int pfd[2] = {-1, -1}, prc = 0;
+  for (int k = 0; k < nsp; k++) {
+    int sp[2] = {-1, -1};
+    if (!j->spare_id) prc = -1;
+    else j->spare_id[k] = -1;
+    if (prc == 0) prc = pipe2(sp, O_CLOEXEC);
+    srfd[k] = sp[0];
+    j->spare_fd[k] = sp[1];
+  }
+  if (!pids || !spids || !srfd || !j->spare_fd || prc < 0 || pipe2(pfd, O_CLOEXEC) < 0) {
+    for (int k = 0; srfd && j->spare_fd && k < nsp; k++) {
+      if (srfd[k] > 0) close(srfd[k]);
+      if (j->spare_fd[k] > 0) close(j->spare_fd[k]);
+    }
     free(pids);
     free(spids);
+    free(srfd);
+    free(j->spare_fd);
+    j->spare_fd = NULL;
+    if (j->spare_id) munmap(j->spare_id, (size_t)nsp * sizeof(int));
+    j->spare_id = NULL;
     return dt__seterr(DT_ENOMEM, "job: node %d: out of resources for %d workers: %s", j->node,
-                      j->nlocal, strerror(errno));
+                      total, strerror(errno));
   }
   int swfd;
   pid_t swpid = sweeper_start(j, &swfd);
@@ -388,11 +482,19 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
   fflush(stdout);
   fflush(stderr);
   int started = 0, rc = DT_OK;
-  for (int r = 0; r < j->nlocal; r++) {
+  for (int r = 0; r < total; r++) {
     pid_t p = fork();
     if (p == 0) {
       close(pfd[1]);
       if (swfd >= 0) close(swfd);
+      for (int k = 0; k < nsp; k++) {
+        close(j->spare_fd[k]);
+        if (k != r - j->nlocal) close(srfd[k]);
+      }
+      if (r >= j->nlocal) {
+        close(pfd[0]);
+        spare_main(j, r, srfd[r - j->nlocal], parent, fn, arg); /* does not return */
+      }
       worker_main(j, r, pfd[0], parent, fn, arg, order); /* does not return */
     }
     if (p < 0) {
@@ -411,6 +513,8 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
     started++;
   }
   close(pfd[0]);
+  for (int k = 0; k < nsp; k++) close(srfd[k]);
+  free(srfd);
   dt_store_server *srv = NULL;
   int port = j->rdzv_port;
   if (rc == DT_OK && j->node == 0) {
@@ -427,24 +531,49 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
     char *line = malloc(cap);
     if (line) {
       len += (size_t)snprintf(line, cap, "workers:");
-      for (int r = 0; r < started; r++)
+      for (int r = 0; r < started && r < j->nlocal; r++)
         len += (size_t)snprintf(line + len, cap - len, " rank %d pid %d%s", j->rank0 + r,
-                                (int)pids[r], r + 1 < started ? "," : "");
+                                (int)pids[r], r + 1 < j->nlocal ? "," : "");
+      for (int r = j->nlocal; r < started; r++)
+        len += (size_t)snprintf(line + len, cap - len, "%s spare %d pid %d",
+                                r == j->nlocal ? ";" : ",", r - j->nlocal, (int)pids[r]);
       dt__job_say(j, DT_JOB_INFO, "%s", line);
       free(line);
     }
   }
   j->store_port = port;
-  for (int r = 0; r < started; r++) {
+  for (int r = 0; r < started && r < j->nlocal; r++) {
     ssize_t w = write(pfd[1], &port, sizeof port);
     (void)w;
   }
+  if (port <= 0) quit_spares(j);
   close(pfd[1]);
   /* the reason (meeting, store) is kept; workers told to quit exit 1 quietly */
   char why[1024];
   snprintf(why, sizeof why, "%s", rc < 0 ? dt_errmsg() : "");
   int failed_before = rc < 0;
   reap(j, pids, started, failed_before, order);
+  /* spares never woken: told to quit, and waited for (they only read a pipe) */
+  quit_spares(j);
+  for (int r = j->nlocal; r < started; r++)
+    if (pids[r] > 0) {
+      int st;
+      double until = dt_now() + 5;
+      while (waitpid(pids[r], &st, WNOHANG) == 0 && dt_now() < until) {
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+      }
+      if (waitpid(pids[r], &st, WNOHANG) == 0) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &st, 0);
+      }
+      record(j, r, st);
+      pids[r] = 0;
+    }
+  free(j->spare_fd);
+  j->spare_fd = NULL;
+  if (j->spare_id) munmap(j->spare_id, (size_t)nsp * sizeof(int));
+  j->spare_id = NULL;
   if (order) munmap((void *)order, order_len);
   dt_store_destroy(j->el_store);
   j->el_store = NULL;
@@ -465,7 +594,7 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
   if (j->cfg.min_workers > 0 && j->failed < 0) {
     /* elastic: the job succeeded if some worker did */
     int ok = 0, first = -1;
-    for (int r = 0; r < started; r++) {
+    for (int r = 0; r < started && r < j->nlocal + j->spares_used; r++) {
       if (j->st[r].exited && j->st[r].code == 0) ok++;
       else if (first < 0) first = r;
     }

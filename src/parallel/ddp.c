@@ -621,12 +621,13 @@ int dt_ddp_check_params(dt_model *m, dt_comm *c) {
   return check_hash(m, c, "parameter check");
 }
 
-static const char *fp_diff(const dt_ddp_fingerprint *a, const dt_ddp_fingerprint *b, int r,
-                           char *buf, size_t cap) {
+const char *dt_ddp_fingerprint_diff(const dt_ddp_fingerprint *a, const dt_ddp_fingerprint *b,
+                                    const char *who_b, const char *who_a, char *buf,
+                                    size_t cap) {
 #define NUM(f, key)                                                                 \
   if (a->f != b->f) {                                                               \
-    snprintf(buf, cap, "%s = %lld on rank %d, %lld on rank 0", key, (long long)b->f, r,  \
-             (long long)a->f);                                                      \
+    snprintf(buf, cap, "%s = %lld %s, %lld %s", key, (long long)b->f, who_b,         \
+             (long long)a->f, who_a);                                               \
     return buf;                                                                     \
   }
   NUM(workers, "dist.workers")
@@ -678,7 +679,9 @@ int dt_ddp_check_config(dt_comm *c, const dt_ddp_fingerprint *fp) {
     return rc;
   }
   for (int r = 1; r < n; r++) {
-    const char *why = fp_diff(&all[0], &all[r], r, buf, sizeof buf);
+    char who[32];
+    snprintf(who, sizeof who, "on rank %d", r);
+    const char *why = dt_ddp_fingerprint_diff(&all[0], &all[r], who, "on rank 0", buf, sizeof buf);
     if (why) {
       rc = dt__seterr(DT_EMISMATCH, "config of rank %d differs from rank 0's (%s); every "
                       "worker must run the same configuration", r, why);

@@ -141,5 +141,11 @@ typedef struct dt_ddp_fingerprint {
 /* Collective: DT_EMISMATCH naming the first rank (and key) whose fingerprint
  * differs from rank 0's; every rank gets the same verdict. */
 int dt_ddp_check_config(dt_comm *c, const dt_ddp_fingerprint *fp);
+/* The first difference of fingerprint b from a ("train.batch = 64 on rank 3,
+ * 32 on rank 0" with who_b "on rank 3", who_a "on rank 0"; buf holds it
+ * when needed), NULL if none. */
+const char *dt_ddp_fingerprint_diff(const dt_ddp_fingerprint *a, const dt_ddp_fingerprint *b,
+                                    const char *who_b, const char *who_a, char *buf,
+                                    size_t cap);
 
 #endif /* DT_PARALLEL_DDP_H */
