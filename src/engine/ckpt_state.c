@@ -225,7 +225,7 @@ static int blob_put(void *ud, const char *name, const void *data, size_t len) {
   struct blob_ctx *b = ud;
   void *copy = dt__snap_alloc(b->snap, len);
   if (!copy) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory for '%s'", name);
-  memcpy(copy, data, len);
+  if (len) memcpy(copy, data, len); /* an empty blob may come with data NULL */
   char tn[DT_ST_NAME_MAX];
   snprintf(tn, sizeof tn, "strategy/%s", name);
   int64_t shape[1] = {(int64_t)len};

@@ -58,7 +58,7 @@ static void put(sbuf *s, const char *fmt, ...) {
 static void num(char *buf, size_t cap, double v) {
   if (isnan(v)) snprintf(buf, cap, "NaN");
   else if (isinf(v)) snprintf(buf, cap, "%s", v > 0 ? "+Inf" : "-Inf");
-  else if (v == (double)(long long)v && fabs(v) < 1e15) {
+  else if (fabs(v) < 1e15 && v == (double)(long long)v) { /* range first: the cast of 2.5e20 is UB */
     long long i = (long long)v;
     char t[24];
     int k = 0, neg = i < 0 || (i == 0 && signbit(v));
