@@ -115,6 +115,9 @@ void dt__eobs_membership(dt_engine *e, int generation) {
   dt_obs *o = e->obs.o;
   if (!o) return;
   if (e->comm) dt_comm_set_obs(e->comm, o); /* the new communicator records too */
+  /* renumbered: the labels and the page's file name follow the new rank */
+  if (dt_obs_rerank(o, e->obs.dir[0] ? e->obs.dir : NULL, e->rank, e->nranks) < 0)
+    DT_LOG_WARN("rank %d: %s", e->rank, dt_errmsg());
   dt_obs_set(dt_obs_gauge(o, "dtrain_membership_generation",
                           "Elastic membership generation this rank trains in"), generation);
 }

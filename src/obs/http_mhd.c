@@ -52,7 +52,12 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
   for (int i = 0; pg && i < s->n; i++) {
     char p[4200];
     dt__obs_rank_path(s->dir, s->ranks[i], p, sizeof p);
-    if (dt__obs_read(p, &pg[got]) == DT_OK) got++; /* a rank not started yet: left out */
+    /* left out: a rank not started yet, a page whose rank moved on to
+     * another number (elastic re-forming: obs.h dt_obs_rerank), a rank
+     * whose process is gone (its last values would stay forever) */
+    if (dt__obs_read(p, &pg[got]) == DT_OK && pg[got].rank == s->ranks[i] &&
+        !strchr("XZ", dt__obs_proc_state(pg[got].pid)))
+      got++;
   }
   char *buf = NULL;
   size_t len = 0, cap = 0;

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include "obs/obs_int.h"
+#include "obs/obs_diag.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 const double dt_obs_seconds_bounds[DT_OBS_MAX_BOUNDS] = {
@@ -59,6 +61,7 @@ int dt_obs_open(dt_obs **out, const char *dir, int rank, int size, const char *j
   if (!o) return dt__seterr(DT_ENOMEM, "obs: out of memory");
   pthread_mutex_init(&o->mu, NULL);
   pthread_mutex_init(&o->fr_mu, NULL);
+  o->fd = -1;
   o->len = (sizeof(struct dt_obs_page) + 4095) & ~(size_t)4095;
   void *p = MAP_FAILED;
   if (dir) {
@@ -73,7 +76,8 @@ int dt_obs_open(dt_obs **out, const char *dir, int rank, int size, const char *j
       return dt__seterr(DT_EIO, "obs: %s: %s", path, strerror(e));
     }
     p = mmap(NULL, o->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+    if (p == MAP_FAILED) close(fd);
+    else o->fd = fd;
   } else {
     p = mmap(NULL, o->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   }
@@ -101,12 +105,61 @@ void dt_obs_close(dt_obs *o) {
   if (!o) return;
   dt__obs_trace_free(o);
   munmap(o->pg, o->len);
+  if (o->fd >= 0) close(o->fd);
   pthread_mutex_destroy(&o->mu);
   pthread_mutex_destroy(&o->fr_mu);
   free(o);
 }
 
 int dt_obs_rank(const dt_obs *o) { return o ? o->pg->rank : -1; }
+
+static void set_rank(struct dt_obs_page *pg, int rank, int size) {
+  /* a reader copying meanwhile must still see rank < size */
+  if (size >= pg->size) pg->size = size, pg->rank = rank;
+  else pg->rank = rank, pg->size = size;
+}
+
+/* Whether the file at path holds the page of another live process that
+ * still says rank: a member that has not named its own page anew yet. */
+static int held_by_other(const char *path, int rank, struct dt_obs_page *q) {
+  return dt__obs_read(path, q) == DT_OK && q->rank == rank && q->pid != (int32_t)getpid() &&
+         !strchr("XZ", dt__obs_proc_state(q->pid));
+}
+
+int dt_obs_rerank(dt_obs *o, const char *dir, int rank, int size) {
+  if (!o) return DT_OK;
+  if (size < 1 || rank < 0 || rank >= size)
+    return dt__seterr(DT_EINVAL, "obs: rank %d of %d out of range", rank, size);
+  struct dt_obs_page *pg = o->pg;
+  if (!dir || o->fd < 0 || rank == pg->rank) {
+    set_rank(pg, rank, size);
+    return DT_OK;
+  }
+  char self[64], tmp[4200], path[4200];
+  snprintf(self, sizeof self, "/proc/self/fd/%d", o->fd);
+  dt__obs_rank_path(dir, rank, path, sizeof path);
+  snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+  /* Members keep their order, so the new name is a lost rank's or that of
+   * an earlier member (new <= old); that one must link its own new name
+   * before this one takes its old, or its page would be left without a
+   * name to link from. Wait for it (at most 2 s: a stopped member must not
+   * hold this one up), then take the name. */
+  struct dt_obs_page *q = malloc(sizeof *q);
+  for (int i = 0; q && i < 2000 && held_by_other(path, rank, q); i++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  free(q);
+  unlink(tmp);
+  int rc = DT_OK;
+  if (linkat(AT_FDCWD, self, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW) < 0 || rename(tmp, path) < 0) {
+    int e = errno;
+    unlink(tmp);
+    rc = dt__seterr(DT_EIO, "obs: cannot name this rank's page %s: %s", path, strerror(e));
+  }
+  set_rank(pg, rank, size); /* after the link: the next member waits for this */
+  return rc;
+}
 
 /* ---- metrics --------------------------------------------------------------- */
 

@@ -62,6 +62,15 @@ int dt_obs_open(dt_obs **out, const char *dir, int rank, int size, const char *j
  * and frees the trace. NULL is a no-op. */
 void dt_obs_close(dt_obs *o);
 int dt_obs_rank(const dt_obs *o);
+/* After a membership change (elastic re-forming renumbers the ranks,
+ * keeping their order): the page says rank of size from now on, and its
+ * file is (also) named dir/rank-R, moved over a lost rank's page or the
+ * old name of an earlier member (which it waits, at most 2 s, to have
+ * named its own page first). The old name may stay, pointing at this
+ * page, until another member takes it; readers serve a file rank-R only
+ * when the page in it says rank R. dir NULL: only the labels change.
+ * DT_EIO naming the path (the labels changed all the same). */
+int dt_obs_rerank(dt_obs *o, const char *dir, int rank, int size);
 
 /* ---- metrics --------------------------------------------------------------- */
 

@@ -18,6 +18,7 @@ struct dt_span {
 struct dt_obs {
   struct dt_obs_page *pg;
   size_t len;
+  int fd;               /* the page's file (-1: anonymous), kept to name it anew (dt_obs_rerank) */
   pthread_mutex_t mu;   /* registration; the span ring */
   pthread_mutex_t fr_mu; /* flight-recorder entries and the note */
   int full_warned;

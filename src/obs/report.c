@@ -366,6 +366,7 @@ static void pages_section(FILE *f, const char *dir) {
     for (int r = 0; r < 1024 && ns < MAXS; r++) {
       snprintf(p, sizeof p, "%s/obs/rank-%d", dir, r);
       if (dt__obs_read(p, pg) < 0) break;
+      if (pg->rank != r) continue; /* an old name of a page renumbered by elastic re-forming */
       uint32_t k = atomic_load(&pg->nmetrics);
       for (uint32_t i = 0; i < k; i++) {
         const struct dt_obs_slot *sl = &pg->slot[i];

@@ -84,6 +84,44 @@ static void test_metrics(void **st) {
   dt_obs_close(NULL);
 }
 
+/* Elastic re-forming: ranks 0 (lost), 1 and 2 of 3 become 0 and 1 of 2.
+ * Each survivor's page says its new rank and is found under its new name
+ * (over the lost rank's file); the old name rank-2 still points at the
+ * page now saying rank 1, which readers skip by that mismatch. */
+static void test_rerank(void **st) {
+  (void)st;
+  dt_obs *lost, *a, *b;
+  assert_int_equal(dt_obs_open(&lost, dir, 0, 3, "j", "h"), DT_OK);
+  assert_int_equal(dt_obs_open(&a, dir, 1, 3, "j", "h"), DT_OK);
+  assert_int_equal(dt_obs_open(&b, dir, 2, 3, "j", "h"), DT_OK);
+  dt_obs_set(dt_obs_gauge(a, "who", "x"), 1);
+  dt_obs_set(dt_obs_gauge(b, "who", "x"), 2);
+  dt_obs_close(lost);
+  /* in rank order, as dt_obs_rerank's wait makes separate processes do:
+   * b's new name is a's old one */
+  assert_int_equal(dt_obs_rerank(a, dir, 0, 2), DT_OK);
+  assert_int_equal(dt_obs_rerank(b, dir, 1, 2), DT_OK);
+  struct dt_obs_page *pg = malloc(sizeof *pg);
+  read_page(0, pg);
+  assert_int_equal(pg->rank, 0);
+  assert_int_equal(pg->size, 2);
+  assert_true(dt__obs_bits_to_d(atomic_load(&pg->slot[0].value)) == 1);
+  read_page(1, pg);
+  assert_int_equal(pg->rank, 1);
+  assert_true(dt__obs_bits_to_d(atomic_load(&pg->slot[0].value)) == 2);
+  read_page(2, pg); /* the old name: the same page, saying rank 1 */
+  assert_int_equal(pg->rank, 1);
+  /* writes after the move land in the page under the new name */
+  dt_obs_set(dt_obs_gauge(b, "who", "x"), 7);
+  read_page(1, pg);
+  assert_true(dt__obs_bits_to_d(atomic_load(&pg->slot[0].value)) == 7);
+  assert_int_equal(dt_obs_rerank(a, dir, 2, 2), DT_EINVAL);
+  assert_int_equal(dt_obs_rerank(NULL, dir, 0, 1), DT_OK);
+  free(pg);
+  dt_obs_close(a);
+  dt_obs_close(b);
+}
+
 static void test_page_corrupt(void **st) {
   (void)st;
   dt_obs *o = NULL;
@@ -253,6 +291,7 @@ static void test_trace(void **st) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_metrics, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rerank, setup, teardown),
       cmocka_unit_test_setup_teardown(test_page_corrupt, setup, teardown),
       cmocka_unit_test_setup_teardown(test_diagnose_never_entered, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ring, setup, teardown),
