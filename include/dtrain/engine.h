@@ -114,6 +114,8 @@ typedef struct dt_run_cfg {
   int micro_batches;                   /* dist.micro_batches: m per global batch */
   int stages[DT_CFG_MAX_STAGES];       /* model.stages: [0] = cut points, then each */
   int recompute;                       /* train.recompute: activation recomputation */
+  int pipe_wgrad;                      /* -1: DTRAIN_PIPE_WGRAD; 0/1 (tests): weight
+                                          gradients per micro-batch / deferred */
   /* [dist] gradient compression (docs/compress.md) */
   int compress;                        /* codec: 0 none, fp16, bf16, int8, qsgd, sign, topk, powersgd */
   int error_feedback;                  /* keep what a codec did not send for the next step */

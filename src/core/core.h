@@ -77,6 +77,7 @@ void dt_log_set_json(int on);
   X(NN_CHUNK_BYTES, INT, 128 << 10, NULL, 0, INT64_MAX, "working-set size of one chunk of the fused layer execution plan, bytes") \
   X(NODE_RANK, STR, 0, NULL, 0, 0, "dtrain launch --node-rank: this node, 0..nnodes-1") \
   X(NPROC_PER_NODE, STR, 0, NULL, 0, 0, "dtrain launch --nproc-per-node: workers on this node") \
+  X(PIPE_WGRAD, INT, 1, NULL, 0, 1, "pipeline: each stage makes its linear layers' weight gradients in one product per step over every micro-batch (1) or per micro-batch (0); 0 always with train.recompute and dist.deterministic") \
   X(RDZV, STR, 0, NULL, 0, 0, "HOST:PORT of the rendezvous store (dtrain launch --rdzv; under mpirun/srun rank 0 serves it there)") \
   X(RDZV_DIR, STR, 0, "/tmp", 0, 0, "directory where ranks started by mpirun/srun without DTRAIN_RDZV meet through files") \
   X(RING_MIN_BYTES, INT, 1 << 20, NULL, 0, INT64_MAX, "allreduce/broadcast from this size up use the ring (more than 2 ranks), bytes") \

@@ -70,6 +70,7 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->micro_batches = 1;
   c->stages[0] = 0;
   c->recompute = 0;
+  c->pipe_wgrad = -1;
   c->compress = 0;
   c->error_feedback = 1;
   c->compress_ratio = 0.01f;

@@ -61,6 +61,7 @@
 #include "core/core.h"
 #include "nn/nn.h"
 #include "nn/spec.h"
+#include "tensor/tensor.h"
 
 /* How a layer takes part in the execution plan. */
 enum fuse {
@@ -123,6 +124,8 @@ struct dt_model {
   const float *dx;        /* input gradient of the last backward (need_dx) */
   float *gtmp;            /* accum: a non-linear layer's gradients before they are added */
   int shared;             /* params, grads and bufs are another model's */
+  dt__wstash *wst;        /* deferred weight gradients (nn.h), or NULL */
+  int wrow0;              /* this micro-batch's first stash row */
   size_t act_bytes;       /* activations, saved statistics, masks, gradient ping-pong */
 };
 
@@ -707,6 +710,73 @@ static void add_grads(const dt_model *m, layer *l) {
   for (size_t j = 0; j < l->s.info.nparams; j++) g[j] += t[j];
 }
 
+/* ---- deferred weight gradients (nn.h) ---- */
+
+struct dt__wstash {
+  int n, max_rows;
+  float **x, **dy; /* per layer (linear ones): stashed inputs, output gradients */
+  size_t bytes;
+};
+
+void dt__wstash_destroy(dt__wstash *s) {
+  if (!s) return;
+  for (int i = 0; i < s->n; i++) dt_free(s->x[i]), dt_free(s->dy[i]);
+  free(s->x), free(s->dy), free(s);
+}
+
+int dt__wstash_create(dt__wstash **out, const dt_model *m, int max_rows) {
+  dt__wstash *s = calloc(1, sizeof *s);
+  *out = NULL;
+  if (!s || !(s->x = calloc((size_t)m->n, sizeof *s->x)) ||
+      !(s->dy = calloc((size_t)m->n, sizeof *s->dy))) {
+    dt__wstash_destroy(s);
+    return dt__seterr(DT_ENOMEM, "model: out of memory for deferred weight gradients");
+  }
+  s->n = m->n;
+  s->max_rows = max_rows;
+  for (int i = 0; i < m->n; i++) {
+    const layer *l = &m->L[i];
+    if (l->s.info.kind != DT_L_LINEAR) continue;
+    size_t bx = (size_t)max_rows * l->in_el * sizeof(float), by = (size_t)max_rows * l->out_el * sizeof(float);
+    if (!(s->x[i] = dt_alloc(bx)) || !(s->dy[i] = dt_alloc(by))) {
+      dt__wstash_destroy(s);
+      return dt__seterr(DT_ENOMEM, "model: out of memory for deferred weight gradients (%d rows)",
+                        max_rows);
+    }
+    s->bytes += bx + by;
+  }
+  *out = s;
+  return DT_OK;
+}
+
+size_t dt__wstash_bytes(const dt__wstash *s) { return s ? s->bytes : 0; }
+
+void dt__model_set_wstash(dt_model *m, dt__wstash *s, int row0) {
+  m->wst = s;
+  m->wrow0 = row0;
+}
+
+/* Linear layer i's input and output gradient d (B samples) into the stash. */
+static int stash_rows(dt_model *m, int i, const float *d, int B) {
+  const layer *l = &m->L[i];
+  if (m->wrow0 < 0 || m->wrow0 + B > m->wst->max_rows || m->wst->n != m->n || !m->wst->x[i])
+    return dt__seterr(DT_EINVAL, "model backward: stash rows [%d, %d) outside its %d rows",
+                      m->wrow0, m->wrow0 + B, m->wst->max_rows);
+  memcpy(m->wst->x[i] + (size_t)m->wrow0 * l->in_el, l->in, (size_t)B * l->in_el * sizeof(float));
+  memcpy(m->wst->dy[i] + (size_t)m->wrow0 * l->out_el, d, (size_t)B * l->out_el * sizeof(float));
+  return DT_OK;
+}
+
+void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows) {
+  for (int i = 0; i < m->n && i < s->n; i++) {
+    layer *l = &m->L[i];
+    if (!s->x[i] || !l->dw) continue;
+    /* dweight(OC,C) = dy^T(OC,rows) * x(rows,C) */
+    dt_sgemm_f(m->gemm_flags, 1, 0, l->s.oc, (int)l->in_el, rows, 1.0f, s->dy[i], l->s.oc,
+               s->x[i], (int)l->in_el, 0.0f, l->dw, (int)l->in_el);
+  }
+}
+
 /* Backward through the layers from the output gradient d (B samples). */
 static int backward_layers(dt_model *m, float *d, int B, dt_grad_ready_fn on_ready, void *ud) {
   const int stop = m->need_dx ? 0 : m->first_param;
@@ -722,7 +792,15 @@ static int backward_layers(dt_model *m, float *d, int B, dt_grad_ready_fn on_rea
     float *gb = in->nparams ? gw + (l->db - l->dw) : NULL;
     switch (in->kind) {
     case DT_L_LINEAR:
-      if (m->accum)
+      if (m->wst) {
+        DT_CHECK(stash_rows(m, i, d, B));
+        if (m->accum)
+          dt_linear_backward_acc_f(m->gemm_flags, dinp, NULL, l->db, d, l->in, l->w, B,
+                                   (int)l->in_el, s->oc);
+        else
+          dt_linear_backward_f(m->gemm_flags, dinp, NULL, l->db, d, l->in, l->w, B,
+                               (int)l->in_el, s->oc);
+      } else if (m->accum)
         dt_linear_backward_acc_f(m->gemm_flags, dinp, l->dw, l->db, d, l->in, l->w, B,
                                  (int)l->in_el, s->oc);
       else

@@ -101,6 +101,21 @@ void dt__model_set_accum(dt_model *m, int accumulate, float gscale);
  * need_dx (model memory, valid until the next backward). */
 int dt__model_backward_dy(dt_model *m, const float *dy, int B, const float **dx,
                           dt_grad_ready_fn on_ready, void *ud);
+/* Deferred weight gradients (pipeline micro-batches): with a stash set
+ * (dt__model_set_wstash), the backward of a linear layer makes only its
+ * input and bias gradients and copies its input and output gradient into
+ * the stash's rows [row0, row0 + B); dt__model_wgrad_flush then makes every
+ * linear layer's weight gradient in one product over the first `rows`
+ * stashed rows (overwriting it): one pass over the weight gradient per step
+ * instead of one per micro-batch. One stash serves every model of a stage
+ * (the same layers). Not with deterministic mode or grad_ready callbacks. */
+typedef struct dt__wstash dt__wstash;
+int dt__wstash_create(dt__wstash **out, const dt_model *m, int max_rows);
+void dt__wstash_destroy(dt__wstash *s);
+size_t dt__wstash_bytes(const dt__wstash *s);
+/* s NULL: backward makes weight gradients itself again. */
+void dt__model_set_wstash(dt_model *m, dt__wstash *s, int row0);
+void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows);
 /* Bytes of activation memory the model allocated for max_batch samples
  * (outputs, masks, saved statistics, pooling indices, gradient buffers). */
 size_t dt__model_act_bytes(const dt_model *m);

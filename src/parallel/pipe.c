@@ -41,6 +41,8 @@ struct dt_pipe {
   const float **xin;         /* per micro-batch of the step: its input */
   dt_ddp *ddp;               /* deterministic mode: the fixed-point sums */
   int nshards_left;          /* deterministic mode: micro-shards still to go back */
+  dt__wstash *wst;           /* deferred weight gradients (NULL: per micro-batch) */
+  int *row0;                 /* per micro-batch of the step: its first stash row */
   double compute_s, wait_s;
 };
 
@@ -62,6 +64,8 @@ void dt_pipe_destroy(dt_pipe *p) {
   dt_free(p->gin);
   dt_free(p->bufsave);
   free(p->areq), free(p->greq), free(p->apend), free(p->gpend), free((void *)p->xin);
+  dt__wstash_destroy(p->wst);
+  free(p->row0);
   free(p);
 }
 
@@ -116,6 +120,14 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
   }
   if (!last && !(p->gin = dt_alloc((B * p->out_dim + 2) * sizeof(float)))) goto nomem;
   if ((cfg->recompute || cfg->det) && !(p->bufsave = dt_alloc((cfg->nbufs + 1) * sizeof(float)))) goto nomem;
+  /* weight gradients in one product per step over every micro-batch (a
+   * pass over each weight gradient per step, not per micro-batch); not with
+   * recompute, whose point is to keep no micro-batch's activations, nor in
+   * deterministic mode (its own per-micro-shard path) */
+  if (!cfg->det && !cfg->recompute && cfg->micro > 1 && cfg->wgrad) {
+    if (!(p->row0 = calloc((size_t)cfg->micro, sizeof *p->row0))) goto nomem;
+    DT_CHECK_GOTO(dt__wstash_create(&p->wst, p->inst[0], cfg->micro * cfg->max_batch), rc, fail);
+  }
   *out = p;
   return DT_OK;
 nomem:
@@ -130,6 +142,7 @@ dt_model *dt_pipe_model(dt_pipe *p) { return p->inst[0]; }
 size_t dt_pipe_act_bytes(const dt_pipe *p, int *models, int *slots) {
   size_t b = 0, B = (size_t)p->c.max_batch;
   for (int k = 0; k < p->K; k++) b += dt__model_act_bytes(p->inst[k]);
+  b += dt__wstash_bytes(p->wst);
   int first = p->c.stage == 0, last = p->c.stage == p->c.nstages - 1;
   b += (size_t)p->S * B * sizeof(float) *
        ((first ? 0 : 2 * p->in_dim + 2) + (last ? 0 : p->out_dim));
@@ -300,6 +313,7 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
     p->inst_mb[k] = j;
   }
   dt__model_set_accum(m, !first, (float)n / (float)n_global);
+  if (p->wst) dt__model_set_wstash(m, p->wst, p->row0[j]);
   const float *dx = NULL;
   if (s == P - 1) {
     DT_CHECK(dt_model_backward(m, mb[j].y, n, &loss[j], &correct[j], NULL, NULL));
@@ -357,7 +371,9 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
     return DT_OK;
   }
   const int s = p->c.stage, P = p->c.nstages;
-  int rc = DT_OK;
+  int rc = DT_OK, rows = 0;
+  if (p->wst)
+    for (int j = 0; j < m; j++) p->row0[j] = rows, rows += mb[j].n;
   if (p->c.schedule == DT_PIPE_GPIPE) {
     for (int j = 0; j < m && rc == DT_OK; j++) rc = fwd(p, mb, j, seed, step);
     for (int j = 0; j < m && rc == DT_OK; j++)
@@ -369,6 +385,13 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
       if (warm + i < m) rc = fwd(p, mb, warm + i, seed, step);
       if (rc == DT_OK) rc = bwd(p, mb, i, i == 0, n_global, seed, step, loss, correct);
     }
+  }
+  if (rc == DT_OK && p->wst) {
+    /* the stage's weight gradients over every micro-batch at once, while
+     * the previous stage goes on with the gradients just sent */
+    double t0 = dt_now();
+    dt__model_wgrad_flush(p->inst[0], p->wst, rows);
+    p->compute_s += dt_now() - t0;
   }
   return p->c.comm ? drain(p, rc) : rc;
 }

@@ -41,6 +41,7 @@ typedef struct dt_pipe_cfg {
   int micro;              /* most micro-batches per step (m) */
   int max_batch;          /* most samples per micro-batch */
   int recompute;
+  int wgrad;              /* deferred weight gradients (pipe.c) unless 0 */
   int det;                /* deterministic mode: see dt_pipe_set_det */
   dt_model *whole;        /* lends its parameters and state; must outlive the pipe */
   dt_comm *comm;          /* rank = stage; NULL with one stage */

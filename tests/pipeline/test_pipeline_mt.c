@@ -9,7 +9,9 @@
  *     every rank holds the same bytes;
  *   - without batch norm, P = 2 equals plain one-process training (local
  *     strategy, whole batch) to 1e-5, and so do hybrid 2 x 2 replicas and
- *     recomputation, which gives the bits of keeping the activations;
+ *     recomputation, which gives the bits of keeping the activations
+ *     (with weight gradients made per micro-batch, as recomputation makes
+ *     them), and deferred weight gradients (1e-6 of per micro-batch);
  *   - a stage that dies makes the others fail within the deadline naming
  *     its stage and rank;
  *   - ZeRO-1 (dist.zero) ends with plain ddp's parameters, the same bits
@@ -128,10 +130,15 @@ static void test_plain_reference(void **state) {
   snprintf(c.layers, sizeof c.layers, "%s", mlp);
   size_t n0, n;
   float *ref = run_ok(&c, 1, "plain_local", &n0), *first = NULL;
-  static const struct { int W, P, m, recompute, sched; const char *cuts; } runs[] = {
-      {2, 2, 4, 0, 1, NULL}, {4, 2, 3, 0, 1, NULL}, {2, 2, 4, 1, 0, NULL}, {3, 3, 5, 1, 1, "2,4"}};
-  for (int i = 0; i < 4; i++) {
+  /* run 0 makes weight gradients micro-batch by micro-batch, as
+   * recomputation does (it keeps no micro-batch's activations); run 4 is
+   * run 0 with them deferred (one product per step, pipe.h) */
+  static const struct { int W, P, m, recompute, sched, wgrad; const char *cuts; } runs[] = {
+      {2, 2, 4, 0, 1, 0, NULL}, {4, 2, 3, 0, 1, 1, NULL}, {2, 2, 4, 1, 0, 1, NULL},
+      {3, 3, 5, 1, 1, 1, "2,4"}, {2, 2, 4, 0, 1, 1, NULL}};
+  for (int i = 0; i < 5; i++) {
     base_cfg(&c, runs[i].W);
+    c.pipe_wgrad = runs[i].wgrad;
     snprintf(c.layers, sizeof c.layers, "%s", mlp);
     c.pipeline_stages = runs[i].P;
     c.micro_batches = runs[i].m;
@@ -143,13 +150,19 @@ static void test_plain_reference(void **state) {
     float *p = run_ok(&c, runs[i].W, tag, &n);
     assert_int_equal(n, n0);
     double rel = rel_diff(p, ref, n);
-    printf("# W=%d P=%d m=%d recompute=%d vs whole-batch local: relative difference %.3g\n",
-           runs[i].W, runs[i].P, runs[i].m, runs[i].recompute, rel);
+    printf("# W=%d P=%d m=%d recompute=%d wgrad=%d vs whole-batch local: relative difference "
+           "%.3g\n", runs[i].W, runs[i].P, runs[i].m, runs[i].recompute, runs[i].wgrad, rel);
     assert_true(rel < 1e-5);
     /* recomputation (run 2) gives the gradients, hence the parameters, of
      * keeping the activations (run 0): the same bits */
     if (i == 0) first = p;
     else if (i == 2) assert_memory_equal(p, first, n * sizeof(float));
+    else if (i == 4) {
+      /* deferred weight gradients: the same sums in another order */
+      double d = rel_diff(p, first, n);
+      printf("# deferred vs per-micro-batch weight gradients: relative difference %.3g\n", d);
+      assert_true(d < 1e-6);
+    }
     if (i != 0) free(p);
   }
   free(first);
