@@ -119,11 +119,13 @@ static void set_rank(struct dt_obs_page *pg, int rank, int size) {
   else pg->rank = rank, pg->size = size;
 }
 
-/* Whether the file at path holds the page of another live process that
- * still says rank: a member that has not named its own page anew yet. */
+/* Whether the file at path holds the page of another running process that
+ * still says rank: a member that has not named its own page anew yet. A
+ * gone, zombie or stopped process (a frozen member that was evicted) holds
+ * nothing. */
 static int held_by_other(const char *path, int rank, struct dt_obs_page *q) {
   return dt__obs_read(path, q) == DT_OK && q->rank == rank && q->pid != (int32_t)getpid() &&
-         !strchr("XZ", dt__obs_proc_state(q->pid));
+         !strchr("XZTt", dt__obs_proc_state(q->pid));
 }
 
 int dt_obs_rerank(dt_obs *o, const char *dir, int rank, int size) {

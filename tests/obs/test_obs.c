@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -120,6 +122,56 @@ static void test_rerank(void **st) {
   free(pg);
   dt_obs_close(a);
   dt_obs_close(b);
+}
+
+/* The same across processes, in the order that needs the wait: this
+ * process (old rank 2) renumbers to 1 while the child (old rank 1, alive)
+ * has not yet renumbered to 0. dt_obs_rerank must wait for the child to
+ * name its page rank-0 before taking rank-1, the child's only name (else
+ * the child's link fails: its file has no name left to link from). */
+static void test_rerank_processes(void **st) {
+  (void)st;
+  int up[2], go[2]; /* child -> parent, parent -> child */
+  assert_int_equal(pipe(up), 0);
+  assert_int_equal(pipe(go), 0);
+  pid_t kid = fork();
+  assert_true(kid >= 0);
+  if (kid == 0) {
+    dt_obs *a;
+    char c;
+    if (dt_obs_open(&a, dir, 1, 3, "j", "h") < 0) _exit(2);
+    if (write(up[1], "r", 1) != 1) _exit(3); /* opened */
+    if (read(go[0], &c, 1) != 1) _exit(4);   /* the parent has begun its rerank (about) */
+    struct timespec ts = {0, 200000000};
+    nanosleep(&ts, NULL);
+    int rc = dt_obs_rerank(a, dir, 0, 2);
+    nanosleep(&ts, NULL);
+    dt_obs_close(a);
+    _exit(rc == DT_OK ? 0 : 1);
+  }
+  char c;
+  assert_int_equal(read(up[0], &c, 1), 1);
+  dt_obs *b;
+  assert_int_equal(dt_obs_open(&b, dir, 2, 3, "j", "h"), DT_OK);
+  assert_int_equal(write(go[1], "g", 1), 1);
+  assert_int_equal(dt_obs_rerank(b, dir, 1, 2), DT_OK);
+  int status = -1;
+  assert_int_equal(waitpid(kid, &status, 0), kid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0); /* the child named its page */
+  struct dt_obs_page *pg = malloc(sizeof *pg);
+  read_page(0, pg);
+  assert_int_equal(pg->rank, 0);
+  assert_int_equal(pg->pid, kid);
+  read_page(1, pg);
+  assert_int_equal(pg->rank, 1);
+  assert_int_equal(pg->pid, getpid());
+  free(pg);
+  dt_obs_close(b);
+  close(go[0]);
+  close(go[1]);
+  close(up[0]);
+  close(up[1]);
 }
 
 static void test_page_corrupt(void **st) {
@@ -292,6 +344,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_metrics, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rerank, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rerank_processes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_page_corrupt, setup, teardown),
       cmocka_unit_test_setup_teardown(test_diagnose_never_entered, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ring, setup, teardown),
