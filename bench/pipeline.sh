@@ -59,12 +59,15 @@ median() {
 }
 
 if want speed; then
-echo "== deep MLP, batch 256, $STEPS steps, median of $REPS (machine shared by seven helpers)"
+echo "== deep MLP, batch 256, $STEPS steps, median of $REPS (machine shared by six helpers)"
 one=$(median one)
 echo "1 process:              $one  (samples/s, -, peak RSS MiB)"
 p2=$(median p2 --workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist.micro_batches=8)
 echo "2 stages 1f1b m=8:      $p2  (samples/s, bubble, peak RSS MiB per rank)"
 awk -v a="${one%% *}" -v b="${p2%% *}" 'BEGIN {printf "speed-up: %.2fx (target >= 1.7x)\n", b / a}'
+p2w=$(DTRAIN_PIPE_WGRAD=0 median p2w --workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist.micro_batches=8)
+echo "same, weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0): $p2w"
+awk -v a="${p2w%% *}" -v b="${p2%% *}" 'BEGIN {printf "deferred / per-micro-batch weight gradients: %.2fx\n", b / a}'
 
 fi
 
@@ -81,7 +84,7 @@ if want torch; then
 echo "== PyTorch 1.13 Pipe, 2 stages on CPU, m=8, back to back"
 t=$(/usr/bin/python3 bench/pipeline_vs_torch.py 8 "$((STEPS / 3 + 2))" 2>/dev/null | awk '/torch_pipe/ {print $3}')
 p2b=$(median p2b --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=8)
-echo "torch Pipe: $t samples/s; dtrain: ${p2b%% *} samples/s"
+echo "torch Pipe ($(/usr/bin/python3 -c 'import os; print(os.cpu_count())') intra-op threads in one process): $t samples/s; dtrain: ${p2b%% *} samples/s"
 awk -v a="$t" -v b="${p2b%% *}" 'BEGIN {if (a > 0) printf "dtrain / Pipe: %.2fx (target >= 3x)\n", b / a}'
 
 fi

@@ -19,6 +19,10 @@ m = int(sys.argv[1])
 steps = int(sys.argv[2])
 batch = int(sys.argv[3]) if len(sys.argv) > 3 else 256
 torch.manual_seed(0)
+# Fair peer: Pipe on CPU runs both partitions in this one process, so it gets
+# the machine's cores as intra-op threads (2 here), as many as dtrain's two
+# single-threaded stage processes use together.
+torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 tmp = tempfile.NamedTemporaryFile(delete=False)
 rpc.init_rpc("worker", rank=0, world_size=1,
@@ -49,6 +53,6 @@ t0 = time.perf_counter()
 for _ in range(steps):
     step()
 dt = time.perf_counter() - t0
-print(f"torch_pipe samples_per_second {steps * batch / dt:.1f}")
+print(f"torch_pipe samples_per_second {steps * batch / dt:.1f} threads {torch.get_num_threads()}")
 rpc.shutdown()
 os.unlink(tmp.name)
