@@ -3,11 +3,12 @@
 # parallelism, PyTorch 1.13's RPC parameter server and a cgroup-throttled
 # straggler (bench/ps_bench.py says what each part measures). Environment:
 # REPS (default 3), BUILD (default build/release), PARTS (default
-# speed,rpc,straggler), STRAGGLER_SERVERS (0: colocated servers in the
+# speed,rpc,straggler,sparse), RATINGS (sparse: default 2000000),
+# STRAGGLER_SERVERS (0: colocated servers in the
 # straggler part; S: S separate, unthrottled server processes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build/release}
 cmake --build "$BUILD" -j"$(nproc)" --target dtrain >/dev/null
-/usr/bin/python3 bench/ps_bench.py --build "$BUILD" --reps "${REPS:-3}" --parts "${PARTS:-speed,rpc,straggler}" \
+/usr/bin/python3 bench/ps_bench.py --build "$BUILD" --reps "${REPS:-3}" --parts "${PARTS:-speed,rpc,straggler,sparse}" --ratings "${RATINGS:-2000000}" \
   --straggler-servers "${STRAGGLER_SERVERS:-0}"
