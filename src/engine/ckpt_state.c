@@ -232,6 +232,21 @@ static int blob_put(void *ud, const char *name, const void *data, size_t len) {
   return dt__st_add(b->st, tn, DT_ST_U8, 1, shape, copy);
 }
 
+/* A blob of another file of the snapshot (made on first use, with its owner). */
+static int blob_put_file(void *ud, const char *file, const char *owner, const char *name,
+                         const void *data, size_t len) {
+  struct blob_ctx *b = ud;
+  dt_st *st = NULL;
+  for (int i = 0; i < b->snap->nfiles; i++)
+    if (!strcmp(b->snap->files[i].name, file)) st = &b->snap->files[i].st;
+  if (!st) DT_CHECK(dt__snap_st(b->snap, file, owner, "ps-shard", &st));
+  void *copy = dt__snap_alloc(b->snap, len);
+  if (!copy) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory for '%s'", name);
+  memcpy(copy, data, len);
+  int64_t shape[1] = {(int64_t)len};
+  return dt__st_add(st, name, DT_ST_U8, 1, shape, copy);
+}
+
 static cJSON *tally_json(const dt_tally *t) {
   cJSON *o = cJSON_CreateObject();
   if (!o) return NULL;
@@ -294,7 +309,7 @@ int dt__ckpt_snapshot(dt_engine *e, dt_ckpt_snap *s, const dt_ckpt_pos *p) {
   DT_CHECK(add_model(e, st, params, bufs, nbt, e->strat.step));
   DT_CHECK(dt__snap_st(s, "state.safetensors", "rank0", "state", &st));
   struct blob_ctx bc = {s, st};
-  dt_state_writer w = {blob_put, &bc};
+  dt_state_writer w = {blob_put, &bc, blob_put_file};
   DT_CHECK(e->strat.ops->state_export(&e->strat, &w));
   DT_CHECK(dt__st_set_meta(st, "dtrain.strategy", e->strat.ops->name));
   char *tj = trainer_json(e, p);
@@ -357,6 +372,39 @@ int dt__ckpt_load_model(dt_engine *e, const dt_st *st, const char *what, int str
   return rc;
 }
 
+/* A blob of another file of the checkpoint being resumed (loaded, its size
+ * and hash checked again, parsed, for each call). */
+static int blob_get_file(void *ud, const char *file, const char *name, void *buf, size_t cap,
+                         size_t *len) {
+  const dt_ckpt_resume *r = ud;
+  uint8_t *data = NULL;
+  size_t n = 0;
+  dt_st st;
+  memset(&st, 0, sizeof st);
+  int rc = dt__ckpt_load(&r->info, file, &data, &n);
+  if (rc == DT_OK) rc = dt__st_parse(&st, data, n, file);
+  if (rc == DT_OK) {
+    const dt_st_tensor *t = dt__st_find(&st, name);
+    if (!t) {
+      rc = dt__seterr(DT_ENOENT, "checkpoint '%s': %s has no blob '%s'", r->info.dir, file, name);
+    } else {
+      *len = (size_t)(t->end - t->begin);
+      memcpy(buf, t->data, *len < cap ? *len : cap);
+    }
+  }
+  dt__st_free(&st);
+  free(data);
+  return rc;
+}
+
+static int blob_get_r(void *ud, const char *name, void *buf, size_t cap, size_t *len);
+
+void dt__ckpt_reader(dt_ckpt_resume *r, dt_state_reader *out) {
+  out->get = blob_get_r;
+  out->ud = r;
+  out->get_file = blob_get_file;
+}
+
 static int blob_get(void *ud, const char *name, void *buf, size_t cap, size_t *len) {
   const dt_st *st = ud;
   char tn[DT_ST_NAME_MAX];
@@ -366,6 +414,10 @@ static int blob_get(void *ud, const char *name, void *buf, size_t cap, size_t *l
   *len = (size_t)(t->end - t->begin);
   memcpy(buf, t->data, *len < cap ? *len : cap);
   return DT_OK;
+}
+
+static int blob_get_r(void *ud, const char *name, void *buf, size_t cap, size_t *len) {
+  return blob_get(&((dt_ckpt_resume *)ud)->state_st, name, buf, cap, len);
 }
 
 static int num(const cJSON *o, const char *k, double *v, const char *dir) {
@@ -431,7 +483,8 @@ int dt__ckpt_apply(dt_engine *e, dt_ckpt_resume *r) {
   char what[DT_CKPT_PATH_MAX + 32];
   snprintf(what, sizeof what, "checkpoint '%s'", r->info.dir);
   /* the weights were loaded by dt_engine_resume */
-  dt_state_reader rd = {blob_get, &r->state_st};
+  dt_state_reader rd;
+  dt__ckpt_reader(r, &rd);
   int rc = e->strat.ops->state_import(&e->strat, &rd);
   if (rc < 0) return dt__preerr(rc, "%s", what);
   if (e->strat.step != r->step)

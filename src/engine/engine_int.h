@@ -123,6 +123,8 @@ int dt__ckpt_export_model(dt_engine *e, dt_st *st);
 int dt__ckpt_load_model(dt_engine *e, const dt_st *st, const char *what, int strict);
 int dt__ckpt_read_trainer(dt_engine *e, dt_ckpt_resume *r, const uint8_t *text, size_t len);
 int dt__ckpt_apply(dt_engine *e, dt_ckpt_resume *r);
+/* A reader of the strategy's blobs (and other files) of checkpoint r. */
+void dt__ckpt_reader(dt_ckpt_resume *r, dt_state_reader *out);
 /* model.init: the weights of a safetensors file into the model. */
 int dt__ckpt_model_init(dt_engine *e, const char *path);
 

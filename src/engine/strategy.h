@@ -85,14 +85,21 @@ typedef struct dt_strategy {
 /* Named blobs of a strategy's state, for checkpoints. put copies len bytes
  * out of data under name; get copies the blob called name into buf (at most
  * cap bytes), sets *len to its full size, and returns DT_ENOENT when there
- * is none. Both return DT_OK or a negative DT_E* with dt_errmsg set. */
+ * is none. Both return DT_OK or a negative DT_E* with dt_errmsg set.
+ * put_file / get_file: the same for a blob of another file of the
+ * checkpoint, with an owner of its own in the manifest (a parameter
+ * server's shard: "ps-shard-2"); NULL where a checkpoint has no such files. */
 typedef struct dt_state_writer {
   int (*put)(void *ud, const char *name, const void *data, size_t len);
   void *ud;
+  int (*put_file)(void *ud, const char *file, const char *owner, const char *name,
+                  const void *data, size_t len);
 } dt_state_writer;
 typedef struct dt_state_reader {
   int (*get)(void *ud, const char *name, void *buf, size_t cap, size_t *len);
   void *ud;
+  int (*get_file)(void *ud, const char *file, const char *name, void *buf, size_t cap,
+                  size_t *len);
 } dt_state_reader;
 
 /* A membership change (elastic training): the new communicator, what

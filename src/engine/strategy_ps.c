@@ -19,8 +19,14 @@
  * ps.colocate the workers' own communicator carries everything and each
  * worker serves one key range inside its own waits.
  *
- * Not here: checkpoints of server state (state_export saves nothing the
- * servers hold: DT_ENOTSUP), membership changes.
+ * Checkpoints: rank 0 asks every server for every key's record (its
+ * parameters and optimizer state, dt_ps_client_export) at the step
+ * boundary and writes each server's records as a file of its own,
+ * ps-shard-S.safetensors with owner "ps-shard-S" in the manifest; on
+ * resume each server reads its own file back (a colocated one in
+ * state_import, a separate one in dt__engine_serve before it serves).
+ *
+ * Not here: membership changes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -211,13 +217,84 @@ static void ps_teardown(dt_strategy *s) {
 }
 
 static int ps_export(dt_strategy *s, const dt_state_writer *w) {
-  (void)w;
-  return dt__seterr(DT_ENOTSUP, "strategy '%s': the optimizer state lives on the parameter "
-                    "servers; checkpoints of it are not supported yet", s->ops->name);
+  ps_impl *d = s->impl;
+  if (!d || !w->put_file)
+    return dt__seterr(DT_ENOTSUP, "strategy '%s': the servers' state needs a checkpoint with "
+                      "files of their own", s->ops->name);
+  const dt_ps_map *m = &d->map;
+  size_t total = 0;
+  for (int k = 0; k < m->nkeys; k++) total += dt_ps_key_state_floats(&d->o, &m->keys[k]);
+  float *buf = dt_alloc(total * sizeof(float));
+  int64_t *steps = calloc((size_t)m->nkeys, sizeof *steps);
+  int rc = buf && steps ? DT_OK : dt__seterr(DT_ENOMEM, "ps checkpoint: out of memory");
+  if (rc == DT_OK) rc = dt_ps_client_export(d->cl, buf, steps);
+  if (rc == DT_OK) rc = w->put(w->ud, "step", &s->step, sizeof s->step);
+  if (rc == DT_OK) rc = w->put(w->ud, "ps.map", m->sha, sizeof m->sha);
+  size_t off = 0;
+  for (int k = 0; k < m->nkeys && rc == DT_OK; k++) {
+    char file[64], owner[32], name[32];
+    const size_t n = dt_ps_key_state_floats(&d->o, &m->keys[k]);
+    snprintf(file, sizeof file, "ps-shard-%d.safetensors", m->keys[k].server);
+    snprintf(owner, sizeof owner, "ps-shard-%d", m->keys[k].server);
+    snprintf(name, sizeof name, "key.%d", k);
+    rc = w->put_file(w->ud, file, owner, name, buf + off, n * sizeof(float));
+    snprintf(name, sizeof name, "key.%d.step", k);
+    if (rc == DT_OK) rc = w->put_file(w->ud, file, owner, name, &steps[k], sizeof steps[k]);
+    off += n;
+  }
+  dt_free(buf);
+  free(steps);
+  return rc < 0 ? err_rank(s, rc) : DT_OK;
 }
+
+/* Server `index` takes its keys' records from its shard file. */
+static int restore_server(dt_ps_server *srv, const dt_ps_map *m, const dt_ps_opts *o, int index,
+                          const dt_state_reader *r) {
+  uint8_t sha[32];
+  size_t len = 0;
+  DT_CHECK(r->get(r->ud, "ps.map", sha, sizeof sha, &len));
+  if (len != sizeof sha || memcmp(sha, m->sha, sizeof sha))
+    return dt__seterr(DT_EMISMATCH, "ps server %d: the checkpoint holds another key-range map "
+                      "(another model or server count)", index);
+  if (!r->get_file)
+    return dt__seterr(DT_ENOTSUP, "ps server %d: no shard files to resume from", index);
+  char file[64], name[32];
+  snprintf(file, sizeof file, "ps-shard-%d.safetensors", index);
+  size_t cap = 0;
+  for (int k = m->srv_key0[index]; k < m->srv_key0[index + 1]; k++)
+    if (dt_ps_key_state_floats(o, &m->keys[k]) > cap) cap = dt_ps_key_state_floats(o, &m->keys[k]);
+  float *buf = dt_alloc((cap ? cap : 1) * sizeof(float));
+  if (!buf) return dt__seterr(DT_ENOMEM, "ps server %d: out of memory", index);
+  int rc = DT_OK;
+  for (int k = m->srv_key0[index]; k < m->srv_key0[index + 1] && rc == DT_OK; k++) {
+    const size_t n = dt_ps_key_state_floats(o, &m->keys[k]);
+    int64_t step = 0;
+    snprintf(name, sizeof name, "key.%d", k);
+    rc = r->get_file(r->ud, file, name, buf, n * sizeof(float), &len);
+    if (rc == DT_OK && len != n * sizeof(float))
+      rc = dt__seterr(DT_ECORRUPT, "%s: '%s' holds %zu bytes, key %d needs %zu", file, name, len,
+                      k, n * sizeof(float));
+    snprintf(name, sizeof name, "key.%d.step", k);
+    if (rc == DT_OK) rc = r->get_file(r->ud, file, name, &step, sizeof step, &len);
+    if (rc == DT_OK && len != sizeof step)
+      rc = dt__seterr(DT_ECORRUPT, "%s: '%s' is not a step count", file, name);
+    if (rc == DT_OK) rc = dt_ps_server_restore(srv, k, buf, step);
+  }
+  dt_free(buf);
+  return rc;
+}
+
 static int ps_import(dt_strategy *s, const dt_state_reader *r) {
-  (void)r;
-  return ps_export(s, NULL);
+  ps_impl *d = s->impl;
+  int64_t step = 0;
+  size_t len = 0;
+  DT_CHECK(r->get(r->ud, "step", &step, sizeof step, &len));
+  if (len != sizeof step || step < 0)
+    return dt__seterr(DT_ECORRUPT, "ps checkpoint: a bad step count");
+  /* a colocated server reads its own shard; separate ones did before serving */
+  if (d && d->srv) DT_CHECK(restore_server(d->srv, &d->map, &d->o, s->rank, r));
+  s->step = step;
+  return DT_OK;
 }
 
 const struct dt_strategy_ops dt__strategy_ps = {
@@ -258,6 +335,12 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
   DT_CHECK(dt_ps_map_from_model(&map, e->model, o.nservers));
   dt_ps_server *srv = NULL;
   int rc = dt_ps_server_create(&srv, &map, &o, index, job, dt_model_params(e->model));
+  /* a resumed run: this server's records from its shard of the checkpoint */
+  if (rc == DT_OK && e->ck.res) {
+    dt_state_reader rd;
+    dt__ckpt_reader(e->ck.res, &rd);
+    rc = restore_server(srv, &map, &o, index, &rd);
+  }
   /* a server waits on workers between their messages (evaluation, data):
    * give it the deadline of a long pause, not of one message */
   if (rc == DT_OK && dt_comm_timeout(job) < 600) dt_comm_set_timeout(job, 600);

@@ -70,6 +70,10 @@ struct dt_ps_client {
   uint32_t *rows;      /* the row numbers, key by key (krow0[k]) */
   size_t *krow0, *kbuf0;
   float *rbuf;         /* per key (kbuf0[k]): pulled rows, or a push's numbers + values */
+  /* a checkpoint export in progress */
+  float *xbuf;
+  size_t *xoff;        /* per key: its record's place in xbuf (nk + 1) */
+  int64_t *xsteps;
   size_t ready_lo;
   int next_key;        /* pushes go from the last key down */
   dt_ps_client_stats st;
@@ -99,6 +103,12 @@ static void scatter_rows(dt_ps_client *c, int k, const float *src, uint64_t n) {
 static void local_reply(void *ud, const dt_ps_msg *m, const float *payload) {
   dt_ps_client *c = ud;
   const dt_ps_key *K = &c->map->keys[m->key];
+  if (m->flags & DT_PS_F_STATE) {
+    memcpy(c->xbuf + c->xoff[m->key], payload, m->count * sizeof(float));
+    c->xsteps[m->key] = (int64_t)m->aux;
+    c->kst[m->key] = (uint8_t)((c->kst[m->key] & ~K_WAIT) | K_DONE);
+    return;
+  }
   if (m->flags & DT_PS_F_ROWS) {
     scatter_rows(c, m->key, payload, m->count);
     c->kver[m->key] = m->clock;
@@ -244,7 +254,10 @@ static int request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, in
     rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k), c->hin + (size_t)k * DT_PS_HDR_BYTES,
                        DT_PS_HDR_BYTES, &r[n++]);
     /* rows come into the key's staging buffer, then go to their places */
-    if (rc == DT_OK && rows && m->count)
+    if (rc == DT_OK && (m->flags & DT_PS_F_STATE))
+      rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k) + 1, c->xbuf + c->xoff[k],
+                         (c->xoff[k + 1] - c->xoff[k]) * sizeof(float), &r[n++]);
+    else if (rc == DT_OK && rows && m->count)
       rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k) + 1, c->rbuf + c->kbuf0[k],
                          m->count * K->rowlen * sizeof(float), &r[n++]);
     else if (rc == DT_OK && !rows)
@@ -322,7 +335,15 @@ static int wait_all(dt_ps_client *c) {
     if (rc == DT_OK && (m.flags & DT_PS_F_ROWS) && (int64_t)m.count != c->knrows[k])
       rc = dt__seterr(DT_EPROTO, "ps: server %d answered a pull of %lld rows of key %d with "
                       "%llu", K->server, (long long)c->knrows[k], k, (unsigned long long)m.count);
+    if (rc == DT_OK && (m.flags & DT_PS_F_STATE) && (!c->xbuf || m.count != c->xoff[k + 1] - c->xoff[k]))
+      rc = dt__seterr(DT_EPROTO, "ps: server %d sent an unasked or misfit record of key %d",
+                      K->server, k);
     if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
+    if (m.flags & DT_PS_F_STATE) {
+      c->xsteps[k] = (int64_t)m.aux;
+      c->kst[k] = (uint8_t)((c->kst[k] & ~K_WAIT) | K_DONE);
+      continue;
+    }
     c->kver[k] = m.clock;
     c->kst[k] = (uint8_t)((c->kst[k] & ~K_WAIT) | K_DONE);
     if (m.flags & DT_PS_F_ROWS)
@@ -433,6 +454,25 @@ static int rows_impl(dt_ps_client *c, int layer, const int32_t *rows, int n) {
     c->rows[c->krow0[k] + (size_t)c->knrows[k]++] = (uint32_t)((at - K->off) / rl);
   }
   return DT_OK;
+}
+
+static int export_impl(dt_ps_client *c, float *buf, int64_t *steps) {
+  size_t *off = malloc(((size_t)c->nk + 1) * sizeof *off);
+  if (!off) return dt__seterr(DT_ENOMEM, "ps worker %d: out of memory", c->me);
+  off[0] = 0;
+  for (int k = 0; k < c->nk; k++)
+    off[k + 1] = off[k] + dt_ps_key_state_floats(&c->o, &c->map->keys[k]);
+  c->xbuf = buf, c->xoff = off, c->xsteps = steps;
+  int rc = DT_OK;
+  for (int k = 0; k < c->nk && rc == DT_OK; k++) {
+    dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .flags = DT_PS_F_STATE,
+                   .clock = c->clock};
+    rc = request(c, &m, NULL, 1);
+  }
+  if (rc == DT_OK) rc = wait_all(c);
+  c->xbuf = NULL, c->xoff = NULL, c->xsteps = NULL;
+  free(off);
+  return rc;
 }
 
 static int pull_rows_impl(dt_ps_client *c) {
@@ -638,6 +678,9 @@ int dt_ps_client_rows(dt_ps_client *c, int layer, const int32_t *rows, int n) {
   LOCKED(rows_impl(c, layer, rows, n));
 }
 int dt_ps_client_pull_rows(dt_ps_client *c) { LOCKED(pull_rows_impl(c)); }
+int dt_ps_client_export(dt_ps_client *c, float *buf, int64_t *steps) {
+  LOCKED(export_impl(c, buf, steps));
+}
 int dt_ps_client_finish(dt_ps_client *c) { LOCKED(finish_impl(c)); }
 int dt_ps_client_sync(dt_ps_client *c) { LOCKED(sync_impl(c)); }
 int dt_ps_client_stop(dt_ps_client *c) { LOCKED(mark(c, DT_PS_F_FINAL)); }

@@ -104,7 +104,7 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
                       m.sender);
   if (to_server ? (from < 0 || from >= nworkers) : (from < 0 || from >= map->nservers))
     return dt__seterr(DT_EPROTO, "ps: message from unknown %s %d", who, from);
-  if (m.flags & ~(DT_PS_F_PULL | DT_PS_F_FINAL | DT_PS_F_SPARSE | DT_PS_F_ROWS))
+  if (m.flags & ~(DT_PS_F_PULL | DT_PS_F_FINAL | DT_PS_F_SPARSE | DT_PS_F_ROWS | DT_PS_F_STATE))
     return dt__seterr(DT_EPROTO, "ps: %s %d sent unknown flags 0x%x", who, from, m.flags);
   if (m.type == DT_PS_ERR) {
     if (m.count != 0 || m.clock >= 0)
@@ -133,6 +133,19 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
   if ((m.flags & DT_PS_F_SPARSE) && m.type != DT_PS_PUSH)
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d marked sparse", who, from,
                       dt_ps_type_name(m.type), m.key);
+  if (m.flags & DT_PS_F_STATE) {
+    /* a checkpoint record: asked by a pull, answered by params (the key's
+     * floats, then one or two more per float of optimizer state) */
+    if (m.flags != DT_PS_F_STATE || m.type == DT_PS_PUSH ||
+        (m.type == DT_PS_PULL ? m.count != 0
+                              : (m.count != K->len && m.count != 2 * K->len &&
+                                 m.count != 3 * K->len)))
+      return dt__seterr(DT_EPROTO, "ps: %s %d sent %s of key %d's state with %llu floats and "
+                        "flags 0x%x", who, from, dt_ps_type_name(m.type), m.key,
+                        (unsigned long long)m.count, m.flags);
+    *out = m;
+    return DT_OK;
+  }
   if (m.flags & DT_PS_F_ROWS) {
     /* rows of an embedding key: a push without a pull, a pull, or its reply */
     if (K->rowlen < 2 || (m.flags & (DT_PS_F_SPARSE | DT_PS_F_FINAL | DT_PS_F_PULL)))

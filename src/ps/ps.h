@@ -96,6 +96,10 @@ enum dt_ps_type {
                            *   then count x rowlen floats, as one payload;
                            * PULL: count row numbers follow;
                            * PARAMS: count x rowlen floats, in the pull's order */
+#define DT_PS_F_STATE 16u /* checkpoints: PULL (count 0) answered at once by PARAMS
+                           * with the key's parameters then its optimizer state
+                           * (count = len + state floats; aux = the optimizer's
+                           * step count) */
 
 /* A decoded header (64 bytes on the wire, little-endian). */
 typedef struct dt_ps_msg {
@@ -191,6 +195,13 @@ int dt_ps_server_done(const dt_ps_server *s);
 void dt_ps_server_stats_get(const dt_ps_server *s, dt_ps_server_stats *out);
 /* The server's range of the parameters (tests). */
 const float *dt__ps_server_params(const dt_ps_server *s);
+/* Floats of a key's checkpoint record: its parameters, then its optimizer
+ * state (none, one or two per parameter, by the optimizer). */
+size_t dt_ps_key_state_floats(const dt_ps_opts *o, const dt_ps_key *K);
+/* Resume: key `key` (of this server) takes the record src (parameters,
+ * then optimizer state) and the optimizer step count. DT_EINVAL for a key
+ * of another server. Before serving, or while nothing reads the key. */
+int dt_ps_server_restore(dt_ps_server *s, int key, const float *src, int64_t step);
 
 /* The colocated path: a worker in the same process hands the server its
  * messages directly (payload: count floats, read during the call) and the
@@ -234,6 +245,11 @@ int dt_ps_client_rows(dt_ps_client *c, int layer, const int32_t *rows, int n);
 /* Pulls the rows named by dt_ps_client_rows at the current clock into the
  * parameters (before forward), and waits for them. */
 int dt_ps_client_pull_rows(dt_ps_client *c);
+/* Checkpoints: every key's record from its server (dt_ps_key_state_floats
+ * floats each, in key order, into buf) and its optimizer step count (into
+ * steps[key]), answered at once: in bsp, at a step boundary, the state that
+ * produced the parameters this worker holds. */
+int dt_ps_client_export(dt_ps_client *c, float *buf, int64_t *steps);
 void dt_ps_client_ready(dt_ps_client *c, size_t off, size_t n);
 int dt_ps_client_finish(dt_ps_client *c);
 /* Pulls every key with every worker's pushes up to the current clock (the

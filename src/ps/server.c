@@ -72,6 +72,7 @@ typedef struct skey {
   uint8_t *mark;     /* per row: in this clock's sum */
   uint32_t *pos, *touched; /* per row: its place in sum; the rows summed */
   int rowmode;       /* -1 not yet, 0 dense pushes, 1 row pushes (never mixed) */
+  float *rec;        /* a checkpoint record (parameters + optimizer state), on demand */
 } skey;
 
 struct dt_ps_server {
@@ -98,6 +99,7 @@ struct dt_ps_server {
   void *local_ud;
   dt_ps_server_stats st;
   int failed;
+  int extra;         /* the last message was a checkpoint pull: not a turn of its worker */
 };
 
 static int srank(const dt_ps_server *s, int w) { (void)s; return w; } /* workers are ranks 0..N-1 */
@@ -201,6 +203,7 @@ void dt_ps_server_destroy(dt_ps_server *s) {
     free(k->mark);
     free(k->pos);
     free(k->touched);
+    dt_free(k->rec);
   }
   free(s->keys);
   dt_free(s->params);
@@ -324,6 +327,57 @@ static int reply(dt_ps_server *s, skey *k, int w) {
                        &k->sreq[2 * w + 1]);
   if (rc < 0) return comm_fail(s, rc, "sending parameters");
   k->sent[w] = 1;
+  return DT_OK;
+}
+
+size_t dt_ps_key_state_floats(const dt_ps_opts *o, const dt_ps_key *K) {
+  size_t per = o->optim.kind == DT_OPT_ADAMW ? 3 : o->optim.momentum != 0.0f ? 2 : 1;
+  return per * K->len;
+}
+
+/* A checkpoint record of key k to worker w, at once (in bsp the worker asks
+ * at a step boundary, when the key does not change until it pushes). */
+static int send_record(dt_ps_server *s, skey *k, int w) {
+  const size_t len = k->K->len, n = dt_ps_key_state_floats(&s->o, k->K);
+  if (dt_optim_state_floats(k->opt) != n - len)
+    return dt__seterr(DT_EINVAL, "ps server %d: key %d holds %zu optimizer floats, not %zu",
+                      s->index, k->idx, dt_optim_state_floats(k->opt), n - len);
+  DT_CHECK(wait_sent(s, k, w));
+  if (!k->rec && !(k->rec = dt_alloc(n * sizeof(float))))
+    return dt__seterr(DT_ENOMEM, "ps server %d: out of memory", s->index);
+  memcpy(k->rec, k->p, len * sizeof(float));
+  if (n > len) memcpy(k->rec + len, dt_optim_state(k->opt), (n - len) * sizeof(float));
+  dt_ps_msg m = {.type = DT_PS_PARAMS, .sender = s->index, .key = k->idx,
+                 .flags = DT_PS_F_STATE, .clock = k->version, .count = n,
+                 .aux = (uint64_t)*dt_optim_step_count(k->opt)};
+  if (w == s->local) {
+    s->local_fn(s->local_ud, &m, k->rec);
+    return DT_OK;
+  }
+  uint8_t *h = k->shdr + (size_t)w * DT_PS_HDR_BYTES;
+  dt_ps_msg_encode(&m, h);
+  int rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
+                         &k->sreq[2 * w]);
+  if (rc == DT_OK)
+    rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, k->rec,
+                       n * sizeof(float), &k->sreq[2 * w + 1]);
+  if (rc < 0) return comm_fail(s, rc, "sending a checkpoint record");
+  k->sent[w] = 1;
+  /* the record buffer is shared by the workers: only one asks (rank 0) */
+  return wait_sent(s, k, w);
+}
+
+int dt_ps_server_restore(dt_ps_server *s, int key, const float *src, int64_t step) {
+  if (key < s->map->srv_key0[s->index] || key >= s->map->srv_key0[s->index + 1])
+    return dt__seterr(DT_EINVAL, "ps server %d: key %d is not held here", s->index, key);
+  skey *k = &s->keys[key - s->map->srv_key0[s->index]];
+  const size_t len = k->K->len, n = dt_ps_key_state_floats(&s->o, k->K);
+  if (dt_optim_state_floats(k->opt) != n - len || step < 0)
+    return dt__seterr(DT_EINVAL, "ps server %d: key %d's record does not fit its optimizer",
+                      s->index, key);
+  memcpy(k->p, src, len * sizeof(float));
+  if (n > len) memcpy(dt_optim_state(k->opt), src + len, (n - len) * sizeof(float));
+  *dt_optim_step_count(k->opt) = step;
   return DT_OK;
 }
 
@@ -571,6 +625,10 @@ static int handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data)
   case DT_PS_PULL: {
     skey *k = key_of(s, m->key);
     s->st.pulls++;
+    if (m->flags & DT_PS_F_STATE) {
+      s->extra = 1;
+      return send_record(s, k, w);
+    }
     if (m->flags & DT_PS_F_ROWS) {
       for (uint64_t j = 0; j < m->count; j++) {
         uint32_t r;
@@ -706,7 +764,11 @@ int dt_ps_server_run(dt_ps_server *s) {
         rc = comm_fail(s, rc, "waiting for a worker");
         break;
       }
+      s->extra = 0;
       if ((rc = arrived(s, w)) < 0) break;
+      /* the workers' messages alternate in step; a checkpoint pull (rank 0
+       * only) is outside that: wait on the same worker again */
+      if (s->extra) s->rr = w;
       continue;
     }
     int busy = 0;

@@ -15,7 +15,12 @@
  *     mse) over ratings, BSP with plain SGD, 2 workers and 1 or 2 servers
  *     or colocated, ends with 1 worker's parameters to 1e-5 while each
  *     worker's traffic per step stays under a sixth of the dense model's
- *     (only the batch's rows travel).
+ *     (only the batch's rows travel);
+ *   - checkpoints: BSP with SGD momentum or AdamW over 1 separate server, 2
+ *     separate servers or colocated ones, 1 epoch, then resumed for a
+ *     second (every rank, servers too), ends with the bytes of 2 epochs
+ *     straight; the checkpoint's manifest names each server's shard file
+ *     as its own owner.
  * Every child is waited for with a deadline and SIGKILLed past it.
  */
 #include <math.h>
@@ -55,6 +60,9 @@ static void base_cfg(dt_run_cfg *c, int workers) {
 
 /* Child body: returns the exit status; on failure the message goes to
  * <tmp>/<tag>_<rank>.err. */
+/* Set: every rank (servers too) resumes from this checkpoint. */
+static char resume_from[400];
+
 static int child(const dt_run_cfg *c, int rank, const char *tag) {
   char errp[400], outd[400], parp[400], sdir[400];
   snprintf(errp, sizeof errp, "%s/%s_%d.err", tmpdir, tag, rank);
@@ -67,6 +75,7 @@ static int child(const dt_run_cfg *c, int rank, const char *tag) {
   dt_comm *wc = NULL;
   int server = 0;
   int rc = dt_engine_create(&e, c);
+  if (rc == DT_OK && resume_from[0]) rc = dt_engine_resume(e, resume_from);
   int world = c->workers + c->ps.servers;
   if (rc == DT_OK && world > 1) {
     struct dt_comm_config cc = DT_COMM_CONFIG_INIT;
@@ -326,6 +335,65 @@ static void test_sparse_rows(void **state) {
   free(ref);
 }
 
+static void test_checkpoint_resume(void **state) {
+  (void)state;
+  static const struct { int servers, optim; } runs[] = {
+      {1, DT_OPT_SGD}, {2, DT_OPT_ADAMW}, {0, DT_OPT_SGD}};
+  for (int k = 0; k < 3; k++) {
+    char t2[16], t1[16], tr[16];
+    snprintf(t2, sizeof t2, "ck%d_2", k);
+    snprintf(t1, sizeof t1, "ck%d_1", k);
+    snprintf(tr, sizeof tr, "ck%d_r", k);
+    dt_run_cfg cfgs[4];
+    int world = 2 + runs[k].servers, st[4];
+    size_t n2, nr;
+    for (int pass = 0; pass < 3; pass++) {
+      const char *tag = pass == 0 ? t2 : pass == 1 ? t1 : tr;
+      for (int r = 0; r < world; r++) {
+        base_cfg(&cfgs[r], 2);
+        cfgs[r].ps.servers = runs[k].servers;
+        cfgs[r].ps.colocate = runs[k].servers == 0;
+        cfgs[r].optim.kind = runs[k].optim;
+        if (runs[k].optim == DT_OPT_ADAMW) cfgs[r].optim.lr = 0.005f;
+        cfgs[r].sched.kind = DT_SCHED_CONSTANT;
+        cfgs[r].epochs = pass == 1 ? 1 : 2;
+      }
+      resume_from[0] = '\0';
+      if (pass == 2) snprintf(resume_from, sizeof resume_from, "%s/%s_run/ckpt", tmpdir, t1);
+      run_job(cfgs, world, tag, st);
+      resume_from[0] = '\0';
+      for (int r = 0; r < world; r++) {
+        char msg[600];
+        read_err(tag, r, msg, sizeof msg);
+        if (st[r] != 0) fail_msg("%s: rank %d exit %d: %s", tag, r, st[r], msg);
+      }
+    }
+    float *a = read_params(t2, 0, &n2), *b = read_params(tr, 0, &nr);
+    assert_int_equal(n2, nr);
+    assert_memory_equal(a, b, n2 * sizeof(float));
+    free(a);
+    free(b);
+    /* the shard files, each its own owner */
+    char mp[500];
+    snprintf(mp, sizeof mp, "%s/%s_run/ckpt/step-00000050/manifest.json", tmpdir, t1);
+    FILE *f = fopen(mp, "r");
+    assert_non_null(f);
+    char text[8192];
+    size_t got = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[got] = '\0';
+    int shards = runs[k].servers ? runs[k].servers : 2;
+    for (int sv = 0; sv < shards; sv++) {
+      char owner[64];
+      snprintf(owner, sizeof owner, "\"ps-shard-%d\"", sv);
+      assert_non_null(strstr(text, owner));
+    }
+    printf("# checkpoint at step 50 and resume: %d %s servers, %s: same bytes as 2 epochs "
+           "straight\n", shards, runs[k].servers ? "separate" : "colocated",
+           runs[k].optim == DT_OPT_ADAMW ? "adamw" : "sgd momentum");
+  }
+}
+
 static int setup(void **state) {
   (void)state;
   snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_test_ps_XXXXXX");
@@ -349,6 +417,7 @@ int main(void) {
       cmocka_unit_test(test_adamw),
       cmocka_unit_test(test_ssp_asp),
       cmocka_unit_test(test_sparse_rows),
+      cmocka_unit_test(test_checkpoint_resume),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -44,7 +44,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (m.type == DT_PS_PUSH || m.type == DT_PS_PULL || m.type == DT_PS_PARAMS) {
     if (m.key < 0 || m.key >= map.nkeys) abort();
     if (map.keys[m.key].server != (to >= 0 ? to : from)) abort();
-    if (m.flags & DT_PS_F_ROWS) {
+    if (m.flags & DT_PS_F_STATE) {
+      const uint64_t L = map.keys[m.key].len;
+      if (m.flags != DT_PS_F_STATE || m.type == DT_PS_PUSH) abort();
+      if (m.type == DT_PS_PULL ? m.count != 0 : (m.count != L && m.count != 2 * L && m.count != 3 * L))
+        abort();
+    } else if (m.flags & DT_PS_F_ROWS) {
       const dt_ps_key *K = &map.keys[m.key];
       if (K->rowlen < 2 || K->len % K->rowlen || m.count > K->len / K->rowlen) abort();
       if (m.flags & (DT_PS_F_SPARSE | DT_PS_F_PULL | DT_PS_F_FINAL)) abort();
