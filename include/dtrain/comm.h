@@ -157,7 +157,9 @@ struct dt_comm_config {
   const char *host_id;    /* topology override (tests); NULL = hostname+boot id */
   double timeout_s;       /* deadline of every blocking call; default 60 */
   dt_algo algo;           /* force an algorithm for every collective; DTRAIN_ALGO env too */
-  int nconn;              /* tcp connections per peer; reserved (one is used today) */
+  int nconn;              /* tcp connections per peer (1..16; messages from
+                           * DTRAIN_TCP_STRIPE_MIN up are striped over them);
+                           * 0: DTRAIN_TCP_NCONN, default 1 */
 };
 #define DT_COMM_CONFIG_INIT                                                    \
   { "tcp", -1, 0, "dtrain", NULL, NULL, NULL, 60.0, DT_ALGO_AUTO, 0 }

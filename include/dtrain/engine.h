@@ -127,6 +127,7 @@ typedef struct dt_run_cfg {
   float compress_clip;                 /* local L2 clip of each bucket's gradient (0: off) */
   float compress_momentum;             /* topk: DGC momentum correction (0: off) */
   int compress_force;                  /* compress even when every rank shares one host */
+  int tcp_connections;                 /* dist.tcp_connections: per peer (0: DTRAIN_TCP_NCONN) */
   /* [obs] (docs/observability.md) */
   char obs_metrics[64];                /* "HOST:PORT" the launcher serves /metrics on; "" off */
   int obs_trace;                       /* write DIR/trace.json (Chrome trace events) */

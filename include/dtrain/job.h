@@ -133,9 +133,11 @@ struct dt_job_config {
   int join;             /* 1: this process joins a running elastic job whose
                          * store is at rdzv (token required): dt_job_run runs
                          * fn once, here, with w->joining = 1 */
+  int tcp_connections;  /* tcp connections per peer (messages of 256 KiB and
+                         * more striped over them); 0: DTRAIN_TCP_NCONN (1) */
 };
 #define DT_JOB_CONFIG_INIT                                                     \
-  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0 }
+  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0 }
 
 /* What a worker function gets. Everything is borrowed for the duration of
  * the call. */

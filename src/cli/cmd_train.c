@@ -490,6 +490,7 @@ static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_
   double timeout = (double)dt_param_int("DTRAIN_TIMEOUT", 60);
   size_t np = dt_model_nparams(dt_engine_model(e));
   jc.transport = transport;
+  jc.tcp_connections = cfg->run.tcp_connections;
   jc.name = "train";
   jc.deadline_s = timeout > 0 ? timeout : 60;
   jc.grace_s = (double)dt_param_int("DTRAIN_GRACE_SECONDS", 8);

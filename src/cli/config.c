@@ -130,6 +130,7 @@ static const key keys[] = {
     {"dist", "compress_clip", K_FLOAT, OFF(compress_clip), 0, 1e30, 0, NULL},
     {"dist", "compress_momentum", K_FLOAT, OFF(compress_momentum), 0, 1, R_HI_OPEN, NULL},
     {"dist", "compress_force", K_BOOL, OFF(compress_force), 0, 1, 0, NULL},
+    {"dist", "tcp_connections", K_INT, OFF(tcp_connections), 0, 16, 0, NULL},
     {"dist", "zero", K_INT, OFF(zero), 0, 1, 0, NULL},
     {"obs", "metrics", K_ADDR, OFF(obs_metrics), 0, 0, 0, NULL},
     {"obs", "trace", K_BOOL, OFF(obs_trace), 0, 1, 0, NULL},

@@ -93,11 +93,14 @@ void dt_log_set_json(int on);
   X(SHM_YIELD_US, INT, -1, "auto", 0, INT64_MAX / 1000, "shm: poll without yielding the core this long first, us (auto: 20, or 0 when ranks outnumber cores)") \
   X(TCP_BUFFER, INT, 0, NULL, 0, INT32_MAX, "tcp: SO_SNDBUF/SO_RCVBUF bytes (0: kernel autotuning)") \
   X(TCP_KEEPIDLE, INT, 2, NULL, 1, 32767, "tcp: seconds of idleness before keepalive probes start") \
+  X(TCP_NCONN, INT, 1, NULL, 1, 16, "tcp: connections per peer when the config (dist.tcp_connections) does not say; messages from DTRAIN_TCP_STRIPE_MIN up are striped over them") \
   X(TCP_SPIN_US, INT, 0, NULL, 0, INT64_MAX / 1000, "tcp: poll this long before sleeping in epoll_wait, us") \
+  X(TCP_STRIPE_MIN, INT, 256 << 10, NULL, 0, INT64_MAX, "tcp: messages from this size up are cut into one part per connection, bytes (at least 128 KiB is used)") \
   X(TCP_USER_TIMEOUT_MS, INT, 0, NULL, 0, INT32_MAX, "tcp: TCP_USER_TIMEOUT for unacknowledged data, ms (0: off)") \
   X(TEST_SLOW_RANK, INT, -1, "none", -1, 1 << 20, "tests only: the rank DTRAIN_TEST_SLOW_US slows down (-1: none)") \
   X(TEST_SLOW_US, INT, 0, NULL, 0, 1000000, "tests only: microseconds rank DTRAIN_TEST_SLOW_RANK sleeps per sample of each step, a fake straggler") \
   X(TEST_KILL, STR, 0, NULL, 0, 0, "tests of elastic training: ID:STEP:PHASE makes worker ID kill itself at global step STEP during forward, backward, allreduce or eval") \
+  X(TEST_TCP_SHED, INT, 0, NULL, 0, 1000, "tests only: a tcp listener closes this many of the first connections it accepts in mid-handshake, as one shedding strangers does") \
   X(TEST_VISITS, STR, 0, NULL, 0, 0, "tests of elastic training: directory where each worker appends the positions it trained on per epoch (visits.PID)") \
   X(TIMEOUT, INT, 60, NULL, 1, 86400 * 7, "deadline of every blocking step (connect, collective), seconds") \
   X(TRANSPORT, STR, 0, NULL, 0, 0, "overrides dist.transport: auto shm tcp mpi") \

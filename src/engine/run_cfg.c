@@ -81,6 +81,7 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->compress_clip = 0;
   c->compress_momentum = 0;
   c->compress_force = 0;
+  c->tcp_connections = 0; /* DTRAIN_TCP_NCONN */
   c->obs_metrics[0] = '\0';
   c->obs_trace = 0;
   c->obs_trace_steps = 1000;

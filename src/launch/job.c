@@ -47,6 +47,7 @@ void dt__job_comm_config(const dt_job *j, int rank, struct dt_comm_config *cc) {
   cc->job = j->name;
   cc->token = j->token && *j->token ? j->token : NULL;
   cc->timeout_s = j->cfg.deadline_s;
+  cc->nconn = j->cfg.tcp_connections;
   cc->bind_addr = j->bind[0] ? j->bind : NULL;
   const char *hid = dt_param_str("DTRAIN_HOST_ID", NULL);
   cc->host_id = hid && *hid ? hid : j->host_id[0] ? j->host_id : NULL;

@@ -223,10 +223,10 @@ static void *stranger_main(void *p) {
     atomic_fetch_add(&a->bad_closed, closed_by_peer(fd));
     close(fd);
   }
-  /* 2: truncated frame (a hello header promising its 48 bytes, 10 arrive,
+  /* 2: truncated frame (a hello header promising its 52 bytes, 10 arrive,
    * then the stranger hangs up) */
   if ((fd = dial(port)) >= 0) {
-    frame(buf, DT_FRAME_MAGIC, DT_FRAME_HELLO, 8 + 4 + 4 + DT_AUTH_NONCE_LEN);
+    frame(buf, DT_FRAME_MAGIC, DT_FRAME_HELLO, 8 + 4 + 4 + 2 + 2 + DT_AUTH_NONCE_LEN);
     send(fd, buf, DT_FRAME_HDR_LEN + 10, MSG_NOSIGNAL);
     shutdown(fd, SHUT_WR);
     atomic_fetch_add(&a->bad_closed, closed_by_peer(fd));
@@ -249,16 +249,19 @@ static void *stranger_main(void *p) {
   /* 5: a well-formed handshake with the wrong job token */
   if ((fd = dial(port)) >= 0) {
     uint8_t *pl = buf + DT_FRAME_HDR_LEN;
-    frame(buf, DT_FRAME_MAGIC, DT_FRAME_HELLO, 8 + 4 + 4 + DT_AUTH_NONCE_LEN);
+    frame(buf, DT_FRAME_MAGIC, DT_FRAME_HELLO, 8 + 4 + 4 + 2 + 2 + DT_AUTH_NONCE_LEN);
     uint64_t jh = fnv(a->job);
     int32_t from = 1, to = 0;
+    uint16_t lane = 0, nlanes = 1; /* connection 0 of 1 */
     memcpy(pl, &jh, 8);
     memcpy(pl + 8, &from, 4);
     memcpy(pl + 12, &to, 4);
+    memcpy(pl + 16, &lane, 2);
+    memcpy(pl + 18, &nlanes, 2);
     uint8_t nonce[DT_AUTH_NONCE_LEN];
     dt__auth_random(nonce, sizeof nonce);
-    memcpy(pl + 16, nonce, sizeof nonce);
-    send(fd, buf, DT_FRAME_HDR_LEN + 16 + DT_AUTH_NONCE_LEN, MSG_NOSIGNAL);
+    memcpy(pl + 20, nonce, sizeof nonce);
+    send(fd, buf, DT_FRAME_HDR_LEN + 20 + DT_AUTH_NONCE_LEN, MSG_NOSIGNAL);
     uint8_t in[DT_FRAME_HDR_LEN + DT_AUTH_NONCE_LEN + DT_AUTH_MAC_LEN];
     size_t got = 0;
     while (got < sizeof in) {

@@ -1,16 +1,28 @@
 /*
- * tcp.c — the TCP transport: one non-blocking, TCP_NODELAY connection per
- * peer with large socket buffers, driven by epoll from the caller's thread
+ * tcp.c — the TCP transport: `nconn` non-blocking, TCP_NODELAY connections
+ * ("lanes", dist.tcp_connections or DTRAIN_TCP_NCONN, default 1) per peer, driven by epoll from the caller's thread
  * (no progress thread: on a 2-core machine a thread hand-off costs more than
  * it hides). Sends and receives progress together (full duplex), receives
  * land straight in the user's buffer when posted in time, and frames that
  * arrive early are buffered per (peer, tag) in order (matching: the shared
- * match.c, one queue pair per endpoint).
+ * match.c, one queue pair per lane).
  *
- * Connections: the higher rank dials the lower rank's listening socket.
- * Handshake (every frame a validated struct dt_frame_hdr, control payloads
- * bounded by DT_FRAME_CTRL_MAX):
- *   dialer   -> HELLO {job hash, from, to, nonce_d}
+ * Striping: a message of at least DTRAIN_TCP_STRIPE_MIN bytes (default
+ * 256 KiB) is cut into up to nconn contiguous parts of at least 64 KiB
+ * (64-byte aligned; part i on lane i), each an ordinary frame with the
+ * message's tag; smaller messages use lane 0. Both sides derive the cut
+ * from the exact length and the endpoint's lane count, so per-lane FIFO
+ * matching keeps the per (peer, tag) order of whole messages. A part that
+ * fails (wrong length, cancel) cancels its siblings and fails the message;
+ * a BYE ends one lane; EOF without BYE, a reset or a malformed frame on any
+ * lane loses the peer.
+ *
+ * Connections: the higher rank dials the lower rank's listening socket,
+ * once per lane; the acceptor adopts the dialer's lane count and the
+ * endpoint exists once every lane has passed the handshake (tcp_conn.c).
+ * Handshake on every lane (every frame a validated struct dt_frame_hdr,
+ * control payloads bounded by DT_FRAME_CTRL_MAX):
+ *   dialer   -> HELLO {job hash, from, to, lane, nlanes, nonce_d}
  *   acceptor -> HELLO {nonce_a, HMAC(token, "dt-tcp-acc", nonce_d, nonce_a)}
  *   dialer   -> AUTH  {HMAC(token, "dt-tcp-dial", nonce_a, nonce_d)}
  *   acceptor -> AUTH_OK
@@ -37,8 +49,7 @@
  * progress engine, waiting, cancel, abort, close, and the ops table. The
  * listener, dialing, the handshake and the context's creation are in
  * tcp_conn.c; the structures both share in tcp_int.h.
- * Not here: several connections per peer (nconn is accepted but 1 is used),
- * TLS, IPv6 listening.
+ * Not here: TLS, IPv6 listening.
  */
 
 #define _GNU_SOURCE
@@ -62,35 +73,150 @@ static void ep_watch(struct dt_tp_ctx *x, struct dt_tp_ep *e, bool out) {
   e->want_out = out;
 }
 
-static void fail_ep_reqs(struct dt_tp_ep *e, int rc) {
-  for (struct dt_tp_req *r = e->sq, *n; r; r = n) n = r->next, r->status = rc;
-  dt__match_fail(&e->mt, rc);
-  if (e->cur_req && e->cur_req->status == 0) e->cur_req->status = rc;
+/* ---- stripes ----------------------------------------------------------- */
+
+static struct stripe *stripe_of_part(struct dt_tp_req *r) { return (struct stripe *)(uintptr_t)r->priv[4]; }
+static struct stripe *stripe_of_parent(struct dt_tp_req *r) { return (struct stripe *)(uintptr_t)r->priv[5]; }
+
+/* How a message of len bytes is cut for an endpoint with nlanes lanes:
+ * the number of parts, each *per bytes (64-byte aligned) but the last.
+ * Both sides derive it from the exact length, so they agree. */
+static int stripe_parts(const struct dt_tp_ctx *x, int nlanes, size_t len, size_t *per) {
+  if (nlanes < 2 || len < x->stripe_min || len < 2 * PART_MIN) return 1;
+  size_t n = len / PART_MIN;
+  if (n > (size_t)nlanes) n = (size_t)nlanes;
+  *per = ((len + n - 1) / n + 63) & ~(size_t)63;
+  while (n > 1 && (n - 1) * *per >= len) n--; /* every part non-empty */
+  return (int)n;
+}
+
+static struct stripe *stripe_new(struct dt_tp_ep *h, struct dt_tp_req *r, int n, size_t per) {
+  struct stripe *st = calloc(1, sizeof *st + (size_t)n * sizeof st->part[0]);
+  if (!st) return NULL;
+  st->parent = r;
+  st->nparts = st->left = n;
+  for (int i = 0; i < n; i++) {
+    struct dt_tp_req *q = &st->part[i];
+    size_t off = (size_t)i * per;
+    q->buf = (uint8_t *)r->buf + off;
+    q->len = r->len - off < per ? r->len - off : per;
+    q->tag = r->tag;
+    q->peer = r->peer;
+    q->kind = r->kind;
+    q->priv[4] = (uint64_t)(uintptr_t)st;
+  }
+  st->next = h->stripes;
+  if (h->stripes) h->stripes->prev = st;
+  h->stripes = st;
+  r->priv[5] = (uint64_t)(uintptr_t)st;
+  return st;
+}
+
+/* Unlinks and frees st, then reports rc (1 or an error) on the parent —
+ * last, since the caller may reuse the parent as soon as it sees it. */
+static void stripe_finish(struct dt_tp_ep *h, struct stripe *st, int rc) {
+  struct dt_tp_req *r = st->parent;
+  if (st->prev) st->prev->next = st->next;
+  else h->stripes = st->next;
+  if (st->next) st->next->prev = st->prev;
+  free(st);
+  r->priv[5] = 0;
+  if (rc == 1) r->done = r->len;
+  if (r->status == 0) r->status = rc;
+}
+
+static void lane_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r);
+
+/* A part failed: take its siblings off their lanes, fail the message. */
+static void stripe_fail(struct dt_tp_ep *h, struct stripe *st, int rc) {
+  if (!st->rc) st->rc = rc;
+  for (int i = 0; i < st->nparts; i++)
+    if (st->part[i].status == 0 && st->part[i].ep) lane_cancel(h->x, &st->part[i]);
+  if (!st->posting) stripe_finish(h, st, st->rc);
+}
+
+/* Sets the outcome of a request on a lane: a whole message directly, a
+ * part through its stripe (which may free the part: touch r no more). */
+static void req_set(struct dt_tp_req *r, int rc) {
+  struct stripe *sp = stripe_of_part(r);
+  if (!sp) {
+    r->status = rc;
+    return;
+  }
+  if (r->status != 0) return;
+  r->status = rc;
+  struct dt_tp_ep *h = r->ep->head;
+  if (rc < 0) {
+    stripe_fail(h, sp, rc);
+    return;
+  }
+  if (--sp->left == 0 && !sp->posting) stripe_finish(h, sp, sp->rc ? sp->rc : 1);
+}
+
+/* Fails every request waiting on lane e (queued sends, posted and claiming
+ * receives, the one being read into) with rc. */
+static void lane_fail(struct dt_tp_ep *e, int rc) {
+  struct dt_tp_req *q = e->sq, *p = e->mt.posted, *cur = e->cur_req;
   e->sq = e->sq_tail = NULL;
+  e->mt.posted = e->mt.posted_tail = NULL;
   e->cur_req = NULL;
+  for (struct dt_tp_req *n; q; q = n) n = q->next, req_set(q, rc);
+  for (struct dt_tp_req *n; p; p = n) n = p->next, req_set(p, rc);
+  for (struct dt_match_msg *u = e->mt.ux; u; u = u->next)
+    if (u->req) {
+      struct dt_tp_req *r = u->req;
+      u->req = NULL;
+      req_set(r, rc);
+    }
+  if (cur && cur->status == 0) req_set(cur, rc);
+}
+
+/* Fails every request of the endpoint on every lane, and every stripe (the
+ * endpoint is lost, aborted or closed). */
+static void fail_ep_reqs(struct dt_tp_ep *e, int rc) {
+  struct dt_tp_ep *h = e->head;
+  for (int i = 0; i < h->nlanes; i++) lane_fail(h->lanes[i], rc);
+  for (struct stripe *st = h->stripes, *nx; st; st = nx) {
+    nx = st->next;
+    if (st->posting) { /* finished by its poster */
+      if (!st->rc) st->rc = rc;
+      continue;
+    }
+    stripe_finish(h, st, rc);
+  }
 }
 
 static void do_abort_locked(struct dt_tp_ctx *x, int rc, const char *why);
 static void recv_progress(struct dt_tp_ep *e);
 
-/* The peer behind e is gone (or spoke garbage). */
+/* The peer behind lane e is gone (or spoke garbage): every lane dies. */
 static void ep_lost(struct dt_tp_ep *e, const char *why) {
   struct dt_tp_ctx *x = e->x;
+  struct dt_tp_ep *h = e->head;
   if (e->dead) return;
-  e->dead = true;
-  epoll_ctl(x->efd, EPOLL_CTL_DEL, e->fd, NULL);
-  if (e->bye) { /* it said goodbye: only its own pending requests fail */
-    fail_ep_reqs(e, DT_ECLOSED);
+  if (e->bye) {
+    /* It said goodbye on this lane: the lane's stream is over (everything
+     * sent on it was read before the BYE), but other lanes may still hold
+     * data sent before the close; only requests on this lane fail. */
+    e->dead = true;
+    epoll_ctl(x->efd, EPOLL_CTL_DEL, e->fd, NULL);
+    lane_fail(e, DT_ECLOSED);
     return;
   }
-  fail_ep_reqs(e, DT_EPEERLOST);
+  for (int i = 0; i < h->nlanes; i++) {
+    struct dt_tp_ep *l = h->lanes[i];
+    if (l->dead) continue;
+    l->dead = true;
+    epoll_ctl(x->efd, EPOLL_CTL_DEL, l->fd, NULL);
+  }
+  fail_ep_reqs(h, DT_EPEERLOST);
   if (atomic_load(&x->abort_rc)) return; /* already failing for another reason */
   char m[DT_TP_ERR_MAX];
-  snprintf(m, sizeof m, "rank %d lost: %s", e->peer, why);
+  if (h->nlanes > 1) snprintf(m, sizeof m, "rank %d lost: %s (connection %d of %d)", e->peer, why, e->lane, h->nlanes);
+  else snprintf(m, sizeof m, "rank %d lost: %s", e->peer, why);
   DT_LOG_WARN("tcp: rank %d: %s", x->rank, m);
   do_abort_locked(x, DT_EPEERLOST, m);
 }
-
 
 /* ---- sending ----------------------------------------------------------- */
 
@@ -137,7 +263,7 @@ static void send_progress(struct dt_tp_ep *e) {
       e->sq = r->next;
       if (!e->sq) e->sq_tail = NULL;
       e->s_hdr_done = 0;
-      r->status = 1;
+      req_set(r, 1);
     }
   }
   if (e->want_out && !e->sq && !e->dead) ep_watch(x, e, false);
@@ -186,8 +312,10 @@ static void finish_frame(struct dt_tp_ep *e) {
   struct dt_tp_ctx *x = e->x;
   if (e->cur.type == DT_FRAME_DATA) {
     if (e->cur_req) {
-      e->cur_req->done = e->cur_req->len;
-      e->cur_req->status = 1;
+      struct dt_tp_req *r = e->cur_req;
+      e->cur_req = NULL;
+      r->done = r->len;
+      req_set(r, 1);
     } else if (e->cur_u) {
       e->cur_u->complete = true;
     }
@@ -242,10 +370,11 @@ static int start_frame(struct dt_tp_ep *e) {
     struct dt_tp_req *r = dt__match_posted(&e->mt, e->peer, e->cur.tag);
     if (r) {
       if (r->len != e->cur.len) {
-        r->status = DT_EPROTO;
         snprintf(x->err_last, sizeof x->err_last,
-                 "rank %d sent %llu bytes for tag 0x%llx, %zu expected", e->peer,
-                 (unsigned long long)e->cur.len, (unsigned long long)e->cur.tag, r->len);
+                 "rank %d sent %llu bytes for tag 0x%llx, %zu expected%s", e->peer,
+                 (unsigned long long)e->cur.len, (unsigned long long)e->cur.tag, r->len,
+                 stripe_of_part(r) ? " (one part of a striped message)" : "");
+        req_set(r, DT_EPROTO);
         e->discard = true;
         e->target = x->discard_buf;
       } else {
@@ -354,96 +483,134 @@ void dt__tcp_progress(struct dt_tp_ctx *x, int timeout_ms) {
 
 /* ---- ops --------------------------------------------------------------- */
 
-static int tcp_isend(struct dt_tp_ep *e, struct dt_tp_req *r) {
-  struct dt_tp_ctx *x = e->x;
-  pthread_mutex_lock(&x->mu);
-  int arc = atomic_load(&x->abort_rc);
-  if (e->dead || arc) {
-    r->status = arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST;
-    pthread_mutex_unlock(&x->mu);
-    return r->status;
-  }
+/* Queues send r (a whole message or one part) on lane e. */
+static void lane_isend(struct dt_tp_ep *e, struct dt_tp_req *r) {
   r->ep = e;
   r->done = 0;
   r->next = NULL;
+  if (e->dead) {
+    req_set(r, e->bye ? DT_ECLOSED : DT_EPEERLOST);
+    return;
+  }
   struct dt_frame_hdr h = {DT_FRAME_MAGIC, DT_FRAME_VERSION, DT_FRAME_DATA, 0, r->tag, r->len};
   dt__frame_encode(&h, (uint8_t *)r->priv);
   if (e->sq_tail) e->sq_tail->next = r;
   else e->sq = r;
   e->sq_tail = r;
   if (e->sq == r) send_progress(e); /* eager attempt: small messages leave now */
-  pthread_mutex_unlock(&x->mu);
-  return DT_OK;
 }
 
-static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
+/* Posts receive r (a whole message or one part) on lane e. */
+static void lane_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) {
   struct dt_tp_ctx *x = e->x;
-  pthread_mutex_lock(&x->mu);
-  int arc = atomic_load(&x->abort_rc);
   r->ep = e;
   r->done = 0;
   r->next = NULL;
+  const char *part = stripe_of_part(r) ? " (one part of a striped message)" : "";
   /* an early frame with this tag? (FIFO: the first one) */
   struct umsg *u = (struct umsg *)dt__match_ux_take(&e->mt, e->peer, r->tag);
   if (u) {
     size_t ulen = u->m.len;
     if (ulen != r->len) {
-      r->status = DT_EPROTO;
-      snprintf(x->err_last, sizeof x->err_last, "rank %d sent %zu bytes for tag 0x%llx, %zu expected",
-               e->peer, ulen, (unsigned long long)r->tag, r->len);
+      snprintf(x->err_last, sizeof x->err_last, "rank %d sent %zu bytes for tag 0x%llx, %zu expected%s",
+               e->peer, ulen, (unsigned long long)r->tag, r->len, part);
       if (!u->complete) { e->discard = true; e->target = x->discard_buf; e->cur_u = NULL; }
+      umsg_free(&u->m);
+      req_set(r, DT_EPROTO);
     } else if (u->complete) {
       if (ulen) memcpy(r->buf, u->data, ulen);
       r->done = r->len;
-      r->status = 1;
+      umsg_free(&u->m);
+      req_set(r, 1);
     } else { /* still arriving: continue straight into the user's buffer */
       memcpy(r->buf, u->data, u->got);
       e->cur_u = NULL;
       e->cur_req = r;
       e->target = r->buf;
+      umsg_free(&u->m);
     }
-    umsg_free(&u->m);
-    pthread_mutex_unlock(&x->mu);
-    return DT_OK;
+    return;
   }
-  if (e->dead || arc) {
-    r->status = arc ? arc : e->bye ? DT_ECLOSED : DT_EPEERLOST;
-    pthread_mutex_unlock(&x->mu);
-    return r->status;
+  if (e->dead) {
+    req_set(r, e->bye ? DT_ECLOSED : DT_EPEERLOST);
+    return;
   }
   if (e->deferred) {
     if (r->tag == e->cur.tag) { /* the waiting frame is ours: read it in place */
       e->deferred = false;
       if (r->len != e->cur.len) {
-        r->status = DT_EPROTO;
-        snprintf(x->err_last, sizeof x->err_last, "rank %d sent %llu bytes for tag 0x%llx, %zu expected",
-                 e->peer, (unsigned long long)e->cur.len, (unsigned long long)r->tag, r->len);
+        snprintf(x->err_last, sizeof x->err_last, "rank %d sent %llu bytes for tag 0x%llx, %zu expected%s",
+                 e->peer, (unsigned long long)e->cur.len, (unsigned long long)r->tag, r->len, part);
         e->discard = true;
         e->target = x->discard_buf;
+        req_set(r, DT_EPROTO);
       } else {
         e->cur_req = r;
         e->target = r->buf;
       }
       ep_watch(x, e, e->want_out);
       recv_progress(e);
-      pthread_mutex_unlock(&x->mu);
-      return DT_OK;
+      return;
     }
     if (undefer(e) < 0) {
-      r->status = DT_EPEERLOST;
-      pthread_mutex_unlock(&x->mu);
-      return r->status;
+      if (r->status == 0) req_set(r, DT_EPEERLOST);
+      return;
     }
   }
   dt__match_post(&e->mt, r);
+}
+
+/* Posts a send or receive on endpoint h (the head lane): whole on lane 0,
+ * or as parts, part i on lane i. */
+static int ep_post(struct dt_tp_ep *h, struct dt_tp_req *r, bool send) {
+  struct dt_tp_ctx *x = h->x;
+  pthread_mutex_lock(&x->mu);
+  int arc = atomic_load(&x->abort_rc);
+  if (arc || (h->dead && !h->bye)) {
+    r->status = arc ? arc : DT_EPEERLOST;
+    pthread_mutex_unlock(&x->mu);
+    return r->status;
+  }
+  r->ep = h;
+  r->done = 0;
+  r->next = NULL;
+  r->priv[5] = 0;
+  size_t per = 0;
+  int n = stripe_parts(x, h->nlanes, r->len, &per);
+  struct stripe *st = n > 1 ? stripe_new(h, r, n, per) : NULL;
+  if (!st) {
+    r->priv[4] = 0;
+    if (send) lane_isend(h, r);
+    else lane_irecv(h, r);
+    r->ep = h;
+  } else {
+    st->posting = true;
+    for (int i = 0; i < n && !st->rc; i++) {
+      if (send) lane_isend(h->lanes[i], &st->part[i]);
+      else lane_irecv(h->lanes[i], &st->part[i]);
+    }
+    st->posting = false;
+    if (st->rc) stripe_fail(h, st, st->rc);
+    else if (st->left == 0) stripe_finish(h, st, 1);
+  }
+  int rc = r->status < 0 ? r->status : DT_OK;
   pthread_mutex_unlock(&x->mu);
-  return DT_OK;
+  return rc;
+}
+
+static int tcp_isend(struct dt_tp_ep *e, struct dt_tp_req *r) { return ep_post(e, r, true); }
+static int tcp_irecv(struct dt_tp_ep *e, struct dt_tp_req *r) { return ep_post(e, r, false); }
+
+/* Pushes queued sends on every lane of endpoint h. */
+static void push_sends(struct dt_tp_ep *h) {
+  for (int i = 0; i < h->nlanes; i++)
+    if (h->lanes[i]->sq) send_progress(h->lanes[i]);
 }
 
 static int tcp_test(struct dt_tp_ctx *x, struct dt_tp_req *r) {
   pthread_mutex_lock(&x->mu);
   if (r->status == 0) {
-    if (r->kind == DT_TP_SEND && r->ep) send_progress(r->ep);
+    if (r->kind == DT_TP_SEND && r->ep) push_sends(r->ep->head);
     dt__tcp_progress(x, 0);
   }
   int s = r->status;
@@ -504,12 +671,13 @@ out:
   return rc;
 }
 
-static void tcp_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
-  pthread_mutex_lock(&x->mu);
+/* Takes r (a whole message or one part) off its lane. */
+static void lane_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
   struct dt_tp_ep *e = r->ep;
-  if (e && r->status == 0 && r->kind == DT_TP_RECV) {
+  if (!e || r->status != 0) return;
+  if (r->kind == DT_TP_RECV) {
     dt__match_cancel(&e->mt, r);
-  } else if (e && r->status == 0) {
+  } else {
     struct dt_tp_req *prev = NULL;
     for (struct dt_tp_req **q = &e->sq; *q; prev = *q, q = &(*q)->next)
       if (*q == r) {
@@ -523,12 +691,23 @@ static void tcp_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
         break;
       }
   }
-  if (e && r->status == 0) {
-    if (e->cur_req == r) { /* being received into: drop the rest */
-      e->cur_req = NULL;
-      e->discard = true;
-      e->target = x->discard_buf;
-    }
+  if (e->cur_req == r) { /* being received into: drop the rest */
+    e->cur_req = NULL;
+    e->discard = true;
+    e->target = x->discard_buf;
+  }
+  r->status = DT_EABORTED;
+}
+
+static void tcp_cancel(struct dt_tp_ctx *x, struct dt_tp_req *r) {
+  pthread_mutex_lock(&x->mu);
+  struct stripe *st = stripe_of_parent(r);
+  if (st && r->status == 0) {
+    for (int i = 0; i < st->nparts; i++)
+      if (st->part[i].status == 0 && st->part[i].ep) lane_cancel(x, &st->part[i]);
+    stripe_finish(r->ep->head, st, DT_EABORTED);
+  } else if (r->status == 0) {
+    lane_cancel(x, r);
   }
   if (r->status == 0) r->status = DT_EABORTED;
   pthread_mutex_unlock(&x->mu);
@@ -547,8 +726,17 @@ static void do_abort_locked(struct dt_tp_ctx *x, int rc, const char *why) {
   if (ml >= DT_TP_ERR_MAX) ml = DT_TP_ERR_MAX - 1;
   for (int p = 0; p < x->size; p++) {
     struct dt_tp_ep *e = x->ep[p];
-    if (!e || e->dead) continue;
-    if (!send_ctrl(e, DT_FRAME_ABORT, m, 4 + (size_t)ml)) shutdown(e->fd, SHUT_WR);
+    if (!e) continue;
+    /* any idle lane carries the message; if none is idle, the peer sees EOF */
+    bool told = false, live = false;
+    for (int i = 0; i < e->nlanes && !told; i++) {
+      live |= !e->lanes[i]->dead;
+      told = send_ctrl(e->lanes[i], DT_FRAME_ABORT, m, 4 + (size_t)ml);
+    }
+    if (!live) continue;
+    if (!told)
+      for (int i = 0; i < e->nlanes; i++)
+        if (!e->lanes[i]->dead) shutdown(e->lanes[i]->fd, SHUT_WR);
     fail_ep_reqs(e, atomic_load(&x->abort_rc));
   }
   uint64_t one = 1;
@@ -563,25 +751,39 @@ static void tcp_abort(struct dt_tp_ctx *x, int rc, const char *why) {
   pthread_mutex_unlock(&x->mu);
 }
 
-static void tcp_close(struct dt_tp_ep *e) {
-  struct dt_tp_ctx *x = e->x;
+static void tcp_close(struct dt_tp_ep *h) {
+  struct dt_tp_ctx *x = h->x;
   pthread_mutex_lock(&x->mu);
-  if (!e->dead) {
-    /* flush what is queued (bounded), then say goodbye */
-    double until = dt_now() + 1.0;
-    while (e->sq && !e->dead && dt_now() < until) {
-      send_progress(e);
-      if (e->sq) dt__tcp_progress(x, 1);
+  /* flush what is queued (bounded), then say goodbye on every lane */
+  double until = dt_now() + 1.0;
+  for (;;) {
+    bool queued = false;
+    for (int i = 0; i < h->nlanes; i++) {
+      struct dt_tp_ep *l = h->lanes[i];
+      if (l->sq && !l->dead) send_progress(l);
+      queued |= l->sq && !l->dead;
     }
-    if (!e->dead) send_ctrl(e, DT_FRAME_BYE, NULL, 0);
-    epoll_ctl(x->efd, EPOLL_CTL_DEL, e->fd, NULL);
+    if (!queued || dt_now() >= until) break;
+    dt__tcp_progress(x, 1);
   }
-  fail_ep_reqs(e, DT_ECLOSED);
-  dt__match_drain(&e->mt, umsg_free);
-  free(e->ctrl);
-  close(e->fd);
-  if (x->ep[e->peer] == e) x->ep[e->peer] = NULL;
-  free(e);
+  for (int i = 0; i < h->nlanes; i++) {
+    struct dt_tp_ep *l = h->lanes[i];
+    if (l->dead) continue;
+    send_ctrl(l, DT_FRAME_BYE, NULL, 0);
+    epoll_ctl(x->efd, EPOLL_CTL_DEL, l->fd, NULL);
+  }
+  fail_ep_reqs(h, DT_ECLOSED);
+  struct dt_tp_ep **lanes = h->lanes;
+  int n = h->nlanes;
+  if (x->ep[h->peer] == h) x->ep[h->peer] = NULL;
+  for (int i = 0; i < n; i++) {
+    struct dt_tp_ep *l = lanes[i];
+    dt__match_drain(&l->mt, umsg_free);
+    free(l->ctrl);
+    close(l->fd);
+    free(l);
+  }
+  free(lanes);
   pthread_mutex_unlock(&x->mu);
 }
 

@@ -86,21 +86,60 @@ static bool write_frame(int fd, uint8_t type, const void *pl, size_t len) {
   return send(fd, buf, DT_FRAME_HDR_LEN + len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)(DT_FRAME_HDR_LEN + len);
 }
 
-static int make_ep(struct dt_tp_ctx *x, int fd, int peer) {
+/* A lane passed the handshake: keep it (outside epoll, so nothing is read
+ * from it before its endpoint exists) until the peer's last lane arrives,
+ * then make the endpoint (lane 0 is its head) and watch every lane. */
+static int lane_ready(struct dt_tp_ctx *x, int fd, int peer, int lane, int nlanes) {
+  if (!x->build[peer]) {
+    x->build[peer] = calloc((size_t)nlanes, sizeof **x->build);
+    if (!x->build[peer]) return DT_ENOMEM;
+    x->build_n[peer] = nlanes;
+  }
   struct dt_tp_ep *e = calloc(1, sizeof *e);
   if (!e) return DT_ENOMEM;
   e->kind = K_EP;
   e->x = x;
   e->fd = fd;
   e->peer = peer;
+  e->lane = lane;
+  e->nlanes = nlanes;
   dt__match_init(&e->mt, 0);
-  struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = e}};
-  if (epoll_ctl(x->efd, EPOLL_CTL_ADD, fd, &ev)) {
-    free(e);
-    return DT_EIO;
+  struct dt_tp_ep **b = x->build[peer];
+  b[lane] = e;
+  for (int i = 0; i < nlanes; i++)
+    if (!b[i]) return DT_OK;
+  struct dt_tp_ep *h = b[0];
+  h->lanes = b;
+  x->build[peer] = NULL;
+  x->build_n[peer] = 0;
+  for (int i = 0; i < nlanes; i++) {
+    b[i]->head = h;
+    struct epoll_event ev = {EPOLLIN | EPOLLRDHUP, {.ptr = b[i]}};
+    if (epoll_ctl(x->efd, EPOLL_CTL_ADD, b[i]->fd, &ev)) {
+      for (int j = 0; j < nlanes; j++) {
+        if (j < i) epoll_ctl(x->efd, EPOLL_CTL_DEL, b[j]->fd, NULL);
+        close(b[j]->fd);
+        free(b[j]);
+      }
+      free(b);
+      return DT_EIO;
+    }
   }
-  x->ep[peer] = e;
+  x->ep[peer] = h;
   return DT_OK;
+}
+
+/* Tests only (DTRAIN_TEST_TCP_SHED): the listener closes this many of the
+ * first connections it accepts before they finish the handshake, half of
+ * them before its greeting and half after it, as an acceptor shedding
+ * strangers (out of descriptors, over DTRAIN_AUTH_PENDING_MAX, or past
+ * DTRAIN_AUTH_TIMEOUT_MS on a loaded host) does to a real peer's lane. */
+static bool test_shed(struct dt_tp_ctx *x, struct pend *p, bool greeted) {
+  if (x->shed_left <= 0 || (x->shed_left % 2 == 0) != greeted) return false;
+  x->shed_left--;
+  pend_reject(x, p, greeted ? "test: shed after the greeting (DTRAIN_TEST_TCP_SHED)"
+                            : "test: shed before the greeting (DTRAIN_TEST_TCP_SHED)");
+  return true;
 }
 
 /* Reads exactly one frame (header + payload <= 128 bytes) into p->in.
@@ -132,7 +171,7 @@ static int pend_read(struct pend *p, uint8_t want_type, size_t want_len, char *w
   return 1;
 }
 
-#define HELLO_D_LEN (8 + 4 + 4 + DT_AUTH_NONCE_LEN)
+#define HELLO_D_LEN (8 + 4 + 4 + 2 + 2 + DT_AUTH_NONCE_LEN)
 #define HELLO_A_LEN (DT_AUTH_NONCE_LEN + DT_AUTH_MAC_LEN)
 
 void dt__tcp_pend_event(struct dt_tp_ctx *x, struct pend *p) {
@@ -151,10 +190,13 @@ void dt__tcp_pend_event(struct dt_tp_ctx *x, struct pend *p) {
     }
     uint8_t pl[HELLO_D_LEN];
     int32_t from = x->rank, to = p->peer;
+    uint16_t lane = (uint16_t)p->lane, nl = (uint16_t)p->nlanes;
     memcpy(pl, &x->job_hash, 8);
     memcpy(pl + 8, &from, 4);
     memcpy(pl + 12, &to, 4);
-    memcpy(pl + 16, p->nonce_me, DT_AUTH_NONCE_LEN);
+    memcpy(pl + 16, &lane, 2);
+    memcpy(pl + 18, &nl, 2);
+    memcpy(pl + 20, p->nonce_me, DT_AUTH_NONCE_LEN);
     if (!write_frame(p->fd, DT_FRAME_HELLO, pl, sizeof pl)) {
       p->fail_rc = DT_EAGAIN;
       snprintf(p->fail, sizeof p->fail, "handshake write failed");
@@ -201,16 +243,27 @@ void dt__tcp_pend_event(struct dt_tp_ctx *x, struct pend *p) {
     return;
   }
   case P_DIAL_WAIT_OK: {
+    bool none_yet = p->in_got == 0;
     r = pend_read(p, DT_FRAME_AUTH_OK, 0, why);
     if (r == 0) return;
+    if (r < 0 && none_yet) {
+      /* Closed instead of answering our proof: a wrong token, or the
+       * acceptor shedding a connection whose handshake it timed out
+       * (DTRAIN_AUTH_TIMEOUT_MS on a loaded host). It never counted this
+       * lane, so dial it again; a real refusal fails after a few tries. */
+      p->fail_rc = DT_EAGAIN;
+      p->shed = true;
+      snprintf(p->fail, sizeof p->fail, "rank %d rejected our job token (or shed the connection): %s", p->peer, why);
+      return;
+    }
     if (r < 0) {
       p->fail_rc = DT_EAUTH;
       snprintf(p->fail, sizeof p->fail, "rank %d rejected our job token: %s", p->peer, why);
       return;
     }
-    int fd = p->fd, peer = p->peer;
+    int fd = p->fd, peer = p->peer, lane = p->lane, nl = p->nlanes;
     pend_remove(x, p, false);
-    if (make_ep(x, fd, peer) < 0) close(fd);
+    if (lane_ready(x, fd, peer, lane, nl) < 0) close(fd);
     return;
   }
   case P_ACC_WAIT_HELLO: {
@@ -220,17 +273,28 @@ void dt__tcp_pend_event(struct dt_tp_ctx *x, struct pend *p) {
     uint8_t *pl = p->in + DT_FRAME_HDR_LEN;
     uint64_t jh;
     int32_t from, to;
+    uint16_t lane, nl;
     memcpy(&jh, pl, 8);
     memcpy(&from, pl + 8, 4);
     memcpy(&to, pl + 12, 4);
+    memcpy(&lane, pl + 16, 2);
+    memcpy(&nl, pl + 18, 2);
     if (jh != x->job_hash) { pend_reject(x, p, "different job"); return; }
     if (to != x->rank || from <= x->rank || from >= x->size) {
       snprintf(why, sizeof why, "bad ranks in hello (from %d to %d)", from, to);
       pend_reject(x, p, why);
       return;
     }
+    if (nl < 1 || nl > MAX_LANES || lane >= nl) {
+      snprintf(why, sizeof why, "bad lane in hello (%u of %u)", lane, nl);
+      pend_reject(x, p, why);
+      return;
+    }
+    if (test_shed(x, p, false)) return;
     p->peer = from;
-    memcpy(p->nonce_peer, pl + 16, DT_AUTH_NONCE_LEN);
+    p->lane = lane;
+    p->nlanes = nl;
+    memcpy(p->nonce_peer, pl + 20, DT_AUTH_NONCE_LEN);
     uint8_t out[HELLO_A_LEN];
     memcpy(out, p->nonce_me, DT_AUTH_NONCE_LEN);
     dt__auth_mac(x->token, x->token_len, "dt-tcp-acc", p->nonce_peer, p->nonce_me, out + DT_AUTH_NONCE_LEN);
@@ -248,15 +312,23 @@ void dt__tcp_pend_event(struct dt_tp_ctx *x, struct pend *p) {
       pend_reject(x, p, why);
       return;
     }
-    if (x->ep[p->peer]) { /* live or lost: a rank connects once per communicator */
-      snprintf(why, sizeof why, "rank %d is already connected", p->peer);
+    if (test_shed(x, p, true)) return;
+    struct dt_tp_ep **b = x->build[p->peer];
+    if (x->ep[p->peer] || (b && b[p->lane])) { /* live or lost: a rank connects once per communicator */
+      snprintf(why, sizeof why, "rank %d is already connected (lane %d)", p->peer, p->lane);
+      pend_reject(x, p, why);
+      return;
+    }
+    if (b && x->build_n[p->peer] != p->nlanes) {
+      snprintf(why, sizeof why, "rank %d changed its lane count (%d, then %d)", p->peer, x->build_n[p->peer],
+               p->nlanes);
       pend_reject(x, p, why);
       return;
     }
     if (!write_frame(p->fd, DT_FRAME_AUTH_OK, NULL, 0)) { pend_reject(x, p, "write failed"); return; }
-    int fd = p->fd, peer = p->peer;
+    int fd = p->fd, peer = p->peer, lane = p->lane, nl = p->nlanes;
     pend_remove(x, p, false);
-    if (make_ep(x, fd, peer) < 0) close(fd);
+    if (lane_ready(x, fd, peer, lane, nl) < 0) close(fd);
     return;
   }
   }
@@ -319,7 +391,8 @@ void dt__tcp_accept_all(struct dt_tp_ctx *x) {
     struct pend *o = oldest_stranger(x, &strangers);
     /* Over the cap (never below the world size: every peer may be in its
      * handshake at once), the oldest goes once it has had a second. */
-    if (strangers > (x->pending_max > x->size ? x->pending_max : x->size) && dt_now() - o->since >= 1.0) {
+    int floor = x->size * x->nconn; /* every lane of every peer may be in its handshake at once */
+    if (strangers > (x->pending_max > floor ? x->pending_max : floor) && dt_now() - o->since >= 1.0) {
       char why[96];
       snprintf(why, sizeof why, "more than %d connections in their handshake (DTRAIN_AUTH_PENDING_MAX); oldest first",
                x->pending_max);
@@ -357,6 +430,14 @@ void dt__tcp_ctx_free(struct dt_tp_ctx *x) {
   if (x->efd >= 0) close(x->efd);
   if (x->wfd >= 0) close(x->wfd);
   while (x->pend) pend_remove(x, x->pend, true);
+  for (int p = 0; x->build && p < x->size; p++) { /* lanes of endpoints never completed */
+    if (!x->build[p]) continue;
+    for (int i = 0; i < x->build_n[p]; i++)
+      if (x->build[p][i]) close(x->build[p][i]->fd), free(x->build[p][i]);
+    free(x->build[p]);
+  }
+  free(x->build);
+  free(x->build_n);
   free(x->ep);
   free(x->token);
   free(x->discard_buf);
@@ -377,10 +458,17 @@ int dt__tcp_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *addr
   x->job_hash = hash_str(in->job ? in->job : "");
   x->bufsize = (int)dt_param(DT_PARAM_TCP_BUFFER);
   x->spin_ns = dt_param(DT_PARAM_TCP_SPIN_US) * 1000;
+  int64_t nconn = in->nconn > 0 ? in->nconn : dt_param(DT_PARAM_TCP_NCONN);
+  x->nconn = nconn < 1 ? 1 : nconn > MAX_LANES ? MAX_LANES : (int)nconn;
+  int64_t smin = dt_param(DT_PARAM_TCP_STRIPE_MIN);
+  x->stripe_min = smin < 2 * PART_MIN ? 2 * PART_MIN : (size_t)smin;
+  x->shed_left = (int)dt_param(DT_PARAM_TEST_TCP_SHED);
   x->ep = calloc((size_t)in->size, sizeof *x->ep);
+  x->build = calloc((size_t)in->size, sizeof *x->build);
+  x->build_n = calloc((size_t)in->size, sizeof *x->build_n);
   x->token = malloc(in->token_len + 1);
   x->discard_buf = malloc(65536);
-  if (!x->ep || !x->token || !x->discard_buf) {
+  if (!x->ep || !x->build || !x->build_n || !x->token || !x->discard_buf) {
     dt__tcp_ctx_free(x);
     return dt__seterr(DT_ENOMEM, "tcp: out of memory");
   }
@@ -424,7 +512,8 @@ bool dt__tcp_can_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *p) {
   return p->addr && strchr(p->addr, ':') != NULL;
 }
 
-static int dial_start(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, struct pend **out, char *err) {
+static int dial_start(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int lane, struct pend **out,
+                      char *err) {
   char host[64];
   const char *colon = strrchr(peer->addr, ':');
   size_t hl = (size_t)(colon - peer->addr);
@@ -446,6 +535,8 @@ static int dial_start(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, struct
   p->kind = K_PEND;
   p->fd = fd;
   p->peer = peer->rank;
+  p->lane = lane;
+  p->nlanes = x->nconn;
   p->st = P_DIAL_CONNECTING;
   snprintf(p->who, sizeof p->who, "%s", peer->addr);
   dt__auth_random(p->nonce_me, sizeof p->nonce_me);
@@ -470,16 +561,23 @@ static bool pend_alive(struct dt_tp_ctx *x, struct pend *p) {
   return false;
 }
 
+/* Connects to one peer: the higher rank dials every lane, the lower waits
+ * for them. A lane the acceptor closed before it was counted (before its
+ * greeting, or instead of the AUTH_OK; see test_shed) is dialed again with
+ * backoff, on its own: the other lanes keep their handshakes. Only a lane
+ * that was refused repeatedly (about 4 s), a proof that failed, or the
+ * deadline ends the attempt, and the error names the peer and the lane. */
 int dt__tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64_t deadline,
-                       struct dt_tp_ep **out, char *err) {
+                    struct dt_tp_ep **out, char *err) {
   pthread_mutex_lock(&x->mu);
-  struct pend *p = NULL;
+  struct pend *p[MAX_LANES] = {0};
+  double retry_at[MAX_LANES] = {0};
+  int sheds[MAX_LANES] = {0};
   int rc = DT_OK;
-  double retry_at = 0;
-  int sheds = 0; /* dials closed before the greeting, retried with backoff */
   for (;;) {
-    if (x->ep[peer->rank]) {
-      if (!x->ep[peer->rank]->dead) break;
+    struct dt_tp_ep *h = x->ep[peer->rank];
+    if (h) {
+      if (!h->dead) break;
       /* connected, then gone: a rank connects once per communicator, so
        * waiting longer cannot help */
       rc = DT_EPEERLOST;
@@ -492,33 +590,34 @@ int dt__tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64_t 
       snprintf(err, DT_TP_ERR_MAX, "%s", x->abort_msg);
       break;
     }
-    if (peer->rank < x->rank) { /* we dial */
-      if (p && pend_alive(x, p) && p->fail_rc) {
-        if (p->fail_rc != DT_EAGAIN) {
-          rc = p->fail_rc;
-          snprintf(err, DT_TP_ERR_MAX, "%s", p->fail);
-          pend_remove(x, p, true);
-          break;
-        }
-        snprintf(err, DT_TP_ERR_MAX, "%s (%s)", p->fail, peer->addr);
-        bool shed = p->shed;
-        pend_remove(x, p, true);
-        p = NULL;
-        retry_at = dt_now() + 0.01;
-        if (shed) {
-          if (++sheds > 12) { /* about 4 s: not a busy peer but a refusal */
-            rc = DT_EAUTH;
+    if (peer->rank < x->rank) { /* we dial, once per lane */
+      for (int i = 0; i < x->nconn && rc == DT_OK; i++) {
+        struct dt_tp_ep **b = x->build[peer->rank];
+        if (b && b[i]) continue; /* this lane is up */
+        if (p[i] && !pend_alive(x, p[i])) p[i] = NULL; /* it became a lane */
+        if (p[i] && p[i]->fail_rc) {
+          if (p[i]->fail_rc != DT_EAGAIN) {
+            rc = p[i]->fail_rc;
+            snprintf(err, DT_TP_ERR_MAX, "%s (lane %d of %d)", p[i]->fail, i, x->nconn);
             break;
           }
-          retry_at = dt_now() + (sheds < 6 ? 0.01 * (1 << sheds) : 0.5);
+          snprintf(err, DT_TP_ERR_MAX, "%s (%s, lane %d of %d)", p[i]->fail, peer->addr, i, x->nconn);
+          bool shed = p[i]->shed;
+          pend_remove(x, p[i], true);
+          p[i] = NULL;
+          retry_at[i] = dt_now() + 0.01;
+          if (shed) {
+            if (++sheds[i] > 12) { /* about 4 s: not a busy peer but a refusal */
+              rc = DT_EAUTH;
+              break;
+            }
+            retry_at[i] = dt_now() + (sheds[i] < 6 ? 0.01 * (1 << sheds[i]) : 0.5);
+          }
         }
+        if (!p[i] && dt_now() >= retry_at[i]) rc = dial_start(x, peer, i, &p[i], err);
       }
-      if (p && !pend_alive(x, p)) p = NULL; /* it became an endpoint (checked above) or died */
-      if (!p && dt_now() >= retry_at) {
-        rc = dial_start(x, peer, &p, err);
-        if (rc < 0) break;
-        continue;
-      }
+      if (rc < 0) break;
+      if (x->ep[peer->rank]) continue; /* the last lane came up while dialing */
     }
     int64_t left = deadline - dt_now_ns();
     if (left <= 0) {
@@ -534,7 +633,8 @@ int dt__tcp_connect(struct dt_tp_ctx *x, const struct dt_tp_peer *peer, int64_t 
     int ms = (int)(left / 1000000) + 1;
     dt__tcp_progress(x, ms > 10 ? 10 : ms);
   }
-  if (rc < 0 && p && pend_alive(x, p)) pend_remove(x, p, true);
+  for (int i = 0; i < MAX_LANES; i++)
+    if (rc < 0 && p[i] && pend_alive(x, p[i])) pend_remove(x, p[i], true);
   if (rc == DT_OK) *out = x->ep[peer->rank];
   pthread_mutex_unlock(&x->mu);
   return rc;

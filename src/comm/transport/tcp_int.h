@@ -21,6 +21,19 @@
 enum { K_LISTEN = 1, K_WAKE, K_EP, K_PEND };
 
 #define DEFER_MIN (64 * 1024) /* early frames at least this large wait in the socket */
+#define MAX_LANES 16           /* connections per peer, at most */
+#define PART_MIN (64 * 1024)   /* smallest part of a striped message */
+
+/* A striped message: the user's request and one internal request per part.
+ * A part's priv[4] points back here; the parent's priv[5] points here (0
+ * for a message sent whole). */
+struct stripe {
+  struct stripe *next, *prev; /* the endpoint's list of live stripes */
+  struct dt_tp_req *parent;
+  int nparts, left, rc;
+  bool posting;               /* parts are being posted: do not finish yet */
+  struct dt_tp_req part[];
+};
 
 struct umsg { /* a frame that arrived before its receive was posted */
   struct dt_match_msg m; /* tag, len */
@@ -29,10 +42,17 @@ struct umsg { /* a frame that arrived before its receive was posted */
   uint8_t *data;
 };
 
+/* One connection ("lane") to a peer. The endpoint handed to comm.c is
+ * lane 0 (the head), which also owns the lane array and the live stripes;
+ * with one lane the head is the whole endpoint. */
 struct dt_tp_ep {
   int kind; /* K_EP */
   struct dt_tp_ctx *x;
   int fd, peer;
+  int lane, nlanes;
+  struct dt_tp_ep *head;          /* lane 0 */
+  struct dt_tp_ep **lanes;        /* head only: [nlanes] */
+  struct stripe *stripes;         /* head only */
   bool dead, bye, want_out;
   bool deferred;                  /* a large early frame waits in the socket */
   /* send side */
@@ -60,6 +80,7 @@ struct pend {
   int fd;
   enum pstate st;
   int peer;           /* dialer: target; acceptor: claimed rank once known */
+  int lane, nlanes;   /* which connection of how many (the dialer's count) */
   uint8_t nonce_me[DT_AUTH_NONCE_LEN], nonce_peer[DT_AUTH_NONCE_LEN];
   uint8_t in[DT_FRAME_HDR_LEN + 128];
   size_t in_got;
@@ -81,7 +102,12 @@ struct dt_tp_ctx {
   size_t token_len;
   int bufsize;
   int64_t spin_ns;      /* DTRAIN_TCP_SPIN_US */
-  struct dt_tp_ep **ep; /* per peer */
+  struct dt_tp_ep **ep; /* per peer: the head lane, once every lane is up */
+  struct dt_tp_ep ***build; /* per peer: lanes that passed the handshake so far */
+  int *build_n;         /* per peer: lane count of build[peer] */
+  int nconn;            /* lanes this rank dials (dist.tcp_connections, DTRAIN_TCP_NCONN) */
+  size_t stripe_min;    /* DTRAIN_TCP_STRIPE_MIN */
+  int shed_left;        /* tests: DTRAIN_TEST_TCP_SHED connections still to shed */
   struct pend *pend;
   struct dt_accept_guard guard; /* spare descriptor for EMFILE */
   char guard_name[32];
