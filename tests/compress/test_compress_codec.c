@@ -97,6 +97,19 @@ static void test_exact_values(void **st) {
   assert_int_equal(dt_cz_decode_add(DT_CODEC_SIGN, f, dt_cz_frame_bytes(DT_CODEC_SIGN, 9, 9), 9, dec), DT_OK);
   for (int i = 0; i < 9; i++) assert_float_equal(dec[i], s[i] >= 0 ? 4.0f : -4.0f, 1e-6);
   free(f);
+  /* sign: one scale per block of DT_CZ_SIGN_BLOCK values: a quiet block
+   * (|x| = 0.001) next to a loud one (|x| = 10) keeps its own magnitude
+   * instead of moving by the bucket's mean */
+  enum { NB = 2 * DT_CZ_SIGN_BLOCK + 3 };
+  float *v = malloc(NB * sizeof *v), *d2 = calloc(NB, sizeof *d2);
+  for (int i = 0; i < NB; i++) v[i] = (i % 3 ? 1.0f : -1.0f) * (i < DT_CZ_SIGN_BLOCK ? 0.001f : 10.0f);
+  f = frame_for(DT_CODEC_SIGN, NB, NB);
+  assert_int_equal(dt_cz_encode(DT_CODEC_SIGN, v, NB, NB, 0, RNG0, f, NULL), DT_OK);
+  assert_int_equal(dt_cz_decode_add(DT_CODEC_SIGN, f, dt_cz_frame_bytes(DT_CODEC_SIGN, NB, NB), NB, d2), DT_OK);
+  for (int i = 0; i < NB; i++) assert_float_equal(d2[i], v[i], 1e-6 * fabs(v[i]));
+  free(v);
+  free(d2);
+  free(f);
 }
 
 /* Mean over many independent draws approaches x (int8, qsgd). */
@@ -323,6 +336,16 @@ static void test_malformed(void **st) {
   memcpy(q + DT_CZ_HDR_LEN, &neg, 4);
   expect_corrupt(DT_CODEC_QSGD, q, qb, N, "chunk 0 has negative scale");
   free(q);
+  /* sign: a block scale that is negative or not finite */
+  uint8_t *sg = frame_for(DT_CODEC_SIGN, N, N);
+  size_t sb = dt_cz_frame_bytes(DT_CODEC_SIGN, N, N);
+  assert_int_equal(dt_cz_encode(DT_CODEC_SIGN, x, N, N, 0, RNG0, sg, NULL), DT_OK);
+  memcpy(sg + DT_CZ_HDR_LEN, &neg, 4);
+  expect_corrupt(DT_CODEC_SIGN, sg, sb, N, "sign block 0 has scale");
+  float inf = INFINITY;
+  memcpy(sg + DT_CZ_HDR_LEN, &inf, 4);
+  expect_corrupt(DT_CODEC_SIGN, sg, sb, N, "sign block 0 has scale");
+  free(sg);
   free(good);
   free(f);
 }

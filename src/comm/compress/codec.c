@@ -145,7 +145,7 @@ size_t dt_cz_frame_bytes(int codec, size_t n, size_t k) {
   case DT_CODEC_BF16: p = 2 * n; break;
   case DT_CODEC_INT8: p = n; break;
   case DT_CODEC_QSGD: p = 4 * ((n + DT_CZ_QSGD_CHUNK - 1) / DT_CZ_QSGD_CHUNK) + n; break;
-  case DT_CODEC_SIGN: p = (n + 7) / 8; break;
+  case DT_CODEC_SIGN: p = 4 * ((n + DT_CZ_SIGN_BLOCK - 1) / DT_CZ_SIGN_BLOCK) + (n + 7) / 8; break;
   case DT_CODEC_TOPK: p = 8 * k; break;
   default: return 0;
   }
@@ -445,19 +445,31 @@ int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_c
     return DT_OK;
   }
   case DT_CODEC_SIGN: {
-    float s = 0;
-    if (!flags) {
-      float acc[16] = {0};
-      size_t i = 0;
-      for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) acc[l] += fabsf(x[i + l]);
-      double t = 0;
-      for (int l = 0; l < 16; l++) t += acc[l];
-      for (; i < n; i++) t += fabsf(x[i]);
-      s = (float)(t / (double)n);
+    /* One scale per block of DT_CZ_SIGN_BLOCK values, the block's mean
+     * |x| (scaled sign, EF-SGD), then the bits. One scale for a whole
+     * bucket made values far below the bucket's mean magnitude (biases,
+     * quiet layers) move by that mean every step: with momentum the
+     * residuals grew and training diverged (bench/RESULTS.md). */
+    size_t nb = (n + DT_CZ_SIGN_BLOCK - 1) / DT_CZ_SIGN_BLOCK;
+    dt__cz_put_hdr(frame, codec, 0, flags, n, n, 1.0f);
+    float *scales = (float *)p;
+    uint8_t *bits = p + 4 * nb;
+    for (size_t b = 0; b < nb; b++) {
+      size_t lo = b * DT_CZ_SIGN_BLOCK, m = n - lo < DT_CZ_SIGN_BLOCK ? n - lo : DT_CZ_SIGN_BLOCK;
+      float s = 0;
+      if (!flags) {
+        float acc[16] = {0};
+        size_t i = 0;
+        for (; i + 16 <= m; i += 16)
+          for (int l = 0; l < 16; l++) acc[l] += fabsf(x[lo + i + l]);
+        double t = 0;
+        for (int l = 0; l < 16; l++) t += acc[l];
+        for (; i < m; i++) t += fabsf(x[lo + i]);
+        s = (float)(t / (double)m);
+      }
+      memcpy(&scales[b], &s, 4);
+      sign_pack(x + lo, bits + lo / 8, resid ? resid + lo : NULL, m, s);
     }
-    dt__cz_put_hdr(frame, codec, 0, flags, n, n, s);
-    sign_pack(x, p, resid, n, s);
     return DT_OK;
   }
   case DT_CODEC_TOPK:
@@ -500,7 +512,23 @@ int dt_cz_decode_add(int codec, const void *frame, size_t bytes, size_t n, float
     }
     break;
   }
-  case DT_CODEC_SIGN: sign_unpack_add(p, out, n, h.scale); break;
+  case DT_CODEC_SIGN: {
+    size_t nb = (n + DT_CZ_SIGN_BLOCK - 1) / DT_CZ_SIGN_BLOCK;
+    for (size_t b = 0; b < nb; b++) { /* checked before any is used */
+      float st;
+      memcpy(&st, p + 4 * b, 4);
+      if (!(st >= 0) || !isfinite(st))
+        return dt__seterr(DT_ECORRUPT, "compressed frame: sign block %zu has scale %g (negative or not finite)",
+                          b, (double)st);
+    }
+    for (size_t b = 0; b < nb; b++) {
+      size_t lo = b * DT_CZ_SIGN_BLOCK, m = n - lo < DT_CZ_SIGN_BLOCK ? n - lo : DT_CZ_SIGN_BLOCK;
+      float st;
+      memcpy(&st, p + 4 * b, 4);
+      sign_unpack_add(p + 4 * nb + lo / 8, out + lo, m, st);
+    }
+    break;
+  }
   default: return dt__seterr(DT_EINVAL, "compress decode: codec %d has no frames", codec);
   }
   return DT_OK;

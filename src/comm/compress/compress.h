@@ -71,19 +71,21 @@ int dt_codec_is_linear(int codec);
  * Little-endian header, then the payload:
  *   int8: n int8 (value = q x scale)
  *   qsgd: ceil(n/512) f32 steps (norm/levels of each chunk of 512), n int8
- *   sign: ceil(n/8) bytes (bit i = value i >= 0)
+ *   sign: ceil(n/256) f32 scales (mean |x| of each block of 256 values),
+ *         then ceil(n/8) bytes (bit i = value i >= 0)
  *   topk: k uint32 indices (strictly increasing, < n), then k f32 values
  *   fp16, bf16: n uint16 (bench and tests; the reduction sends them raw) */
 #define DT_CZ_MAGIC 0x5a43544cu /* "LTCZ" */
-#define DT_CZ_VERSION 1
+#define DT_CZ_VERSION 2 /* 2: sign frames carry a scale per block */
 #define DT_CZ_HDR_LEN 24
 #define DT_CZ_QSGD_CHUNK 512 /* values per qsgd norm (a multiple of 128) */
+#define DT_CZ_SIGN_BLOCK 256 /* values per sign scale (a multiple of 16) */
 typedef struct dt_cz_hdr {
   uint32_t magic;
   uint8_t codec, version, levels, flags; /* levels: qsgd only; flags: 0 */
   uint32_t n;                            /* values in the bucket */
   uint32_t k;                            /* entries: k for topk, n otherwise */
-  float scale;                           /* int8: step; sign: mean |x|; others 1 */
+  float scale;                           /* int8: step; others 1 */
   uint32_t reserved;                     /* 0 */
 } dt_cz_hdr;
 
