@@ -10,6 +10,8 @@
  *     for more than 2 ranks (DTRAIN_RING_MIN_BYTES), the ring from there;
  *     with more ranks than cores on one host and a power-of-two world RHD
  *     up to 32 MiB (DTRAIN_RING_MIN_OVERSUB_BYTES);
+ *   - one rank per host and a world that is not a power of two: the ring
+ *     from 32 KiB + 1 (RHD's fold would double one rank's network traffic);
  *   - hier from 64 KiB (DTRAIN_HIER_MIN_BYTES) only when there are several
  *     hosts and some host has several ranks; forced hier elsewhere falls
  *     back to the automatic choice (it would recurse), forced ring/rhd/tree
@@ -326,6 +328,14 @@ static void test_no_hier_with_one_rank_per_host(void **state) {
       AR(MIB, HIER, RING),     AR(100 * KIB, HIER, RHD),
   };
   assert_int_equal(CHECK(4, h4, t4, "4 hosts x 1 rank"), 0);
+  /* 3 hosts of one rank (not a power of two): the ring above the tree,
+   * since RHD's fold would send the vector twice over one rank's link */
+  static const int h3[] = {0, 1, 2};
+  static const tcase t3[] = {
+      AR(32 * KIB, AUTO, TREE), AR(32 * KIB + 1, AUTO, RING), AR(128 * KIB, AUTO, RING),
+      AR(MIB - 1, AUTO, RING),  AR(MIB, AUTO, RING),          AR(128 * KIB, RHD, RHD),
+  };
+  assert_int_equal(CHECK(3, h3, t3, "3 hosts x 1 rank"), 0);
 }
 
 /* ---- forced through the config and the environment ---------------------------------- */
