@@ -14,13 +14,21 @@
 #     per step per rank, and the speed-up over uncompressed dtrain; then
 #     PyTorch 1.13 DDP over Gloo in the same namespaces and shaping, with no
 #     hook, fp16_compress_hook and powerSGD_hook (rank 2)
-#     (bench/peers/fmnist_ddp_hook.py; DT_CZ_NO_TORCH=1 skips it).
+#     (bench/peers/fmnist_ddp_hook.py; DT_CZ_NO_TORCH=1 skips it);
+#  4. tcp lanes on loopback: `dtrain bench allreduce --transport tcp`, 2
+#     ranks, 1-16 MiB, with 1 and 4 connections per peer (DTRAIN_TCP_NCONN),
+#     DT_CZ_REPS rounds back to back, busbw per round;
+#  5. 3 "hosts" on loopback (three `dtrain launch` nodes, one worker each),
+#     dense MLP, 1 epoch: bytes per step on each rank with the automatic
+#     algorithm (the ring, tuning.c) and with DTRAIN_ALGO=rhd (before);
+#     then sign against dense, 3 workers forced on one host, 5 epochs, batch
+#     256, lr 0.1 (sign diverged with one scale per bucket).
 # Short configurations (time to accuracy, epochs capped by DT_CZ_EPOCHS,
 # batch DT_CZ_BATCH): each run is bounded by DT_CZ_TIMEOUT seconds.
 # Raw outputs stay in $BUILD/bench-compress/. The machine is shared; re-run
 # before believing a single number.
 #
-# Env: BUILD (default build/release), DT_CZ_SECTIONS (default "1 2 3"), DT_CZ_RATES, DT_CZ_CODECS (default
+# Env: BUILD (default build/release), DT_CZ_SECTIONS (default "1 2 4 5 3"), DT_CZ_REPS (3), DT_CZ_RATES, DT_CZ_CODECS (default
 # "none fp16 int8 sign topk powersgd"), DT_CZ_EPOCHS (5), DT_CZ_BATCH (256),
 # DT_CZ_LR (0.1), DT_CZ_TARGET (0.88), DT_CZ_TIMEOUT (600).
 set -u
@@ -35,7 +43,8 @@ BATCH="${DT_CZ_BATCH:-256}"
 LR="${DT_CZ_LR:-0.1}"
 TARGET="${DT_CZ_TARGET:-0.88}"
 TMO="${DT_CZ_TIMEOUT:-600}"
-SECTIONS="${DT_CZ_SECTIONS:-1 2 3}"
+SECTIONS="${DT_CZ_SECTIONS:-1 2 4 5 3}"
+REPS="${DT_CZ_REPS:-3}"
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 CFG="$SRC/examples/fashion_mlp.ini"
 OUT="$SRC/$BUILD/bench-compress"
@@ -114,6 +123,55 @@ for c in none int8 topk; do
     "$(python3 -c "import json;print(json.load(open('$S'))['test_accuracy'])")"
 done
 fi
+# ---- 4: tcp lanes ----------------------------------------------------------------
+if want 4; then
+say "== 4. tcp lanes on loopback: busbw GB/s, 2 ranks, 1 and 4 connections per peer, $REPS rounds"
+for r in $(seq "$REPS"); do
+  for nc in 1 4; do
+    DTRAIN_TCP_NCONN=$nc OPENBLAS_NUM_THREADS=1 timeout "$TMO" "$DTRAIN" bench allreduce --workers 2 \
+      --transport tcp --min 1M --max 16M >"$OUT/lanes_${nc}_$r.txt" 2>&1 </dev/null ||
+      say "lanes $nc round $r failed: $(tail -2 "$OUT/lanes_${nc}_$r.txt")"
+    awk -v nc=$nc -v r=$r '/^ +[0-9]/ { printf "nconn %s round %s %10s B busbw %s\n", nc, r, $1, $7 }' \
+      "$OUT/lanes_${nc}_$r.txt"
+  done
+done
+fi
+
+# ---- 5: three loopback hosts: bytes per step; sign -------------------------------
+if want 5; then
+say "== 5. 3 loopback hosts (one worker each), dense MLP, 1 epoch: MB per step sent by each rank"
+three() { # name, then env assignments for the workers
+  local name=$1 port=$((29800 + RANDOM % 100)) pids=() i
+  shift
+  rm -rf "$OUT/$name"
+  for i in 2 1 0; do
+    env "$@" DTRAIN_JOB_TOKEN=bench-compress-three-hosts-token OPENBLAS_NUM_THREADS=1 timeout "$TMO" \
+      "$DTRAIN" launch --nnodes 3 --node-rank $i --nproc-per-node 1 --rdzv 127.0.0.1:$port -- train "$CFG" \
+      --set train.epochs=1 --set train.batch=256 --set optim.lr=0.1 --out "$OUT/$name" \
+      >"$OUT/$name.$i.out" 2>&1 </dev/null &
+    pids[$i]=$!
+  done
+  for i in 0 1 2; do wait "${pids[$i]}"; done
+  python3 - "$OUT/$name/summary.json" "$name" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+s = d["steps"]
+per = [w["bytes_sent"] / s / 1e6 for w in d["per_worker"]]
+print("%-10s %s MB/step (busiest %.3f, gradient %.3f MB), test_acc %.4f" % (sys.argv[2],
+      " ".join("%.3f" % x for x in per), max(per), d["params"] * 4 / 1e6, d["test_accuracy"]))
+EOF
+}
+three auto DTRAIN_LOG_LEVEL=warn
+three rhd DTRAIN_ALGO=rhd
+say "== 5b. sign against dense: 3 workers forced on one host, 5 epochs, batch 256, lr 0.1"
+for c in none sign; do
+  OPENBLAS_NUM_THREADS=1 timeout "$TMO" "$DTRAIN" train "$CFG" --workers 3 --set train.epochs=5 \
+    --set train.batch=256 --set optim.lr=0.1 --set dist.compress=$c --set dist.compress_force=true \
+    --out "$OUT/one_host_$c" >"$OUT/one_host_$c.out" 2>&1 </dev/null
+  awk -v c=$c '$1 == "epoch" { printf "%-5s epoch %s test_acc %s\n", c, $2, $8 }' "$OUT/one_host_$c.out"
+done
+fi
+
 want 3 || exit 0
 
 # ---- 3: across emulated hosts -------------------------------------------------
