@@ -71,6 +71,9 @@ void dt__cli_obs_watch(void *ud, const dt_job *job);
 void dt__cli_obs_serve(struct dt__cli_obs *co);
 /* The same for the n ranks in ranks[] (under mpirun/srun: this host's). */
 void dt__cli_obs_serve_ranks(struct dt__cli_obs *co, const int *ranks, int n);
+/* "IP:PORT" of the running endpoint as another host can reach it (the
+ * address of obs.metrics; for 0.0.0.0 this host's first non-loopback IPv4). */
+void dt__cli_obs_advertise(const struct dt__cli_obs *co, char *buf, size_t cap);
 void dt__cli_obs_end(struct dt__cli_obs *co);
 
 #endif

@@ -43,6 +43,7 @@
 #include "core/core.h"
 #include "elastic/elastic.h"
 #include "engine/engine.h"
+#include "obs/obs_diag.h"
 
 static void train_usage(FILE *f) {
   fprintf(f,
@@ -190,18 +191,42 @@ struct worker_args {
 
 /* Under mpirun/srun no launcher serves obs.metrics: the first rank of
  * each host serves every rank of its host (their pages are in the same
- * DIR/obs there), so Prometheus scrapes one target per node, as with
- * `dtrain launch`. */
-static void serve_host(const struct worker_args *a, const dt_comm *world) {
+ * DIR/obs there), so Prometheus can scrape one target per node; and rank
+ * 0's server also fetches the other hosts' pages from their servers
+ * (their addresses gathered here, a collective of every rank), so its one
+ * target shows the whole job. */
+static void serve_host(const struct worker_args *a, dt_comm *world) {
   struct dt_comm_topo t;
-  if (!a->ext || !a->co || !a->co->metrics[0] || !world || dt_comm_topology(world, &t) < 0 ||
-      !t.one_per_host_leader)
-    return;
-  int n = dt_comm_size(world), k = 0, *r = malloc((size_t)n * sizeof *r);
-  if (!r) return;
-  for (int i = 0; i < n; i++)
-    if (dt_comm_host_of(world, i) == t.host) r[k++] = i;
-  dt__cli_obs_serve_ranks(a->co, r, k);
+  if (!a->ext || !a->co || !a->co->metrics[0] || !world || dt_comm_topology(world, &t) < 0) return;
+  int n = dt_comm_size(world), me = dt_comm_rank(world), k = 0;
+  int *r = malloc((size_t)n * sizeof *r);
+  char mine[64] = "", *all = calloc((size_t)n, 64);
+  if (r && all && t.one_per_host_leader) {
+    for (int i = 0; i < n; i++)
+      if (dt_comm_host_of(world, i) == t.host) r[k++] = i;
+    dt__cli_obs_serve_ranks(a->co, r, k);
+    if (a->co->srv && me != 0) dt__cli_obs_advertise(a->co, mine, sizeof mine);
+  }
+  if (!all || dt_comm_allgather(world, mine, all, 64, DT_U8) < 0) {
+    fprintf(stderr, "dtrain: warning: rank %d: obs.metrics: the hosts' endpoints were not gathered: "
+            "%s\n", me, all ? dt_errmsg() : "out of memory");
+  } else if (me == 0 && a->co->srv) {
+    int peers = 0;
+    for (int i = 1; i < n; i++) {
+      char *p = all + (size_t)i * 64;
+      p[63] = '\0';
+      if (!*p) continue;
+      if (dt_obs_server_add_peer(a->co->srv, p) < 0)
+        fprintf(stderr, "dtrain: warning: %s\n", dt_errmsg());
+      else peers++;
+    }
+    if (peers) {
+      printf("metrics: the endpoint of ranks %d-%d also shows the ranks of %d other host%s\n", 0,
+             k ? r[k - 1] : 0, peers, peers > 1 ? "s" : "");
+      fflush(stdout);
+    }
+  }
+  free(all);
   free(r);
 }
 

@@ -11,6 +11,10 @@
  * (dt__cli_obs_serve_ranks, called by cmd_train.c once the ranks have met). The work itself is src/obs; this
  * file decides when and prints.
  */
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,6 +124,26 @@ void dt__cli_obs_serve_ranks(struct dt__cli_obs *co, const int *ranks, int n) {
   rank_list(ranks, n, list, sizeof list);
   printf("metrics: http://%s:%d/metrics (ranks %s)\n", host, dt_obs_server_port(co->srv), list);
   fflush(stdout);
+}
+
+void dt__cli_obs_advertise(const struct dt__cli_obs *co, char *buf, size_t cap) {
+  char host[64];
+  snprintf(host, sizeof host, "%s", co->metrics);
+  char *colon = strrchr(host, ':');
+  if (colon) *colon = '\0';
+  if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
+  if (!strcmp(host, "0.0.0.0")) { /* every address: name one the others can reach */
+    struct ifaddrs *ifs = NULL, *i;
+    snprintf(host, sizeof host, "127.0.0.1");
+    if (getifaddrs(&ifs) == 0) {
+      for (i = ifs; i; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !(i->ifa_flags & IFF_LOOPBACK) &&
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, host, sizeof host))
+          break;
+      freeifaddrs(ifs);
+    }
+  }
+  snprintf(buf, cap, "%s:%d", host, dt_obs_server_port(co->srv));
 }
 
 void dt__cli_obs_serve(struct dt__cli_obs *co) {

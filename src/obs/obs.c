@@ -392,3 +392,26 @@ int dt__obs_parse(const void *buf, size_t len, struct dt_obs_page *out) {
   }
   return DT_OK;
 }
+
+int dt__obs_pages_parse(const void *resp, size_t len, struct dt_obs_page *out, int max) {
+  const char *b = resp;
+  static const char ok10[] = "HTTP/1.0 200 ", ok11[] = "HTTP/1.1 200 ";
+  if (len < sizeof ok10 - 1 || (memcmp(b, ok10, sizeof ok10 - 1) && memcmp(b, ok11, sizeof ok11 - 1)))
+    return dt__seterr(DT_ECORRUPT, "pages: not an HTTP 200 answer");
+  const char *body = NULL;
+  for (size_t i = 0; i + 4 <= len; i++)
+    if (!memcmp(b + i, "\r\n\r\n", 4)) {
+      body = b + i + 4;
+      break;
+    }
+  if (!body) return dt__seterr(DT_ECORRUPT, "pages: no end of the headers");
+  size_t n = len - (size_t)(body - b), one = sizeof(struct dt_obs_page);
+  if (n % one || n / one > (size_t)(max > 0 ? max : 0))
+    return dt__seterr(DT_ECORRUPT, "pages: a body of %zu bytes is not at most %d pages of %zu", n,
+                      max, one);
+  for (size_t i = 0; i < n / one; i++) {
+    int rc = dt__obs_parse(body + i * one, one, &out[i]);
+    if (rc < 0) return dt__preerr(rc, "pages: page %zu", i);
+  }
+  return (int)(n / one);
+}

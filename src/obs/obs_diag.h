@@ -43,6 +43,12 @@ typedef struct dt_obs_server dt_obs_server;
 int dt_obs_server_start(dt_obs_server **out, const char *addr, const char *obs_dir,
                         const int *ranks, int n);
 int dt_obs_server_port(const dt_obs_server *s);
+/* Adds another host's server ("IPv4:PORT"): every scrape of s then fetches
+ * its GET /pages (1 s timeouts; a peer that does not answer is left out of
+ * that scrape) and shows those ranks too (a rank already shown: once; no
+ * resident memory, that is read from /proc here). DT_EINVAL for a bad
+ * address or more than 64 peers. */
+int dt_obs_server_add_peer(dt_obs_server *s, const char *addr);
 void dt_obs_server_stop(dt_obs_server *s);
 
 /* ---- the run report (report.c) ---------------------------------------------------------- */

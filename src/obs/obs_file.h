@@ -61,6 +61,11 @@ int dt__obs_read(const char *path, struct dt_obs_page *out);
  * string NUL-terminated: magic, version, size, rank < size, counts within
  * bounds, known types, increasing bounds. DT_ECORRUPT naming the field. */
 int dt__obs_parse(const void *buf, size_t len, struct dt_obs_page *out);
+/* The answer of another host's GET /pages (http_mhd.c: the raw pages of
+ * its ranks, one after the other): checks the status line ("HTTP/1.x 200"),
+ * finds the body and parses each page (dt__obs_parse) into out[0..max).
+ * Returns the number of pages, DT_ECORRUPT naming what is wrong. */
+int dt__obs_pages_parse(const void *resp, size_t len, struct dt_obs_page *out, int max);
 /* DIR/obs/rank-R */
 void dt__obs_rank_path(const char *obs_dir, int rank, char *buf, size_t cap);
 double dt__obs_bits_to_d(uint64_t b);

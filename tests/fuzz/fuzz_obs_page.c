@@ -6,8 +6,10 @@
  * input is a list of patches (2-byte offset, 1-byte length, bytes) laid
  * over a copy, and the result goes through dt__obs_parse and, when it is
  * accepted, through the exposition and the recorder dump, which must then
- * cope with whatever the fields hold. Any crash or sanitizer report is a
- * bug.
+ * cope with whatever the fields hold. The same bytes also go through the
+ * reader of another host's GET /pages answer (dt__obs_pages_parse): as an
+ * HTTP 200 answer carrying the patched page, and the input itself as an
+ * answer. Any crash or sanitizer report is a bug.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,8 @@ static struct dt_obs_page *template_page(void) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  const uint8_t *data0 = data;
+  const size_t size0 = size;
   struct dt_obs_page *t = template_page();
   uint8_t *buf = malloc(sizeof *t);
   struct dt_obs_page *out = malloc(sizeof *out);
@@ -61,6 +65,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       fclose(f);
     }
   }
+  /* another host's /pages answer: the patched page behind a status line,
+   * and the raw input as a whole answer */
+  static const char head[] = "HTTP/1.0 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n";
+  uint8_t *resp = malloc(sizeof head - 1 + len);
+  struct dt_obs_page *two = malloc(2 * sizeof *two);
+  memcpy(resp, head, sizeof head - 1);
+  memcpy(resp + sizeof head - 1, buf, len);
+  dt__obs_pages_parse(resp, sizeof head - 1 + len, two, 2);
+  dt__obs_pages_parse(data0, size0, two, 2);
+  free(resp);
+  free(two);
   free(buf);
   free(out);
   return 0;

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "obs/obs_diag.h"
+#include "obs/obs_int.h"
 
 static char dir[256];
 
@@ -172,6 +173,36 @@ static void test_rerank_processes(void **st) {
   close(go[1]);
   close(up[0]);
   close(up[1]);
+}
+
+/* Another host's GET /pages answer: an HTTP 200 status line, headers, then
+ * whole pages; anything else is refused. */
+static void test_pages_parse(void **st) {
+  (void)st;
+  dt_obs *o;
+  assert_int_equal(dt_obs_open(&o, NULL, 2, 3, "j", "hb"), DT_OK);
+  dt_obs_add(dt_obs_counter(o, "x_total", "x"), 4);
+  static const char head[] = "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n";
+  size_t one = sizeof(struct dt_obs_page), hl = sizeof head - 1;
+  char *r = malloc(hl + 3 * one);
+  memcpy(r, head, hl);
+  for (int i = 0; i < 3; i++) memcpy(r + hl + i * one, o->pg, one);
+  struct dt_obs_page *out = malloc(2 * one);
+  assert_int_equal(dt__obs_pages_parse(r, hl + 2 * one, out, 2), 2);
+  assert_int_equal(out[1].rank, 2);
+  assert_string_equal(out[1].host, "hb");
+  assert_int_equal(dt__obs_pages_parse(r, hl, out, 2), 0);                /* no ranks there */
+  assert_int_equal(dt__obs_pages_parse(r, hl + 3 * one, out, 2), DT_ECORRUPT); /* too many */
+  assert_int_equal(dt__obs_pages_parse(r, hl + one - 1, out, 2), DT_ECORRUPT); /* torn */
+  r[9] = '5'; /* HTTP/1.1 500 */
+  assert_int_equal(dt__obs_pages_parse(r, hl + one, out, 2), DT_ECORRUPT);
+  r[9] = '2';
+  r[hl - 1] = 'x'; /* no end of the headers... */
+  r[hl - 3] = 'x';
+  assert_int_equal(dt__obs_pages_parse(r, hl, out, 2), DT_ECORRUPT);
+  free(out);
+  free(r);
+  dt_obs_close(o);
 }
 
 static void test_page_corrupt(void **st) {
@@ -345,6 +376,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_metrics, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rerank, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rerank_processes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_pages_parse, setup, teardown),
       cmocka_unit_test_setup_teardown(test_page_corrupt, setup, teardown),
       cmocka_unit_test_setup_teardown(test_diagnose_never_entered, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ring, setup, teardown),

@@ -8,8 +8,9 @@
 #     and rank 1 with job = the run directory's name, and the target up.
 #  2. three ranks claiming two hosts (DTRAIN_HOST_ID: ranks 0,1 on "ha",
 #     rank 2 on "hb"), obs.metrics port 0: two servers, one per host — rank
-#     0's serves ranks 0-1, rank 2's serves rank 2 — each exposition checked
-#     by `promtool check metrics`.
+#     2's shows rank 2 alone, rank 0's shows the whole job (its own ranks
+#     0-1 and rank 2 fetched from host hb's server), each rank once —
+#     each exposition checked by `promtool check metrics`.
 # Skipped (77) without mpirun or prometheus. Every process is bounded by a
 # deadline and stopped by pid; files live under $T.
 . "$(dirname "$0")/../cli/lib.sh"
@@ -75,7 +76,7 @@ wait_lines "$T/m1.out" 1 $MJ
 grep -q "^metrics: http://127.0.0.1:$MP/metrics (ranks 0-1)" "$T/m1.out" && pass ||
   { fail "no metrics line for ranks 0-1 on port $MP: $(cat "$T/m1.out" "$T/m1.err" | tail -5)"; finish; exit; }
 sleep 2
-[ "$(grep -c '^metrics: ' "$T/m1.out")" = 1 ] && pass || fail "$(grep -c '^metrics: ' "$T/m1.out") metrics lines, want 1"
+[ "$(grep -c '^metrics: ' "$T/m1.out")" = 1 ] && pass || fail "$(grep -c '^metrics: ' "$T/m1.out") metrics lines, want 1 (one host: no peers)"
 scrape $MP "$T/s1.txt" && pass || fail "cannot fetch /metrics"
 promtool check metrics <"$T/s1.txt" >"$T/check1.out" 2>&1 && pass ||
   fail "promtool check metrics: $(cat "$T/check1.out")"
@@ -132,8 +133,8 @@ MJ=$!
 PIDS="$PIDS $MJ"
 wait_lines "$T/m2.out" 2 $MJ
 grep '^metrics: ' "$T/m2.out"
-[ "$(grep -c '^metrics: ' "$T/m2.out")" = 2 ] && pass ||
-  fail "$(grep -c '^metrics: ' "$T/m2.out") metrics lines, want 2: $(tail -5 "$T/m2.err")"
+[ "$(grep -c '^metrics: http' "$T/m2.out")" = 2 ] && pass ||
+  fail "$(grep -c '^metrics: http' "$T/m2.out") endpoints, want 2: $(tail -5 "$T/m2.err")"
 PA=$(sed -nE 's|^metrics: http://127.0.0.1:([0-9]+)/metrics \(ranks 0-1\)$|\1|p' "$T/m2.out")
 PB=$(sed -nE 's|^metrics: http://127.0.0.1:([0-9]+)/metrics \(ranks 2-2\)$|\1|p' "$T/m2.out")
 [ -n "$PA" ] && [ -n "$PB" ] && pass || fail "want servers of ranks 0-1 and 2-2: $(grep '^metrics' "$T/m2.out")"
@@ -142,15 +143,21 @@ t0=$(now)
 while elapsed_ok "$t0" "$(now)" 60; do
   scrape "$PA" "$T/sa.txt"
   scrape "$PB" "$T/sb.txt"
-  [ "$(grep -c '^dtrain_steps_total{' "$T/sa.txt")" = 2 ] && [ "$(grep -c '^dtrain_steps_total{' "$T/sb.txt")" = 1 ] && break
+  [ "$(grep -c '^dtrain_steps_total{' "$T/sa.txt")" = 3 ] && [ "$(grep -c '^dtrain_steps_total{' "$T/sb.txt")" = 1 ] && break
   kill -0 $MJ 2>/dev/null || break
   sleep 0.5
 done
 grep '^dtrain_steps_total{' "$T/sa.txt" "$T/sb.txt"
-[ "$(grep -c '^dtrain_steps_total{.*rank="[01]"' "$T/sa.txt")" = 2 ] && pass || fail "host ha's server: $(grep steps_total "$T/sa.txt")"
-! grep -q 'rank="2"' "$T/sa.txt" && pass || fail "host ha's server serves rank 2"
+grep -q "^metrics: the endpoint of ranks 0-1 also shows the ranks of 1 other host" "$T/m2.out" && pass ||
+  fail "rank 0 did not say it shows the other host: $(grep '^metrics' "$T/m2.out")"
+for r in 0 1 2; do
+  [ "$(grep -c "^dtrain_steps_total{.*rank=\"$r\"" "$T/sa.txt")" = 1 ] && pass ||
+    fail "rank 0's server (the job's): rank $r not once: $(grep steps_total "$T/sa.txt")"
+done
 [ "$(grep -c '^dtrain_steps_total{.*rank="2"' "$T/sb.txt")" = 1 ] && pass || fail "host hb's server: $(grep steps_total "$T/sb.txt")"
 ! grep -q 'rank="[01]"' "$T/sb.txt" && pass || fail "host hb's server serves ranks 0-1"
+promtool check metrics <"$T/sa.txt" >"$T/check2a.out" 2>&1 && pass ||
+  fail "promtool check metrics (the job's): $(cat "$T/check2a.out")"
 promtool check metrics <"$T/sb.txt" >"$T/check2.out" 2>&1 && pass ||
   fail "promtool check metrics: $(cat "$T/check2.out")"
 stop_job $MJ
