@@ -212,10 +212,13 @@ static void serve_host(const struct worker_args *a, dt_comm *world) {
             "%s\n", me, all ? dt_errmsg() : "out of memory");
   } else if (me == 0 && a->co->srv) {
     int peers = 0;
+    dt__cli_obs_advertise(a->co, mine, sizeof mine);
     for (int i = 1; i < n; i++) {
       char *p = all + (size_t)i * 64;
       p[63] = '\0';
-      if (!*p) continue;
+      /* this very endpoint (the loopback default on several machines): its
+       * single thread would wait on itself for a second per scrape */
+      if (!*p || !strcmp(p, mine)) continue;
       if (dt_obs_server_add_peer(a->co->srv, p) < 0)
         fprintf(stderr, "dtrain: warning: %s\n", dt_errmsg());
       else peers++;
