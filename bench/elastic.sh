@@ -8,13 +8,22 @@
 #     failure minus the step they went on from (0: only the interrupted step
 #     is redone);
 #  3. throughput with nothing failing: elastic on (dist.min_workers = 1:
-#     heartbeats, watcher) vs off, same binary, paired rounds of 2 workers.
+#     heartbeats, watcher) vs off, same binary, paired rounds of 2 workers;
+#  4. a replacement from standby: the same job with --standby 1, a worker
+#     SIGKILLed from outside; from the kill to the first completed step of
+#     the spare that replaced it (its log line); median of JOINS runs
+#     (default 5);
+#  5. a joiner started by hand: `dtrain launch --join` into a running
+#     3-worker job with room for a 4th; from the joiner's start (the
+#     process, loading its data included) to its first completed step;
+#     median of JOINS runs.
 # Appends nothing by itself: the numbers go to stdout for bench/RESULTS.md.
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 DTRAIN=${DTRAIN:-$SRC/build/rel/dtrain}
 KILLS=${KILLS:-10}
 ROUNDS=${ROUNDS:-5}
+JOINS=${JOINS:-5}
 T=$(mktemp -d /tmp/dtrain_bench_elastic.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 export OPENBLAS_NUM_THREADS=1
@@ -77,3 +86,66 @@ for i in $(seq 1 "$ROUNDS"); do
   echo "round $i: off $v_off samples/s, on $v_on samples/s, on/off $r"
 done
 echo "throughput with nothing failing, elastic on / off (2 workers, MLP, 1 epoch): paired median $(med "${ratios[@]}") over $ROUNDS rounds; target >= 0.98"
+
+# 4. a replacement from standby: kill -> the spare's first completed step
+rep_t=()
+for i in $(seq 1 "$JOINS"); do
+  d="$T/s$i"
+  mkdir -p "$d"
+  DTRAIN_LOG_LEVEL=info "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 3 --standby 1 \
+    --set dist.min_workers=2 --set train.epochs=3 --set data.limit_train=6400 \
+    --set data.limit_test=1000 --out "$d/out" >"$d/log" 2>&1 </dev/null &
+  job=$!
+  victim=""
+  for _ in $(seq 1 600); do
+    victim=$(grep -o 'rank 2 pid [0-9]*' "$d/log" | awk '{print $4}')
+    [ -n "$victim" ] && [ -s "$d/out/events.jsonl" ] && break
+    sleep 0.02
+  done
+  sleep "0.$((RANDOM % 40 + 10))"
+  tk=$(now)
+  kill -9 "$victim"
+  wait $job
+  rc=$?
+  first=$(grep -o 'member 3: first step of generation [0-9]* done at wall clock [0-9.]*' "$d/log" | awk '{print $NF}' | head -1)
+  if [ "$rc" -ne 0 ] || [ -z "$first" ]; then
+    echo "standby $i: exit $rc, no first step of the spare"; grep -v info "$d/log" | tail -3; continue
+  fi
+  r=$(awk -v a="$tk" -v b="$first" 'BEGIN{printf "%.3f", b - a}')
+  w=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['workers'])" "$d/out/summary.json")
+  rep_t+=("$r")
+  echo "standby $i: the spare's first step $r s after the kill (job ended with $w workers)"
+done
+[ ${#rep_t[@]} -gt 0 ] && echo "replacement from standby, kill to its first step: median $(med "${rep_t[@]}") s over ${#rep_t[@]} kills (max $(printf '%s\n' "${rep_t[@]}" | sort -n | tail -1)); target <= 1 s"
+
+# 5. dtrain launch --join: the joiner's start -> its first completed step
+export DTRAIN_JOB_TOKEN=${DTRAIN_JOB_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+join_t=()
+for i in $(seq 1 "$JOINS"); do
+  d="$T/j$i"
+  mkdir -p "$d"
+  P=$("$(dirname "$DTRAIN")/dt_free_port" 127.0.0.1)
+  JB=("$SRC/examples/fashion_mlp.ini" --set dist.min_workers=2 --set dist.max_workers=4
+      --set train.epochs=4 --set data.limit_train=6400 --set data.limit_test=1000)
+  DTRAIN_LOG_LEVEL=info "$DTRAIN" launch --rdzv 127.0.0.1:$P --nproc-per-node 3 -- train \
+    "${JB[@]}" --out "$d/out" >"$d/log" 2>&1 </dev/null &
+  job=$!
+  for _ in $(seq 1 600); do
+    [ -s "$d/out/events.jsonl" ] && break
+    sleep 0.02
+  done
+  ts=$(now)
+  DTRAIN_LOG_LEVEL=info timeout 60 "$DTRAIN" launch --join --rdzv 127.0.0.1:$P -- train "${JB[@]}" \
+    >"$d/jlog" 2>&1 </dev/null
+  jrc=$?
+  wait $job
+  rc=$?
+  first=$(grep -o 'first step of generation [0-9]* done at wall clock [0-9.]*' "$d/jlog" | awk '{print $NF}' | head -1)
+  if [ "$rc" -ne 0 ] || [ "$jrc" -ne 0 ] || [ -z "$first" ]; then
+    echo "join $i: job exit $rc, joiner exit $jrc"; tail -3 "$d/jlog"; continue
+  fi
+  r=$(awk -v a="$ts" -v b="$first" 'BEGIN{printf "%.3f", b - a}')
+  join_t+=("$r")
+  echo "join $i: the joiner's first step $r s after it started"
+done
+[ ${#join_t[@]} -gt 0 ] && echo "dtrain launch --join, start to first step: median $(med "${join_t[@]}") s over ${#join_t[@]} joins (max $(printf '%s\n' "${join_t[@]}" | sort -n | tail -1)); target <= 2 s"

@@ -5,10 +5,10 @@
 set -euo pipefail
 want=${1:-build}
 pkgs=(build-essential cmake pkg-config libopenblas-dev zlib1g-dev libinih-dev
-      libcjson-dev libssl-dev libmicrohttpd-dev dataset-fashion-mnist)
+      libcjson-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev dataset-fashion-mnist)
 case $want in
   test) pkgs+=(libcmocka-dev clang libclang-rt-14-dev openmpi-bin libopenmpi-dev iproute2
-                 prometheus chromium) ;;
+                 prometheus chromium etcd-server) ;;
   bench|all) pkgs+=(libcmocka-dev clang libclang-rt-14-dev openmpi-bin libopenmpi-dev iproute2
                     python3-torch python3-numpy) ;;
 esac

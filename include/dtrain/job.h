@@ -135,9 +135,12 @@ struct dt_job_config {
                          * fn once, here, with w->joining = 1 */
   int tcp_connections;  /* tcp connections per peer (messages of 256 KiB and
                          * more striped over them); 0: DTRAIN_TCP_NCONN (1) */
+  const char *rdzv_backend; /* NULL or "builtin": node 0 serves the store at
+                             * rdzv; "etcd": rdzv is an etcd server (its v3
+                             * JSON gateway) that every process uses instead */
 };
 #define DT_JOB_CONFIG_INIT                                                     \
-  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0 }
+  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0, NULL }
 
 /* What a worker function gets. Everything is borrowed for the duration of
  * the call. */

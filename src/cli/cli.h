@@ -39,6 +39,7 @@ struct dt__launch {
   char bind_addr[64];           /* "" = the route's source address */
   int join;                     /* --join: one worker joining a running elastic job */
   int standby;                  /* --standby K (-1: not given) */
+  int etcd;                     /* --rdzv-backend etcd */
 };
 /* The train command; launch == NULL is plain `dtrain train`. */
 int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *launch);

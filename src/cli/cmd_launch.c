@@ -51,6 +51,9 @@ static void launch_usage(FILE *f) {
           "  --join              join a running elastic job at --rdzv as one more\n"
           "                      worker (admitted at its next re-forming)\n"
           "  --standby K         K spare workers, data loaded, replace lost ones\n"
+          "  --rdzv-backend B    builtin (node 0 serves the store, default) or etcd\n"
+          "                      (--rdzv names an etcd server every process uses; env\n"
+          "                      DTRAIN_RDZV_BACKEND; docs/elastic.md)\n"
           "\n"
           "Environment: DTRAIN_JOB_TOKEN (required when M > 1, the same on every node;\n"
           "make one with `openssl rand -hex 32`), DTRAIN_TIMEOUT (seconds every\n"
@@ -66,12 +69,13 @@ static int usage_err(const char *fmt, const char *a, const char *b) {
 }
 
 int dt__cmd_launch(int argc, char **argv) {
-  enum { NNODES, NODE_RANK, RDZV, NPROC, BIND, RESTARTS, STANDBY, NOPT };
+  enum { NNODES, NODE_RANK, RDZV, NPROC, BIND, RESTARTS, STANDBY, BACKEND, NOPT };
   static const char *const flag[NOPT] = {"--nnodes", "--node-rank", "--rdzv",
                                          "--nproc-per-node", "--bind-addr", "--max-restarts",
-                                         "--standby"};
+                                         "--standby", "--rdzv-backend"};
   static const char *const env[NOPT] = {"DTRAIN_NNODES", "DTRAIN_NODE_RANK", "DTRAIN_RDZV",
-                                        "DTRAIN_NPROC_PER_NODE", "DTRAIN_BIND_ADDR", NULL, NULL};
+                                        "DTRAIN_NPROC_PER_NODE", "DTRAIN_BIND_ADDR", NULL, NULL,
+                                        "DTRAIN_RDZV_BACKEND"};
   int join = 0;
   const char *val[NOPT] = {0}, *src[NOPT] = {0};
   int i = 1;
@@ -122,6 +126,12 @@ int dt__cmd_launch(int argc, char **argv) {
   if (join && (val[NNODES] || val[NODE_RANK] || val[NPROC] || val[STANDBY]))
     return usage_err("--join: starts one worker of a running job; not with --nnodes, "
                      "--node-rank, --nproc-per-node or --standby%s%s", "", "");
+  if (val[BACKEND] && strcmp(val[BACKEND], "etcd") && strcmp(val[BACKEND], "builtin"))
+    return usage_err("%s '%s': expects builtin or etcd", src[BACKEND], val[BACKEND]);
+  L.etcd = val[BACKEND] && !strcmp(val[BACKEND], "etcd");
+  if (L.etcd && !val[RDZV])
+    return usage_err("%s etcd: give --rdzv HOST:PORT, the etcd server (its client port)%s",
+                     src[BACKEND], "");
   if (join && !val[RDZV])
     return usage_err("--join: give --rdzv HOST:PORT, the running job's rendezvous store%s%s",
                      "", "");
@@ -156,7 +166,7 @@ int dt__cmd_launch(int argc, char **argv) {
             "nodes: an address of node 0 that every node reaches\n", L.nnodes);
     return DT_EXIT_USAGE;
   }
-  if (L.node_rank == 0 && !join && dt__can_bind(ip, port) < 0) {
+  if (L.node_rank == 0 && !join && !L.etcd && dt__can_bind(ip, port) < 0) {
     fprintf(stderr, "dtrain: %s %s: node 0 serves the rendezvous there but cannot listen on "
             "%s:%d: %s\n", src[RDZV] ? src[RDZV] : "--rdzv", val[RDZV] ? val[RDZV] : "127.0.0.1",
             ip, port, dt_errmsg());

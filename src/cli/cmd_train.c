@@ -540,6 +540,7 @@ static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_
       jc.nproc_per_node = L->nproc;
       jc.rdzv = L->rdzv[0] ? L->rdzv : NULL;
       jc.bind_addr = L->bind_addr[0] ? L->bind_addr : NULL;
+      jc.rdzv_backend = L->etcd ? "etcd" : NULL;
     } else {
       jc.workers = cfg->run.workers + cfg->run.ps.servers;
     }

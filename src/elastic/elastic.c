@@ -37,6 +37,7 @@ struct dt_elastic {
   pthread_cond_t cv;
   int stop;
   double tick;
+  int saver;                    /* gave up below min_workers and keeps the state */
 };
 
 static void sleep_s(double s) {
@@ -235,9 +236,9 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
   if (el->tick > 0.05) el->tick = 0.05;
   pthread_mutex_init(&el->mu, NULL);
   pthread_cond_init(&el->cv, NULL);
-  int rc = dt_store_connect(&el->st, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
+  int rc = dt_elastic_store_connect(&el->st, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
   if (rc == DT_OK)
-    rc = dt_store_connect(&el->wst, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
+    rc = dt_elastic_store_connect(&el->wst, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
   if (rc == DT_OK && cfg->join) rc = joiner_id(el);
   el->nmembers = el->cfg.size0 > 0 ? el->cfg.size0 : 1;
   el->members = malloc((size_t)el->nmembers * sizeof *el->members);
@@ -283,6 +284,8 @@ int dt_elastic_start(dt_elastic *el, dt_comm *c) {
 int dt_elastic_generation(const dt_elastic *el) { return el->gen; }
 
 int dt_elastic_id(const dt_elastic *el) { return el->cfg.id; }
+
+int dt_elastic_saves(const dt_elastic *el) { return el->saver; }
 
 void dt_elastic_release_old(dt_elastic *el) {
   dt_comm_destroy(el->old);
@@ -338,7 +341,7 @@ int dt_elastic_report_dead(dt_store *st, const char *job, int id, double timeout
 
 /* What a deciding member knows of one member of the current generation. */
 struct seen {
-  int64_t in;      /* 1 + position once registered, else 0 */
+  int64_t in;      /* 2 + position once registered (1: no complete state), else 0 */
   int dead;        /* a launcher reported it */
   int64_t hb;      /* last heartbeat value read */
   double hb_at;    /* when it last changed */
@@ -400,12 +403,15 @@ static int enter(dt_elastic *el, const char *rec, double t0, dt_elastic_gen *out
   DT_CHECK(adopt(el, rec, &rank));
   /* the most advanced member: largest position, then lowest rank */
   int64_t best = -1;
-  int src = 0;
+  int src = -1;
   for (int i = 0; i < el->nmembers; i++) {
     key(el, k, sizeof k, "g%d/in/%d", el->gen, el->members[i]);
-    int64_t v = counter(el->st, k, 0) - 1;
+    int64_t v = counter(el->st, k, 0) - 2;
     if (v > best) best = v, src = i;
   }
+  if (src < 0)
+    return dt__seterr(DT_EIO, "elastic: no member of generation %d holds a complete state (its "
+                      "source was lost while it sent it); the job cannot go on", el->gen);
   /* the generation's own communicator (fresh store prefix and segments) */
   struct dt_comm_config cc = el->cfg.cc;
   snprintf(el->cjob, sizeof el->cjob, "%s.g%d", el->job, el->gen);
@@ -470,7 +476,7 @@ int dt_elastic_join(dt_elastic *el, dt_elastic_gen *out) {
     key(el, k, sizeof k, "g%d/in/%d", g + 1, el->cfg.id);
     int64_t v = 0;
     DT_CHECK_GOTO(dt_store_add(el->st, k, 0, &v, tmo), rc, done);
-    if (v <= 0) DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
+    if (v <= 0) DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done); /* no state */
     if (ch <= c) { /* nobody re-forming yet: ask for it */
       key(el, k, sizeof k, "change", 0, 0);
       DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
@@ -512,7 +518,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
     DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
   }
   key(el, k, sizeof k, "g%d/in/%d", g, el->cfg.id);
-  DT_CHECK_GOTO(dt_store_add(el->st, k, pos + 1, NULL, tmo), rc, done);
+  DT_CHECK_GOTO(dt_store_add(el->st, k, (pos < 0 ? -1 : pos) + 2, NULL, tmo), rc, done);
 
   int below_since = 0;
   double below_t = 0;
@@ -566,6 +572,14 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
         }
         if (now - below_t > el->cfg.rejoin_timeout_s) {
           free(jids);
+          /* the job ends: the most advanced survivor (then the lowest
+           * id) keeps its state in a checkpoint; all of them agree on who
+           * from the same registrations */
+          int64_t best = -1;
+          int who = -1;
+          for (int i = 0; i < el->nmembers; i++)
+            if (sn[i].in > 0 && sn[i].in > best) best = sn[i].in, who = el->members[i];
+          el->saver = who == el->cfg.id;
           rc = dt__seterr(DT_ETIMEDOUT, "elastic: only %d worker%s left, fewer than "
                           "dist.min_workers = %d, and none joined within dist.rejoin_timeout = "
                           "%.0f s", alive, alive == 1 ? "" : "s", el->cfg.min_workers,

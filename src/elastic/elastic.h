@@ -23,7 +23,8 @@
  *   P/el/change       counter: bumped by whoever sees a failure
  *   P/el/hb/ID        counter: member ID's heartbeat
  *   P/el/dead/ID      counter > 0: a launcher saw member ID's process die
- *   P/el/gG/in/ID     1 + position: ID is alive and wants generation G
+ *   P/el/gG/in/ID     2 + position: ID is alive and wants generation G (1: it
+ *                     holds no complete state: a joiner, or a partial copy)
  *   P/el/size0        the members of generation 0 (joiners' ids follow)
  *   P/el/nextid       counter: joiner ids handed out (id = size0 + n - 1)
  *   P/el/fp           the job's config fingerprint (a joiner compares it)
@@ -79,7 +80,8 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg);
  * generation-0 communicator, which the caller keeps owning). */
 int dt_elastic_start(dt_elastic *el, dt_comm *c);
 /* After a failed collective at position pos (any int64 that grows as the
- * run advances): aborts the current communicator, announces the change,
+ * run advances; -1: this worker holds no complete state, so it must not be
+ * the source): aborts the current communicator, announces the change,
  * registers for the next generation, waits until every member of the
  * current one has registered or is known dead (launcher) or silent
  * (heartbeats), decides the next generation by compare-and-set (or adopts
@@ -99,10 +101,23 @@ void dt_elastic_release_old(dt_elastic *el);
 int dt_elastic_join(dt_elastic *el, dt_elastic_gen *out);
 /* This worker's member id (a joiner's is known after dt_elastic_create). */
 int dt_elastic_id(const dt_elastic *el);
+/* After dt_elastic_reform gave up below min_workers (DT_ETIMEDOUT): 1 if
+ * this member is the one survivor that keeps the job's state (the most
+ * advanced registered member, then the lowest id; every survivor agrees). */
+int dt_elastic_saves(const dt_elastic *el);
 /* The generation this worker is in. */
 int dt_elastic_generation(const dt_elastic *el);
 /* Stops the watcher, frees the communicators it made. NULL is a no-op. */
 void dt_elastic_destroy(dt_elastic *el);
+
+/* A store client: host "etcd://IP" is an etcd server's v3 JSON gateway
+ * (store_etcd.c; the job's keys under a prefix made from token), anything
+ * else the built-in TCP store (dt_store_connect). */
+int dt_elastic_store_connect(dt_store **out, const char *host, int port, const char *token,
+                             double timeout_s);
+/* etcd: removes every key of the job with this token (node 0's launcher,
+ * at its end); the built-in store: nothing to do. */
+int dt_elastic_store_clear(const char *host, int port, const char *token, double timeout_s);
 
 /* Launchers: member id's process died (bumps the change counter first). */
 int dt_elastic_report_dead(dt_store *st, const char *job, int id, double timeout_s);

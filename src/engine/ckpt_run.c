@@ -139,6 +139,7 @@ int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos) {
 
 int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *p) {
   dt_ckpt_run *k = &e->ck;
+  k->at = *p;
   if (e->rank != 0) return DT_OK;
   if (!k->on && k->root[0] && !k->finished && become_writer(e) < 0) {
     DT_LOG_WARN("rank 0 (new after a membership change) cannot write checkpoints: %s",
@@ -177,12 +178,45 @@ int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *p) {
 
 void dt__ckpt_epoch_end(dt_engine *e, const dt_ckpt_pos *p) {
   dt_ckpt_run *k = &e->ck;
+  k->at = *p;
   if (!k->on || (!e->cfg.ckpt_epoch_end && !k->pending) || e->strat.step == k->last_step) {
     k->pending = 0;
     return;
   }
   k->pending = 0;
   take(e, p, 0);
+}
+
+int dt__ckpt_final(dt_engine *e, const char *out_dir, char *dir, size_t cap) {
+  dt_ckpt_run *k = &e->ck;
+  if (k->finished) return dt__seterr(DT_EINVAL, "checkpoint after the run's end");
+  if (!k->root[0]) {
+    if (e->cfg.ckpt_dir[0]) snprintf(k->root, sizeof k->root, "%s", e->cfg.ckpt_dir);
+    else if (out_dir && out_dir[0]) snprintf(k->root, sizeof k->root, "%s/ckpt", out_dir);
+    else return dt__seterr(DT_ENOENT, "no checkpoint directory (ckpt.dir, or the run's --out)");
+  }
+  if (!k->on) DT_CHECK(become_writer(e));
+  /* the position after this worker's last completed step (the first
+   * step of a run counts from the start) */
+  dt_ckpt_pos p = k->at;
+  if (p.epoch < 1) {
+    memset(&p, 0, sizeof p);
+    p.epoch = 1;
+  }
+  p.ep = (dt_tally){.fixed = e->strat.ops->fixed_point};
+  k->last_step = -1;
+  take(e, &p, 1);
+  dt_ckpt_stats st;
+  int ok;
+  if (k->w) {
+    dt__writer_stats(k->w, &st);
+    ok = st.last_step == e->strat.step && st.failed_step != e->strat.step;
+    snprintf(dir, cap, "%s", ok ? st.last_dir : st.last_error);
+  } else {
+    ok = k->sync_failed_step != e->strat.step;
+    snprintf(dir, cap, "%s", ok ? k->last_dir : k->sync_err);
+  }
+  return ok ? DT_OK : dt__seterr(DT_EIO, "%s", dir);
 }
 
 void dt__ckpt_finish(dt_engine *e) {

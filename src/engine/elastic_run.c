@@ -122,6 +122,7 @@ int dt__engine_set_joined(dt_engine *e, dt_elastic *el, const dt_elastic_gen *g)
   e->el_source = g->source;
   e->el_pos = g->pos;
   e->el_join_t = dt_now();
+  e->el_partial = 1; /* no state of its own until the first copy arrives */
   e->strat.joining = 1;
   dt__engine_lend(e);
   return DT_OK;
@@ -143,19 +144,25 @@ static void where(const dt_engine *e, int64_t pos, int *epoch, int64_t *k) {
 
 /* A joiner's start: the source's state over the generation it was admitted
  * to (the members are in membership_change too), the batches re-split. */
+static int adopt(dt_engine *e, const dt_elastic_gen *g);
+
 static int join_start(dt_engine *e, dt_ckpt_pos *start) {
   dt_strategy *S = &e->strat;
-  dt__eobs_membership(e, e->el_gen);
-  dt_membership m = {e->comm, e->rank, e->nranks, e->el_source};
-  int rc = S->ops->membership_change(S, &m);
-  S->joining = 0;
-  if (rc == DT_OK) rc = e->source->ops->bind(e->source, e->rank, e->nranks);
-  if (rc < 0) return dt__preerr(rc, "joiner %d: generation %d", e->el_id, e->el_gen);
-  e->ended_at = e->el_pos & 1 ? S->step : -1;
+  dt_elastic_gen g = {e->el_gen, e->comm, e->rank, e->nranks, e->el_source, e->el_pos};
   dt_tally z = {.fixed = S->ops->fixed_point};
   memset(start, 0, sizeof *start);
   start->ep = z;
-  where(e, e->el_pos, &start->epoch, &start->k);
+  int rc = adopt(e, &g);
+  if (rc < 0 && dt__elastic_recoverable(e, rc)) {
+    /* a change while the state came: re-form with the members (this
+     * joiner holds no state: it is never the source) */
+    rc = dt__elastic_recover(e, 0, &start->epoch, &start->k);
+    if (rc < 0) return rc;
+  } else if (rc < 0) {
+    return dt__preerr(rc, "joiner %d: generation %d", e->el_id, e->el_gen);
+  } else {
+    where(e, e->el_pos, &start->epoch, &start->k);
+  }
   e->el_failed_at = e->el_join_t; /* the first step's log line says how long joining took */
   DT_LOG_INFO("elastic: joiner %d is rank %d of %d in generation %d; going on at epoch %d "
               "step %lld", e->el_id, e->rank, e->nranks, e->el_gen, start->epoch,
@@ -233,8 +240,32 @@ int dt__elastic_recoverable(const dt_engine *e, int rc) {
 }
 
 int64_t dt__elastic_pos(const dt_engine *e) {
+  if (e->el_partial) return -1;
   const int64_t s = e->strat.step;
   return 2 * s + (e->ended_at == s);
+}
+
+/* Trains over generation g from now: its communicator, the source's state
+ * (membership_change), the batches re-split. */
+static int adopt(dt_engine *e, const dt_elastic_gen *g) {
+  dt_strategy *S = &e->strat;
+  e->comm = g->comm;
+  e->rank = g->rank;
+  e->nranks = g->size;
+  dt__engine_lend(e);
+  dt__eobs_membership(e, g->gen);
+  dt_membership m = {g->comm, g->rank, g->size, g->source};
+  int rc = S->ops->membership_change(S, &m);
+  S->joining = 0;
+  if (rc < 0) {
+    if (g->rank != g->source) e->el_partial = 1;
+    return rc;
+  }
+  e->el_partial = 0;
+  DT_CHECK(e->source->ops->bind(e->source, g->rank, g->size));
+  dt_elastic_release_old(e->elastic);
+  e->ended_at = g->pos & 1 ? S->step : -1;
+  return DT_OK;
 }
 
 int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
@@ -249,19 +280,31 @@ int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
   DT_LOG_INFO("elastic: member %d (rank %d) at step %lld: %s", e->el_id, e->rank,
               (long long)S->step, why);
   dt_elastic_gen g;
-  int rc = dt_elastic_reform(e->elastic, dt__elastic_pos(e), &g);
-  if (rc < 0) return dt__preerr(rc, "member %d after \"%s\"", e->el_id, why);
-  e->comm = g.comm;
-  e->rank = g.rank;
-  e->nranks = g.size;
-  dt__engine_lend(e);
-  dt__eobs_membership(e, g.gen);
-  dt_membership m = {g.comm, g.rank, g.size, g.source};
-  rc = S->ops->membership_change(S, &m);
-  if (rc == DT_OK) rc = e->source->ops->bind(e->source, g.rank, g.size);
-  if (rc < 0) return dt__preerr(rc, "member %d: generation %d", e->el_id, g.gen);
-  dt_elastic_release_old(e->elastic);
-  e->ended_at = g.pos & 1 ? S->step : -1;
+  int rc;
+  for (int tries = 0;; tries++) {
+    rc = dt_elastic_reform(e->elastic, dt__elastic_pos(e), &g);
+    if (rc < 0 && dt_elastic_saves(e->elastic) && !e->el_partial) {
+      /* giving up below min_workers: the job's state into a checkpoint */
+      char msg[512], dir[DT_CKPT_PATH_MAX + 32];
+      snprintf(msg, sizeof msg, "%s", dt_errmsg());
+      if (dt__ckpt_final(e, e->out_dir[0] ? e->out_dir : NULL, dir, sizeof dir) == DT_OK)
+        return dt__seterr(rc, "member %d: %s; checkpoint of step %lld written: %s (go on with "
+                          "--resume)", e->el_id, msg, (long long)S->step, dir);
+      return dt__seterr(rc, "member %d: %s; no checkpoint written: %s", e->el_id, msg,
+                        dt_errmsg());
+    }
+    if (rc < 0) return dt__preerr(rc, "member %d after \"%s\"", e->el_id, why);
+    rc = adopt(e, &g);
+    /* another change while the state moved (a joiner, a second loss):
+     * re-form again; a member that was receiving holds a partial copy */
+    if (rc < 0 && dt__elastic_recoverable(e, rc) && tries < 16) {
+      snprintf(why, sizeof why, "%s", dt_errmsg());
+      DT_LOG_INFO("elastic: member %d: generation %d: %s; re-forming again", e->el_id, g.gen, why);
+      continue;
+    }
+    if (rc < 0) return dt__preerr(rc, "member %d: generation %d", e->el_id, g.gen);
+    break;
+  }
   where(e, g.pos, epoch, k); /* where the agreed position is in the loop */
   e->recoveries++;
   DT_LOG_INFO("elastic: generation %d: %d workers, going on at epoch %d step %lld (%.3f s)",

@@ -53,6 +53,7 @@ typedef struct dt_ckpt_run {
   dt_ckpt_snap snap;                 /* synchronous writes */
   double last_t;
   int64_t last_step;                 /* step of the last snapshot */
+  dt_ckpt_pos at;                    /* the loop's position after the last step or epoch end */
   int pending;                       /* due at the epoch's last step: taken at its end */
   int finished;                      /* dt__ckpt_finish ran */
   int sync_written, sync_failed;
@@ -94,6 +95,7 @@ struct dt_engine {
   int recoveries;           /* membership changes survived */
   double el_failed_at;      /* dt_now() of the failure being recovered from, or 0 */
   int el_join;              /* a joiner: the generation it was admitted to (el_gen) */
+  int el_partial;           /* a state copy into this worker was interrupted */
   int el_gen, el_source;
   int64_t el_pos;
   double el_join_t;         /* dt_now() when it was admitted */
@@ -114,6 +116,11 @@ int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos);
 int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *pos);
 /* After an epoch's records (pos: epoch + 1, step 0). */
 void dt__ckpt_epoch_end(dt_engine *e, const dt_ckpt_pos *pos);
+/* Elastic training giving up below min_workers: this worker writes a
+ * checkpoint of its state at its last step boundary now (synchronously,
+ * under ckpt.dir or out_dir/ckpt even when no ckpt.* trigger is set) and
+ * names the directory in dir. */
+int dt__ckpt_final(dt_engine *e, const char *out_dir, char *dir, size_t cap);
 /* End of a run, whatever its outcome: waits for the writer, totals. */
 void dt__ckpt_finish(dt_engine *e);
 void dt__ckpt_resume_free(dt_ckpt_resume *r);

@@ -125,6 +125,12 @@ int dt_job_create(dt_job **out, const struct dt_job_config *cfg) {
   if ((cfg->spares || cfg->join) && cfg->min_workers <= 0)
     return dt__seterr(DT_EINVAL, "job: %s needs elastic training (min_workers > 0)",
                       cfg->join ? "join" : "spares");
+  int etcd = cfg->rdzv_backend && !strcmp(cfg->rdzv_backend, "etcd");
+  if (cfg->rdzv_backend && !etcd && strcmp(cfg->rdzv_backend, "builtin"))
+    return dt__seterr(DT_EINVAL, "job: rdzv_backend '%s': expects builtin or etcd",
+                      cfg->rdzv_backend);
+  if (etcd && !cfg->rdzv)
+    return dt__seterr(DT_EINVAL, "job: rdzv_backend etcd needs rdzv, the etcd server's HOST:PORT");
   if (cfg->join && !cfg->rdzv)
     return dt__seterr(DT_EINVAL, "job: join needs rdzv, the address of the running job's "
                       "rendezvous store");
@@ -155,6 +161,8 @@ int dt_job_create(dt_job **out, const struct dt_job_config *cfg) {
     snprintf(j->rdzv_host, sizeof j->rdzv_host, "127.0.0.1");
     snprintf(j->rdzv_ip, sizeof j->rdzv_ip, "127.0.0.1");
   }
+  j->etcd = etcd;
+  snprintf(j->store_host, sizeof j->store_host, "%s%s", etcd ? "etcd://" : "", j->rdzv_ip);
   if (cfg->bind_addr) {
     snprintf(j->bind, sizeof j->bind, "%s", cfg->bind_addr);
   } else if (dt__route_addr(j->rdzv_ip, j->bind, sizeof j->bind) < 0) {
@@ -271,7 +279,7 @@ int dt_job_run(dt_job *job, dt_job_worker_fn fn, void *arg) {
     /* a joiner: fn once, here; it finds its place through the store */
     struct dt_comm_config cc;
     dt__job_comm_config(job, 0, &cc);
-    struct dt_job_worker w = {job->world, job->world, 0, 1, 0, 1, NULL, job->rdzv_ip,
+    struct dt_job_worker w = {job->world, job->world, 0, 1, 0, 1, NULL, job->store_host,
                               job->rdzv_port, &cc, 1, NULL};
     job->st[0].pid = (int)getpid();
     int status = fn(&w, arg);

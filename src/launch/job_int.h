@@ -19,6 +19,8 @@ struct dt_job {
   const char *transport, *name, *token;
   char token_buf[40];       /* a fresh token for a single-node job */
   char rdzv_host[256], rdzv_ip[64];
+  char store_host[80];      /* what store clients dial: rdzv_ip, or "etcd://" rdzv_ip */
+  int etcd;                 /* rdzv_backend etcd: nobody serves a store */
   int rdzv_port;            /* 0: any free port (single node) */
   char bind[64];
   char host_id[320];        /* "" = the comm default */

@@ -126,7 +126,7 @@ static void worker_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_f
   dt_comm *c = NULL;
   /* dt_comm_create ends with a barrier: no worker function starts (and
    * perhaps returns at once) before every peer has finished connecting */
-  if (dt_store_connect(&st, j->rdzv_ip, port, j->token, j->cfg.deadline_s) < 0 ||
+  if (dt_elastic_store_connect(&st, j->store_host, port, j->token, j->cfg.deadline_s) < 0 ||
       dt_comm_create(&c, st, &cc) < 0) {
     dt__job_say(j, DT_JOB_ERROR, "rank %d: joining the job: %s", rank, dt_errmsg());
     note_return(order, j->nlocal, r, 1);
@@ -138,7 +138,7 @@ static void worker_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_f
   }
   dt_store_destroy(st);
   struct dt_job_worker w = {rank, j->world, r, j->nlocal, j->node, j->nnodes, c,
-                            j->rdzv_ip, port, &cc, 0, NULL};
+                            j->store_host, port, &cc, 0, NULL};
   int status = fn(&w, arg);
   note_return(order, j->nlocal, r, status);
   /* a failed worker tells its peers why (a lost rank it saw, say) instead
@@ -169,7 +169,7 @@ static void spare_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_fn
   dt__job_comm_config(j, 0, &cc);
   int k = r - j->nlocal;
   struct dt_job_worker w = {j->world + k, j->world, r, j->nlocal, j->node, j->nnodes, NULL,
-                            j->rdzv_ip, port, &cc, 1, j->spare_id ? &j->spare_id[k] : NULL};
+                            j->store_host, port, &cc, 1, j->spare_id ? &j->spare_id[k] : NULL};
   int status = fn(&w, arg);
   fflush(stdout);
   fflush(stderr);
@@ -259,7 +259,7 @@ static int elastic_lost(dt_job *j, int r) {
     dt__job_say(j, DT_JOB_WARN, "worker rank %d (pid %d) exited with status %d", s->rank, s->pid,
                 s->code);
   if (!j->el_store && j->store_port > 0 &&
-      dt_store_connect(&j->el_store, j->rdzv_ip, j->store_port, j->token, 5) < 0) {
+      dt_elastic_store_connect(&j->el_store, j->store_host, j->store_port, j->token, 5) < 0) {
     j->el_store = NULL;
     dt__job_say(j, DT_JOB_WARN, "elastic: cannot reach the store to report rank %d: %s", s->rank,
                 dt_errmsg());
@@ -517,13 +517,13 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
   free(srfd);
   dt_store_server *srv = NULL;
   int port = j->rdzv_port;
-  if (rc == DT_OK && j->node == 0) {
+  if (rc == DT_OK && j->node == 0 && !j->etcd) {
     rc = dt_store_server_start(&srv, j->rdzv_ip, j->rdzv_port, j->token);
     if (rc < 0) rc = dt__preerr(rc, "node %d: rendezvous store on %s:%d", j->node, j->rdzv_ip,
                                 j->rdzv_port);
     else port = dt_store_server_port(srv);
   }
-  if (rc == DT_OK && j->nnodes > 1) rc = dt__job_meet_nodes(j, j->rdzv_ip, port, interrupted);
+  if (rc == DT_OK && j->nnodes > 1) rc = dt__job_meet_nodes(j, j->store_host, port, interrupted);
   if (rc == DT_OK && interrupted(j)) rc = DT_EABORTED;
   if (rc < 0) port = 0;
   if (rc == DT_OK && j->cfg.print_pids) {
@@ -578,6 +578,9 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
   dt_store_destroy(j->el_store);
   j->el_store = NULL;
   dt_store_server_stop(srv);
+  /* etcd: the job's keys go (node 0, once its workers are gone) */
+  if (j->etcd && j->node == 0 && port > 0 && dt_elastic_store_clear(j->store_host, port, j->token, 5) < 0)
+    dt__job_say(j, DT_JOB_WARN, "etcd: the job's keys were not removed: %s", dt_errmsg());
   int swept = dt__shm_sweep_job(j->token, j->name, spids, started) +
               dt__window_sweep_pids(spids, started);
   sweeper_stop(swpid, swfd);

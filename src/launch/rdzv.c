@@ -16,6 +16,7 @@
 
 #include "comm/comm.h"
 #include "core/core.h"
+#include "elastic/elastic.h"
 #include "launch/job_int.h"
 
 #define SLICE 0.25 /* seconds between checks for an interruption */
@@ -59,7 +60,7 @@ int dt__job_meet_nodes(dt_job *j, const char *host, int port, int (*stop)(dt_job
     double left = deadline - dt_now();
     /* a longer slice here: a handshake cut short under load is retried,
      * but should not need to be */
-    rc = dt_store_connect(&st, host, port, j->token, left < 4 * SLICE ? (left > 0.01 ? left : 0.01)
+    rc = dt_elastic_store_connect(&st, host, port, j->token, left < 4 * SLICE ? (left > 0.01 ? left : 0.01)
                                                                      : 4 * SLICE);
     if (rc == DT_OK) break;
     if (rc == DT_EAUTH || dt_now() >= deadline)

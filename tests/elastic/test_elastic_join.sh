@@ -9,6 +9,8 @@
 # another config is refused (exit 2, the key named), one with a wrong job
 # token is refused (exit 1), neither disturbs the job (no generation for
 # them); a good joiner brings the job back to 3 workers and it finishes.
+# Below min_workers with nobody joining, the job ends with a checkpoint that
+# --resume continues from (deterministic: the uninterrupted bits).
 # Every run has a time limit; no process or /dev/shm name is left behind.
 . "$(dirname "$0")/../cli/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -60,6 +62,25 @@ grown det_replace 2
 a=$(json_str "$T/det_ref/out/summary.json" params_sha256)
 b=$(json_str "$T/det_replace/out/summary.json" params_sha256)
 if [ -n "$a" ] && [ "$a" = "$b" ]; then pass; else fail "deterministic: params_sha256 $b after a loss and a join, $a without"; fi
+
+# below min_workers, nobody joins: the job ends (status 1) with a checkpoint
+# of the survivors' state, named in the message; --resume from it on 2
+# workers ends with the uninterrupted run's bits (deterministic mode)
+run below 1:30:forward --set dist.deterministic=true --set dist.min_workers=3 \
+  --set dist.rejoin_timeout=1
+ck=$(grep -o 'checkpoint of step 30 written: [^ ]*' "$T/below/log" | head -1 | awk '{print $NF}')
+if [ "$RC" -ne 1 ] || ! grep -q "fewer than dist.min_workers = 3" "$T/below/log" || [ -z "$ck" ] || [ ! -d "$ck" ]; then
+  fail "below: exit $RC, checkpoint '$ck': $(grep -v info "$T/below/log" | tail -3)"
+else
+  mkdir -p "$T/resumed"
+  timeout -k 5 120 "$DTRAIN" train "${BASE[@]}" --workers 2 --set dist.deterministic=true \
+    --resume "$T/below/out/ckpt" --out "$T/resumed/out" >"$T/resumed/log" 2>&1 </dev/null
+  RC=$?
+  c=$(json_str "$T/resumed/out/summary.json" params_sha256)
+  if [ "$RC" -ne 0 ] || [ "$c" != "$a" ] || ! grep -q "resuming from .*(step 30)" "$T/resumed/log"; then
+    fail "resume after giving up: exit $RC, params_sha256 $c, want $a: $(tail -3 "$T/resumed/log")"
+  else pass; fi
+fi
 
 # dtrain launch --join: the job loses a worker, waits below min_workers;
 # two bad joiners are refused, a good one brings it back
