@@ -279,6 +279,10 @@ int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
   if (!(e->el_failed_at > 0)) e->el_failed_at = t0;
   DT_LOG_INFO("elastic: member %d (rank %d) at step %lld: %s", e->el_id, e->rank,
               (long long)S->step, why);
+  /* the interrupted step, if the group completed it after all (the last
+   * message reached a peer): this worker's pieces were trained */
+  const int64_t was = S->step, vlo = e->vis_lo, vhi = e->vis_hi;
+  const int vep = *epoch;
   dt_elastic_gen g;
   int rc;
   for (int tries = 0;; tries++) {
@@ -304,6 +308,10 @@ int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
     }
     if (rc < 0) return dt__preerr(rc, "member %d: generation %d", e->el_id, g.gen);
     break;
+  }
+  if (in_step && S->step > was && e->visits && vhi > vlo) {
+    fprintf(e->visits, "%d %lld %lld\n", vep, (long long)vlo, (long long)vhi);
+    fflush(e->visits);
   }
   where(e, g.pos, epoch, k); /* where the agreed position is in the loop */
   e->recoveries++;

@@ -96,6 +96,7 @@ struct dt_engine {
   double el_failed_at;      /* dt_now() of the failure being recovered from, or 0 */
   int el_join;              /* a joiner: the generation it was admitted to (el_gen) */
   int el_partial;           /* a state copy into this worker was interrupted */
+  int64_t vis_lo, vis_hi;   /* positions of the epoch this worker trains in the current step */
   int el_gen, el_source;
   int64_t el_pos;
   double el_join_t;         /* dt_now() when it was admitted */

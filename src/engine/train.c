@@ -307,7 +307,8 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
       int64_t n0 = s0, n1;
       dt_tally st = {.fixed = S->ops->fixed_point};
       dt_step_plan plan;
-      int64_t vlo = -1, vhi = -1;
+      int64_t *vlo = &e->vis_lo, *vhi = &e->vis_hi; /* this worker's positions in the step */
+      *vlo = *vhi = -1;
       lr = dt_sched_lr(&e->sched, S->step);
       if (e->elastic) dt__elastic_step_begin(e);
       DT_CHECK_GOTO(src->ops->plan(src, k, &plan), rc, step_failed);
@@ -333,8 +334,8 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
                                         S->grad_ud), rc, step_failed);
         if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "backward", 0, n0, n1, b.n), n0 = n1;
         dt__tally_add(&st, loss, b.n, nc, plan.terms);
-        if (vlo < 0) vlo = b.sample0;
-        vhi = b.sample0 + b.n;
+        if (*vlo < 0) *vlo = b.sample0;
+        *vhi = b.sample0 + b.n;
       }
       if (e->elastic) dt__elastic_fault(e, DT_FAULT_ALLREDUCE);
       rc = S->ops->step_finish(S, lr);
@@ -354,7 +355,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
         dt_obs_span(ob, "reduce+update", 0, n0, n1, -1);
         dt_obs_span(ob, "step", 0, s0, n1, S->step);
       }
-      if (e->elastic) dt__elastic_visit(e, epoch, vlo, vhi);
+      if (e->elastic) dt__elastic_visit(e, epoch, *vlo, *vhi);
       DT_CHECK_GOTO(check_step(e, epoch, plan.pieces ? dt__tally_mean(&st) : 0), rc, done);
       ep.loss += st.loss;
       ep.loss_q += st.loss_q;
