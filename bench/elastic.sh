@@ -126,7 +126,7 @@ for i in $(seq 1 "$JOINS"); do
   mkdir -p "$d"
   P=$("$(dirname "$DTRAIN")/dt_free_port" 127.0.0.1)
   JB=("$SRC/examples/fashion_mlp.ini" --set dist.min_workers=2 --set dist.max_workers=4
-      --set train.epochs=4 --set data.limit_train=6400 --set data.limit_test=1000)
+      --set train.epochs=8 --set data.limit_train=6400 --set data.limit_test=1000)
   DTRAIN_LOG_LEVEL=info "$DTRAIN" launch --rdzv 127.0.0.1:$P --nproc-per-node 3 -- train \
     "${JB[@]}" --out "$d/out" >"$d/log" 2>&1 </dev/null &
   job=$!
