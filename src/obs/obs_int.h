@@ -19,15 +19,17 @@ struct dt_obs {
   struct dt_obs_page *pg;
   size_t len;
   int fd;               /* the page's file (-1: anonymous), kept to name it anew (dt_obs_rerank) */
-  pthread_mutex_t mu;   /* registration; the span ring */
+  pthread_mutex_t mu;   /* registration; replacing or writing out the span ring */
   pthread_mutex_t fr_mu; /* flight-recorder entries and the note */
   int full_warned;
   char note[24];        /* for the next flight-recorder entry */
   /* trace.c */
   struct dt_span *spans;
-  size_t span_cap, span_n, span_head; /* ring: head is the oldest when full */
+  size_t span_cap;      /* ring of spans; span_next % span_cap is the next slot */
+  _Atomic uint64_t span_next; /* spans recorded so far (taken without a lock) */
   int64_t *step_t0;     /* ring of the last `steps` "step" span starts */
-  size_t steps, nstep;
+  size_t steps;
+  _Atomic uint64_t nstep;
   int64_t t0_ns;
   _Atomic int tracing;
 };

@@ -34,9 +34,9 @@ int dt_obs_trace_start(dt_obs *o, int steps, int64_t t0_ns) {
   o->spans = s;
   o->step_t0 = st;
   o->steps = (size_t)steps;
-  o->nstep = 0;
+  atomic_store(&o->nstep, 0);
   o->span_cap = cap;
-  o->span_n = o->span_head = 0;
+  atomic_store(&o->span_next, 0);
   o->t0_ns = t0_ns;
   pthread_mutex_unlock(&o->mu);
   atomic_store(&o->tracing, 1);
@@ -45,20 +45,19 @@ int dt_obs_trace_start(dt_obs *o, int steps, int64_t t0_ns) {
 
 int dt_obs_tracing(const dt_obs *o) { return o && atomic_load_explicit(&((dt_obs *)o)->tracing, memory_order_relaxed); }
 
+/* No lock: a slot is taken with one atomic add, so a thread preempted
+ * while recording (ranks' training and communication threads share the
+ * cores) never holds up another. Two writers meet in one slot only if the
+ * whole ring (steps x 32 spans) is recorded while one of them writes. */
 void dt_obs_span(dt_obs *o, const char *name, int tid, int64_t t0, int64_t t1, int64_t arg) {
   if (!dt_obs_tracing(o)) return;
-  pthread_mutex_lock(&o->mu);
-  size_t i;
-  if (o->span_n < o->span_cap) {
-    i = (o->span_head + o->span_n++) % o->span_cap;
-  } else {
-    i = o->span_head;
-    o->span_head = (o->span_head + 1) % o->span_cap;
-  }
-  o->spans[i] = (struct dt_span){name, t0, t1 < t0 ? t0 : t1, arg, tid};
+  uint64_t k = atomic_fetch_add_explicit(&o->span_next, 1, memory_order_relaxed);
+  o->spans[k % o->span_cap] = (struct dt_span){name, t0, t1 < t0 ? t0 : t1, arg, tid};
   /* the training thread's "step" spans mark the steps the file keeps */
-  if (tid == 0 && !strcmp(name, "step")) o->step_t0[o->nstep++ % o->steps] = t0;
-  pthread_mutex_unlock(&o->mu);
+  if (tid == 0 && !strcmp(name, "step")) {
+    uint64_t n = atomic_fetch_add_explicit(&o->nstep, 1, memory_order_relaxed);
+    o->step_t0[n % o->steps] = t0;
+  }
 }
 
 double dt_obs_lap(dt_obs *o, dt_obs_metric *h, const char *span, int tid, int64_t t0_ns,
@@ -76,7 +75,9 @@ void dt__obs_trace_free(dt_obs *o) {
   free(o->step_t0);
   o->spans = NULL;
   o->step_t0 = NULL;
-  o->span_cap = o->span_n = o->nstep = 0;
+  o->span_cap = 0;
+  atomic_store(&o->span_next, 0);
+  atomic_store(&o->nstep, 0);
 }
 
 /* Names are literals of our own code; still, nothing but safe characters
@@ -99,9 +100,13 @@ static void write_events(dt_obs *o, FILE *f, int *first) {
     fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
             "\"args\":{\"name\":\"%s\"}}", rank, t, tname[t]);
   /* only spans from the start of the oldest of the last `steps` steps on */
-  int64_t cut = o->nstep >= o->steps ? o->step_t0[o->nstep % o->steps] : INT64_MIN;
-  for (size_t k = 0; k < o->span_n; k++) {
-    const struct dt_span *s = &o->spans[(o->span_head + k) % o->span_cap];
+  uint64_t nstep = atomic_load(&o->nstep), next = atomic_load(&o->span_next);
+  int64_t cut = nstep >= o->steps ? o->step_t0[nstep % o->steps] : INT64_MIN;
+  /* the ring: the oldest kept span is the slot after the newest once full */
+  size_t n = next < o->span_cap ? (size_t)next : o->span_cap,
+         head = next < o->span_cap ? 0 : (size_t)(next % o->span_cap);
+  for (size_t k = 0; k < n; k++) {
+    const struct dt_span *s = &o->spans[(head + k) % o->span_cap];
     if (s->t0 < cut) continue;
     double ts = (double)(s->t0 - o->t0_ns) / 1e3, dur = (double)(s->t1 - s->t0) / 1e3;
     fputs(",\n{\"name\":\"", f);

@@ -54,7 +54,7 @@ static void test_threads(void **st) {
   for (int b = 0; b <= DT_OBS_MAX_BOUNDS; b++) sum += atomic_load(&h->bucket[b]);
   assert_int_equal(sum, (uint64_t)NT * N);
   assert_int_equal(atomic_load(&o->pg->fr_next), (uint64_t)NT * (N / 100));
-  assert_int_equal(o->span_n, (size_t)NT * (N / 100));
+  assert_int_equal(atomic_load(&o->span_next), (uint64_t)NT * (N / 100));
   dt_obs_close(o);
 }
 
