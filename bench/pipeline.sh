@@ -94,9 +94,8 @@ fi
 # pipeline): the example configs as they are (8 epochs, SGD momentum 0.9,
 # cosine), 2 stages 1f1b. About 10 + 20 minutes on a quiet machine, so only
 # with DT_BENCH_ONLY=accuracy (never in `all`). Measured 2026-11-23 under
-# load: MLP 0.8942 after epoch 7 of 8, CNN 0.9206 after epoch 5 and 0.9310
-# after epoch 6 of 8
-# (bench/RESULTS.md).
+# load: MLP 0.8942 after epoch 7, 0.8951 after 8; CNN 0.9206 after epoch 5,
+# 0.9356 after 8 (bench/RESULTS.md).
 if [ "$ONLY" = accuracy ]; then
 for cfg in examples/fashion_deep_mlp.ini examples/fashion_deep_cnn.ini; do
   echo "== $cfg, 2 stages, 1f1b (test accuracy per epoch)"
