@@ -31,6 +31,10 @@ ap.add_argument("--accuracy", action="store_true")
 ap.add_argument("--no-torch", action="store_true")
 ap.add_argument("--no-det", action="store_true")
 ap.add_argument("--stop", type=float, default=0, help="also freeze 1 of 3 workers this many seconds")
+ap.add_argument("--boost", action="store_true",
+                help="on a loaded machine: every run in cgroups with the largest cpu.shares, so "
+                     "the other processes on the machine do not decide who is slow (the throttled "
+                     "worker keeps its quota)")
 a = ap.parse_args()
 
 dtrain = os.path.join(a.build, "dtrain")
@@ -46,8 +50,8 @@ limits = dict(kv.split(":") for kv in a.limit.split(","))
 class Cgroup:
     """A CPU-quota cgroup of our own, removed on close."""
 
-    def __init__(self, quota):
-        name = f"dtrain_straggler_{os.getpid()}"
+    def __init__(self, quota, tag="", shares=0):
+        name = f"dtrain_straggler_{os.getpid()}{tag}"
         v1 = "/sys/fs/cgroup/cpu"
         v2 = "/sys/fs/cgroup/unified"
         self.path = None
@@ -55,14 +59,22 @@ class Cgroup:
             self.path = os.path.join(v1, name)
             os.mkdir(self.path)
             period = int(open(os.path.join(self.path, "cpu.cfs_period_us")).read())
-            with open(os.path.join(self.path, "cpu.cfs_quota_us"), "w") as f:
-                f.write(str(int(period * quota)))
+            if quota > 0:
+                with open(os.path.join(self.path, "cpu.cfs_quota_us"), "w") as f:
+                    f.write(str(int(period * quota)))
+            if shares:
+                with open(os.path.join(self.path, "cpu.shares"), "w") as f:
+                    f.write(str(shares))
         elif os.path.exists(os.path.join(v2, "cgroup.controllers")) and \
                 "cpu" in open(os.path.join(v2, "cgroup.controllers")).read():
             self.path = os.path.join(v2, name)
             os.mkdir(self.path)
-            with open(os.path.join(self.path, "cpu.max"), "w") as f:
-                f.write(f"{int(100000 * quota)} 100000")
+            if quota > 0:
+                with open(os.path.join(self.path, "cpu.max"), "w") as f:
+                    f.write(f"{int(100000 * quota)} 100000")
+            if shares:
+                with open(os.path.join(self.path, "cpu.weight"), "w") as f:
+                    f.write("10000")
         else:
             raise OSError("no writable cgroup cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max)")
         self.procs = os.path.join(self.path, "cgroup.procs")
@@ -108,6 +120,9 @@ def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=
     if det:
         args += ["--set", "dist.deterministic=true"]
     args += list(extra)
+    if boost:
+        # the launcher joins the boosted group before it forks the workers
+        args = ["sh", "-c", f'echo $$ > {boost.procs} && exec "$@"', "sh"] + args
     with tempfile.TemporaryDirectory() as out:
         p = subprocess.Popen(args + ["--out", out], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
@@ -155,10 +170,11 @@ def med(v):
     return statistics.median(v) if v else float("nan")
 
 
-cg = Cgroup(a.quota)
+cg = Cgroup(a.quota, shares=262144 if a.boost else 0)
+boost = Cgroup(0, "_boost", 262144) if a.boost else None
 try:
     print(f"# straggler bench: 2 workers, one limited to {a.quota:.0%} of a core by cgroup "
-          f"({cg.path}); ideal = {1 + a.quota:.2f} x one unthrottled worker; {a.reps} rounds, "
+          f"({cg.path}{', all runs boosted' if boost else ''}); ideal = {1 + a.quota:.2f} x one unthrottled worker; {a.reps} rounds, "
           f"machine shared by seven helpers", flush=True)
     for model in (a.models.split(",") if a.reps > 0 else []):
         R = {}
@@ -236,3 +252,5 @@ try:
                   f"rank 1 share {s['per_worker'][1].get('share', 0):.3f})", flush=True)
 finally:
     cg.close()
+    if boost:
+        boost.close()

@@ -43,6 +43,8 @@ struct span_fp {
   float scale;
   uint32_t seq;
   uint32_t elem; /* 4: f32 scaled sums, 8: int64 sums */
+  uint32_t pad;
+  int64_t t_ready; /* CLOCK_MONOTONIC ns when the rank joined the call */
 };
 
 struct win_hdr {
@@ -52,6 +54,7 @@ struct win_hdr {
   _Atomic uint32_t aborted;
   char why[256];
   struct span_fp fp[2]; /* by seq parity: a peer is never two calls ahead */
+  int64_t t_done[2];    /* by seq parity: ns when the rank finished its slice */
   uint64_t nonce;
   int32_t pid;
 };
@@ -71,7 +74,18 @@ struct dt_comm_window {
   int yield;       /* sched_yield while spinning (more threads than cores) */
   int64_t live_ns;
   uint64_t written, read;
+  /* Under a CPU quota below the core count polling is cut to QUOTA_SPIN_NS
+   * (every polled microsecond is one less of compute for a throttled
+   * rank); re-checked every QUOTA_CHECK_NS because a process can be moved
+   * into a cgroup while it runs. */
+  int64_t quota_next;
+  int quota_bound;
+  long cores;
+  int64_t blocked_ns; /* waited for peers that joined or finished later */
 };
+
+#define QUOTA_SPIN_NS 20000
+#define QUOTA_CHECK_NS 100000000
 
 static int futex_wait(_Atomic uint32_t *w, uint32_t val, int64_t ns) {
   struct timespec ts = {ns / 1000000000, ns % 1000000000};
@@ -173,6 +187,7 @@ int dt_comm_window_create(dt_comm *c, size_t bytes, dt_comm_window **out) {
   if (!w->hdr || !w->data || !w->pidfd || !w->pid || !info) goto nomem;
   for (int q = 0; q < n; q++) w->pidfd[q] = -1;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  w->cores = cores > 0 ? cores : 1;
   /* ranks x 2 threads (compute + communication) on fewer cores: spinning
    * takes the core from the thread we wait for */
   w->spin_ns = dt_param(DT_PARAM_WINDOW_SPIN_US) * 1000;
@@ -260,6 +275,8 @@ void dt_comm_window_abort(dt_comm_window *w, const char *why) {
   futex_wake(&h->done);
 }
 
+double dt_comm_window_blocked(const dt_comm_window *w) { return (double)w->blocked_ns / 1e9; }
+
 void dt_comm_window_bytes(const dt_comm_window *w, uint64_t *written, uint64_t *read) {
   if (written) *written = w->written;
   if (read) *read = w->read;
@@ -279,8 +296,18 @@ static int wait_word(dt_comm_window *w, int q, int which, uint32_t seq, int64_t 
   _Atomic uint32_t *word = which ? &h->done : &h->ready;
   const char *what = which ? "finish" : "join";
   /* spin (yielding the core to a runnable thread when oversubscribed) for
-   * up to spin_ns, then sleep */
-  int64_t spin_end = w->spin_ns > 0 ? dt_now_ns() + w->spin_ns : 0;
+   * up to spin_ns (QUOTA_SPIN_NS under a CPU quota), then sleep */
+  int64_t spin_end = 0;
+  if (w->spin_ns > 0) {
+    int64_t now = dt_now_ns();
+    if (now >= w->quota_next) {
+      double q = dt_cpu_quota();
+      w->quota_bound = q > 0 && q < (double)w->cores;
+      w->quota_next = now + QUOTA_CHECK_NS;
+    }
+    int64_t spin = w->quota_bound && w->spin_ns > QUOTA_SPIN_NS ? QUOTA_SPIN_NS : w->spin_ns;
+    spin_end = now + spin;
+  }
   for (int i = 0; spin_end; i++) {
     if ((int32_t)(atomic_load_explicit(word, memory_order_acquire) - seq) >= 0) return DT_OK;
     if (w->yield) sched_yield();
@@ -386,9 +413,11 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
   dt_obs *obs = dt_comm_obs(w->c);
   int64_t fr = dt_obs_fr_begin(obs, "allreduce", DT_OBS_STREAM_WINDOW, seq, (uint64_t)count * 4, -1);
   struct win_hdr *me = w->hdr[r];
-  me->fp[seq & 1] = (struct span_fp){off, count, scale, seq, elem};
+  const int64_t t_ready = dt_now_ns();
+  me->fp[seq & 1] = (struct span_fp){off, count, scale, seq, elem, 0, t_ready};
   post(me, &me->ready, seq);
   int64_t deadline = dt_now_ns() + (int64_t)(dt_comm_timeout(w->c) * 1e9);
+  int64_t last = t_ready; /* the latest peer's join, then finish */
   float scales[64], *sv = n <= 64 ? scales : malloc((size_t)n * sizeof *sv);
   void *stack_src[64], **src = n <= 64 ? stack_src : malloc((size_t)n * sizeof *src);
   int rc = DT_OK;
@@ -408,7 +437,9 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
       goto out;
     }
     sv[q] = f->scale;
+    if (f->t_ready > last) last = f->t_ready;
   }
+  w->blocked_ns += last - t_ready;
   enum { BLOCK_BYTES = 16384 }; /* stays in L1 while copied out */
   const size_t block = BLOCK_BYTES / elem;
   if (ranges) {
@@ -443,9 +474,16 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
     w->read += (uint64_t)(n - 1) * (hi - lo) * elem;
     w->written += (uint64_t)(n - 1) * (hi - lo) * elem;
   }
+  const int64_t t_done = dt_now_ns();
+  me->t_done[seq & 1] = t_done;
   post(me, &me->done, seq);
-  for (int q = 0; q < n; q++)
-    if (q != r && (rc = wait_word(w, q, 1, seq, deadline)) < 0) goto out;
+  last = t_done;
+  for (int q = 0; q < n; q++) {
+    if (q == r) continue;
+    if ((rc = wait_word(w, q, 1, seq, deadline)) < 0) goto out;
+    if (w->hdr[q]->t_done[seq & 1] > last) last = w->hdr[q]->t_done[seq & 1];
+  }
+  w->blocked_ns += last - t_done;
 out:
   if (sv != scales) free(sv);
   if (src != stack_src) free(src);

@@ -13,8 +13,10 @@
  * Synchronisation per call: every rank publishes (sequence, span, scale) in
  * its header and bumps `ready`; waits for every peer's `ready` (the span
  * must agree: DT_EMISMATCH otherwise, naming both ranks); reduces its slice;
- * bumps `done`; waits for every peer's `done`. Waits spin briefly, then
- * sleep on a futex; each has the communicator's deadline (DT_ETIMEDOUT
+ * bumps `done`; waits for every peer's `done`. Both bumps carry a
+ * CLOCK_MONOTONIC stamp, so every rank knows how long it waited for whom.
+ * Waits spin briefly (20 us when the process's cgroup has a CPU quota below
+ * the core count, where polling would eat the quota), then sleep on a futex; each has the communicator's deadline (DT_ETIMEDOUT
  * naming the peer), notices a dead peer through its pidfd (DT_EPEERLOST
  * naming the rank) and a peer that gave up (DT_EABORTED with its reason).
  *
@@ -73,6 +75,14 @@ int dt_comm_window_allreduce_i64(dt_comm_window *w, size_t off, size_t count);
  * peers waiting for this rank fail too, with `why` in their message. Any
  * thread. */
 void dt_comm_window_abort(dt_comm_window *w, const char *why);
+
+/* Seconds this rank has spent, over all calls, waiting for peers that
+ * joined a call later than it did or finished their slice later — judged
+ * by the peers' own CLOCK_MONOTONIC stamps in the shared header, not by
+ * this rank's wait: a rank that was itself descheduled (a CPU quota ran
+ * out, SIGSTOP) while it waited does not count that as waiting for the
+ * others. The straggler measure of docs/ddp.md uses it. */
+double dt_comm_window_blocked(const dt_comm_window *w);
 
 /* Bytes this rank read from and wrote into other ranks' windows. */
 void dt_comm_window_bytes(const dt_comm_window *w, uint64_t *written, uint64_t *read);

@@ -169,6 +169,12 @@ void dt_free(void *p);
 double dt_now(void);       /* monotonic seconds */
 int64_t dt_now_ns(void);   /* monotonic nanoseconds */
 
+/* The CPU quota of this process's cgroup in cores (cgroup v1
+ * cpu.cfs_quota_us / cpu.cfs_period_us or v2 cpu.max; the tighter of both
+ * on a hybrid mount), 0 when there is none or it cannot be read. Read
+ * fresh on every call (cpu_quota.c). */
+double dt_cpu_quota(void);
+
 /* ---- counter-based RNG -------------------------------------------------- */
 
 /* Philox4x32-10 (Salmon et al., SC'11): a pure function of (key, counter).

@@ -2,9 +2,24 @@
  * balance.c — per-rank speed and wait, the straggler flag, and dynamic
  * shares of the global batch (balance.h; docs/ddp.md "Stragglers").
  *
- * Measuring costs two clock reads per step. Static mode communicates only
+ * A rank's time is its busy time: the step's wall time less what it waited
+ * in the exchange for ranks that came later, judged through the shared
+ * window by those ranks' own clock stamps (dt__ddp_exchange). Not the time
+ * up to the exchange (the first version): under a CPU quota the process is
+ * stopped wherever its quota runs out, and for a small model a third of its
+ * CPU goes to its part of the reduction, the update and polling the window,
+ * so most stalls fell outside "compute" and both ranks looked equally fast.
+ * Not thread CPU time against wall time either: that needs the quota's
+ * share as well and misses stalls that are no quota (other processes on the
+ * core, swapping, SIGSTOP). Busy time counts a stall wherever it lands, and
+ * it is exactly what makes the others wait, so shares settle where nobody
+ * waits: with w_r = n_r / busy_r and n_r proportional to w_r the fixed
+ * point is busy_r equal on every rank.
+ *
+ * Measuring costs three clock reads per step. Static mode communicates only
  * at the end of an epoch (one small allgather); dynamic mode adds one
- * allgather of three doubles per rank every dist.balance_every steps.
+ * allgather of five doubles per rank every dist.balance_every steps (and,
+ * under a CPU quota, reads the process CPU clock then).
  *
  * The speed estimate is a ratio of exponentially forgetting sums —
  * seconds / samples, both decayed by exp(-T / tau) where T is the slowest
@@ -36,8 +51,13 @@
  * that do not matter. */
 #define DT_BALANCE_WARN_S 0.5
 
-/* Gathered per rank at a replan: window compute seconds, samples, wall. */
-#define WIN_FIELDS 3
+/* Gathered per rank at a replan: window busy seconds, samples, wall, the
+ * process's CPU seconds and its cgroup's CPU quota in cores (0: none). */
+#define WIN_FIELDS 5
+
+/* How often a rank re-reads its CPU quota (a process can be moved into a
+ * cgroup while it runs), seconds. */
+#define DT_BALANCE_QUOTA_S 1.0
 /* Gathered per rank at an epoch end: compute, wait, samples, share sum, steps. */
 #define EP_FIELDS 5
 
@@ -47,6 +67,9 @@ struct dt_balance {
   int64_t slow_us;     /* test knob on this rank (0: none) */
   int slept;           /* samples of this step the knob already slept for */
   double t0, t_last;   /* step start; end of the previous replan window */
+  double step_wait;    /* this step's wait for later ranks */
+  double cpu_last;     /* process CPU seconds at the last replan */
+  double quota, quota_next; /* CPU quota in cores (0: none); when to re-read it */
   /* this rank, since the last replan */
   double win_compute, win_samples, win_wall;
   /* this rank, this epoch */
@@ -103,7 +126,10 @@ void dt__balance_destroy(dt_balance *b) {
   free(b);
 }
 
-void dt__balance_step_begin(dt_balance *b) { b->t0 = dt_now(); }
+void dt__balance_step_begin(dt_balance *b) {
+  b->t0 = dt_now();
+  b->step_wait = 0;
+}
 
 static void sleep_us(int64_t us) {
   struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
@@ -120,16 +146,22 @@ void dt__balance_piece(dt_balance *b, int n) {
 void dt__balance_computed(dt_balance *b, int n, int g) {
   if (b->slow_us > 0 && n > b->slept) sleep_us(b->slow_us * (n - b->slept));
   b->slept = 0;
-  double dt = dt_now() - b->t0;
-  b->win_compute += dt;
   b->win_samples += n;
-  b->ep_compute += dt;
   b->ep_samples += n;
   b->ep_share += g > 0 ? (double)n / g : 0;
   b->ep_steps += 1;
 }
 
-void dt__balance_waited(dt_balance *b, double seconds) { b->ep_wait += seconds; }
+void dt__balance_waited(dt_balance *b, double seconds) { b->step_wait += seconds; }
+
+void dt__balance_step_end(dt_balance *b) {
+  double busy = dt_now() - b->t0 - b->step_wait;
+  if (busy < 0) busy = 0;
+  b->win_compute += busy;
+  b->ep_compute += busy;
+  b->ep_wait += b->step_wait;
+  b->step_wait = 0;
+}
 
 /* Weights from the forgetting sums: speed = samples / seconds. A rank with
  * no measurement yet gets the mean speed of those that have one. */
@@ -149,13 +181,43 @@ static void weights_from_sums(dt_balance *b) {
     if (!(b->weights[r] > 0)) b->weights[r] = mean;
 }
 
+static double cpu_seconds(void) {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The seconds a window's samples are charged on rank r: its busy time, or,
+ * under a CPU quota of q cores, its CPU seconds / q when that is more. Busy
+ * time alone would settle the shares where every rank's busy time is equal,
+ * which for a quota-throttled rank means equal waits on both sides: it runs
+ * ahead while it has quota (and waits), then stalls for the rest of the
+ * quota period (and the others wait) — a fifth to a third of the time lost
+ * on the MLP. Its quota says where the edge is: a rank that may use q of a
+ * core does n samples in n x (CPU per sample) / q seconds of wall time on
+ * average, whether or not it waited in between, so shares settle where it
+ * uses just its quota and never stalls. */
+static double charged(const double *g) {
+  double busy = g[0], cpu = g[3], q = g[4];
+  if (q > 0 && cpu > 0 && cpu / q > busy) return cpu / q;
+  return busy;
+}
+
 int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **weights,
                        int *changed) {
   *changed = 0;
   *weights = b->have_weights ? b->weights : NULL;
   if (b->mode != DT_BALANCE_DYNAMIC || !c || b->nranks < 2 || step % b->every) return DT_OK;
   double now = dt_now();
-  double mine[WIN_FIELDS] = {b->win_compute, b->win_samples, now - b->t_last};
+  if (now >= b->quota_next) {
+    b->quota = dt_cpu_quota();
+    b->quota_next = now + DT_BALANCE_QUOTA_S;
+  }
+  /* CPU time only matters under a quota (a system call; skipped otherwise) */
+  double cpu = b->quota > 0 ? cpu_seconds() : 0;
+  double mine[WIN_FIELDS] = {b->win_compute, b->win_samples, now - b->t_last,
+                             b->cpu_last > 0 ? cpu - b->cpu_last : 0, b->quota};
+  b->cpu_last = cpu;
   int rc = dt_comm_allgather(c, mine, b->gather, WIN_FIELDS, DT_F64);
   if (rc < 0) {
     const char *m = dt_comm_errmsg(c);
@@ -169,7 +231,7 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
     if (b->gather[r * WIN_FIELDS + 2] > wall) wall = b->gather[r * WIN_FIELDS + 2];
   const double keep = exp(-wall / DT_BALANCE_TAU);
   for (int r = 0; r < b->nranks; r++) {
-    b->sum_sec[r] = b->sum_sec[r] * keep + b->gather[r * WIN_FIELDS];
+    b->sum_sec[r] = b->sum_sec[r] * keep + charged(b->gather + r * WIN_FIELDS);
     b->sum_n[r] = b->sum_n[r] * keep + b->gather[r * WIN_FIELDS + 1];
   }
   weights_from_sums(b);

@@ -1,11 +1,14 @@
 /*
  * balance.h — stragglers seen and evened out (dist.balance, docs/ddp.md
- * "Stragglers"). Every data-parallel worker times its own compute (from
- * step_begin to the start of step_finish: forward, backward and fetching
- * its pieces) and its wait in the gradient exchange; at the end of every
- * epoch the job gathers each rank's numbers, flags a rank whose compute
- * time per sample is more than dist.straggler_threshold above the median,
- * and rank 0 logs which rank slows the job and by how much.
+ * "Stragglers"). Every data-parallel worker times each step from
+ * step_begin to the end of its optimizer step and the part of it that it
+ * spent waiting in the gradient exchange for ranks that came later; the
+ * rest is its busy time ("compute": forward, backward, fetching its pieces,
+ * its part of the reduction, the update — and any stall of its own, such
+ * as a CPU quota running out, wherever it lands). At the end of every
+ * epoch the job gathers each rank's numbers, flags a rank whose busy time
+ * per sample is more than dist.straggler_threshold above the median, and
+ * rank 0 logs which rank slows the job and by how much.
  *
  * With dist.balance = dynamic the ranks also exchange their measurements
  * every dist.balance_every steps and give each rank a share of the global
@@ -56,8 +59,12 @@ void dt__balance_computed(dt_balance *b, int n, int g);
 /* A piece of n samples is about to be computed (strategies that see pieces
  * call it, so the test knob slows every piece, not only the step's end). */
 void dt__balance_piece(dt_balance *b, int n);
-/* Seconds this worker waited for the gradient exchange of the step. */
+/* Seconds this worker waited in the step's gradient exchange for ranks
+ * that came later (dt__ddp_exchange says how that is judged). */
 void dt__balance_waited(dt_balance *b, double seconds);
+/* The step is over on this worker (after its optimizer step): its busy
+ * time is the step's wall time less that wait. */
+void dt__balance_step_end(dt_balance *b);
 
 /* After a step's exchange (every rank, step = steps done): in dynamic mode,
  * every dist.balance_every steps, gathers every rank's recent speed and

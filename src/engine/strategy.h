@@ -218,9 +218,9 @@ int dt__ddp_finish(dt_strategy *s, dt_ddp *ddp, uint64_t sent0, uint64_t recv0,
                    dt_worker_stats *me, dt_worker_stats *all);
 int dt__ddp_comm_err(dt_strategy *s, int rc, const char *what);
 /* Shared by ddp and ddp_det: the balance (balance.h) of a run, its numbers
- * lent to the records through s->perf_*; a step's exchange timed (its
- * compute up to here, then the wait in dt_ddp_finish_step); after the
- * optimizer step, dynamic shares re-planned into s->source. */
+ * lent to the records through s->perf_*; a step's exchange timed (the
+ * wait for later ranks in dt_ddp_finish_step); after the optimizer step the
+ * step's measurement closed and dynamic shares re-planned into s->source. */
 int dt__ddp_balance_create(dt_strategy *s, dt_balance **out);
 int dt__ddp_exchange(dt_strategy *s, dt_ddp *ddp, dt_balance *bal, const dt_step_plan *plan);
 int dt__ddp_replan(dt_strategy *s, dt_balance *bal);

@@ -61,15 +61,29 @@ int dt__ddp_balance_create(dt_strategy *s, dt_balance **out) {
   return DT_OK;
 }
 
+/* The wait that counts against the others (docs/ddp.md "Stragglers"):
+ * through a shared window, the time this rank waited for ranks that came
+ * later by their own stamps, at most its local wait (with a communication
+ * thread the window's waits may overlap backward); otherwise the local
+ * wait. A rank descheduled while it waits (its CPU quota ran out) thus
+ * does not book its own stall as waiting for the others. */
 int dt__ddp_exchange(dt_strategy *s, dt_ddp *ddp, dt_balance *bal, const dt_step_plan *plan) {
+  (void)s;
   dt__balance_computed(bal, plan->n_local, plan->n_global);
+  double b0 = dt_ddp_blocked_seconds(ddp);
   double t0 = dt_now();
   DT_CHECK(dt_ddp_finish_step(ddp));
-  dt__balance_waited(bal, dt_now() - t0);
+  double local = dt_now() - t0, waited = local;
+  if (b0 >= 0) {
+    double blocked = dt_ddp_blocked_seconds(ddp) - b0;
+    waited = blocked < local ? blocked : local;
+  }
+  dt__balance_waited(bal, waited > 0 ? waited : 0);
   return DT_OK;
 }
 
 int dt__ddp_replan(dt_strategy *s, dt_balance *bal) {
+  dt__balance_step_end(bal);
   const double *w = NULL;
   int changed = 0;
   DT_CHECK(dt__balance_replan(bal, s->comm, s->step, &w, &changed));

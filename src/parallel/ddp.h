@@ -66,6 +66,12 @@ void dt_ddp_all_ready(dt_ddp *d);
 int dt_ddp_finish_step(dt_ddp *d);
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out);
+/* Seconds this rank has waited, over the run, for ranks that reached a
+ * bucket's reduction later (or finished their part later), judged by their
+ * own clock stamps in the shared window (dt_comm_window_blocked); -1 when
+ * the gradients do not go through a window (then only the local wait is
+ * known). */
+double dt_ddp_blocked_seconds(const dt_ddp *d);
 
 /* ---- compressed gradients (docs/compress.md) ---------------------------------
  * Like dt_ddp_create, but every bucket goes through the compressor of
