@@ -666,11 +666,10 @@ int dt_config_validate(const dt_config *c) {
   if (r->workers > 1 && r->min_workers > r->workers)
     return key_error(c, find_key("dist", "min_workers"), "%d is more than dist.workers = %d",
                      r->min_workers, r->workers);
-  if (r->min_workers && (r->pipeline_stages > 1 || r->micro_batches > 1 || r->zero || ps_on ||
-                         r->balance == DT_BALANCE_STEAL))
+  if (r->min_workers && (r->pipeline_stages > 1 || r->micro_batches > 1 || r->zero || ps_on))
     return key_error(c, find_key("dist", "min_workers"), "elastic training is built for the ddp "
                      "strategies only, not with %s yet", ps_on ? "a parameter server" : r->zero
-                     ? "dist.zero" : r->balance == DT_BALANCE_STEAL ? "dist.balance = steal"
+                     ? "dist.zero"
                      : "pipeline parallelism (dist.pipeline_stages, dist.micro_batches)");
   if ((r->replace || r->standby) && !r->min_workers)
     return key_error(c, find_key("dist", r->replace ? "replace" : "standby"), "spare workers "

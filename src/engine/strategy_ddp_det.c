@@ -172,6 +172,13 @@ static int det_membership(dt_strategy *s, const dt_membership *m) {
   det_impl *d = s->impl;
   DT_CHECK(dt__ddp_membership(s, m, d ? &d->ddp : NULL, 1));
   dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
+  /* stealing: the queue lives in the new generation's window (its tickets
+   * start afresh on every member alike); the source takes from it */
+  if (d->steal) {
+    d->steal = dt_ddp_steal_ok(d->ddp) && s->nranks > 1;
+    DT_CHECK(dt__source_set_taker(s->source, d->steal ? dt_ddp_steal_take : NULL,
+                                  d->steal ? d->ddp : NULL));
+  }
   /* the speed measurements are per rank of the old world: start afresh */
   dt__ddp_balance_destroy(s, d->bal);
   d->bal = NULL;
