@@ -144,6 +144,7 @@ def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=
             while p.poll() is None and not (os.path.exists(ev) and os.path.getsize(ev) > 0):
                 time.sleep(0.01)
             os.kill(target, 19)  # SIGSTOP
+            t_stop = time.time()
             time.sleep(secs)
             os.kill(target, 18)  # SIGCONT
         _, err = p.communicate()
@@ -152,6 +153,10 @@ def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=
         with open(os.path.join(out, "summary.json")) as f:
             s = json.load(f)
     s["stderr"] = err
+    if stop and target:
+        # the others' first step without the frozen worker (wall clock, in the log)
+        m = re.search(r"first step of generation 1 done at wall clock ([0-9.]+)", err)
+        s["stalled_s"] = float(m.group(1)) - t_stop if m else None
     return s
 
 
@@ -231,19 +236,23 @@ try:
                   f"{m['static'] / m['static_thr']:.2f}x, dynamic {m['dynamic'] / m['dynamic_thr']:.2f}x")
         sys.stdout.flush()
     if a.stop:
-        # 3 workers, one frozen for STOP seconds mid-run: the job's lost time
+        # 3 workers, one frozen for STOP seconds mid-run, taken over through
+        # elastic training (dist.min_workers = 2, heartbeat 0.5 s): the time
+        # the others made no progress (SIGSTOP to their first step without it)
         model = a.models.split(",")[0]
-        senv = {"DTRAIN_SHM_STOPPED_S": "0"}  # the freeze must not end the job
-        env.update(senv)
+        el = ["--set", "train.epochs=4", "--set", "dist.min_workers=2",
+              "--set", "dist.heartbeat_timeout=0.5"]
         for bal, det in (("dynamic", False), ("steal", True)):
-            base = run_dtrain(model, 3, bal, det=det, extra=["--set", "train.epochs=4"])
-            hit = run_dtrain(model, 3, bal, det=det, extra=["--set", "train.epochs=4"],
-                             stop=a.stop, rank=2)
-            lost = hit["train_seconds"] - base["train_seconds"]
+            base = run_dtrain(model, 3, bal, det=det, extra=el)
+            hit = run_dtrain(model, 3, bal, det=det, extra=el, stop=a.stop, rank=2)
+            st = hit.get("stalled_s")
             print(f"{model}: 3 workers, rank 2 SIGSTOPped {a.stop:.0f} s after epoch 1 ({bal}"
-                  f"{', deterministic' if det else ''}): train {base['train_seconds']:.2f} s "
-                  f"undisturbed, {hit['train_seconds']:.2f} s frozen: lost {lost:.2f} s; accuracy "
-                  f"{base['test_accuracy']:.4f} vs {hit['test_accuracy']:.4f}", flush=True)
+                  f"{', deterministic' if det else ''}): no progress for "
+                  f"{st if st is None else round(st, 2)} s; train {base['train_seconds']:.2f} s "
+                  f"undisturbed, {hit['train_seconds']:.2f} s frozen ({hit['workers']} workers at "
+                  f"the end); accuracy {base['test_accuracy']:.4f} vs {hit['test_accuracy']:.4f}"
+                  + (f"; params_sha256 equal: {base['params_sha256'] == hit['params_sha256']}"
+                     if det else ""), flush=True)
     if a.accuracy:
         for model in a.models.split(","):
             s = run_dtrain(model, 2, "dynamic", throttle=cg, full=True)
