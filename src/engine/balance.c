@@ -41,6 +41,7 @@
 
 #include "core/core.h"
 #include "engine/balance.h"
+#include "parallel/ddp.h"
 
 /* Memory of the speed estimate, seconds: several 100 ms CFS quota periods. */
 #define DT_BALANCE_TAU 1.0
@@ -70,6 +71,7 @@ struct dt_balance {
   double step_wait;    /* this step's wait for later ranks */
   double cpu_last;     /* process CPU seconds at the last replan */
   double quota, quota_next; /* CPU quota in cores (0: none); when to re-read it */
+  double pace_t, pace_cpu, budget; /* stealing under a quota: the token bucket */
   /* this rank, since the last replan */
   double win_compute, win_samples, win_wall;
   /* this rank, this epoch */
@@ -239,6 +241,48 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
   *weights = b->weights;
   *changed = 1;
   return DT_OK;
+}
+
+/* Pacing (dt__balance_pace): the share of the quota a paced rank uses, and
+ * the bucket's depth in CPU seconds: at most 4 ms and a fifth of what the
+ * quota allows per CFS period (q x 100 ms), so that the kernel's own
+ * accounting, whose periods are not ours, rarely finds the rank over its
+ * quota. */
+#define DT_BALANCE_PACE 0.9
+#define DT_BALANCE_PACE_DEPTH 0.004
+#define DT_BALANCE_CFS_PERIOD 0.1
+
+void dt__balance_pace(dt_balance *b, struct dt_ddp *ddp) {
+  double now = dt_now();
+  if (now >= b->quota_next) {
+    b->quota = dt_cpu_quota();
+    b->quota_next = now + DT_BALANCE_QUOTA_S;
+  }
+  if (!(b->quota > 0 && b->quota < 1.0)) {
+    b->pace_t = 0;
+    return;
+  }
+  const double rate = DT_BALANCE_PACE * b->quota;
+  double depth = 0.2 * b->quota * DT_BALANCE_CFS_PERIOD;
+  if (depth > DT_BALANCE_PACE_DEPTH) depth = DT_BALANCE_PACE_DEPTH;
+  double cpu = cpu_seconds();
+  if (b->pace_t == 0) {
+    b->pace_t = now;
+    b->pace_cpu = cpu;
+    b->budget = depth;
+    return;
+  }
+  for (;;) {
+    b->budget += rate * (now - b->pace_t) - (cpu - b->pace_cpu);
+    if (b->budget > depth) b->budget = depth;
+    b->pace_t = now;
+    b->pace_cpu = cpu;
+    if (b->budget > 0 || dt_ddp_steal_left(ddp) <= 0) return;
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+    now = dt_now();
+    cpu = cpu_seconds();
+  }
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -74,6 +74,17 @@ void dt__balance_step_end(dt_balance *b);
 int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **weights,
                        int *changed);
 
+/* Stealing under a CPU quota below one core (dist.balance = steal): before
+ * this rank takes a micro-shard from ddp's queue, waits (sleeping in steps
+ * of 50 us) while its process has used more CPU than DT_BALANCE_PACE x its
+ * quota allows since it began pacing — a token bucket at most 4 ms and a
+ * fifth of its quota per 100 ms deep — or until the queue is empty. A throttled rank then takes
+ * micro-shards only as fast as its quota lets it compute them, and the
+ * kernel does not stop it for the rest of a quota period while it holds
+ * one. A no-op without a quota (one clock read per second to see). */
+struct dt_ddp;
+void dt__balance_pace(dt_balance *b, struct dt_ddp *ddp);
+
 /* End of an epoch, every rank (a collective with a communicator): gathers
  * the epoch's numbers, flags stragglers; rank 0 logs the slowest rank when
  * it is one. */

@@ -40,6 +40,18 @@ typedef struct det_impl {
   uint64_t sent0, recv0;
 } det_impl;
 
+/* The source's taker under stealing: a rank under a CPU quota first paces
+ * itself (dt__balance_pace), so that it takes micro-shards only as fast as
+ * its quota lets it compute them and is not stopped by the kernel for the
+ * rest of a quota period holding one (the others would wait for it at the
+ * reduction); meanwhile the others take the queue. */
+static int64_t det_take(void *ud) {
+  dt_strategy *s = ud;
+  det_impl *d = s->impl;
+  dt__balance_pace(d->bal, d->ddp);
+  return dt_ddp_steal_take(d->ddp);
+}
+
 static int det_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
   if (cfg->micro_batch < 1)
     return dt__seterr(DT_EINVAL, "dist.micro_batch = %d: expects at least 1", cfg->micro_batch);
@@ -75,7 +87,7 @@ static int det_setup(dt_strategy *s) {
   if (s->comm) dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
   if (s->cfg->balance == DT_BALANCE_STEAL && s->nranks > 1) {
     if (dt_ddp_steal_ok(d->ddp)) {
-      rc = dt__source_set_taker(s->source, dt_ddp_steal_take, d->ddp);
+      rc = dt__source_set_taker(s->source, det_take, s);
       if (rc < 0) {
         dt__ddp_balance_destroy(s, d->bal);
         dt_ddp_destroy(d->ddp);
@@ -173,11 +185,10 @@ static int det_membership(dt_strategy *s, const dt_membership *m) {
   DT_CHECK(dt__ddp_membership(s, m, d ? &d->ddp : NULL, 1));
   dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
   /* stealing: the queue lives in the new generation's window (its tickets
-   * start afresh on every member alike); the source takes from it */
+   * start afresh on every member alike); det_take reads d->ddp */
   if (d->steal) {
     d->steal = dt_ddp_steal_ok(d->ddp) && s->nranks > 1;
-    DT_CHECK(dt__source_set_taker(s->source, d->steal ? dt_ddp_steal_take : NULL,
-                                  d->steal ? d->ddp : NULL));
+    DT_CHECK(dt__source_set_taker(s->source, d->steal ? det_take : NULL, d->steal ? s : NULL));
   }
   /* the speed measurements are per rank of the old world: start afresh */
   dt__ddp_balance_destroy(s, d->bal);

@@ -597,6 +597,11 @@ double dt_ddp_blocked_seconds(const dt_ddp *d) {
   return d->win ? dt_comm_window_blocked(d->win) : -1;
 }
 
+int64_t dt_ddp_steal_left(const dt_ddp *d) {
+  int64_t left = d->base + d->shards - atomic_load_explicit(d->ticket, memory_order_relaxed);
+  return left > 0 ? left : 0;
+}
+
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out) {
   pthread_mutex_lock((pthread_mutex_t *)&d->mu);
   *out = d->st;

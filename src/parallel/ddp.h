@@ -125,6 +125,8 @@ void dt_ddp_det_shard(dt_ddp *d, int n, int last);
 int dt_ddp_steal_ok(const dt_ddp *d);
 void dt_ddp_steal_begin(dt_ddp *d, int64_t shards);
 int64_t dt_ddp_steal_take(void *ud); /* ud: the dt_ddp */
+/* Micro-shards of this step nobody has taken yet. */
+int64_t dt_ddp_steal_left(const dt_ddp *d);
 
 /* Collective: rank 0's parameters (and non-trainable buffers) are copied to
  * every worker, then every worker's SHA-256 of them is compared with rank

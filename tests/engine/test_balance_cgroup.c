@@ -6,6 +6,9 @@
  * fall well below one half and the records must name it as the straggler;
  * both ranks end with the same parameters, and those agree with an
  * unthrottled static run to 1e-5 (the split does not change the gradient).
+ * With dist.balance = steal (deterministic mode) rank 1 paces itself to its
+ * quota (dt__balance_pace) and takes well under half of the micro-shards,
+ * and both ranks end with the bits of one worker.
  *
  * The quota is small on purpose: on a machine loaded by other jobs every
  * process gets only a fraction of a core anyway, and the balance must see
@@ -99,7 +102,8 @@ static void cg_remove(void) {
 
 static void base_cfg(dt_run_cfg *c, int workers) {
   dt_run_cfg_defaults(c);
-  snprintf(c->layers, sizeof c->layers, "linear(32) relu linear(16) relu linear(3)");
+  /* big enough that a micro-shard costs tens of microseconds: the quota binds */
+  snprintf(c->layers, sizeof c->layers, "linear(256) relu linear(256) relu linear(3)");
   c->format = DT_FMT_CSV;
   path(c->train_images, sizeof c->train_images, "train.csv");
   path(c->test_images, sizeof c->test_images, "test.csv");
@@ -145,15 +149,17 @@ static double summary_share(const char *tag, int r) {
   return sh ? atof(sh + 8) : -1;
 }
 
-static void run2(const char *tag, int balance) {
+static void runn(const char *tag, int n, int balance, int det) {
   dt_run_cfg cfgs[2];
   int st[2];
-  for (int r = 0; r < 2; r++) {
-    base_cfg(&cfgs[r], 2);
+  for (int r = 0; r < n; r++) {
+    base_cfg(&cfgs[r], n);
     cfgs[r].balance = balance;
+    cfgs[r].deterministic = det;
+    cfgs[r].micro_batch = 4;
   }
-  run_job(cfgs, 2, tag, st);
-  for (int r = 0; r < 2; r++) {
+  run_job(cfgs, n, tag, st);
+  for (int r = 0; r < n; r++) {
     char msg[600];
     read_err(tag, r, msg, sizeof msg);
     if (st[r] != 0) fail_msg("%s: rank %d exit %d: %s", tag, r, st[r], msg);
@@ -167,9 +173,27 @@ static void test_dynamic_under_quota(void **state) {
     cg_remove();
     DT_SKIP("no writable cgroup cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max)");
   }
-  run2("ref", DT_BALANCE_STATIC);
-  run2("thr_dyn", DT_BALANCE_DYNAMIC);
+  runn("ref", 2, DT_BALANCE_STATIC, 0);
+  runn("thr_dyn", 2, DT_BALANCE_DYNAMIC, 0);
+  runn("ref_det", 1, DT_BALANCE_STATIC, 1);
+  runn("thr_steal", 2, DT_BALANCE_STEAL, 1);
   cg_remove();
+  /* stealing (rank 1 paces itself to its quota): one worker's bits */
+  size_t n1, ns, ns1;
+  float *d1 = read_params("ref_det", 0, &n1);
+  float *s0 = read_params("thr_steal", 0, &ns);
+  float *s1 = read_params("thr_steal", 1, &ns1);
+  assert_int_equal(n1, ns);
+  assert_int_equal(n1, ns1);
+  assert_memory_equal(d1, s0, n1 * sizeof(float));
+  assert_memory_equal(d1, s1, n1 * sizeof(float));
+  double steal_share = summary_share("thr_steal", 1);
+  printf("# rank 1 under a 2%% CPU quota, steal: its share %.3f, the bits of one worker\n",
+         steal_share);
+  assert_true(steal_share >= 0 && steal_share < 0.4);
+  free(d1);
+  free(s0);
+  free(s1);
   size_t n, m, m1;
   float *a = read_params("ref", 0, &n);
   float *b = read_params("thr_dyn", 0, &m);
