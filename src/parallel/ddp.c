@@ -123,19 +123,16 @@ static void det_add(dt_ddp *d, int64_t *acc, const float *x, size_t n, double w,
 }
 
 static int reduce_bucket_now(dt_ddp *d, int i, float scale);
-static int reduce_all_now(dt_ddp *d, float scale);
 
-/* One bucket's reduction (i = -1: every bucket at once, through the
- * window) as the flight recorder, the allreduce histogram and the trace
- * see it (tid 1: the communication thread). */
+/* One bucket's reduction as the flight recorder, the allreduce histogram
+ * and the trace see it (tid 1: the communication thread). */
 static int reduce_bucket(dt_ddp *d, int i, float scale, int tid) {
-  if (!d->obs) return i < 0 ? reduce_all_now(d, scale) : reduce_bucket_now(d, i, scale);
+  if (!d->obs) return reduce_bucket_now(d, i, scale);
   char note[24];
-  if (i < 0) snprintf(note, sizeof note, "all %d buckets", d->nb);
-  else snprintf(note, sizeof note, "bucket %d", i);
+  snprintf(note, sizeof note, "bucket %d", i);
   dt_obs_fr_note(d->obs, note);
   int64_t t0 = dt_now_ns();
-  int rc = i < 0 ? reduce_all_now(d, scale) : reduce_bucket_now(d, i, scale);
+  int rc = reduce_bucket_now(d, i, scale);
   int64_t t1 = dt_now_ns();
   dt_obs_observe(d->m_ar, (double)(t1 - t0) / 1e9);
   dt_obs_span(d->obs, "allreduce", tid, t0, t1, i);
@@ -171,22 +168,6 @@ static int reduce_bucket_now(dt_ddp *d, int i, float scale) {
     d->overflow_total = d->acc[d->nbufs];
     if (d->nbufs) dt_fix_to_float(d->bufs, d->acc, d->nbufs, d->n_global);
   }
-  return DT_OK;
-}
-
-/* Without a communication thread, through a window: every bucket in one
- * call over the whole span they tile (the buckets are contiguous, the head
- * just below the first), so a step synchronises the ranks twice rather than
- * twice per bucket — each of those is a wake-up when a rank sleeps, which
- * is what a straggler makes the others do (docs/ddp.md "Stragglers"). */
-static int reduce_all_now(dt_ddp *d, float scale) {
-  size_t lo = d->b[d->nb - 1].off, hi = d->b[0].off + d->b[0].n;
-  if (!d->det) return dt_comm_window_allreduce_f32(d->win, lo * sizeof(float), hi - lo, scale);
-  int rc = dt_comm_window_allreduce_i64(d->win, 0, d->head + hi);
-  if (rc < 0) return rc;
-  dt_fix_to_float(d->grads + lo, d->acc + d->head + lo, hi - lo, d->divisor);
-  d->overflow_total = d->acc[d->nbufs];
-  if (d->nbufs) dt_fix_to_float(d->bufs, d->acc, d->nbufs, d->n_global);
   return DT_OK;
 }
 
@@ -537,9 +518,7 @@ static int finish_inline(dt_ddp *d) {
   double t0 = dt_now();
   int rc = DT_OK;
   if (d->det) d->acc[d->nbufs] = (int64_t)d->nbad;
-  if (d->win && !d->cz && d->nb > 0) rc = reduce_bucket(d, -1, d->scale, 0);
-  else
-    for (int i = 0; i < d->nb && rc == DT_OK; i++) rc = reduce_bucket(d, i, d->scale, 0);
+  for (int i = 0; i < d->nb && rc == DT_OK; i++) rc = reduce_bucket(d, i, d->scale, 0);
   double dt = dt_now() - t0;
   dt_obs_add(d->m_wait, dt);
   pthread_mutex_lock(&d->mu);
