@@ -16,7 +16,14 @@
 #  5. a joiner started by hand: `dtrain launch --join` into a running
 #     3-worker job with room for a 4th; from the joiner's start (the
 #     process, loading its data included) to its first completed step;
-#     median of JOINS runs.
+#     median of JOINS runs;
+#  6. the peer: PyTorch 1.13 `torchrun --nnodes=1:3 --max-restarts=3` (Gloo,
+#     bench/torch_elastic.py, the same MLP, a checkpoint every epoch), a
+#     worker SIGKILLed after the first checkpoint: from the kill to the first
+#     step of the restarted workers, and the steps redone (trained before the
+#     kill, again after the restart); median of TORCH_KILLS runs (default 3).
+#     Debian's torch 1.13 under Python 3.11 needs --redirects/--tee other
+#     than 0 (its Std flag parsing returns None for 0).
 # Appends nothing by itself: the numbers go to stdout for bench/RESULTS.md.
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -149,3 +156,33 @@ for i in $(seq 1 "$JOINS"); do
   echo "join $i: the joiner's first step $r s after it started"
 done
 [ ${#join_t[@]} -gt 0 ] && echo "dtrain launch --join, start to first step: median $(med "${join_t[@]}") s over ${#join_t[@]} joins (max $(printf '%s\n' "${join_t[@]}" | sort -n | tail -1)); target <= 2 s"
+
+# 6. torchrun: kill -> first step of the restarted world, steps redone
+TORCHRUN=${TORCHRUN:-/usr/bin/torchrun}
+if [ -x "$TORCHRUN" ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  tr_t=()
+  for i in $(seq 1 "${TORCH_KILLS:-3}"); do
+    d="$T/t$i"
+    mkdir -p "$d"
+    P=$("$(dirname "$DTRAIN")/dt_free_port" 127.0.0.1)
+    OUT="$d" EPOCHS=4 timeout 300 "$TORCHRUN" --redirects=1 --tee=1 --log_dir="$d/logs" \
+      --nnodes=1:3 --nproc_per_node=3 --max_restarts=3 --rdzv_backend=c10d \
+      --rdzv_endpoint=127.0.0.1:$P "$SRC/bench/torch_elastic.py" >"$d/log" 2>&1 </dev/null &
+    job=$!
+    for _ in $(seq 1 1200); do [ -s "$d/ckpt.pt" ] && break; sleep 0.05; done
+    sleep "0.$((RANDOM % 40 + 10))"
+    tk=$(now)
+    kill -9 "$(cat "$d/pid.2")"
+    wait $job
+    rc=$?
+    line=$(awk -v t="$tk" '$4 > 0 && $3 > t {printf "%.3f %d", $3 - t, $2; exit}' "$d/steps.0")
+    before=$(awk '$4 == 0' "$d/steps.0" | tail -1 | awk '{print $2}')
+    if [ "$rc" -ne 0 ] || [ -z "$line" ]; then echo "torchrun $i: exit $rc, no step after the restart"; tail -3 "$d/log"; continue; fi
+    set -- $line
+    tr_t+=("$1")
+    echo "torchrun $i: first step after the restart $1 s after the kill; it went on from step $2, $((before - $2 + 1)) steps trained again"
+  done
+  [ ${#tr_t[@]} -gt 0 ] && echo "torchrun --max-restarts=3, kill to the first step after the restart: median $(med "${tr_t[@]}") s over ${#tr_t[@]} kills"
+else
+  echo "torchrun comparison skipped: no $TORCHRUN or no torch for /usr/bin/python3 (Debian: python3-torch)"
+fi
