@@ -27,6 +27,7 @@
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <pthread.h>
@@ -165,10 +166,19 @@ static int call(struct etcd *c, const char *path, cJSON *j, double deadline, cJS
   return DT_OK;
 }
 
+/* A revision field: etcd's gateway sends int64 as a JSON string, a number is
+ * taken too; -1 when it is out of int64's range (a cast would be undefined). */
 static int64_t jint(const cJSON *o, const char *name) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-  if (cJSON_IsString(v)) return strtoll(v->valuestring, NULL, 10);
-  if (cJSON_IsNumber(v)) return (int64_t)v->valuedouble;
+  if (cJSON_IsString(v)) {
+    errno = 0;
+    long long x = strtoll(v->valuestring, NULL, 10);
+    return errno == ERANGE ? -1 : (int64_t)x;
+  }
+  if (cJSON_IsNumber(v)) {
+    double d = v->valuedouble;
+    return d >= -9.2e18 && d <= 9.2e18 ? (int64_t)d : -1;
+  }
   return 0;
 }
 
