@@ -73,7 +73,7 @@ struct dt_comm_window {
   int64_t spin_ns; /* spin this long before sleeping on the futex */
   int yield;       /* sched_yield while spinning (more threads than cores) */
   int64_t live_ns;
-  uint64_t written, read;
+  _Atomic uint64_t written, read; /* the same: added while reducing, read by others */
   /* Under a CPU quota below the core count polling is cut to QUOTA_SPIN_NS
    * (every polled microsecond is one less of compute for a throttled
    * rank); re-checked every QUOTA_CHECK_NS because a process can be moved
@@ -81,7 +81,9 @@ struct dt_comm_window {
   int64_t quota_next;
   int quota_bound;
   long cores;
-  int64_t blocked_ns; /* waited for peers that joined or finished later */
+  /* waited for peers that joined or finished later: added by the thread that
+   * reduces (ddp's communication thread), read by the training thread */
+  _Atomic int64_t blocked_ns;
 };
 
 #define QUOTA_SPIN_NS 20000
@@ -275,11 +277,17 @@ void dt_comm_window_abort(dt_comm_window *w, const char *why) {
   futex_wake(&h->done);
 }
 
-double dt_comm_window_blocked(const dt_comm_window *w) { return (double)w->blocked_ns / 1e9; }
+static void count_bytes(_Atomic uint64_t *c, uint64_t v) {
+  atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+double dt_comm_window_blocked(const dt_comm_window *w) {
+  return (double)atomic_load_explicit(&w->blocked_ns, memory_order_relaxed) / 1e9;
+}
 
 void dt_comm_window_bytes(const dt_comm_window *w, uint64_t *written, uint64_t *read) {
-  if (written) *written = w->written;
-  if (read) *read = w->read;
+  if (written) *written = atomic_load_explicit(&w->written, memory_order_relaxed);
+  if (read) *read = atomic_load_explicit(&w->read, memory_order_relaxed);
 }
 
 static int peer_gone(dt_comm_window *w, int q) {
@@ -439,7 +447,7 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
     sv[q] = f->scale;
     if (f->t_ready > last) last = f->t_ready;
   }
-  w->blocked_ns += last - t_ready;
+  atomic_fetch_add_explicit(&w->blocked_ns, last - t_ready, memory_order_relaxed);
   enum { BLOCK_BYTES = 16384 }; /* stays in L1 while copied out */
   const size_t block = BLOCK_BYTES / elem;
   if (ranges) {
@@ -454,7 +462,7 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
         if (elem == 4) reduce_block(dst, (float *const *)src, sv, n, k);
         else reduce_block_i64(dst, (int64_t *const *)src, n, k);
       }
-      if (hi > lo) w->read += (uint64_t)(n - 1) * (hi - lo) * elem;
+      if (hi > lo) count_bytes(&w->read, (uint64_t)(n - 1) * (hi - lo) * elem);
     }
   } else {
     /* slice r of the span, in whole cache lines so no two ranks write one */
@@ -471,8 +479,8 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
       for (int q = 0; q < n; q++)
         if (q != r) memcpy((char *)w->data[q] + off + j * elem, dst, k * elem);
     }
-    w->read += (uint64_t)(n - 1) * (hi - lo) * elem;
-    w->written += (uint64_t)(n - 1) * (hi - lo) * elem;
+    count_bytes(&w->read, (uint64_t)(n - 1) * (hi - lo) * elem);
+    count_bytes(&w->written, (uint64_t)(n - 1) * (hi - lo) * elem);
   }
   const int64_t t_done = dt_now_ns();
   me->t_done[seq & 1] = t_done;
@@ -483,7 +491,7 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
     if ((rc = wait_word(w, q, 1, seq, deadline)) < 0) goto out;
     if (w->hdr[q]->t_done[seq & 1] > last) last = w->hdr[q]->t_done[seq & 1];
   }
-  w->blocked_ns += last - t_done;
+  atomic_fetch_add_explicit(&w->blocked_ns, last - t_done, memory_order_relaxed);
 out:
   if (sv != scales) free(sv);
   if (src != stack_src) free(src);
