@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
       int64_t a = dt_now_ns(), b;
       for (int k = 0; k < 4; k++) b = dt_now_ns(), dt_obs_span(o, "x", 0, a, b, -1), a = b;
       for (int k = 0; k < buckets; k++) {
-        dt_obs_fr_note(o, "bucket 1");
+        dt_obs_fr_note_n(o, "bucket", k);
         int64_t q = dt_now_ns(), t = dt_obs_fr_begin(o, "allreduce", 1, (uint64_t)s, 4096, -1);
         dt_obs_fr_end(o, t, 0);
         int64_t r = dt_now_ns();

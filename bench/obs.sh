@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # obs.sh — `make bench-obs`: the cost and limits of observability (issue 16):
-# the CPU cost per step of what the loop records (bench_obs.c), samples/s
-# with tracing alone, metrics alone (scraped every 100 ms over a kept-alive
-# connection), both, and neither (MLP, 2 workers, paired rounds), the scrape time of a 4-worker job, the size of a 1-epoch trace.
-# bench/obs.py does the runs; about 4 minutes on 2 quiet cores.
+# the CPU cost per step of what the loop records (bench_obs.c); the MLP with
+# 2 workers with metrics + tracing both on against both off in PAIRS
+# interleaved rounds (samples/s and the workers' CPU per sample, each as a
+# ratio of medians with a 90% bootstrap interval, and the recording cost
+# over a worker's CPU per step); the scrape time of a 4-worker job's
+# /metrics; the size of a 1-epoch trace. bench/obs.py does the runs.
+# About 3-4 minutes on 2 quiet cores with the default 20 pairs.
+#   SIDES=off,trace,metrics,both  measures tracing and metrics apart
 set -euo pipefail
 BUILD=${BUILD:-build/release}
-cmake --build "$BUILD" --target bench_obs >/dev/null
-"$BUILD/bench_obs"
+cmake --build "$BUILD" --target bench_obs dtrain >/dev/null
 "$BUILD/bench_obs" --no-trace
-exec python3 "$(dirname "$0")/obs.py" "$BUILD/dtrain" --reps "${REPS:-5}"
+exec python3 "$(dirname "$0")/obs.py" "$BUILD/dtrain" --pairs "${PAIRS:-20}" \
+  --sides "${SIDES:-off,both}" --bench-obs "$BUILD/bench_obs"

@@ -212,8 +212,11 @@ typedef struct dt_worker_stats {
   double comm_seconds;                /* communication thread busy in allreduce */
   double comm_hidden;                 /* fraction of comm_seconds overlapped with compute */
   double bytes_sent, bytes_received;
+  double cpu_seconds;                 /* CPU time (user + system, every thread) of this worker's
+                                       * process from the first step to the end (evaluations
+                                       * included): what a loaded machine disturbs least */
 } dt_worker_stats;
-#define DT_WORKER_STATS_FIELDS 8
+#define DT_WORKER_STATS_FIELDS 9
 
 /* What summary.json holds (the main fields). */
 typedef struct dt_run_summary {

@@ -125,6 +125,7 @@ static void add_worker(cJSON *o, const dt_worker_stats *w) {
   cJSON_AddNumberToObject(o, "comm_hidden_fraction", w->comm_hidden);
   cJSON_AddNumberToObject(o, "bytes_sent", w->bytes_sent);
   cJSON_AddNumberToObject(o, "bytes_received", w->bytes_received);
+  cJSON_AddNumberToObject(o, "cpu_seconds", w->cpu_seconds);
 }
 
 /* Pretty-printed JSON plus a final newline, written atomically. */

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "core/core.h"
@@ -29,6 +30,15 @@
 /* ---- guards ----------------------------------------------------------------------- */
 
 /* A loss as text: "NaN" / "inf" rather than the C library's "-nan". */
+/* This process's CPU time so far (every thread), for the summary's
+ * per-worker cpu_seconds: read twice a run, never per step. */
+static double cpu_seconds(void) {
+  struct rusage u;
+  if (getrusage(RUSAGE_SELF, &u) < 0) return 0;
+  return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 static const char *num(double v, char *buf, size_t cap) {
   if (isnan(v)) return "NaN";
   if (isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -281,7 +291,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
   dt_ckpt_pos start;
   DT_CHECK_GOTO(dt__ckpt_start(e, out_dir, &start), rc, done);
 
-  double t_start = dt_now(), train_seconds = 0, test_loss = start.test_loss,
+  double t_start = dt_now(), cpu_start = cpu_seconds(), train_seconds = 0, test_loss = start.test_loss,
          test_acc = start.test_acc, first_loss = start.first_loss;
   int64_t samples_total = 0, global_total = 0;
   float lr = 0;
@@ -414,6 +424,7 @@ finished:
   s.self.samples = (double)samples_total;
   s.self.train_seconds = train_seconds;
   s.self.samples_per_second = train_seconds > 0 ? (double)samples_total / train_seconds : 0;
+  s.self.cpu_seconds = cpu_seconds() - cpu_start;
   rc = S->ops->run_end(S, &s.self, all);
   if (rc < 0) {
     if (!dt__elastic_recoverable(e, rc)) goto done;

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,7 +61,6 @@ int dt_obs_open(dt_obs **out, const char *dir, int rank, int size, const char *j
   dt_obs *o = calloc(1, sizeof *o);
   if (!o) return dt__seterr(DT_ENOMEM, "obs: out of memory");
   pthread_mutex_init(&o->mu, NULL);
-  pthread_mutex_init(&o->fr_mu, NULL);
   o->fd = -1;
   o->len = (sizeof(struct dt_obs_page) + 4095) & ~(size_t)4095;
   void *p = MAP_FAILED;
@@ -107,7 +107,6 @@ void dt_obs_close(dt_obs *o) {
   munmap(o->pg, o->len);
   if (o->fd >= 0) close(o->fd);
   pthread_mutex_destroy(&o->mu);
-  pthread_mutex_destroy(&o->fr_mu);
   free(o);
 }
 
@@ -265,40 +264,103 @@ double dt_obs_value(const dt_obs_metric *m) {
 
 /* ---- flight recorder ----------------------------------------------------------- */
 
-/* The recorder takes a small lock per entry: entries come from the
- * training and the communication thread, and a wrapped ring slot or the
- * pending note must not be written by two at once. Uncontended it costs
- * tens of nanoseconds, against a collective's microseconds. */
+/* No lock: entries come from the training and the communication thread,
+ * and a rank's threads share the cores with other ranks' (a thread
+ * preempted holding a lock would stall the other). A ticket is taken with
+ * one atomic add; its slot is claimed by setting FR_BUSY in the entry's
+ * state with one compare-and-swap (readers take a state they do not know
+ * for "being written"), filled, and released by storing the new state. Two
+ * writers meet in one slot only when 64 newer operations begin while one
+ * of them writes: the later one then waits those few nanoseconds. */
+#define FR_BUSY 0x80000000u
+
+static uint32_t fr_claim(struct dt_obs_fr_entry *e) {
+  for (int i = 0;; i++) {
+    uint32_t s = atomic_load_explicit(&e->state, memory_order_relaxed);
+    if (!(s & FR_BUSY) && atomic_compare_exchange_weak_explicit(&e->state, &s, s | FR_BUSY,
+                                                                memory_order_acquire,
+                                                                memory_order_relaxed))
+      return s;
+    if (i > 64) sched_yield();
+  }
+}
+
+/* The note of the next operation this thread begins on handle o: set and
+ * taken by the same thread (a strategy notes the bucket, then calls the
+ * collective that records it), so it needs no lock and is never taken by
+ * the other thread's operation. */
+static _Thread_local struct {
+  const dt_obs *o;
+  const char *word; /* with n >= 0: "word n"; else the text in buf */
+  int64_t n;
+  char buf[24];
+} tl_note;
+
 void dt_obs_fr_note(dt_obs *o, const char *note) {
   if (!o) return;
-  pthread_mutex_lock(&o->fr_mu);
-  snprintf(o->note, sizeof o->note, "%s", note ? note : "");
-  pthread_mutex_unlock(&o->fr_mu);
+  size_t i = 0;
+  for (; note && note[i] && i < sizeof tl_note.buf - 1; i++) tl_note.buf[i] = note[i];
+  tl_note.buf[i] = '\0';
+  tl_note.word = NULL;
+  tl_note.n = -1;
+  tl_note.o = o;
+}
+
+void dt_obs_fr_note_n(dt_obs *o, const char *word, int64_t n) {
+  if (!o) return;
+  tl_note.word = word;
+  tl_note.n = n < 0 ? 0 : n;
+  tl_note.o = o;
+}
+
+/* Copies at most cap-1 characters of s and a NUL; returns the length. */
+static size_t put_str(char *d, size_t cap, const char *s) {
+  size_t i = 0;
+  for (; s && s[i] && i < cap - 1; i++) d[i] = s[i];
+  d[i] = '\0';
+  return i;
+}
+
+/* The pending note of this thread into d (cap bytes), then cleared. No
+ * snprintf: this runs per collective. */
+static void take_note(const dt_obs *o, char *d, size_t cap) {
+  d[0] = '\0';
+  if (tl_note.o != o) return;
+  tl_note.o = NULL;
+  if (!tl_note.word) {
+    put_str(d, cap, tl_note.buf);
+    return;
+  }
+  size_t k = put_str(d, cap, tl_note.word);
+  char dig[24];
+  int nd = 0;
+  uint64_t v = (uint64_t)tl_note.n;
+  do dig[nd++] = (char)('0' + v % 10), v /= 10; while (v && nd < (int)sizeof dig);
+  if (k + 1 + (size_t)nd >= cap) return;
+  d[k++] = ' ';
+  while (nd) d[k++] = dig[--nd];
+  d[k] = '\0';
 }
 
 int64_t dt_obs_fr_begin(dt_obs *o, const char *op, uint32_t stream, uint64_t seq,
                         uint64_t bytes, int peer) {
   if (!o) return -1;
   struct dt_obs_page *pg = o->pg;
-  pthread_mutex_lock(&o->fr_mu);
-  uint64_t t = atomic_fetch_add(&pg->fr_next, 1);
+  uint64_t t = atomic_fetch_add_explicit(&pg->fr_next, 1, memory_order_relaxed);
   struct dt_obs_fr_entry *e = &pg->fr[t % DT_OBS_FR_LEN];
-  atomic_store_explicit(&e->state, 0, memory_order_relaxed);
-  atomic_thread_fence(memory_order_release);
+  int64_t now = dt_now_ns();
+  fr_claim(e);
   e->stream = stream;
   e->seq = seq;
   e->bytes = bytes;
-  e->t0_ns = dt_now_ns();
+  e->t0_ns = now;
   e->t1_ns = 0;
   e->peer = peer;
   e->rc = 0;
   e->ticket = t + 1;
-  snprintf(e->op, sizeof e->op, "%s", op ? op : "?");
-  memcpy(e->note, o->note, sizeof e->note);
-  e->note[sizeof e->note - 1] = '\0';
-  o->note[0] = '\0';
+  put_str(e->op, sizeof e->op, op ? op : "?");
+  take_note(o, e->note, sizeof e->note);
   atomic_store_explicit(&e->state, DT_FR_ENTERED, memory_order_release);
-  pthread_mutex_unlock(&o->fr_mu);
   return (int64_t)t;
 }
 
@@ -306,13 +368,14 @@ void dt_obs_fr_end(dt_obs *o, int64_t t, int rc) {
   if (!o || t < 0) return;
   struct dt_obs_fr_entry *e = &o->pg->fr[(uint64_t)t % DT_OBS_FR_LEN];
   int64_t now = dt_now_ns();
-  pthread_mutex_lock(&o->fr_mu);
-  if (e->ticket == (uint64_t)t + 1) { /* else overwritten: 64 newer operations since */
-    e->t1_ns = now;
-    e->rc = rc < 0 ? rc : 0;
-    atomic_store_explicit(&e->state, rc < 0 ? DT_FR_FAILED : DT_FR_DONE, memory_order_release);
+  uint32_t s = fr_claim(e);
+  if (e->ticket != (uint64_t)t + 1) { /* overwritten: 64 newer operations since */
+    atomic_store_explicit(&e->state, s, memory_order_release);
+    return;
   }
-  pthread_mutex_unlock(&o->fr_mu);
+  e->t1_ns = now;
+  e->rc = rc < 0 ? rc : 0;
+  atomic_store_explicit(&e->state, rc < 0 ? DT_FR_FAILED : DT_FR_DONE, memory_order_release);
 }
 
 void dt_obs_fail(dt_obs *o, int rc, const char *msg) {

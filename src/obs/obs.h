@@ -29,7 +29,8 @@
  *
  * Threads: registration takes a lock; updates are lock-free (one writer
  * per slot is the common case, concurrent adds are still exact). The
- * flight recorder takes entries from any thread.
+ * flight recorder and the trace take entries from any thread without a
+ * lock, a system call, formatting or an allocation.
  */
 #ifndef DT_OBS_H
 #define DT_OBS_H
@@ -110,14 +111,18 @@ enum dt_obs_fr_state { DT_FR_ENTERED = 1, DT_FR_DONE = 2, DT_FR_FAILED = 3 };
  * at most 15 characters kept), stream (which numbering seq belongs to: a
  * communicator's context id, a window's), seq, bytes, peer (-1: all).
  * Returns the entry's ticket for dt_obs_fr_end (-1 with o NULL). The note
- * set by dt_obs_fr_note (if any) goes with it and is cleared. */
+ * this thread set with dt_obs_fr_note (if any) goes with it and is
+ * cleared. */
 int64_t dt_obs_fr_begin(dt_obs *o, const char *op, uint32_t stream, uint64_t seq,
                         uint64_t bytes, int peer);
 /* The end of the operation of ticket t: done (rc >= 0) or failed (rc). */
 void dt_obs_fr_end(dt_obs *o, int64_t t, int rc);
-/* A few words about the next operation this rank starts ("bucket 3"),
- * printed with it in a diagnosis. */
+/* A few words about the next operation the calling thread begins on o
+ * ("bucket 3"), printed with it in a diagnosis: note is copied (at most 23
+ * characters kept); dt_obs_fr_note_n keeps "word n" without formatting
+ * anything now (word must outlive the handle). No lock, no allocation. */
 void dt_obs_fr_note(dt_obs *o, const char *note);
+void dt_obs_fr_note_n(dt_obs *o, const char *word, int64_t n);
 /* Marks this rank failed with rc and msg (the first failure is kept). */
 void dt_obs_fail(dt_obs *o, int rc, const char *msg);
 

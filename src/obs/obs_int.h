@@ -20,9 +20,7 @@ struct dt_obs {
   size_t len;
   int fd;               /* the page's file (-1: anonymous), kept to name it anew (dt_obs_rerank) */
   pthread_mutex_t mu;   /* registration; replacing or writing out the span ring */
-  pthread_mutex_t fr_mu; /* flight-recorder entries and the note */
   int full_warned;
-  char note[24];        /* for the next flight-recorder entry */
   /* trace.c */
   struct dt_span *spans;
   size_t span_cap;      /* ring of spans; span_next % span_cap is the next slot */

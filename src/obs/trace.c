@@ -28,6 +28,9 @@ int dt_obs_trace_start(dt_obs *o, int steps, int64_t t0_ns) {
     free(st);
     return dt__seterr(DT_ENOMEM, "obs trace: cannot keep %zu spans", cap);
   }
+  /* touched now, not page by page inside training steps */
+  memset(s, 0, cap * sizeof *s);
+  memset(st, 0, (size_t)steps * sizeof *st);
   pthread_mutex_lock(&o->mu);
   free(o->spans);
   free(o->step_t0);

@@ -128,9 +128,7 @@ static int reduce_bucket_now(dt_ddp *d, int i, float scale);
  * and the trace see it (tid 1: the communication thread). */
 static int reduce_bucket(dt_ddp *d, int i, float scale, int tid) {
   if (!d->obs) return reduce_bucket_now(d, i, scale);
-  char note[24];
-  snprintf(note, sizeof note, "bucket %d", i);
-  dt_obs_fr_note(d->obs, note);
+  dt_obs_fr_note_n(d->obs, "bucket", i);
   int64_t t0 = dt_now_ns();
   int rc = reduce_bucket_now(d, i, scale);
   int64_t t1 = dt_now_ns();

@@ -252,10 +252,10 @@ static void test_diagnose_never_entered(void **st) {
       dt_obs_fr_end(o[r], t, DT_OK);
     }
   }
-  for (int r = 0; r < 2; r++) {
-    dt_obs_fr_note(o[r], "bucket 3");
-    dt_obs_fr_begin(o[r], "allreduce", 7, 5, 512 << 10, -1);
-  }
+  dt_obs_fr_note(o[0], "bucket 3");
+  dt_obs_fr_begin(o[0], "allreduce", 7, 5, 512 << 10, -1);
+  dt_obs_fr_note_n(o[1], "bucket", 3); /* the same note, formatted by the recorder */
+  dt_obs_fr_begin(o[1], "allreduce", 7, 5, 512 << 10, -1);
   char msg[1024];
   int rc = dt_obs_diagnose(dir, 0, 3, dt_now_ns(), msg, sizeof msg, NULL);
   assert_int_equal(rc, 1);
@@ -268,6 +268,8 @@ static void test_diagnose_never_entered(void **st) {
   read_page(0, &pg);
   assert_string_equal(pg.fr[4].note, "bucket 3");
   assert_string_equal(pg.fr[3].note, "");
+  read_page(1, &pg);
+  assert_string_equal(pg.fr[4].note, "bucket 3");
   /* once rank 2 enters and fails too, nobody is behind */
   int64_t t2 = dt_obs_fr_begin(o[2], "allreduce", 7, 5, 512 << 10, -1);
   dt_obs_fr_end(o[2], t2, DT_ETIMEDOUT);
@@ -286,11 +288,15 @@ static void test_diagnose_never_entered(void **st) {
   assert_non_null(strstr(msg, "rank 2 never entered allreduce #5 (bucket 3, 512 KiB) (it left no flight record)"));
   /* everyone done: nothing to say */
   for (int r = 0; r < 2; r++) dt_obs_close(o[r]);
-  for (int r = 0; r < 2; r++) {
-    assert_int_equal(dt_obs_open(&o[r], dir, r, 2, "j", "h"), DT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(dt_obs_open(&o[r], dir, r, 2, "j", "h"), DT_OK);
+  dt_obs_fr_note(o[1], "rank 1's"); /* a note for another handle is not taken */
+  for (int r = 0; r < 2; r++)
     dt_obs_fr_end(o[r], dt_obs_fr_begin(o[r], "barrier", 7, 1, 0, -1), DT_OK);
-  }
   assert_int_equal(dt_obs_diagnose(dir, 0, 2, dt_now_ns(), msg, sizeof msg, NULL), 0);
+  read_page(0, &pg);
+  assert_string_equal(pg.fr[0].note, "");
+  read_page(1, &pg);
+  assert_string_equal(pg.fr[0].note, "rank 1's");
   for (int r = 0; r < 2; r++) dt_obs_close(o[r]);
 }
 
