@@ -8,7 +8,7 @@ pkgs=(build-essential cmake pkg-config libopenblas-dev zlib1g-dev libinih-dev
       libcjson-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev dataset-fashion-mnist)
 case $want in
   test) pkgs+=(libcmocka-dev clang libclang-rt-14-dev openmpi-bin libopenmpi-dev iproute2
-                 prometheus chromium etcd-server) ;;
+                 prometheus chromium etcd-server etcd-client) ;;
   bench|all) pkgs+=(libcmocka-dev clang libclang-rt-14-dev openmpi-bin libopenmpi-dev iproute2
                     python3-torch python3-numpy) ;;
 esac
