@@ -7,11 +7,20 @@
  * value (a wrong sum would make the comparison meaningless).
  *
  * Build: mpicc -O2 -o mpi_allreduce mpi_allreduce.c
- * Run:   mpirun --allow-run-as-root --oversubscribe -n N ./mpi_allreduce [MIN_BYTES [MAX_BYTES]]
+ * Run:   mpirun --allow-run-as-root --oversubscribe -n N ./mpi_allreduce [MIN_BYTES [MAX_BYTES [ITERS [median]]]]
+ * (ITERS: timed calls per size instead of the default by size; 0 keeps the
+ * default. "median": time = the median of calls timed one by one, as
+ * `dtrain bench allreduce --time median`.)
  */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
 
 static int iters_for(size_t bytes) {
   return bytes < (256u << 10) ? 200 : (bytes < (16u << 20) ? 20 : 5);
@@ -24,6 +33,8 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   size_t minb = argc > 1 ? strtoull(argv[1], 0, 10) : 4;
   size_t maxb = argc > 2 ? strtoull(argv[2], 0, 10) : (64u << 20);
+  int fixed_iters = argc > 3 ? atoi(argv[3]) : 0;
+  int median = argc > 4 && !strcmp(argv[4], "median");
   if (minb < 4) minb = 4;
   size_t maxc = maxb / 4;
   float *a = malloc(maxc * 4), *b = malloc(maxc * 4);
@@ -33,7 +44,7 @@ int main(int argc, char **argv) {
     printf("# peer=openmpi ranks=%d\n%12s %12s %12s %12s %12s\n", n, "bytes", "count",
            "time_us", "algbw_GBps", "busbw_GBps");
   for (size_t c = minb / 4; c <= maxc; c *= 4) {
-    int iters = iters_for(c * 4);
+    int iters = fixed_iters > 0 ? fixed_iters : iters_for(c * 4);
     MPI_Allreduce(a, b, (int)c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     float want = 0;
     for (int r = 0; r < n; r++) want += (float)((c - 1) % 7) + r;
@@ -42,9 +53,23 @@ int main(int argc, char **argv) {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = MPI_Wtime();
-    for (int i = 0; i < iters; i++) MPI_Allreduce(a, b, (int)c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    double t = (MPI_Wtime() - t0) / iters;
+    double t;
+    if (median) {
+      double *ts = malloc((size_t)iters * sizeof *ts);
+      if (!ts) MPI_Abort(MPI_COMM_WORLD, 1);
+      for (int i = 0; i < iters; i++) {
+        double t0 = MPI_Wtime();
+        MPI_Allreduce(a, b, (int)c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        ts[i] = MPI_Wtime() - t0;
+      }
+      qsort(ts, (size_t)iters, sizeof *ts, cmp_d);
+      t = ts[iters / 2];
+      free(ts);
+    } else {
+      double t0 = MPI_Wtime();
+      for (int i = 0; i < iters; i++) MPI_Allreduce(a, b, (int)c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      t = (MPI_Wtime() - t0) / iters;
+    }
     /* The slowest rank defines the collective's time. */
     MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     double alg = c * 4.0 / t / 1e9;

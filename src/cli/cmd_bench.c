@@ -25,7 +25,7 @@ static void bench_usage(FILE *f) {
   fprintf(f,
           "usage: dtrain bench allreduce [--workers N] [--transport T] [--algo A]\n"
           "                              [--min BYTES] [--max BYTES] [--iters I]\n"
-          "                              [--dtype D] [--op OP] [--timeout S]\n"
+          "                              [--dtype D] [--op OP] [--timeout S] [--time T]\n"
           "\n"
           "Allreduce bandwidth and latency between N local worker processes.\n"
           "  --workers N     ranks (default 2)\n"
@@ -36,6 +36,8 @@ static void bench_usage(FILE *f) {
           "  --dtype D       f32 f64 bf16 f16 i32 i64 (default f32)\n"
           "  --op OP         sum avg min max (default sum)\n"
           "  --timeout S     deadline of every blocking call, seconds (default 60)\n"
+          "  --time T        mean | median: time column is the mean per call (default), or\n"
+          "                  the median of calls timed one by one (steadier on a busy host)\n"
           "Columns as in nccl-tests: busbw = algbw * 2(n-1)/n.\n"
           "\n"
           "usage: dtrain bench compress [--bytes B] [--ratio R] [--seconds S]\n"
@@ -150,6 +152,9 @@ int dt__cmd_bench(int argc, char **argv) {
       bad = dt_dtype_parse(v, &bc.dtype) != 0;
     } else if (!strcmp(a, "--op")) {
       bad = dt_redop_parse(v, &bc.op) != 0;
+    } else if (!strcmp(a, "--time")) {
+      bad = strcmp(v, "mean") && strcmp(v, "median");
+      bc.median = !strcmp(v, "median");
     } else if (!strcmp(a, "--timeout")) {
       timeout = strtod(v, &end);
       bad = *end || !(timeout > 0 && timeout <= 86400);

@@ -5,7 +5,7 @@
  * For each size (doubling from min to max bytes) it runs warm-up
  * iterations, then timed iterations between barriers; the time is the
  * maximum over ranks of the mean per-iteration time (as nccl-tests reports
- * it). algbw = bytes / time, busbw = algbw * 2(n-1)/n. With check set, one
+ * it), or with `median` of the median of calls timed one by one. algbw = bytes / time, busbw = algbw * 2(n-1)/n. With check set, one
  * extra call per size uses exact small-integer inputs and counts wrong
  * elements on every rank. Not here: launching ranks (the CLI does that).
  */
@@ -20,6 +20,11 @@ static int auto_iters(size_t bytes) {
   if (bytes <= 1 << 20) return 50;
   if (bytes <= 16 << 20) return 10;
   return 5;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
 }
 
 static void fill(void *buf, size_t count, dt_dtype t, int r) {
@@ -82,10 +87,26 @@ int dt_comm_bench_allreduce(dt_comm *c, const struct dt_comm_bench_config *cfg_i
     for (int i = 0; i < warm && rc == DT_OK; i++)
       rc = dt_comm_allreduce_algo(c, buf, buf, count, cfg.dtype, cfg.op, cfg.algo);
     if (rc == DT_OK) rc = dt_comm_barrier(c);
-    double t0 = dt_now();
-    for (int i = 0; i < iters && rc == DT_OK; i++)
-      rc = dt_comm_allreduce_algo(c, buf, buf, count, cfg.dtype, cfg.op, cfg.algo);
-    double dt = (dt_now() - t0) / iters, tmax = dt;
+    double dt;
+    if (cfg.median) {
+      int64_t *ts = malloc((size_t)iters * sizeof *ts);
+      if (!ts) { rc = dt__seterr(DT_ENOMEM, "bench: out of memory"); break; }
+      int done = 0;
+      for (int i = 0; i < iters && rc == DT_OK; i++, done++) {
+        int64_t t0 = dt_now_ns();
+        rc = dt_comm_allreduce_algo(c, buf, buf, count, cfg.dtype, cfg.op, cfg.algo);
+        ts[i] = dt_now_ns() - t0;
+      }
+      qsort(ts, (size_t)done, sizeof *ts, cmp_i64);
+      dt = done ? (double)ts[done / 2] * 1e-9 : 0;
+      free(ts);
+    } else {
+      double t0 = dt_now();
+      for (int i = 0; i < iters && rc == DT_OK; i++)
+        rc = dt_comm_allreduce_algo(c, buf, buf, count, cfg.dtype, cfg.op, cfg.algo);
+      dt = (dt_now() - t0) / iters;
+    }
+    double tmax = dt;
     if (rc == DT_OK) rc = dt_comm_allreduce(c, &dt, &tmax, 1, DT_F64, DT_OP_MAX);
     int64_t wrong = 0;
     if (rc == DT_OK && cfg.check) {

@@ -171,16 +171,20 @@ static int post(dt_comm *c, int peer, uint64_t tag, void *buf, size_t bytes, int
   r->tp.tag = tag;
   r->tp.peer = wp;
   r->tp.kind = kind;
+  /* Counted before the transport call: a locked add right after a send
+   * would wait until the send's stores have reached the peer (shm), most of
+   * a small message's latency. Taken back if the call fails. */
+  _Atomic uint64_t *ctr = kind == DT_TP_SEND ? &w->sent : &w->recvd;
+  atomic_fetch_add_explicit(ctr, bytes, memory_order_relaxed);
   int rc = kind == DT_TP_SEND ? o->isend(w->ep[wp], &r->tp) : o->irecv(w->ep[wp], &r->tp);
   if (rc < 0) {
+    atomic_fetch_sub_explicit(ctr, bytes, memory_order_relaxed);
     const char *m = NULL;
     int arc = world_aborted(w, &m);
     if (arc < 0) return dt__comm_err(c, arc, "%s", m);
     return dt__comm_err(c, rc, "comm: rank %d: %s to rank %d failed: %s", c->rank,
                 kind == DT_TP_SEND ? "send" : "receive", peer, dt_errmsg());
   }
-  if (kind == DT_TP_SEND) atomic_fetch_add(&w->sent, bytes);
-  else atomic_fetch_add(&w->recvd, bytes);
   return DT_OK;
 }
 
@@ -257,7 +261,9 @@ static void inline_req(dt_comm *c, int peer, struct comm_req *r) {
   r->fp_check = r->fp_send = -1;
   r->used = 1;
   r->tp.peer = c->wr[peer];
-  r->tp.status = 1;
+  /* relaxed: a seq_cst store (a locked exchange) right after the send it
+   * rides with would wait for that send's stores to reach the peer */
+  atomic_store_explicit(&r->tp.status, 1, memory_order_relaxed);
 }
 
 int dt__coll_isend(dt_comm *c, int peer, const void *buf, size_t bytes, dt_comm_req *req) {
@@ -377,7 +383,7 @@ int dt_comm_waitall(dt_comm *c, dt_comm_req *reqs, int n) {
    * whole message fit in the fingerprint's), so check them before waiting
    * for anything else. Transports progress every request while waiting. */
   int rc = DT_OK, fprc = DT_OK;
-  int64_t t_wait = dt_now_ns();
+  int64_t t_wait = c->in_coll ? 0 : dt_now_ns(); /* inside a collective its deadline says since when */
   for (int phase = 0; phase < 2 && rc == DT_OK && fprc == DT_OK; phase++) {
     /* phase 0 also checks fingerprints that had arrived before the wait */
     if (phase == 1) rc = wait_list(c, v, m, deadline, err);
@@ -515,7 +521,7 @@ int dt__coll_end(dt_comm *c, int rc) {
         r->used = 1;
         r->fp_check = -1;
         r->fp_send = p;
-        r->tp.status = 1;
+        atomic_store_explicit(&r->tp.status, 1, memory_order_relaxed);
         rc = dt_comm_waitall(c, tmp, 1);
       }
     for (int p = 0; p < c->size && rc == DT_OK; p++)

@@ -158,13 +158,16 @@ struct dt_comm_bench_config {
   dt_redop op;
   dt_algo algo;
   bool check;                  /* verify results once per size */
+  bool median;                 /* time = median of calls timed one by one, not the mean */
 };
-#define DT_COMM_BENCH_CONFIG_INIT { 8, 64u << 20, 0, 0, DT_F32, DT_OP_SUM, DT_ALGO_AUTO, true }
+#define DT_COMM_BENCH_CONFIG_INIT { 8, 64u << 20, 0, 0, DT_F32, DT_OP_SUM, DT_ALGO_AUTO, true, false }
 
 /* Runs allreduce over sizes on communicator c (collective: every rank calls
  * it). Rank 0 prints an nccl-tests style table to out (other ranks print
  * nothing): bytes, count, type, redop, time_us, algbw GB/s, busbw GB/s
- * (busbw = algbw * 2(n-1)/n), #wrong. out may be NULL (no printing). */
+ * (busbw = algbw * 2(n-1)/n), #wrong. out may be NULL (no printing).
+ * With cfg->median the time is the median of the calls timed one by one
+ * (max over ranks): a busy host's preemptions then move it less. */
 int dt_comm_bench_allreduce(dt_comm *c, const struct dt_comm_bench_config *cfg, void *out_file);
 
 /* ---- host resources, for launchers (src/launch) ------------------------- */

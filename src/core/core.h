@@ -83,6 +83,7 @@ void dt_log_set_json(int on);
   X(RDZV_DIR, STR, 0, "/tmp", 0, 0, "directory where ranks started by mpirun/srun without DTRAIN_RDZV meet through files") \
   X(RING_MIN_BYTES, INT, 1 << 20, NULL, 0, INT64_MAX, "allreduce/broadcast from this size up use the ring (more than 2 ranks), bytes") \
   X(RING_MIN_OVERSUB_BYTES, INT, 32 << 20, NULL, 0, INT64_MAX, "the same threshold when ranks outnumber cores, bytes") \
+  X(SHM_ASYM_FENCE, INT, 1, NULL, 0, 1, "shm: a rank about to sleep calls membarrier() so senders skip a full fence per message (0: a fence per message)") \
   X(SHM_BIND, INT, 1, NULL, 0, 1, "shm: pin each rank's communication thread to a core when ranks do not outnumber cores") \
   X(SHM_CMA_BYTES, INT, 1 << 20, NULL, 0, INT64_MAX, "shm: messages from this size up are copied once with process_vm_readv (0: never)") \
   X(SHM_LIMIT_BYTES, INT, 0, NULL, 0, INT64_MAX, "launcher: count /dev/shm as having at most this many bytes free in the memory check before workers start (0: the real free space; for tests)") \

@@ -29,10 +29,12 @@
  * default 1), DTRAIN_SHM_PREFAULT (map a ring's pages when its peer is
  * first spoken to, 1).
  *
- * This file is the data path (sending, receiving, progress, waiting,
- * liveness, abort) and the ops table; the segments' life cycle (sizing,
- * creating and mapping, connecting to a peer's, unlinking, stale sweeps) is
- * in shm_seg.c, the structures they share in shm_int.h.
+ * This file is the sending half of the data path, progress, waiting,
+ * liveness, abort and the ops table; the receiving half (records into
+ * receives or early buffers, CMA pulls and their ACKs, irecv) is in
+ * shm_rx.c; the segments' life cycle (sizing, creating and mapping,
+ * connecting to a peer's, unlinking, stale sweeps) in shm_seg.c; the
+ * structures and small helpers they share in shm_int.h.
  */
 
 #define _GNU_SOURCE
@@ -44,6 +46,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -62,28 +65,11 @@ static int futex_wait(_Atomic uint32_t *w, uint32_t val, int64_t ns) {
   return (int)syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
 }
 
-static void futex_wake(_Atomic uint32_t *w) {
-  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
-/* Wakes the owner of hdr if it sleeps (or is about to). The seq_cst fence
- * pairs with the one in wait_sleep(): either the sleeper sees our update or
- * we see its `sleeping` flag. */
-static void ring_bell(struct dt_shm_hdr *h, bool force) {
-  atomic_thread_fence(memory_order_seq_cst);
-  if (force || atomic_load_explicit(&h->sleeping, memory_order_relaxed)) {
-    atomic_fetch_add(&h->bell, 1);
-    futex_wake(&h->bell);
-  }
-}
-
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
 }
-
-static uint64_t round_rec(uint64_t n) { return (n + DT_SHM_REC - 1) & ~(uint64_t)(DT_SHM_REC - 1); }
 
 /* Length of p[0, n) without its trailing zero bytes. */
 static uint64_t zero_trim(const uint8_t *p, uint64_t n) {
@@ -95,11 +81,6 @@ static uint64_t zero_trim(const uint8_t *p, uint64_t n) {
   }
   while (n && !p[n - 1]) n--;
   return n;
-}
-
-static void req_finish(struct dt_tp_req *r, int rc) {
-  r->next = NULL;
-  r->status = rc < 0 ? rc : 1;
 }
 
 /* Removes r from a singly linked list; true if it was there. */
@@ -116,14 +97,6 @@ static bool list_remove(struct dt_tp_req **head, struct dt_tp_req **tail, struct
   return false;
 }
 
-static void list_append(struct dt_tp_req **head, struct dt_tp_req **tail, struct dt_tp_req *r) {
-  r->next = NULL;
-  if (*tail) (*tail)->next = r;
-  else *head = r;
-  *tail = r;
-}
-
-
 /* ---- abort ------------------------------------------------------------ */
 
 static void shm_abort(struct dt_tp_ctx *ctx, int rc, const char *why) {
@@ -137,8 +110,8 @@ static void shm_abort(struct dt_tp_ctx *ctx, int rc, const char *why) {
   snprintf(ctx->hdr->abort_msg, sizeof ctx->hdr->abort_msg, "%.191s", ctx->abort_msg);
   atomic_store(&ctx->hdr->abort_rc, rc);
   for (int p = 0; p < ctx->size; p++)
-    if (ctx->eps && ctx->eps[p]) ring_bell(ctx->eps[p]->phdr, true);
-  ring_bell(ctx->hdr, true);
+    if (ctx->eps && ctx->eps[p]) ring_bell(ctx->eps[p]->phdr, true, true);
+  ring_bell(ctx->hdr, true, true);
 }
 
 static const char *shm_abort_reason(struct dt_tp_ctx *ctx, int *rc) {
@@ -160,7 +133,7 @@ static void ep_fail_all(struct dt_tp_ep *ep, int rc) {
   ep->tx_in_rec = false;
 }
 
-static void ep_lost(struct dt_tp_ep *ep, const char *what) {
+void dt__shm_ep_lost(struct dt_tp_ep *ep, const char *what) {
   struct dt_tp_ctx *ctx = ep->ctx;
   char why[DT_TP_ERR_MAX];
   /* A peer that aborted (say, because a third rank died) and then left
@@ -181,7 +154,7 @@ static void ep_lost(struct dt_tp_ep *ep, const char *what) {
 }
 
 /* After an abort, the driving thread fails what is still pending. */
-static int check_abort(struct dt_tp_ctx *ctx) {
+int dt__shm_check_abort(struct dt_tp_ctx *ctx) {
   int rc = atomic_load_explicit(&ctx->abort_rc, memory_order_acquire);
   if (!rc) return 0;
   if (!ctx->failed_all) {
@@ -216,7 +189,7 @@ static void tx_put(struct dt_tp_ep *ep, const void *src, uint64_t n) {
 
 static void tx_publish(struct dt_tp_ep *ep) {
   atomic_store_explicit(&ep->tx->head, ep->tx_head, memory_order_release);
-  ring_bell(ep->phdr, false);
+  ring_bell(ep->phdr, false, ep->fence);
 }
 
 /* Writes as much queued output as fits; returns true if anything moved. */
@@ -358,263 +331,6 @@ static bool tx_progress(struct dt_tp_ep *ep) {
   return moved;
 }
 
-static int queue_ack(struct dt_tp_ep *ep, uint64_t cookie, int rc) {
-  if (ep->nacks == ep->cap_acks) {
-    int cap = ep->cap_acks ? 2 * ep->cap_acks : 16;
-    struct ack *a = realloc(ep->acks, cap * sizeof *a);
-    if (!a) return DT_ENOMEM;
-    ep->acks = a;
-    ep->cap_acks = cap;
-  }
-  ep->acks[ep->nacks++] = (struct ack){cookie, rc};
-  return DT_OK;
-}
-
-/* ---- receiving -------------------------------------------------------- */
-
-/* Copies a CMA message from the sender into r and queues the ACK. */
-static void cma_pull(struct dt_tp_ep *ep, struct dt_tp_req *r, uint64_t addr, uint64_t len,
-                     uint64_t cookie) {
-  int rc = DT_OK;
-  if (len != r->len) {
-    rc = DT_EPROTO;
-  } else {
-    uint64_t off = 0;
-    while (off < len) {
-      struct iovec l = {(uint8_t *)r->buf + off, len - off};
-      struct iovec rm = {(void *)(uintptr_t)(addr + off), len - off};
-      ssize_t n = process_vm_readv(ep->pid, &l, 1, &rm, 1, 0);
-      if (n <= 0) {
-        if (n < 0 && errno == EINTR) continue;
-        rc = (n < 0 && errno == ESRCH) ? DT_EPEERLOST : DT_EIO;
-        break;
-      }
-      off += (uint64_t)n;
-    }
-    r->done = off;
-  }
-  if (rc == DT_EPROTO)
-    DT_LOG_WARN("shm: rank %d sent %llu bytes with tag 0x%llx, receive expects %zu", ep->peer,
-                (unsigned long long)len, (unsigned long long)r->tag, r->len);
-  if (queue_ack(ep, cookie, rc) < 0) rc = DT_ENOMEM;
-  req_finish(r, rc);
-}
-
-static struct dt_tp_req *match_posted(struct dt_tp_ep *ep, uint64_t tag) {
-  return dt__match_posted(&ep->mt, ep->peer, tag);
-}
-
-/* A buffered early message, queued; NULL (with dt_errmsg set) when out of
- * memory or over the early-message bound. */
-static struct unexp *ux_new(struct dt_tp_ep *ep, int kind, uint64_t tag, uint64_t len,
-                            uint64_t aux) {
-  struct unexp *u = calloc(1, sizeof *u);
-  if (!u) return dt__seterr(DT_ENOMEM, "out of memory buffering a message"), NULL;
-  u->kind = kind;
-  u->len = len;
-  u->cookie_or_addr = aux;
-  if (kind == DT_SHM_EAGER && len) {
-    u->data = malloc(len);
-    if (!u->data) { free(u); return dt__seterr(DT_ENOMEM, "out of memory buffering a message"), NULL; }
-  }
-  u->complete = kind == DT_SHM_CMA || len == 0;
-  if (dt__match_ux_add(&ep->mt, &u->m, ep->peer, tag, kind == DT_SHM_EAGER ? len : 0) < 0) {
-    free(u->data);
-    free(u);
-    return NULL;
-  }
-  return u;
-}
-
-static void ux_unlink(struct dt_tp_ep *ep, struct unexp *u) { dt__match_ux_remove(&ep->mt, &u->m); }
-
-static void ux_free(struct dt_match_msg *m) {
-  struct unexp *u = (struct unexp *)m;
-  free(u->data);
-  free(u);
-}
-
-/* Delivers a complete buffered EAGER message into r. */
-static void ux_deliver(struct dt_tp_ep *ep, struct unexp *u, struct dt_tp_req *r) {
-  if (u->len != r->len) {
-    DT_LOG_WARN("shm: rank %d sent %llu bytes with tag 0x%llx, receive expects %zu", ep->peer,
-                (unsigned long long)u->len, (unsigned long long)r->tag, r->len);
-    req_finish(r, DT_EPROTO);
-  } else {
-    if (u->len) memcpy(r->buf, u->data, u->len);
-    r->done = u->len;
-    req_finish(r, 1);
-  }
-  free(u->data);
-  free(u);
-}
-
-static void rx_get(struct dt_tp_ep *ep, uint64_t tail, void *dst, uint64_t n) {
-  uint64_t pos = tail & ep->rx_mask, first = ep->rx_mask + 1 - pos;
-  if (first > n) first = n;
-  if (dst) {
-    memcpy(dst, ep->rx->data + pos, first);
-    if (n > first) memcpy((uint8_t *)dst + first, ep->rx->data, n - first);
-  }
-}
-
-static bool rx_progress(struct dt_tp_ep *ep) {
-  if (ep->pull_head) {
-    struct dt_tp_req *r = ep->pull_head;
-    ep->pull_head = r->next;
-    if (!ep->pull_head) ep->pull_tail = NULL;
-    r->next = NULL;
-    cma_pull(ep, r, r->priv[1], r->priv[2], (uint32_t)r->priv[3]);
-    return true;
-  }
-  struct dt_shm_ring *rg = ep->rx;
-  uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_relaxed);
-  bool moved = false;
-  for (;;) {
-    if (!ep->rx_in_rec) {
-      struct dt_shm_rec *h = (struct dt_shm_rec *)(rg->data + (tail & ep->rx_mask));
-      if (atomic_load_explicit(&h->seq, memory_order_acquire) != tail + 1) break;
-      uint64_t tag = h->tag, lenk = h->lenk, aux = h->aux;
-      unsigned kind = (unsigned)(lenk >> DT_SHM_KIND_SHIFT);
-      uint64_t len = lenk & DT_SHM_LEN_MASK;
-      tail += DT_SHM_REC;
-      moved = true;
-      if (kind == DT_SHM_ACK) {
-        struct dt_tp_req *prev = NULL;
-        uint32_t err = (uint32_t)(aux >> 32);
-        for (struct dt_tp_req *q = ep->cma_wait; q; prev = q, q = q->next) {
-          if (q->priv[0] != (aux & 0xffffffffu)) continue;
-          if (prev) prev->next = q->next;
-          else ep->cma_wait = q->next;
-          q->done = q->len;
-          req_finish(q, err ? -(int)err : 1);
-          break;
-        }
-        continue;
-      }
-      if (kind == DT_SHM_CMA) {
-        uint8_t ext[DT_SHM_REC];
-        uint32_t cookie;
-        rx_get(ep, tail, ext, sizeof ext);
-        memcpy(&cookie, ext, sizeof cookie);
-        tail += DT_SHM_REC;
-        struct dt_tp_req *r = match_posted(ep, tag);
-        struct unexp *u;
-        if (r) {
-          cma_pull(ep, r, aux, len, cookie);
-          /* One bulk copy per call: the waiter checks its requests before
-           * the next, so an algorithm reduces each chunk while it is still
-           * in cache instead of after every chunk has been pulled. */
-          break;
-        } else if ((u = ux_new(ep, DT_SHM_CMA, tag, len, aux))) {
-          u->cookie = cookie;
-        } else {
-          char what[DT_TP_ERR_MAX];
-          snprintf(what, sizeof what, "could not be served: %s", dt_errmsg());
-          ep_lost(ep, what);
-          return true;
-        }
-        continue;
-      }
-      bool zt = (lenk & DT_SHM_ZTAIL) != 0;
-      if (kind != DT_SHM_EAGER || len > DT_FRAME_MAX_LEN ||
-          (zt && (aux >= len || len > DT_SHM_ZTAIL_MAX || !(lenk & DT_SHM_COMPLETE)))) {
-        char what[128];
-        snprintf(what, sizeof what, "sent a malformed record (kind %u, length %llu)", kind,
-                 (unsigned long long)len);
-        ep_lost(ep, what);
-        return true;
-      }
-      ep->rx_in_rec = true;
-      ep->rx_complete = (lenk & DT_SHM_COMPLETE) != 0;
-      ep->rx_len = len;
-      ep->rx_total = round_rec(len);
-      ep->rx_off = 0;
-      ep->rx_tag = tag;
-      ep->rx_ux = NULL;
-      ep->rx_req = match_posted(ep, tag);
-      if (ep->rx_req && ep->rx_req->len != len) {
-        DT_LOG_WARN("shm: rank %d sent %llu bytes with tag 0x%llx, receive expects %zu",
-                    ep->peer, (unsigned long long)len, (unsigned long long)tag,
-                    ep->rx_req->len);
-        req_finish(ep->rx_req, DT_EPROTO);
-        ep->rx_req = NULL; /* discard the payload */
-      } else if (!ep->rx_req) {
-        ep->rx_ux = ux_new(ep, DT_SHM_EAGER, tag, len, 0);
-        if (!ep->rx_ux) {
-          char what[DT_TP_ERR_MAX];
-          snprintf(what, sizeof what, "could not be served: %s", dt_errmsg());
-          ep_lost(ep, what);
-          return true;
-        }
-      }
-      if (zt) { /* complete and small: copy what is there, zero the rest */
-        uint8_t *dst = ep->rx_req ? ep->rx_req->buf : ep->rx_ux ? ep->rx_ux->data : NULL;
-        if (dst) {
-          rx_get(ep, tail, dst, aux);
-          memset(dst + aux, 0, len - aux);
-        }
-        ep->rx_total = ep->rx_off = round_rec(aux);
-        ep->rx_len = len;
-        tail += ep->rx_total;
-        if (ep->rx_req) ep->rx_req->done = len;
-        goto record_done;
-      }
-    }
-    /* A complete record is all there; a streaming one as far as the head. */
-    uint64_t left = ep->rx_total - ep->rx_off, n = left;
-    if (!ep->rx_complete) {
-      /* The header is published by its own sequence word, possibly before
-       * the head counter moves past it: head may still be behind tail. */
-      uint64_t head = atomic_load_explicit(&rg->head, memory_order_acquire);
-      uint64_t avail = head > tail ? head - tail : 0;
-      if (avail < n) n = avail;
-    }
-    if (!n && left) break;
-    uint64_t data_left = ep->rx_len > ep->rx_off ? ep->rx_len - ep->rx_off : 0;
-    uint64_t ncopy = n < data_left ? n : data_left;
-    if (ncopy) {
-      uint8_t *dst = NULL;
-      if (ep->rx_req) dst = (uint8_t *)ep->rx_req->buf + ep->rx_off;
-      else if (ep->rx_ux) dst = ep->rx_ux->data + ep->rx_off;
-      rx_get(ep, tail, dst, ncopy);
-      if (ep->rx_req) ep->rx_req->done = ep->rx_off + ncopy;
-    }
-    tail += n;
-    ep->rx_off += n;
-    moved = true;
-    if (ep->rx_off == ep->rx_total) {
-    record_done:
-      ep->rx_in_rec = false;
-      if (ep->rx_req) req_finish(ep->rx_req, 1);
-      if (ep->rx_ux) {
-        struct unexp *u = ep->rx_ux;
-        u->complete = true;
-        if (u->m.req) {
-          ux_unlink(ep, u);
-          ux_deliver(ep, u, u->m.req);
-        }
-      }
-      ep->rx_req = NULL;
-      ep->rx_ux = NULL;
-    }
-    /* Release space early so a sender blocked on a full ring goes on. */
-    if (!ep->rx_complete) atomic_store_explicit(&rg->tail, tail, memory_order_release);
-  }
-  if (moved) {
-    atomic_store_explicit(&rg->tail, tail, memory_order_release);
-    ring_bell(ep->phdr, false);
-  } else if (atomic_load_explicit(&rg->closed, memory_order_acquire) && !ep->dead &&
-             (dt__match_has_posted(&ep->mt) || ep->rx_in_rec || ep->sq_head || ep->cma_wait)) {
-    /* Re-read head: the close is ordered after the peer's last publish. */
-    if (atomic_load_explicit(&rg->head, memory_order_acquire) == tail) {
-      ep_lost(ep, "closed its endpoint with messages still pending");
-      return true;
-    }
-  }
-  return moved;
-}
-
 /* ---- progress, liveness ----------------------------------------------- */
 
 static bool progress_all(struct dt_tp_ctx *ctx) {
@@ -630,7 +346,7 @@ static bool progress_all(struct dt_tp_ctx *ctx) {
       shm_abort(ctx, prc, why);
       return true;
     }
-    if (rx_progress(ep)) moved = true;
+    if (dt__shm_rx_progress(ep)) moved = true;
     if (!ep->dead && (ep->sq_head || ep->nacks) && tx_progress(ep)) moved = true;
   }
   return moved;
@@ -651,12 +367,12 @@ static void check_live(struct dt_tp_ctx *ctx) {
       if (dt__shm_pid_gone(ep->pid)) goto exited_nofd;
       continue;
     exited_nofd:
-      rx_progress(ep); /* take whatever it published before dying */
+      dt__shm_rx_progress(ep); /* take whatever it published before dying */
       if (atomic_load(&ep->rx->closed) && !dt__match_has_posted(&ep->mt) && !ep->rx_in_rec && !ep->sq_head && !ep->pull_head &&
           !ep->cma_wait)
         ep->gone = true;
       else
-        ep_lost(ep, "exited");
+        dt__shm_ep_lost(ep, "exited");
       continue;
     }
     pf[n] = (struct pollfd){ep->pidfd, POLLIN, 0};
@@ -666,13 +382,13 @@ static void check_live(struct dt_tp_ctx *ctx) {
   for (int i = 0; i < n; i++) {
     if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     struct dt_tp_ep *ep = ctx->eps[idx[i]];
-    rx_progress(ep);
+    dt__shm_rx_progress(ep);
     if (ep->dead) continue;
     if (atomic_load(&ep->rx->closed) && !dt__match_has_posted(&ep->mt) && !ep->rx_in_rec && !ep->sq_head && !ep->pull_head &&
         !ep->cma_wait)
       ep->gone = true;
     else
-      ep_lost(ep, "exited");
+      dt__shm_ep_lost(ep, "exited");
   }
 }
 
@@ -682,6 +398,11 @@ static void wait_sleep(struct dt_tp_ctx *ctx, int64_t ns) {
   uint32_t seq = atomic_load(&h->bell);
   atomic_store(&h->sleeping, 1);
   atomic_thread_fence(memory_order_seq_cst);
+  /* Senders that skip their fence (ring_bell) get one from us here. Should
+   * the call fail after registering worked, a wake-up may be missed: sleep
+   * at most 1 ms then. */
+  if (ctx->asym && syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) != 0 && ns > 1000000)
+    ns = 1000000;
   if (!progress_all(ctx) && !atomic_load(&ctx->abort_rc)) futex_wait(&h->bell, seq, ns);
   atomic_store(&h->sleeping, 0);
 }
@@ -694,19 +415,14 @@ static void touch_tx(struct dt_tp_ep *ep) {
   dt__shm_prefault(ep->tx, (size_t)ep->phdr->ring_stride);
 }
 
-static void touch_rx(struct dt_tp_ep *ep) {
-  ep->rx_touched = true;
-  dt__shm_prefault_read(ep->rx, (size_t)ep->ctx->hdr->ring_stride);
-}
-
 /* ---- ops -------------------------------------------------------------- */
 
 static int shm_isend(struct dt_tp_ep *ep, struct dt_tp_req *r) {
   struct dt_tp_ctx *ctx = ep->ctx;
-  r->status = 0;
+  atomic_store_explicit(&r->status, 0, memory_order_relaxed);
   r->done = 0;
   r->ep = ep;
-  int rc = check_abort(ctx);
+  int rc = dt__shm_check_abort(ctx);
   if (rc) return rc;
   if (ep->dead) return DT_EPEERLOST;
   if (!ep->tx_touched) touch_tx(ep);
@@ -715,43 +431,11 @@ static int shm_isend(struct dt_tp_ep *ep, struct dt_tp_req *r) {
   return DT_OK;
 }
 
-static int shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r) {
-  struct dt_tp_ctx *ctx = ep->ctx;
-  r->status = 0;
-  r->done = 0;
-  r->ep = ep;
-  int rc = check_abort(ctx);
-  if (rc) return rc;
-  if (ep->dead) return DT_EPEERLOST;
-  if (!ep->rx_touched) touch_rx(ep);
-  struct unexp *u = (struct unexp *)dt__match_ux_find(&ep->mt, ep->peer, r->tag);
-  if (u) {
-    if (u->kind == DT_SHM_CMA) {
-      /* Copied by the next progress, one per call (see rx_progress). */
-      ux_unlink(ep, u);
-      r->priv[1] = u->cookie_or_addr;
-      r->priv[2] = u->len;
-      r->priv[3] = u->cookie;
-      list_append(&ep->pull_head, &ep->pull_tail, r);
-      free(u);
-    } else if (u->complete) {
-      ux_unlink(ep, u);
-      ux_deliver(ep, u, r);
-    } else {
-      u->m.req = r; /* still streaming: delivered when complete */
-    }
-    return DT_OK;
-  }
-  dt__match_post(&ep->mt, r);
-  rx_progress(ep);
-  return DT_OK;
-}
-
 static int shm_test(struct dt_tp_ctx *ctx, struct dt_tp_req *r) {
   if (r->status) return r->status < 0 ? r->status : 1;
   progress_all(ctx);
   check_live(ctx);
-  int rc = check_abort(ctx);
+  int rc = dt__shm_check_abort(ctx);
   if (r->status) return r->status < 0 ? r->status : 1;
   return rc ? rc : 0;
 }
@@ -788,7 +472,7 @@ static int shm_wait(struct dt_tp_ctx *ctx, struct dt_tp_req **reqs, int n, int64
       }
     }
     if (first == n) return DT_OK;
-    int arc = check_abort(ctx);
+    int arc = dt__shm_check_abort(ctx);
     if (arc) {
       dt__shm_set_err(err, "%s", ctx->abort_msg);
       return arc;
@@ -845,7 +529,7 @@ static void shm_cancel(struct dt_tp_ctx *ctx, struct dt_tp_req *r) {
     /* forgotten; a late ACK for it finds nothing */
   } else if (list_remove(&ep->pull_head, &ep->pull_tail, r)) {
     /* never copied: tell the sender, so its send does not wait forever */
-    queue_ack(ep, (uint32_t)r->priv[3], DT_EABORTED);
+    dt__shm_queue_ack(ep, (uint32_t)r->priv[3], DT_EABORTED);
   } else {
     if (ep->rx_req == r) ep->rx_req = NULL; /* the rest of its payload is discarded */
   }
@@ -854,7 +538,7 @@ static void shm_cancel(struct dt_tp_ctx *ctx, struct dt_tp_req *r) {
 }
 
 static void ep_free(struct dt_tp_ep *ep) {
-  dt__match_drain(&ep->mt, ux_free);
+  dt__match_drain(&ep->mt, dt__shm_ux_free);
   free(ep->acks);
   if (ep->pidfd >= 0) close(ep->pidfd);
   munmap(ep->pbase, ep->plen);
@@ -868,11 +552,11 @@ static void shm_close(struct dt_tp_ep *ep) {
    * ring closed so the peer can tell a clean exit from a crash. */
   int64_t until = dt_now_ns() + 100000000;
   while (!ep->dead && (ep->sq_head || ep->nacks) && dt_now_ns() < until) {
-    rx_progress(ep);
+    dt__shm_rx_progress(ep);
     if (!tx_progress(ep)) sched_yield();
   }
   atomic_store_explicit(&ep->tx->closed, 1, memory_order_release);
-  ring_bell(ep->phdr, true);
+  ring_bell(ep->phdr, true, true);
   if (ctx->eps[ep->peer] == ep) {
     ctx->eps[ep->peer] = NULL;
     ctx->neps--;
@@ -880,7 +564,6 @@ static void shm_close(struct dt_tp_ep *ep) {
   ep_fail_all(ep, DT_ECLOSED);
   ep_free(ep);
 }
-
 
 static void shm_finalize(struct dt_tp_ctx *ctx) {
   if (!ctx) return;
@@ -899,7 +582,7 @@ const struct dt_transport_ops dt__transport_shm = {
     .can_connect = dt__shm_can_connect,
     .connect = dt__shm_connect,
     .isend = shm_isend,
-    .irecv = shm_irecv,
+    .irecv = dt__shm_irecv,
     .test = shm_test,
     .wait = shm_wait,
     .cancel = shm_cancel,

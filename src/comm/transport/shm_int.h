@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #define DT_SHM_MAGIC 0x445453484d310001ull
-#define DT_SHM_VERSION 2
+#define DT_SHM_VERSION 3
 #define DT_SHM_LINE 64
 #define DT_SHM_REC 32 /* record header size and alignment */
 
@@ -99,12 +99,17 @@ struct dt_shm_hdr {
   char abort_msg[192];
   _Alignas(DT_SHM_LINE) _Atomic uint32_t bell;     /* futex word: something changed */
   _Atomic uint32_t sleeping;                       /* owner is (about to be) asleep */
+  /* 1: the owner calls membarrier(GLOBAL_EXPEDITED) between setting
+   * `sleeping` and its last look at the rings, so a registered sender needs
+   * only a compiler barrier, not a full fence, before it reads `sleeping`
+   * (see ring_bell in shm.c). Set once at init. */
+  _Atomic uint32_t asym;
   /* cma_ok[p] (set by the owner): process_vm_readv from peer p works, so p
    * may send CMA records into this inbox. Readers poll it once at connect. */
   _Alignas(DT_SHM_LINE) _Atomic uint8_t cma_ok[];
 };
 
-/* ---- the transport's own state (shm.c, shm_seg.c) ---------------------- */
+/* ---- the transport's own state (shm.c, shm_rx.c, shm_seg.c) ------------- */
 
 #include "comm/transport.h"
 #include "comm/proc_watch.h"
@@ -162,6 +167,7 @@ struct dt_tp_ep {
   bool dead;
   bool gone;                           /* exited after a clean close */
   bool tx_touched, rx_touched;         /* our rings with this peer prefaulted (first use) */
+  bool fence;                          /* ring this peer's bell with a full fence (no asym pair) */
   struct dt_proc_watch pw;             /* is the peer stopped (SIGSTOP)? */
 };
 
@@ -182,6 +188,7 @@ struct dt_tp_ctx {
   bool oversub;
   int64_t yield_ns; /* poll without yielding this long first */
   int64_t live_ns, next_live;
+  bool asym; /* this process is registered for membarrier(GLOBAL_EXPEDITED) and issues it before sleeping */
   volatile uint64_t probe; /* peers read this with process_vm_readv */
   _Atomic int aborting;
   _Atomic int abort_rc;
@@ -205,5 +212,61 @@ void dt__shm_prefault(void *p, size_t n);
 void dt__shm_prefault_read(const void *p, size_t n);
 /* Formats a one-line message into err (DT_TP_ERR_MAX bytes; NULL: nothing). */
 void dt__shm_set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- helpers of the data path (shm.c, shm_rx.c) ------------------------ */
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static inline void futex_wake(_Atomic uint32_t *w) {
+  syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Wakes the owner of hdr if it sleeps (or is about to). Either the sleeper
+ * sees our update or we see its `sleeping` flag: a store-load (Dekker)
+ * pattern that needs a full barrier on both sides. With `fence` it is a
+ * seq_cst fence here, paired with the one in wait_sleep(). Without, the
+ * sleeper's membarrier(GLOBAL_EXPEDITED) runs a full barrier on our core
+ * for us (both processes registered, hdr->asym), and a compiler barrier is
+ * enough here: a fence per message costs a wait until the ring's cache line
+ * has left for the peer, most of a small message's latency on this path. */
+static inline void ring_bell(struct dt_shm_hdr *h, bool force, bool fence) {
+  if (force || fence) atomic_thread_fence(memory_order_seq_cst);
+  else atomic_signal_fence(memory_order_seq_cst);
+  if (force || atomic_load_explicit(&h->sleeping, memory_order_relaxed)) {
+    atomic_fetch_add(&h->bell, 1);
+    futex_wake(&h->bell);
+  }
+}
+
+static inline uint64_t round_rec(uint64_t n) { return (n + DT_SHM_REC - 1) & ~(uint64_t)(DT_SHM_REC - 1); }
+
+/* Release, not seq_cst: a seq_cst store is a locked exchange on x86, which
+ * waits for the record just written to reach the peer before the sender
+ * may go on. Only the driving thread reads the status (after its own
+ * progress), the release orders `done` and the payload before it. */
+static inline void req_finish(struct dt_tp_req *r, int rc) {
+  r->next = NULL;
+  atomic_store_explicit(&r->status, rc < 0 ? rc : 1, memory_order_release);
+}
+
+static inline void list_append(struct dt_tp_req **head, struct dt_tp_req **tail, struct dt_tp_req *r) {
+  r->next = NULL;
+  if (*tail) (*tail)->next = r;
+  else *head = r;
+  *tail = r;
+}
+
+/* shm.c: losing a peer, acting on an abort. */
+void dt__shm_ep_lost(struct dt_tp_ep *ep, const char *what);
+/* After an abort, fails what is still pending; returns the abort's code or 0. */
+int dt__shm_check_abort(struct dt_tp_ctx *ctx);
+/* shm_rx.c: receiving. */
+bool dt__shm_rx_progress(struct dt_tp_ep *ep);
+int dt__shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r);
+int dt__shm_queue_ack(struct dt_tp_ep *ep, uint64_t cookie, int rc);
+void dt__shm_ux_free(struct dt_match_msg *m);
 
 #endif /* DT_COMM_SHM_INT_H */

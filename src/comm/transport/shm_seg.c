@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/membarrier.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -185,6 +186,18 @@ static void unlink_when_mapped(struct dt_shm_hdr *h, const char *name) {
   if (atomic_compare_exchange_strong(&h->unlinked, &zero, 1)) shm_unlink(name);
 }
 
+/* Registers this process for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)
+ * (idempotent); false where the kernel or a seccomp filter lacks it. With
+ * it, a rank about to sleep makes every registered sender execute a full
+ * barrier, so senders drop theirs from the per-message path (ring_bell). */
+static bool asym_register(void) {
+  long q = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (q < 0 || !(q & MEMBARRIER_CMD_GLOBAL_EXPEDITED) ||
+      !(q & MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED))
+    return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+}
+
 /* ---- our inbox, a peer's inbox ---------------------------------------- */
 
 int dt__shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *addr) {
@@ -285,6 +298,8 @@ int dt__shm_init(const struct dt_tp_init *in, struct dt_tp_ctx **out, char *addr
   hd->rings_off = hdr_bytes;
   hd->probe_addr = (uint64_t)(uintptr_t)&ctx->probe;
   hd->probe_value = ctx->probe;
+  ctx->asym = dt_param(DT_PARAM_SHM_ASYM_FENCE) && asym_register();
+  atomic_store_explicit(&hd->asym, ctx->asym, memory_order_relaxed);
   atomic_store_explicit((_Atomic uint64_t *)&hd->magic, DT_SHM_MAGIC, memory_order_release);
   ctx->hdr = hd;
   snprintf(addr, DT_TP_ADDR_MAX, "shm:%s:%d", ctx->name, (int)ctx->pid);
@@ -375,6 +390,7 @@ int dt__shm_connect(struct dt_tp_ctx *ctx, const struct dt_tp_peer *peer, int64_
   ep->rx = (struct dt_shm_ring *)((uint8_t *)ctx->base + ctx->hdr->rings_off +
                                   ctx->hdr->ring_stride * peer->rank);
   ep->mask = ph->ring_bytes - 1;
+  ep->fence = !(ctx->asym && atomic_load_explicit(&ph->asym, memory_order_acquire));
   ep->rx_mask = ctx->ring_bytes - 1;
   ep->tx_head = atomic_load(&ep->tx->head);
   ep->tx_tail_seen = atomic_load(&ep->tx->tail);
