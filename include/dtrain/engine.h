@@ -153,6 +153,7 @@ typedef struct dt_run_cfg {
     int staleness;                     /* ssp: the bound s */
     int backup_workers;                /* bsp: a clock closes with workers - b pushes */
     float significance;                /* push only updates above this fraction of |param| */
+    int replicas;                      /* servers holding each key range (0 or 1: no replicas) */
   } ps;
   int zero;                            /* dist.zero: 1 = optimizer state sharded (ZeRO-1) */
   /* [dist] elastic training (docs/elastic.md) */

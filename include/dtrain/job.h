@@ -138,9 +138,15 @@ struct dt_job_config {
   const char *rdzv_backend; /* NULL or "builtin": node 0 serves the store at
                              * rdzv; "etcd": rdzv is an etcd server (its v3
                              * JSON gateway) that every process uses instead */
+  int expendable_from;  /* > 0: ranks from this one on may die (up to
+                         * expendable_max of them) without ending the job:
+                         * the launcher says so and the others go on
+                         * (parameter servers with replicas, docs/ps.md);
+                         * 0 (default): every rank's death ends the job */
+  int expendable_max;
 };
 #define DT_JOB_CONFIG_INIT                                                     \
-  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0, NULL }
+  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0, NULL, 0, 0 }
 
 /* What a worker function gets. Everything is borrowed for the duration of
  * the call. */

@@ -545,6 +545,11 @@ static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_
       jc.workers = cfg->run.workers + cfg->run.ps.servers;
     }
     jc.min_workers = cfg->run.min_workers;
+    /* separate servers with replicas: a server may die, the job goes on */
+    if (cfg->run.ps.servers > 0 && cfg->run.ps.replicas > 1) {
+      jc.expendable_from = cfg->run.workers;
+      jc.expendable_max = cfg->run.ps.servers - 1; /* the workers tell which losses they survive */
+    }
     /* elastic: spares replace lost workers (dist.standby of them; with
      * dist.replace alone, one per worker) */
     jc.spares = cfg->run.standby > 0 ? cfg->run.standby : cfg->run.replace ? cfg->run.workers : 0;

@@ -151,6 +151,7 @@ static const key keys[] = {
     {"ps", "staleness", K_INT, OFF(ps.staleness), 0, 1000000, 0, NULL},
     {"ps", "backup_workers", K_INT, OFF(ps.backup_workers), 0, 4095, 0, NULL},
     {"ps", "significance", K_FLOAT, OFF(ps.significance), 0, 1, R_HI_OPEN, NULL},
+    {"ps", "replicas", K_INT, OFF(ps.replicas), 1, 64, 0, NULL},
     {"dist", "min_workers", K_INT, OFF(min_workers), 0, 4096, 0, NULL},
     {"dist", "max_workers", K_INT, OFF(max_workers), 0, 4096, 0, NULL},
     {"dist", "rejoin_timeout", K_FLOAT, OFF(rejoin_timeout), 0, 86400, 0, NULL},
@@ -652,6 +653,12 @@ int dt_config_validate(const dt_config *c) {
   if (ps_on && ps->backup_workers >= r->workers)
     return key_error(c, find_key("ps", "backup_workers"), "must be below dist.workers (%d >= %d)",
                      ps->backup_workers, r->workers);
+  if (ps->replicas > 1 && ps->colocate)
+    return key_error(c, find_key("ps", "replicas"), "not with ps.colocate (a colocated server "
+                     "dies with its worker): use separate servers (ps.servers)");
+  if (ps->replicas > 1 && ps->replicas > ps->servers)
+    return key_error(c, find_key("ps", "replicas"), "%d replicas need at least %d servers "
+                     "(ps.servers = %d)", ps->replicas, ps->replicas, ps->servers);
   if (ps->staleness > 0 && ps->consistency != 1)
     return key_error(c, find_key("ps", "staleness"), "only with ps.consistency = ssp (it is %s)",
                      consistency_names[ps->consistency]);

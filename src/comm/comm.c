@@ -111,6 +111,17 @@ void dt_comm_abort(dt_comm *c, int rc, const char *why) {
 
 /* ---- accessors --------------------------------------------------------- */
 
+int dt__comm_tolerate_loss(dt_comm *c) {
+  if (!c) return dt__seterr(DT_EINVAL, "comm: NULL communicator");
+  struct world *w = c->w;
+  for (int i = 0; i < w->ntp; i++)
+    if (!w->tops[i]->tolerate_loss)
+      return dt__comm_err(c, DT_ENOTSUP, "comm: the %s transport cannot go on after a peer is "
+                          "lost (shm, tcp can)", w->tops[i]->name);
+  for (int i = 0; i < w->ntp; i++) w->tops[i]->tolerate_loss(w->tctx[i]);
+  return DT_OK;
+}
+
 int dt__comm_aborted(const dt_comm *c) { return c && atomic_load(&c->w->aborted); }
 
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : -1; }

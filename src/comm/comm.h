@@ -78,6 +78,12 @@ int dt_store_delete(dt_store *s, const char *key, bool *existed, double timeout_
 /* Whether c's world was aborted (dt_comm_abort here, or a peer's abort
  * seen): one atomic load, for waits outside the communicator (window.c). */
 int dt__comm_aborted(const dt_comm *c);
+/* From now on a peer of c's world that dies fails only the requests with
+ * it (DT_EPEERLOST, naming it) instead of aborting the world, so the others
+ * can go on without it (parameter-server replicas). Collectives still abort
+ * the world on a loss. DT_ENOTSUP naming a transport that cannot (mpi).
+ * Call on every rank before the first loss that is to be survived. */
+int dt__comm_tolerate_loss(dt_comm *c);
 /* The rank of c's member r in the world communicator c derives from. */
 int dt_comm_world_rank(const dt_comm *c, int r);
 const char *dt_comm_transport_name(const dt_comm *c, int peer); /* "self" for own rank */

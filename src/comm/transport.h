@@ -130,6 +130,12 @@ struct dt_transport_ops {
    * every peer, so the context knows which peers it connected to: shm
    * unlinks its segment once all of them have mapped it. */
   void (*setup_done)(struct dt_tp_ctx *ctx);
+  /* Optional (NULL: not supported). From now on a lost peer fails only the
+   * requests with that peer (DT_EPEERLOST, and at once for later ones)
+   * instead of aborting the context: for jobs whose members may die without
+   * ending it (parameter-server replicas, docs/ps.md). Aborts from peers
+   * still propagate. Thread-safe. */
+  void (*tolerate_loss)(struct dt_tp_ctx *ctx);
 };
 
 /* Transports built into the library; mpi only when DT_WITH_MPI. */

@@ -25,6 +25,7 @@ const char *const dt__loss_names[] = {"xent", "mse", NULL};
 void dt_run_cfg_defaults(dt_run_cfg *c) {
   if (!c) return;
   memset(c, 0, sizeof *c);
+  c->ps.replicas = 1;
   snprintf(c->layers, sizeof c->layers, "%s", DT_DEFAULT_LAYERS);
   c->format = DT_FMT_IDX;
   snprintf(c->train_images, sizeof c->train_images, "%s/train-images-idx3-ubyte.gz", DT_FASHION_DIR);

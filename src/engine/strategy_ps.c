@@ -26,6 +26,10 @@
  * resume each server reads its own file back (a colocated one in
  * state_import, a separate one in dt__engine_serve before it serves).
  *
+ * Replicas (ps.replicas): every process of the job lets the communicator
+ * survive a lost peer (dt__comm_tolerate_loss), so the workers go on with
+ * a server's replica when it dies (src/ps/client.c).
+ *
  * Not here: membership changes.
  */
 #include <stdlib.h>
@@ -60,6 +64,7 @@ static void ps_opts(const dt_run_cfg *c, int nworkers, dt_ps_opts *o) {
   o->backup_workers = c->ps.backup_workers;
   o->significance = c->ps.significance;
   o->optim = c->optim;
+  o->replicas = c->ps.replicas > 1 && !c->ps.colocate ? c->ps.replicas : 1;
   /* colocated asp/ssp: a server thread answers while its worker computes
    * (bsp: every worker waits for every push anyway, so the worker's own
    * waits serve as well, without a thread on the two cores) */
@@ -94,6 +99,10 @@ static int ps_setup(dt_strategy *s) {
   d->job = job;
   ps_opts(c, s->nranks, &d->o);
   int rc = dt_ps_map_from_model(&d->map, s->model, d->o.nservers);
+  if (rc == DT_OK) rc = dt_ps_map_set_replicas(&d->map, d->o.replicas);
+  /* replicas: a lost server must not end the job (the workers read from
+   * its replica instead) */
+  if (rc == DT_OK && d->o.replicas > 1) rc = dt__comm_tolerate_loss(job);
   if (rc == DT_OK && d->o.colocate)
     rc = dt_ps_server_create(&d->srv, &d->map, &d->o, s->rank, job, dt_model_params(s->model));
   if (rc == DT_OK)
@@ -247,7 +256,9 @@ static int ps_export(dt_strategy *s, const dt_state_writer *w) {
   return rc < 0 ? err_rank(s, rc) : DT_OK;
 }
 
-/* Server `index` takes its keys' records from its shard file. */
+/* Server `index` takes the records of every key it holds (its own range,
+ * and with replicas those of the ranges it replicates) from their ranges'
+ * shard files. */
 static int restore_server(dt_ps_server *srv, const dt_ps_map *m, const dt_ps_opts *o, int index,
                           const dt_state_reader *r) {
   uint8_t sha[32];
@@ -258,15 +269,17 @@ static int restore_server(dt_ps_server *srv, const dt_ps_map *m, const dt_ps_opt
                       "(another model or server count)", index);
   if (!r->get_file)
     return dt__seterr(DT_ENOTSUP, "ps server %d: no shard files to resume from", index);
-  char file[64], name[32];
-  snprintf(file, sizeof file, "ps-shard-%d.safetensors", index);
   size_t cap = 0;
-  for (int k = m->srv_key0[index]; k < m->srv_key0[index + 1]; k++)
-    if (dt_ps_key_state_floats(o, &m->keys[k]) > cap) cap = dt_ps_key_state_floats(o, &m->keys[k]);
+  for (int k = 0; k < m->nkeys; k++)
+    if (dt_ps_map_holds(m, index, k) && dt_ps_key_state_floats(o, &m->keys[k]) > cap)
+      cap = dt_ps_key_state_floats(o, &m->keys[k]);
   float *buf = dt_alloc((cap ? cap : 1) * sizeof(float));
   if (!buf) return dt__seterr(DT_ENOMEM, "ps server %d: out of memory", index);
   int rc = DT_OK;
-  for (int k = m->srv_key0[index]; k < m->srv_key0[index + 1] && rc == DT_OK; k++) {
+  for (int k = 0; k < m->nkeys && rc == DT_OK; k++) {
+    if (!dt_ps_map_holds(m, index, k)) continue;
+    char file[64], name[32];
+    snprintf(file, sizeof file, "ps-shard-%d.safetensors", m->keys[k].server);
     const size_t n = dt_ps_key_state_floats(o, &m->keys[k]);
     int64_t step = 0;
     snprintf(name, sizeof name, "key.%d", k);
@@ -334,7 +347,9 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
   dt_ps_map map;
   DT_CHECK(dt_ps_map_from_model(&map, e->model, o.nservers));
   dt_ps_server *srv = NULL;
-  int rc = dt_ps_server_create(&srv, &map, &o, index, job, dt_model_params(e->model));
+  int rc = dt_ps_map_set_replicas(&map, o.replicas);
+  if (rc == DT_OK && o.replicas > 1) rc = dt__comm_tolerate_loss(job);
+  if (rc == DT_OK) rc = dt_ps_server_create(&srv, &map, &o, index, job, dt_model_params(e->model));
   /* a resumed run: this server's records from its shard of the checkpoint */
   if (rc == DT_OK && e->ck.res) {
     dt_state_reader rd;
@@ -356,6 +371,10 @@ int dt__engine_ps_describe(dt_engine *e, char **out) {
   int S = c->ps.colocate ? c->workers : c->ps.servers;
   dt_ps_map map;
   DT_CHECK(dt_ps_map_from_model(&map, e->model, S));
+  if (!c->ps.colocate && c->ps.replicas > 1 && dt_ps_map_set_replicas(&map, c->ps.replicas) < 0) {
+    dt_ps_map_free(&map);
+    return dt__preerr(DT_EINVAL, "ps");
+  }
   size_t n = dt_ps_map_describe(&map, e->model, NULL, 0);
   char *buf = malloc(n + 1);
   if (buf) dt_ps_map_describe(&map, e->model, buf, n + 1);

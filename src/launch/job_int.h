@@ -37,6 +37,7 @@ struct dt_job {
   int store_port;           /* the rendezvous store's port once known */
   struct dt_store *el_store; /* client the launcher reports deaths through */
   int lost;                 /* workers of this node lost so far */
+  int expended;             /* expendable ranks (cfg.expendable_from) lost so far */
   /* spares (cfg.spares): local ranks nlocal.. of st[]; each waits on its
    * own pipe (spare_fd) for the store port; woken: it joins */
   int *spare_fd;            /* write ends, -1 once used */

@@ -308,6 +308,23 @@ static void reap(dt_job *j, pid_t *pids, int n, int quiet, _Atomic int *order) {
       if (r >= j->nlocal + j->spares_used) continue; /* an unwoken spare: no member */
       if (!ok && !quiet && !j->signal && fresh) fresh[nfresh++] = r; /* after a signal: ours */
     }
+    if (j->cfg.expendable_from > 0 && !quiet && !j->signal) {
+      /* ranks that may die (servers with replicas): the others go on */
+      int keep = 0;
+      for (int i = 0; i < nfresh; i++) {
+        const struct dt_job_status *s = &j->st[fresh[i]];
+        if (s->rank < j->cfg.expendable_from || j->expended >= j->cfg.expendable_max) {
+          fresh[keep++] = fresh[i];
+          continue;
+        }
+        j->expended++;
+        dt__job_say(j, DT_JOB_WARN, "rank %d (pid %d) %s %d; the others go on without it (%d "
+                    "of %d such losses survivable)", s->rank, s->pid,
+                    s->signal ? "was killed by signal" : "exited with status",
+                    s->signal ? s->signal : s->code, j->expended, j->cfg.expendable_max);
+      }
+      nfresh = keep;
+    }
     if (j->cfg.min_workers > 0 && !quiet && !j->signal) {
       /* elastic: a lost worker is reported to the store; the others go on */
       for (int i = 0; i < nfresh; i++) left += elastic_lost(j, fresh[i]);

@@ -43,7 +43,7 @@
 
 int64_t dt__ps_server_min_mark(const dt_ps_server *s);
 
-enum { K_PUSHED = 1, K_WAIT = 2, K_DONE = 4 };
+enum { K_PUSHED = 1, K_WAIT = 2, K_DONE = 4, K_LOST = 8 };
 
 struct dt_ps_client {
   dt_obs *obs;         /* pushes and the pull wait as spans and histograms */
@@ -58,10 +58,19 @@ struct dt_ps_client {
   int64_t clock, marks;
   float weight, lr;
   int nk;
-  uint8_t *hout, *hin; /* per key: 64-byte request and reply headers */
-  dt_comm_req *kreq;   /* per key: recv hdr, recv payload, send hdr, send payload */
+  int R, nslot;        /* replicas of each key range; request slots per key (2 + 2R) */
+  uint8_t *hout, *hin; /* per key: R 64-byte request headers (one per replica), a reply header */
+  dt_comm_req *kreq;   /* per key: recv hdr, recv payload, then send hdr + payload per replica */
+  int *kpeer;          /* per key and slot: the server of that request */
   uint8_t *kst;        /* K_* */
-  uint8_t *nreq;       /* per key: requests in kreq in use (2 or 4) */
+  uint8_t *nreq;       /* per key: requests in kreq in use */
+  /* replicas: the read each key waits for, to ask the next replica for it */
+  int64_t *rclock;
+  uint32_t *rflags;
+  int *rfrom;          /* per key: the server its reply comes from */
+  uint8_t *sdead;      /* per server: lost */
+  int64_t lost_ns;     /* when the last loss was seen (0: no fail-over pending) */
+  int lost_srv;
   int64_t *kver;       /* per key: version of the parameters held */
   float *resid;        /* significance filter: the update not pushed yet (nparams) */
   float *pairs;        /* significance filter: (index, value) pairs (2 x nparams) */
@@ -143,9 +152,16 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
   c->local = local;
   c->local_idx = local ? worker : -1;
   c->nk = map->nkeys;
-  c->hout = calloc((size_t)c->nk, DT_PS_HDR_BYTES);
+  c->R = map->replicas > 1 ? map->replicas : 1;
+  c->nslot = 2 + 2 * c->R;
+  c->hout = calloc((size_t)c->nk * (size_t)c->R, DT_PS_HDR_BYTES);
   c->hin = calloc((size_t)c->nk, DT_PS_HDR_BYTES);
-  c->kreq = calloc((size_t)c->nk * 4, sizeof *c->kreq);
+  c->kreq = calloc((size_t)c->nk * (size_t)c->nslot, sizeof *c->kreq);
+  c->kpeer = calloc((size_t)c->nk * (size_t)c->nslot, sizeof *c->kpeer);
+  c->rclock = calloc((size_t)c->nk, sizeof *c->rclock);
+  c->rflags = calloc((size_t)c->nk, sizeof *c->rflags);
+  c->rfrom = calloc((size_t)c->nk, sizeof *c->rfrom);
+  c->sdead = calloc((size_t)map->nservers, 1);
   c->kst = calloc((size_t)c->nk, 1);
   c->nreq = calloc((size_t)c->nk, 1);
   c->kver = calloc((size_t)c->nk, sizeof *c->kver);
@@ -168,7 +184,8 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
     c->rows = malloc((c->krow0[c->nk] ? c->krow0[c->nk] : 1) * sizeof *c->rows);
     c->rbuf = dt_alloc((c->kbuf0[c->nk] ? c->kbuf0[c->nk] : 1) * sizeof(float));
   }
-  if (!c->hout || !c->hin || !c->kreq || !c->kst || !c->nreq || !c->kver || !c->knrows ||
+  if (!c->hout || !c->hin || !c->kreq || !c->kpeer || !c->rclock || !c->rflags || !c->rfrom ||
+      !c->sdead || !c->kst || !c->nreq || !c->kver || !c->knrows ||
       !c->krow0 || !c->kbuf0 || !c->rows || !c->rbuf ||
       (opts->significance > 0 && (!c->resid || !c->pairs))) {
     dt_ps_client_destroy(c);
@@ -188,6 +205,11 @@ void dt_ps_client_destroy(dt_ps_client *c) {
   free(c->hout);
   free(c->hin);
   free(c->kreq);
+  free(c->kpeer);
+  free(c->rclock);
+  free(c->rflags);
+  free(c->rfrom);
+  free(c->sdead);
   free(c->kst);
   free(c->nreq);
   free(c->kver);
@@ -237,8 +259,45 @@ static int poll_local(dt_ps_client *c, int *busy) {
   return DT_OK;
 }
 
-/* Sends request m for key k (its server's); a reply is expected when
- * expect is set (posted first, into the parameters). */
+/* The server that answers reads of key k: the first live one of its
+ * range's holders; -1 when every one is lost. */
+static int holder(const dt_ps_client *c, int k) {
+  const int S = c->map->nservers, r = c->map->keys[k].server;
+  for (int j = 0; j < c->R; j++)
+    if (!c->sdead[(r + j) % S]) return (r + j) % S;
+  return -1;
+}
+
+/* Server srv is lost (replicas): later requests go to the next holders. */
+static void lose(dt_ps_client *c, int srv) {
+  if (c->sdead[srv]) return;
+  c->sdead[srv] = 1;
+  c->lost_ns = dt_now_ns();
+  c->lost_srv = srv;
+  c->st.failovers++;
+  const dt_ps_map *m = c->map;
+  DT_LOG_WARN("ps worker %d: server %d (rank %d) lost at clock %lld: %s", c->me, srv,
+              srv_rank(c, srv), (long long)c->clock, dt_errmsg());
+  for (int g = 0; g < m->nservers; g++) {
+    if (m->srv_key0[g] == m->srv_key0[g + 1] || holder(c, m->srv_key0[g]) == g) continue;
+    int h = holder(c, m->srv_key0[g]);
+    if (h >= 0 && !c->sdead[g]) continue;
+    if (h >= 0)
+      DT_LOG_WARN("ps worker %d: keys %d-%d (server %d's range) are now read from server %d",
+                  c->me, m->srv_key0[g], m->srv_key0[g + 1] - 1, g, h);
+  }
+}
+
+/* A failed request to srv: with replicas, a lost server is survivable. */
+static int survivable(dt_ps_client *c, int rc, int srv) {
+  if (c->R < 2 || rc != DT_EPEERLOST || srv < 0) return 0;
+  lose(c, srv);
+  return 1;
+}
+
+/* Sends request m for key k (to its range's holder; a push to every live
+ * holder, the reply asked of the first); a reply is expected when expect
+ * is set (posted first, into the parameters). */
 static int request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, int expect) {
   int k = m->key;
   const dt_ps_key *K = &c->map->keys[k];
@@ -247,31 +306,75 @@ static int request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, in
     int rc = dt_ps_server_local(c->local, m, payload);
     return rc < 0 ? dt__preerr(rc, "ps worker %d", c->me) : DT_OK;
   }
-  int peer = srv_rank(c, K->server), rc = DT_OK, n = 0;
-  dt_comm_req *r = &c->kreq[4 * (size_t)k];
+  const int h = holder(c, k);
+  if (h < 0)
+    return dt__seterr(DT_EPEERLOST, "ps worker %d: every server holding key %d (server %d's "
+                      "range and its %d replica%s) is lost", c->me, k, K->server, c->R - 1,
+                      c->R == 2 ? "" : "s");
+  int rc = DT_OK, n = 0;
+  dt_comm_req *r = &c->kreq[(size_t)c->nslot * (size_t)k];
+  int *who = &c->kpeer[(size_t)c->nslot * (size_t)k];
   const int rows = (m->flags & DT_PS_F_ROWS) != 0;
   if (expect) {
-    rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k), c->hin + (size_t)k * DT_PS_HDR_BYTES,
-                       DT_PS_HDR_BYTES, &r[n++]);
+    /* the read this key now waits for (a push's pull is of the next clock) */
+    c->rclock[k] = m->type == DT_PS_PUSH ? m->clock + 1 : m->clock;
+    c->rflags[k] = m->type == DT_PS_PUSH ? 0 : m->flags;
+    c->rfrom[k] = h;
+    int peer = srv_rank(c, h);
+    void *dst = NULL;
+    size_t len = 0;
     /* rows come into the key's staging buffer, then go to their places */
-    if (rc == DT_OK && (m->flags & DT_PS_F_STATE))
-      rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k) + 1, c->xbuf + c->xoff[k],
-                         (c->xoff[k + 1] - c->xoff[k]) * sizeof(float), &r[n++]);
-    else if (rc == DT_OK && rows && m->count)
-      rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k) + 1, c->rbuf + c->kbuf0[k],
-                         m->count * K->rowlen * sizeof(float), &r[n++]);
-    else if (rc == DT_OK && !rows)
-      rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k) + 1, c->params + K->off,
-                         K->len * sizeof(float), &r[n++]);
+    if (m->flags & DT_PS_F_STATE)
+      dst = c->xbuf + c->xoff[k], len = (c->xoff[k + 1] - c->xoff[k]) * sizeof(float);
+    else if (rows && m->count)
+      dst = c->rbuf + c->kbuf0[k], len = m->count * K->rowlen * sizeof(float);
+    else if (!rows)
+      dst = c->params + K->off, len = K->len * sizeof(float);
+    /* receives are marked -1 - server in kpeer */
+    rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k), c->hin + (size_t)k * DT_PS_HDR_BYTES,
+                       DT_PS_HDR_BYTES, &r[n]);
+    if (rc == DT_OK) who[n++] = -1 - h;
+    if (rc == DT_OK && dst) {
+      rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k) + 1, dst, len, &r[n]);
+      if (rc == DT_OK) who[n++] = -1 - h;
+    }
+    /* lost before the receive was posted: the wait asks the next holder
+     * (only posted requests are in the list) */
+    if (rc < 0 && !survivable(c, rc, h)) {
+      c->nreq[k] = (uint8_t)n;
+      return comm_fail(c, rc, "posting a receive from a server");
+    }
+    if (rc < 0) c->kst[k] |= K_LOST;
+    rc = DT_OK;
   }
-  uint8_t *h = c->hout + (size_t)k * DT_PS_HDR_BYTES;
-  dt_ps_msg_encode(m, h);
-  if (rc == DT_OK) rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ, h, DT_PS_HDR_BYTES, &r[n++]);
   size_t bytes = (m->flags & DT_PS_F_SPARSE ? 2 : 1) * m->count * sizeof(float);
   if (rows) bytes = m->count * (m->type == DT_PS_PUSH ? 1 + K->rowlen : 1) * sizeof(float);
-  if (rc == DT_OK && payload && bytes)
-    rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ_DATA, payload, bytes, &r[n++]);
-  if (rc < 0) return comm_fail(c, rc, "sending to a server");
+  /* a push goes to every live holder (each applies it); a read to one */
+  const int fan = m->type == DT_PS_PUSH ? c->R : 1;
+  for (int j = 0; j < fan; j++) {
+    int t = (K->server + j) % c->map->nservers;
+    if (fan == 1) t = h;
+    if (c->sdead[t]) continue;
+    dt_ps_msg mm = *m;
+    if (t != h) mm.flags &= ~DT_PS_F_PULL;
+    uint8_t *hd = c->hout + ((size_t)k * (size_t)c->R + (size_t)j) * DT_PS_HDR_BYTES;
+    dt_ps_msg_encode(&mm, hd);
+    int peer = srv_rank(c, t);
+    rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ, hd, DT_PS_HDR_BYTES, &r[n]);
+    if (rc == DT_OK) who[n++] = t;
+    if (rc == DT_OK && payload && bytes) {
+      rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ_DATA, payload, bytes, &r[n]);
+      if (rc == DT_OK) who[n++] = t;
+    }
+    if (rc < 0) {
+      if (!survivable(c, rc, t)) {
+        c->nreq[k] = (uint8_t)n;
+        return comm_fail(c, rc, "sending to a server");
+      }
+      /* a header posted before the payload failed fails in the wait */
+      rc = DT_OK;
+    }
+  }
   c->nreq[k] = (uint8_t)n;
   return DT_OK;
 }
@@ -286,19 +389,50 @@ static void backoff(int idle) {
   nanosleep(&ts, NULL);
 }
 
+/* Key k's reply was to come from a server now lost: the same read (clock,
+ * flags, rows) from the next holder, which has every push the lost one had
+ * (each push went to both). */
+static int reread(dt_ps_client *c, int k) {
+  dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .flags = c->rflags[k],
+                 .clock = c->rclock[k]};
+  const float *rows = NULL;
+  if (m.flags & DT_PS_F_ROWS) {
+    m.count = (uint64_t)c->knrows[k];
+    rows = (const float *)(const void *)(c->rows + c->krow0[k]);
+  }
+  return request(c, &m, rows, 1);
+}
+
 /* Waits for every outstanding request and reply; checks reply headers. */
 static int wait_all(dt_ps_client *c) {
   int64_t t0 = dt_now_ns();
   int rc = DT_OK;
   if (!c->local) {
-    int bad = -1;
-    for (int k = 0; k < c->nk; k++) {
-      if (!c->nreq[k]) continue;
-      int r = dt_comm_waitall(c->comm, &c->kreq[4 * (size_t)k], c->nreq[k]);
-      c->nreq[k] = 0;
-      if (r < 0 && rc == DT_OK) rc = r, bad = k;
+    /* each request alone: a failed one (a lost server) cancels no other */
+    for (;;) {
+      int again = 0;
+      for (int k = 0; k < c->nk; k++) {
+        dt_comm_req *r = &c->kreq[(size_t)c->nslot * (size_t)k];
+        const int *who = &c->kpeer[(size_t)c->nslot * (size_t)k];
+        int n = c->nreq[k];
+        c->nreq[k] = 0;
+        for (int i = 0; i < n; i++) {
+          int srv = who[i] < 0 ? -who[i] - 1 : who[i];
+          int r1 = dt_comm_waitall(c->comm, &r[i], 1);
+          if (r1 == DT_OK) continue;
+          if (!survivable(c, r1, srv)) return server_fail(c, r1, srv);
+          /* the reply's server was lost: ask the next holder (below) */
+          if (who[i] < 0 && (c->kst[k] & K_WAIT)) c->kst[k] |= K_LOST;
+        }
+        if (c->kst[k] & K_LOST) again = 1;
+      }
+      if (!again) break;
+      for (int k = 0; k < c->nk; k++)
+        if (c->kst[k] & K_LOST) {
+          c->kst[k] &= (uint8_t)~K_LOST;
+          DT_CHECK(reread(c, k));
+        }
     }
-    if (rc < 0) return server_fail(c, rc, c->map->keys[bad].server);
   } else {
     int idle = 0;
     for (;;) {
@@ -306,7 +440,7 @@ static int wait_all(dt_ps_client *c) {
       for (int k = 0; k < c->nk; k++) {
         for (int i = 0; i < c->nreq[k]; i++) {
           bool done = false;
-          rc = dt_comm_test(c->comm, &c->kreq[4 * (size_t)k + i], &done);
+          rc = dt_comm_test(c->comm, &c->kreq[(size_t)c->nslot * (size_t)k + i], &done);
           if (rc < 0) return comm_fail(c, rc, "waiting for parameters");
           if (!done) pending = 1;
         }
@@ -327,10 +461,11 @@ static int wait_all(dt_ps_client *c) {
     if (!(c->kst[k] & K_WAIT)) continue;
     const dt_ps_key *K = &c->map->keys[k];
     dt_ps_msg m;
+    const int from = K->server == c->local_idx ? K->server : c->rfrom[k];
     rc = dt_ps_msg_parse(c->hin + (size_t)k * DT_PS_HDR_BYTES, DT_PS_HDR_BYTES, c->map, c->o.nworkers,
-                         -1, K->server, &m);
+                         -1, from, &m);
     if (rc == DT_OK && (m.type != DT_PS_PARAMS || m.key != k))
-      rc = dt__seterr(DT_EPROTO, "ps: server %d answered key %d with %s for key %d", K->server, k,
+      rc = dt__seterr(DT_EPROTO, "ps: server %d answered key %d with %s for key %d", from, k,
                       dt_ps_type_name(m.type), m.key);
     if (rc == DT_OK && (m.flags & DT_PS_F_ROWS) && (int64_t)m.count != c->knrows[k])
       rc = dt__seterr(DT_EPROTO, "ps: server %d answered a pull of %lld rows of key %d with "
@@ -359,7 +494,7 @@ int dt_ps_client_start(dt_ps_client *c) {
   uint64_t digest = 0;
   for (int i = 0; i < 8; i++) digest |= (uint64_t)c->map->sha[i] << (8 * i);
   dt_ps_msg h = {.type = DT_PS_HELLO, .sender = c->me, .key = c->map->nkeys,
-                 .count = c->map->nparams, .aux = digest};
+                 .count = c->map->nparams, .aux = digest, .clock = c->R};
   uint8_t out[DT_PS_HDR_BYTES], in[DT_PS_HDR_BYTES];
   dt_ps_msg_encode(&h, out);
   for (int s = 0; s < c->map->nservers; s++) {
@@ -396,12 +531,13 @@ int dt_ps_client_start(dt_ps_client *c) {
     rc = dt_ps_msg_parse(in, sizeof in, c->map, c->o.nworkers, -1, s, &w);
     if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
     if (w.type != DT_PS_WELCOME || w.aux != digest || w.key != c->map->nkeys ||
-        w.count != c->map->nparams)
+        w.count != c->map->nparams || w.clock != c->R)
       return dt__seterr(DT_EMISMATCH, "ps worker %d: server %d (rank %d) holds another key-range "
                         "map (%d keys over %llu parameters, digest %016llx; this worker: %d keys "
-                        "over %llu, digest %016llx)", c->me, s, peer, w.key,
-                        (unsigned long long)w.count, (unsigned long long)w.aux, c->map->nkeys,
-                        (unsigned long long)c->map->nparams, (unsigned long long)digest);
+                        "over %llu, digest %016llx; replicas %lld there, %d here)", c->me, s, peer,
+                        w.key, (unsigned long long)w.count, (unsigned long long)w.aux,
+                        c->map->nkeys, (unsigned long long)c->map->nparams,
+                        (unsigned long long)digest, (long long)w.clock, c->R);
   }
   for (int k = 0; k < c->nk; k++) {
     dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .clock = 0};
@@ -581,6 +717,17 @@ static int finish_impl(dt_ps_client *c) {
   for (; c->next_key >= 0; c->next_key--) DT_CHECK(push_timed(c, c->next_key));
   DT_CHECK(wait_all(c));
   c->clock++;
+  if (c->lost_ns) {
+    /* the first clock completed since a server was lost */
+    int64_t now = dt_now_ns();
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    c->st.failover_seconds = (double)(now - c->lost_ns) / 1e9;
+    c->lost_ns = 0;
+    DT_LOG_WARN("ps worker %d: clock %lld completed %.3f s after server %d was lost (at unix "
+                "time %.6f)", c->me, (long long)c->clock, c->st.failover_seconds, c->lost_srv,
+                (double)ts.tv_sec + (double)ts.tv_nsec / 1e9);
+  }
   return DT_OK;
 }
 
@@ -595,6 +742,7 @@ static int mark(dt_ps_client *c, uint32_t flags) {
       if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
       continue;
     }
+    if (c->sdead[s]) continue;
     uint8_t h[DT_PS_HDR_BYTES];
     dt_ps_msg_encode(&m, h);
     dt_comm_req r;
@@ -613,6 +761,7 @@ static int mark(dt_ps_client *c, uint32_t flags) {
         done = rc == DT_OK;
       }
     }
+    if (rc < 0 && survivable(c, rc, s)) continue;
     if (rc < 0) return comm_fail(c, rc, "telling the servers");
   }
   if (!c->local) return DT_OK;

@@ -70,6 +70,7 @@ int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowl
     return dt__seterr(DT_EINVAL, "ps map: %d servers for %llu parameters", nservers,
                       (unsigned long long)P);
   m->nservers = nservers;
+  m->replicas = 1;
   m->nparams = P;
   m->srv_lo = calloc((size_t)nservers + 1, sizeof *m->srv_lo);
   m->srv_key0 = calloc((size_t)nservers + 1, sizeof *m->srv_key0);
@@ -137,6 +138,14 @@ oom:
   return dt__seterr(DT_ENOMEM, "ps map: out of memory");
 }
 
+int dt_ps_map_set_replicas(dt_ps_map *m, int replicas) {
+  if (replicas < 1 || replicas > m->nservers)
+    return dt__seterr(DT_EINVAL, "ps.replicas = %d needs 1 to %d (the number of servers)",
+                      replicas, m->nservers);
+  m->replicas = replicas;
+  return DT_OK;
+}
+
 int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers) {
   int n = dt_model_nlayers(model);
   if (n <= 0) return dt__seterr(DT_EINVAL, "ps map: the model has no layers");
@@ -176,6 +185,10 @@ size_t dt_ps_map_describe(const dt_ps_map *m, const dt_model *model, char *buf, 
           (unsigned long long)(K->off + K->len));
       if (K->rowlen > 1) PUT(" (%llu rows)", (unsigned long long)(K->len / K->rowlen));
       PUT("%s", k + 1 < m->srv_key0[s + 1] ? "," : "");
+    }
+    if (m->replicas > 1) {
+      PUT("; replicas on server");
+      for (int r = 1; r < m->replicas; r++) PUT(" %d", (s + r) % m->nservers);
     }
     PUT("\n");
   }

@@ -127,9 +127,10 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for unknown key %d (the map has %d keys)",
                       who, from, dt_ps_type_name(m.type), m.key, map->nkeys);
   const dt_ps_key *K = &map->keys[m.key];
-  if (K->server != srv)
-    return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d, held by server %d, not %d", who,
-                      from, dt_ps_type_name(m.type), m.key, K->server, srv);
+  if (!dt_ps_map_holds(map, srv, m.key))
+    return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d, held by server %d%s, not %d", who,
+                      from, dt_ps_type_name(m.type), m.key, K->server,
+                      map->replicas > 1 ? " and its replicas" : "", srv);
   if ((m.flags & DT_PS_F_SPARSE) && m.type != DT_PS_PUSH)
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d marked sparse", who, from,
                       dt_ps_type_name(m.type), m.key);

@@ -15,9 +15,14 @@
  * communicator, which is single-threaded), and its own pushes and pulls
  * go through memory.
  *
+ * Replicas (ps.replicas = R, separate servers only): key range r is also
+ * held by servers r+1..r+R-1 (mod S). Workers send every push to every
+ * live holder (each applies it exactly as the primary does: in bsp the
+ * same rank-order sums, so the replicas stay bit-identical) and read from
+ * the first live one; when it dies they read from the next (client.c).
+ *
  * It does not train, load data or pick learning rates: workers send the
- * rate with each push. It has no replication yet (docs/ps.md says what is
- * not built).
+ * rate with each push.
  */
 #ifndef DT_PS_H
 #define DT_PS_H
@@ -43,6 +48,8 @@ typedef struct dt_ps_key {
 
 typedef struct dt_ps_map {
   int nkeys, nservers;
+  int replicas;      /* servers holding each key range (1: no replicas; see
+                      * dt_ps_map_holds); not part of the digest */
   uint64_t nparams;
   dt_ps_key *keys;   /* by offset; a server's keys are consecutive */
   int *srv_key0;     /* server s holds keys [srv_key0[s], srv_key0[s + 1]) */
@@ -68,6 +75,15 @@ int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowl
 /* The same from a model's layers. */
 int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers);
 void dt_ps_map_free(dt_ps_map *m);
+/* Replicated shards: key range r (server r's) is also held by servers r+1,
+ * ..., r+R-1 (mod S), which apply the same pushes; the first live one
+ * answers reads. DT_EINVAL unless 1 <= R <= nservers. */
+int dt_ps_map_set_replicas(dt_ps_map *m, int replicas);
+/* Whether server s holds key k (as its primary or as a replica). */
+static inline int dt_ps_map_holds(const dt_ps_map *m, int s, int k) {
+  int r = m->keys[k].server, d = ((s - r) % m->nservers + m->nservers) % m->nservers;
+  return d < (m->replicas > 1 ? m->replicas : 1);
+}
 /* One line per server: "server 1: keys 3-5, floats [52000, 104100) (407 KiB):
  * layer 3 'linear' [52000, 100480), ..." into buf (always terminated);
  * model may be NULL (layers by number). Returns the length it needed. */
@@ -157,6 +173,7 @@ typedef struct dt_ps_opts {
   dt_optim_cfg optim;   /* the server-side optimizer */
   int server_thread;    /* colocated: the server runs on a thread of its own
                          * (client.c), not only inside its worker's waits */
+  int replicas;         /* separate servers holding each key range (1: none) */
 } dt_ps_opts;
 
 /* The world rank of server s and of worker w under opts. */
@@ -219,6 +236,8 @@ typedef struct dt_ps_client_stats {
   int64_t pushed_floats, pulled_floats, skipped_floats;
   double wait_seconds;      /* time spent waiting for parameters */
   int64_t max_staleness;    /* largest version gap of a push (asp) */
+  int64_t failovers;        /* servers lost and survived (replicas) */
+  double failover_seconds;  /* the last loss: from noticing it to the next completed clock */
 } dt_ps_client_stats;
 
 /* Worker `worker` of opts over comm; params/grads are the model's buffers

@@ -30,8 +30,15 @@
  * (lazily: other rows and their state stay); async modes step the pushed
  * rows on arrival. A pull of rows is answered with just those rows.
  *
- * It does not pick learning rates (they come with the pushes), replicate
- * keys, or know about models beyond the key-range map.
+ * Replicas (ps.replicas): a server also holds the key ranges of the R - 1
+ * servers before it and takes their pushes, so it holds exactly what
+ * their primaries hold (bsp) and answers reads once a worker fails over
+ * to it. It then polls every worker (the workers' messages no longer
+ * alternate in step after a fail-over), never blocks on one.
+ *
+ * It does not pick learning rates (they come with the pushes), copy state
+ * to other servers (workers send it to every replica), or know about
+ * models beyond the key-range map.
  */
 #include <math.h>
 #include <sched.h>
@@ -82,13 +89,16 @@ struct dt_ps_server {
   dt_comm *comm;
   float *params;     /* the server's range */
   int nk;
-  skey *keys;        /* the server's keys */
+  skey *keys;        /* the keys held: its own range's, then its replicas' */
+  int *kpos;         /* per key of the map: its place in keys, -1 not held */
   /* remote workers */
   uint8_t *hdr;      /* N x 64 */
   dt_comm_req *req;  /* N */
   uint8_t *posted;
   int rr;            /* blocking mode: the worker waited on next */
   int *bye;          /* per worker: final bye */
+  uint8_t *parked;   /* per worker: a push waiting for its clock (replicas, bsp) */
+  dt_ps_msg *pmsg;   /* ... that push */
   int64_t *marks;    /* per worker: marks seen */
   int nbye;
   uint8_t welcome[DT_PS_HDR_BYTES];
@@ -101,6 +111,8 @@ struct dt_ps_server {
   int failed;
   int extra;         /* the last message was a checkpoint pull: not a turn of its worker */
 };
+
+static skey *key_of(dt_ps_server *s, int idx) { return &s->keys[s->kpos[idx]]; }
 
 static int srank(const dt_ps_server *s, int w) { (void)s; return w; } /* workers are ranks 0..N-1 */
 
@@ -121,24 +133,46 @@ int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_op
   s->comm = comm;
   s->local = -1;
   int N = s->N;
-  uint64_t lo = map->srv_lo[index], hi = map->srv_lo[index + 1];
-  s->params = dt_alloc((hi - lo) * sizeof(float));
-  s->nk = map->srv_key0[index + 1] - map->srv_key0[index];
+  /* the ranges held: this server's own, then those it is a replica of */
+  const int S = map->nservers, R = map->replicas > 1 ? map->replicas : 1;
+  uint64_t floats = 0;
+  s->nk = 0;
+  for (int r = 0; r < R; r++) {
+    int g = ((index - r) % S + S) % S;
+    floats += map->srv_lo[g + 1] - map->srv_lo[g];
+    s->nk += map->srv_key0[g + 1] - map->srv_key0[g];
+  }
+  s->params = dt_alloc((floats ? floats : 1) * sizeof(float));
   s->keys = calloc((size_t)(s->nk ? s->nk : 1), sizeof *s->keys);
+  s->kpos = malloc((size_t)map->nkeys * sizeof *s->kpos);
   s->hdr = calloc((size_t)N, DT_PS_HDR_BYTES);
   s->req = calloc((size_t)N, sizeof *s->req);
   s->posted = calloc((size_t)N, 1);
   s->bye = calloc((size_t)N, sizeof *s->bye);
   s->marks = calloc((size_t)N, sizeof *s->marks);
-  if (!s->params || !s->keys || !s->hdr || !s->req || !s->posted || !s->bye || !s->marks)
+  s->parked = calloc((size_t)N, 1);
+  s->pmsg = calloc((size_t)N, sizeof *s->pmsg);
+  if (!s->params || !s->keys || !s->kpos || !s->hdr || !s->req || !s->posted || !s->bye ||
+      !s->marks || !s->parked || !s->pmsg)
     goto oom;
-  memcpy(s->params, init + lo, (hi - lo) * sizeof(float));
+  for (int k = 0; k < map->nkeys; k++) s->kpos[k] = -1;
+  int i = 0;
+  float *at = s->params;
+  for (int r = 0; r < R; r++) {
+    int g = ((index - r) % S + S) % S;
+    uint64_t lo = map->srv_lo[g], hi = map->srv_lo[g + 1];
+    memcpy(at, init + lo, (hi - lo) * sizeof(float));
+    for (int key = map->srv_key0[g]; key < map->srv_key0[g + 1]; key++, i++) {
+      s->keys[i].idx = key;
+      s->keys[i].p = at + (map->keys[key].off - lo);
+      s->kpos[key] = i;
+    }
+    at += hi - lo;
+  }
   for (int i = 0; i < s->nk; i++) {
     skey *k = &s->keys[i];
-    k->idx = map->srv_key0[index] + i;
     k->K = &map->keys[k->idx];
     size_t len = k->K->len;
-    k->p = s->params + (k->K->off - lo);
     if (dt_optim_create(&k->opt, &opts->optim, len) < 0) goto fail;
     k->wclock = calloc((size_t)N, sizeof *k->wclock);
     k->arr = calloc((size_t)N, 1);
@@ -206,12 +240,15 @@ void dt_ps_server_destroy(dt_ps_server *s) {
     dt_free(k->rec);
   }
   free(s->keys);
+  free(s->kpos);
   dt_free(s->params);
   free(s->hdr);
   free(s->req);
   free(s->posted);
   free(s->bye);
   free(s->marks);
+  free(s->parked);
+  free(s->pmsg);
   free(s);
 }
 
@@ -368,9 +405,9 @@ static int send_record(dt_ps_server *s, skey *k, int w) {
 }
 
 int dt_ps_server_restore(dt_ps_server *s, int key, const float *src, int64_t step) {
-  if (key < s->map->srv_key0[s->index] || key >= s->map->srv_key0[s->index + 1])
+  if (key < 0 || key >= s->map->nkeys || s->kpos[key] < 0)
     return dt__seterr(DT_EINVAL, "ps server %d: key %d is not held here", s->index, key);
-  skey *k = &s->keys[key - s->map->srv_key0[s->index]];
+  skey *k = key_of(s, key);
   const size_t len = k->K->len, n = dt_ps_key_state_floats(&s->o, k->K);
   if (dt_optim_state_floats(k->opt) != n - len || step < 0)
     return dt__seterr(DT_EINVAL, "ps server %d: key %d's record does not fit its optimizer",
@@ -597,27 +634,28 @@ static int on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const fl
   return try_replies(s, k);
 }
 
-static skey *key_of(dt_ps_server *s, int idx) { return &s->keys[idx - s->map->srv_key0[s->index]]; }
 
 static int handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data) {
   switch (m->type) {
   case DT_PS_HELLO: {
     uint64_t mine = 0;
+    const int R = s->map->replicas > 1 ? s->map->replicas : 1;
     for (int i = 0; i < 8; i++) mine |= (uint64_t)s->map->sha[i] << (8 * i);
     if (w != s->local) {
       dt_ps_msg r = {.type = DT_PS_WELCOME, .sender = s->index, .key = s->map->nkeys,
-                     .count = s->map->nparams, .aux = mine};
+                     .count = s->map->nparams, .aux = mine, .clock = R};
       dt_ps_msg_encode(&r, s->welcome);
       int rc = dt_comm_send(s->comm, srank(s, w), DT_PS_TAG_CTL, s->welcome, DT_PS_HDR_BYTES);
       if (rc < 0) return comm_fail(s, rc, "welcome");
     }
-    if (m->aux != mine || m->key != s->map->nkeys || m->count != s->map->nparams)
+    if (m->aux != mine || m->key != s->map->nkeys || m->count != s->map->nparams ||
+        (m->clock ? m->clock : 1) != R)
       return dt__seterr(DT_EMISMATCH, "ps server %d: worker %d has another key-range map (%d "
-                        "keys over %llu parameters, digest %016llx; this server: %d keys over "
-                        "%llu, digest %016llx)", s->index, w, m->key,
+                        "keys over %llu parameters, digest %016llx, replicas %lld; this server: "
+                        "%d keys over %llu, digest %016llx, replicas %d)", s->index, w, m->key,
                         (unsigned long long)m->count, (unsigned long long)m->aux,
-                        s->map->nkeys, (unsigned long long)s->map->nparams,
-                        (unsigned long long)mine);
+                        (long long)(m->clock ? m->clock : 1), s->map->nkeys,
+                        (unsigned long long)s->map->nparams, (unsigned long long)mine, R);
     return DT_OK;
   }
   case DT_PS_PUSH:
@@ -685,12 +723,11 @@ static int post(dt_ps_server *s, int w) {
 }
 
 /* Worker w's header arrived: parse, take its payload, handle, repost. */
-static int arrived(dt_ps_server *s, int w) {
-  s->posted[w] = 0;
-  dt_ps_msg m;
-  int rc = dt_ps_msg_parse(s->hdr + (size_t)w * DT_PS_HDR_BYTES, DT_PS_HDR_BYTES, s->map, s->N,
-                           s->index, w, &m);
-  if (rc < 0) return dt__preerr(rc, "ps server %d refused a message", s->index);
+/* Worker w's message m is taken: its payload, then handled, then the next
+ * header's receive. */
+static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
+  dt_ps_msg m = *mp;
+  int rc = DT_OK;
   const float *data = NULL;
   if (m.type == DT_PS_PUSH || (m.type == DT_PS_PULL && (m.flags & DT_PS_F_ROWS))) {
     skey *k = key_of(s, m.key);
@@ -707,12 +744,42 @@ static int arrived(dt_ps_server *s, int w) {
   return DT_OK;
 }
 
+/* A replica in bsp may get a worker's push of clock c + 1 before another
+ * worker's push of clock c (that worker's primary closed clock c and
+ * answered; the other's messages to the replica are still on their way):
+ * it waits, parked, with that worker's later messages behind it. */
+static int must_park(dt_ps_server *s, const dt_ps_msg *m) {
+  return s->map->replicas > 1 && s->o.consistency == DT_PS_BSP && m->type == DT_PS_PUSH &&
+         m->clock > key_of(s, m->key)->version;
+}
+
+static int arrived(dt_ps_server *s, int w) {
+  s->posted[w] = 0;
+  dt_ps_msg m;
+  int rc = dt_ps_msg_parse(s->hdr + (size_t)w * DT_PS_HDR_BYTES, DT_PS_HDR_BYTES, s->map, s->N,
+                           s->index, w, &m);
+  if (rc < 0) return dt__preerr(rc, "ps server %d refused a message", s->index);
+  if (must_park(s, &m)) {
+    s->parked[w] = 1;
+    s->pmsg[w] = m;
+    return DT_OK;
+  }
+  return take(s, w, &m);
+}
+
 int dt_ps_server_poll(dt_ps_server *s, int *busy) {
   *busy = 0;
   if (s->failed) return dt__seterr(DT_EABORTED, "ps server %d: failed earlier", s->index);
   int rc = DT_OK;
   for (int w = 0; w < s->N && rc == DT_OK; w++) {
     if (w == s->local || s->bye[w]) continue;
+    if (s->parked[w]) {
+      if (must_park(s, &s->pmsg[w])) continue;
+      s->parked[w] = 0;
+      *busy = 1;
+      rc = take(s, w, &s->pmsg[w]);
+      continue;
+    }
     if (!s->posted[w]) {
       rc = post(s, w);
       if (rc < 0) break;
@@ -751,7 +818,8 @@ int dt_ps_server_run(dt_ps_server *s) {
   int rc = DT_OK;
   /* bsp without backups needs every worker's messages anyway: wait on them
    * in rank order (the transport blocks, nothing spins) */
-  int blocking = s->o.consistency == DT_PS_BSP && s->o.backup_workers == 0 && s->local < 0;
+  int blocking = s->o.consistency == DT_PS_BSP && s->o.backup_workers == 0 && s->local < 0 &&
+                 s->map->replicas < 2;
   int idle = 0;
   while (!dt_ps_server_done(s)) {
     if (blocking) {

@@ -296,6 +296,9 @@ static void ip_finalize(struct dt_tp_ctx *x) {
   ctx_unref(x);
 }
 
+/* Ranks of one process are threads: none dies alone, nothing to change. */
+static void ip_tolerate_loss(struct dt_tp_ctx *x) { (void)x; }
+
 static const char *ip_abort_reason(struct dt_tp_ctx *x, int *rc) {
   pthread_mutex_lock(&x->mu);
   *rc = x->abort_rc;
@@ -305,4 +308,5 @@ static const char *ip_abort_reason(struct dt_tp_ctx *x, int *rc) {
 
 const struct dt_transport_ops dt__transport_inproc = {
     "inproc", ip_init, ip_can_connect, ip_connect, ip_isend, ip_irecv, ip_test,
-    ip_wait, ip_cancel, ip_abort, ip_close, ip_finalize, ip_abort_reason, NULL};
+    ip_wait, ip_cancel, ip_abort, ip_close, ip_finalize, ip_abort_reason, NULL,
+    ip_tolerate_loss};

@@ -150,7 +150,15 @@ void dt__shm_ep_lost(struct dt_tp_ep *ep, const char *what) {
   snprintf(why, sizeof why, "shm: rank %d (pid %d) %s", ep->peer, (int)ep->pid, what);
   ep->dead = true;
   ep_fail_all(ep, DT_EPEERLOST);
+  if (atomic_load(&ctx->tolerate)) {
+    DT_LOG_WARN("%s (the others go on)", why);
+    return;
+  }
   shm_abort(ctx, DT_EPEERLOST, why);
+}
+
+static void shm_tolerate_loss(struct dt_tp_ctx *ctx) {
+  if (ctx) atomic_store(&ctx->tolerate, 1);
 }
 
 /* After an abort, the driving thread fails what is still pending. */
@@ -465,6 +473,9 @@ static int shm_wait(struct dt_tp_ctx *ctx, struct dt_tp_req **reqs, int n, int64
         int arc;
         const char *why = shm_abort_reason(ctx, &arc);
         if (arc) dt__shm_set_err(err, "%s", why);
+        else if (reqs[i]->ep && reqs[i]->ep->dead && rc == DT_EPEERLOST)
+          dt__shm_set_err(err, "shm: rank %d (pid %d) exited", reqs[i]->peer,
+                          (int)reqs[i]->ep->pid);
         else dt__shm_set_err(err, "shm: %s with rank %d failed (tag 0x%llx): %s",
                      reqs[i]->kind == DT_TP_SEND ? "send" : "receive", reqs[i]->peer,
                      (unsigned long long)reqs[i]->tag, dt_strerror(rc));
@@ -591,4 +602,5 @@ const struct dt_transport_ops dt__transport_shm = {
     .finalize = shm_finalize,
     .abort_reason = shm_abort_reason,
     .setup_done = dt__shm_setup_done,
+    .tolerate_loss = shm_tolerate_loss,
 };

@@ -193,6 +193,7 @@ struct dt_tp_ctx {
   _Atomic int aborting;
   _Atomic int abort_rc;
   char abort_msg[DT_TP_ERR_MAX];
+  _Atomic int tolerate; /* a lost peer fails its own requests only (tolerate_loss) */
   bool failed_all; /* pending requests already failed after the abort */
 };
 

@@ -215,7 +215,12 @@ static void ep_lost(struct dt_tp_ep *e, const char *why) {
   if (h->nlanes > 1) snprintf(m, sizeof m, "rank %d lost: %s (connection %d of %d)", e->peer, why, e->lane, h->nlanes);
   else snprintf(m, sizeof m, "rank %d lost: %s", e->peer, why);
   DT_LOG_WARN("tcp: rank %d: %s", x->rank, m);
+  if (atomic_load(&x->tolerate)) return; /* the others go on (tolerate_loss) */
   do_abort_locked(x, DT_EPEERLOST, m);
+}
+
+static void tcp_tolerate_loss(struct dt_tp_ctx *x) {
+  if (x) atomic_store(&x->tolerate, 1);
 }
 
 /* ---- sending ----------------------------------------------------------- */
@@ -801,4 +806,5 @@ static const char *tcp_abort_reason(struct dt_tp_ctx *x, int *rc) {
 
 const struct dt_transport_ops dt__transport_tcp = {
     "tcp", dt__tcp_init, dt__tcp_can_connect, dt__tcp_connect, tcp_isend, tcp_irecv, tcp_test,
-    tcp_wait, tcp_cancel, tcp_abort, tcp_close, tcp_finalize, tcp_abort_reason, NULL};
+    tcp_wait, tcp_cancel, tcp_abort, tcp_close, tcp_finalize, tcp_abort_reason, NULL,
+    tcp_tolerate_loss};

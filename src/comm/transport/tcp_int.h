@@ -116,6 +116,7 @@ struct dt_tp_ctx {
   int pending_max;
   _Atomic int abort_rc;
   char abort_msg[DT_TP_ERR_MAX];
+  _Atomic int tolerate; /* a lost peer fails its own requests only (tolerate_loss) */
   char err_last[DT_TP_ERR_MAX];
   uint8_t *discard_buf;
 };

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# test_ps_failover.sh — replicated shards (ps.replicas = 2, docs/ps.md):
+#  - 2 workers, 2 separate servers, each key range on both: the map line
+#    names the replica, and bsp ends with the same params_sha256 as
+#    without replicas (the replica takes the same pushes; nothing more);
+#  - server 0 SIGKILLed mid-run (after the first epoch record): the job
+#    goes on and exits 0, both workers say they lost server 0 and name the
+#    first clock completed after it, and bsp ends with the same
+#    params_sha256 as the run without the kill (no update lost or applied
+#    twice); the time from the SIGKILL to the later of the two workers'
+#    first completed clocks is printed (the bench target is ≤ 2 s; here it
+#    must be below 20 s whatever the load); no process is left;
+#  - both servers killed: the job ends with a non-zero status within 30 s,
+#    naming the lost key range, and no process is left;
+#  - replicas without enough servers, or with colocated servers, refused.
+# Every process this test starts is killed and reaped by pid on exit.
+. "$(dirname "$0")/../cli/lib.sh"
+SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+[ -e "$FASHION/train-images-idx3-ubyte.gz" ] || { echo "SKIP: no Fashion-MNIST in $FASHION"; exit 77; }
+
+MLP="$SRC/examples/fashion_mlp.ini"
+# 20 epochs of 20 steps: long enough to kill a server in the middle
+Q="--set train.epochs=20 --set data.limit_train=1280 --set data.limit_test=200 --workers 2"
+sha() { json_str "$T/$1/summary.json" params_sha256; }
+
+run() { # NAME ARGS...
+  local name=$1
+  shift
+  run_bounded 50 "$DTRAIN" train "$MLP" $Q "$@" --out "$T/$name" >"$T/$name.out" 2>"$T/$name.err" </dev/null
+  local rc=$?
+  if [ $rc -ne 0 ] || [ ! -s "$T/$name/summary.json" ]; then
+    fail "$name: exit $rc: $(head -c 400 "$T/$name.err")"
+    return 1
+  fi
+  pass
+}
+
+# start NAME ARGS... — runs in the background (pid in $parent) and waits
+# for the first epoch record; 1 if it did not come within 30 s
+start() {
+  local name=$1
+  shift
+  "$DTRAIN" train "$MLP" $Q "$@" --out "$T/$name" >"$T/$name.out" 2>"$T/$name.err" </dev/null &
+  parent=$!
+  PIDS="$PIDS $parent"
+  local t0
+  t0=$(now)
+  while elapsed_ok "$t0" "$(now)" 30; do
+    if [ -s "$T/$name/events.jsonl" ] && grep -q '"epoch"' "$T/$name/events.jsonl" &&
+       grep -q '^workers:' "$T/$name.out"; then return 0; fi
+    kill -0 "$parent" 2>/dev/null || break
+    sleep 0.02
+  done
+  fail "$name: no epoch record within 30 s: $(head -c 400 "$T/$name.err")"
+  return 1
+}
+pid_of() { grep -m1 '^workers:' "$T/$1.out" | sed -nE "s/.*rank $2 pid ([0-9]+).*/\1/p"; }
+# wait_end NAME SECONDS — waits for $parent; its status in $rc (124: still running)
+wait_end() {
+  local t0
+  t0=$(now)
+  while kill -0 "$parent" 2>/dev/null && elapsed_ok "$t0" "$(now)" "$2"; do sleep 0.05; done
+  if kill -0 "$parent" 2>/dev/null; then rc=124; return; fi
+  wait "$parent"
+  rc=$?
+}
+no_procs() { # NAME
+  for r in 0 1 2 3; do
+    p=$(pid_of "$1" $r)
+    [ -n "$p" ] && kill -0 "$p" 2>/dev/null && fail "$1: rank $r (pid $p) still running" || pass
+  done
+}
+
+run plain --servers 2
+run rep --servers 2 --set ps.replicas=2 &&
+  { grep -q '^ps: server 0: .*; replicas on server 1$' "$T/rep.out" && pass ||
+      fail "rep: no replica in the map line: $(grep '^ps: server' "$T/rep.out")"; }
+ref=$(sha plain)
+[ -n "$ref" ] && [ "$(sha rep)" = "$ref" ] && pass || fail "rep: params_sha256 $(sha rep), not $ref"
+
+# one server killed mid-run: the job goes on with the replica
+if start kill --servers 2 --set ps.replicas=2; then
+  spid=$(pid_of kill 2)
+  tk=$(now)
+  kill -9 "$spid"
+  wait_end kill 50
+  if [ $rc = 124 ]; then
+    fail "kill: still running 50 s after the server's SIGKILL: $(tail -3 "$T/kill.err")"
+  else
+    [ $rc = 0 ] && pass || fail "kill: exit $rc: $(grep -v 'go on)' "$T/kill.err" | head -c 600)"
+    [ "$(sha kill)" = "$ref" ] && pass ||
+      fail "kill: params_sha256 $(sha kill), not the uninterrupted run's $ref"
+    n=$(grep -c 'ps worker [01]: server 0 (rank 2) lost at clock' "$T/kill.err")
+    [ "$n" = 2 ] && pass || fail "kill: $n workers said they lost server 0: $(cat "$T/kill.err")"
+    last=$(grep -Eo 'completed [0-9.]+ s after server 0 was lost \(at unix time [0-9.]+' "$T/kill.err" |
+      sed -E 's/.*unix time //' | sort -n | tail -1)
+    if [ "$(grep -c 'completed .* after server 0 was lost' "$T/kill.err")" = 2 ] && [ -n "$last" ]; then
+      echo "server SIGKILL -> both workers' first completed clock: $(awk -v a="$tk" -v b="$last" 'BEGIN{printf "%.3f", b - a}') s"
+      elapsed_ok "$tk" "$last" 20 && pass || fail "kill: first clock after the loss came late ($tk -> $last)"
+    else
+      fail "kill: no 'completed ... after server 0 was lost' line from both workers"
+    fi
+    grep -q 'rank 2 (pid [0-9]*) was killed by signal 9; the others go on' "$T/kill.err" && pass ||
+      fail "kill: the launcher did not report the lost server"
+  fi
+  no_procs kill
+fi
+
+# both servers killed: every holder of a range is gone, the job ends
+if start kill2 --servers 2 --set ps.replicas=2; then
+  kill -9 "$(pid_of kill2 2)" "$(pid_of kill2 3)"
+  wait_end kill2 30
+  if [ $rc = 124 ]; then
+    fail "kill2: still running 30 s after both servers' SIGKILL"
+  else
+    [ $rc -ne 0 ] && pass || fail "kill2: exit 0"
+    grep -Eq 'every server holding key [0-9]+ .* is lost|waiting for server [01]' "$T/kill2.err" && pass ||
+      fail "kill2: no message naming the lost range: $(head -c 600 "$T/kill2.err")"
+    [ ! -e "$T/kill2/summary.json" ] && pass || fail "kill2: summary.json written"
+  fi
+  no_procs kill2
+fi
+
+expect_bad few "ps.replicas: 2 replicas need at least 2 servers" train "$MLP" --workers 2 --servers 1 --set ps.replicas=2
+expect_bad coloc "ps.replicas: not with ps.colocate" train "$MLP" --workers 2 --set ps.colocate=true --set ps.replicas=2
+finish
