@@ -24,6 +24,13 @@ Parts (--parts, default speed,rpc,straggler,sparse):
              bsp: each worker's push/pull bytes per step against a dense
              push and pull of the whole model, and the test RMSE against
              the generator's floor (target: within 5%).
+  failover   2 workers, 2 separate servers, ps.replicas = 2, bsp, the MLP
+             (--failover-epochs of 3200 samples): server 0 SIGKILLed after the
+             first epoch record, REPS times (--failover-reps); the time from
+             the SIGKILL to the later of the two workers' first completed
+             clocks after it (their log lines give the wall time), its
+             median (target <= 2 s), and whether params_sha256 equals the
+             run without the kill (bsp stays deterministic).
 Training time only where dtrain reports it (summary samples_per_second);
 time-to-accuracy from events.jsonl (wall time of the epoch record).
 Standard library only.
@@ -37,6 +44,8 @@ ap.add_argument("--parts", default="speed,rpc,straggler,sparse")
 ap.add_argument("--ratings", type=int, default=2000000)
 ap.add_argument("--sparse-epochs", type=int, default=12)
 ap.add_argument("--cnn-limit", type=int, default=12000)
+ap.add_argument("--failover-reps", type=int, default=5)
+ap.add_argument("--failover-epochs", type=int, default=6)
 ap.add_argument("--straggler-servers", type=int, default=0,
                 help="straggler part: separate servers (0: colocated, the default)")
 a = ap.parse_args()
@@ -203,6 +212,58 @@ def sparse():
     print(f"  test RMSE {rmse:.4f}, floor {meta['rmse_floor']:.4f} (linear {meta['rmse_floor_linear']:.4f}): "
           f"{rmse / meta['rmse_floor']:.3f}x the floor (target <= 1.05)")
 
+def failover():
+    ep = a.failover_epochs
+    print(f"== failover: MLP, 2 workers + 2 servers, ps.replicas=2, bsp, {ep} epochs of 3200 samples; "
+          f"server 0 SIGKILLed after epoch 1 ({a.failover_reps} runs)")
+    args = [dtrain, "train", "examples/fashion_mlp.ini", "--workers", "2", "--servers", "2",
+            "--set", "ps.replicas=2", "--set", f"train.epochs={ep}", "--set", "data.limit_train=3200",
+            "--set", "data.limit_test=500", "--set", "ckpt.epoch_end=false"]
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run(args + ["--out", out], env=env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        with open(os.path.join(out, "summary.json")) as f:
+            ref = json.load(f)["params_sha256"]
+    times, same = [], 0
+    for r in range(a.failover_reps):
+        with tempfile.TemporaryDirectory() as out:
+            p = subprocess.Popen(args + ["--out", out], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            spid, lines = None, []
+            for line in p.stdout:
+                m = re.search(r"rank 2 pid (\d+)", line)
+                if m:
+                    spid = int(m.group(1))
+                    break
+            ev = os.path.join(out, "events.jsonl")
+            t_end = time.time() + 60
+            while time.time() < t_end and not (os.path.exists(ev) and os.path.getsize(ev) > 0):
+                time.sleep(0.01)
+            t_kill = time.time()
+            os.kill(spid, 9)
+            _, err = p.communicate(timeout=300)
+            done = [float(x) for x in re.findall(r"completed [0-9.]+ s after server 0 was lost "
+                                                 r"\(at unix time ([0-9.]+)\)", err)]
+            sha = None
+            if p.returncode == 0:
+                with open(os.path.join(out, "summary.json")) as f:
+                    sha = json.load(f)["params_sha256"]
+            same += sha == ref
+            if len(done) == 2:
+                times.append(max(done) - t_kill)
+                print(f"  run {r + 1}: SIGKILL -> both workers' next clock {times[-1]:.3f} s, exit "
+                      f"{p.returncode}, params_sha256 {'same as' if sha == ref else 'differs from'} "
+                      f"the run without the kill", flush=True)
+            else:
+                print(f"  run {r + 1}: exit {p.returncode}, {len(done)} workers reported a completed "
+                      f"clock: {err[-400:]}", flush=True)
+    if times:
+        med = statistics.median(times)
+        print(f"  median SIGKILL -> first completed clock {med:.3f} s (target <= 2 s: "
+              f"{'met' if med <= 2 else 'missed'}); params_sha256 unchanged in {same} of "
+              f"{a.failover_reps} runs")
+
 for part in a.parts.split(","):
-    {"speed": speed, "rpc": rpc, "straggler": straggler, "sparse": sparse}[part]()
+    {"speed": speed, "rpc": rpc, "straggler": straggler, "sparse": sparse,
+     "failover": failover}[part]()
     print(flush=True)
