@@ -86,9 +86,12 @@ def speed():
                 line += f"  {m} {s['samples_per_second']:.0f}"
             print(line, flush=True)
         base = statistics.median(res["ddp"])
+        targets = {"ps bsp colocated": 0.8, "ps asp colocated": 1.0}
         for m in MODES:
             med = statistics.median(res[m])
-            print(f"  {model} median {m:18s} {med:9.0f} samples/s  {med / base:5.2f}x ddp")
+            t = targets.get(m)
+            verdict = f"  (target >= {t}x: {'met' if med / base >= t else 'missed'})" if t else ""
+            print(f"  {model} median {m:18s} {med:9.0f} samples/s  {med / base:5.2f}x ddp{verdict}")
 
 def rpc():
     print("== rpc: MLP, 1 server + 2 trainers, batch 32 per trainer")
@@ -104,7 +107,8 @@ def rpc():
         print(f"  round {r + 1}: dtrain ps {s['samples_per_second']:.0f}  pytorch rpc ps {t:.0f}",
               flush=True)
     d, t = statistics.median(dt), statistics.median(tor)
-    print(f"  median: dtrain ps {d:.0f} samples/s, pytorch rpc ps {t:.0f} samples/s, ratio {d / t:.1f}x")
+    print(f"  median: dtrain ps {d:.0f} samples/s, pytorch rpc ps {t:.0f} samples/s, ratio {d / t:.1f}x "
+          f"(target >= 10x: {'met' if d / t >= 10 else 'missed'})")
 
 CG = "/sys/fs/cgroup/cpu"
 
@@ -178,8 +182,10 @@ def straggler():
         xs = [h for h, _ in runs[m] if h is not None]
         return statistics.median(xs) if xs else None
     b, s = med("bsp"), med("ssp s=3")
-    print(f"  median time to 0.88: bsp {b} s, ssp(3) {s} s" + (f", ratio {s / b:.2f}" if b and s else ""))
-    print(f"  asp final accuracy (median) {statistics.median(acc for _, acc in runs['asp']):.4f}")
+    print(f"  median time to 0.88: bsp {b} s, ssp(3) {s} s" +
+          (f", ratio {s / b:.2f} (target <= 0.75: {'met' if s / b <= 0.75 else 'missed'})" if b and s else ""))
+    am = statistics.median(acc for _, acc in runs['asp'])
+    print(f"  asp final accuracy (median) {am:.4f} (target >= 0.885: {'met' if am >= 0.885 else 'missed'})")
 
 def sparse():
     n = a.ratings

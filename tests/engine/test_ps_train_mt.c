@@ -149,12 +149,16 @@ static int child(const dt_run_cfg *c, int rank, const char *tag) {
  * is 0) with consistency cons; fails the test on any failed rank. Returns
  * rank 0's parameters (the caller frees) and checks every worker holds
  * the same bytes. */
+/* ps.replicas of the next ps_job (1: none). */
+static int g_replicas = 1;
+
 static float *ps_job(const char *tag, int workers, int servers, int cons, int staleness,
                      int optim, size_t *n) {
   dt_run_cfg cfgs[8];
   int world = workers + servers;
   for (int r = 0; r < world; r++) {
     base_cfg(&cfgs[r], workers);
+    cfgs[r].ps.replicas = g_replicas;
     cfgs[r].ps.servers = servers;
     cfgs[r].ps.colocate = servers == 0;
     cfgs[r].ps.consistency = cons;
@@ -164,11 +168,13 @@ static float *ps_job(const char *tag, int workers, int servers, int cons, int st
   }
   int st[8];
   run_job(cfgs, world, tag, st);
+  int bad = -1;
   for (int r = 0; r < world; r++) {
     char msg[600];
     read_err(tag, r, msg, sizeof msg);
-    if (st[r] != 0) fail_msg("%s: rank %d exit %d: %s", tag, r, st[r], msg);
+    if (st[r] != 0) printf("# %s: rank %d exit %d: %s\n", tag, r, st[r], msg), bad = r;
   }
+  if (bad >= 0) fail_msg("%s: rank %d failed", tag, bad);
   float *p0 = read_params(tag, 0, n);
   for (int r = 1; r < workers; r++) {
     size_t m;
@@ -335,6 +341,52 @@ static void test_sparse_rows(void **state) {
   free(ref);
 }
 
+/* Replicas take every push and change nothing: bsp with ps.replicas = 2
+ * over 2 servers ends with the bytes of the run without replicas (SGD
+ * momentum and AdamW), and so do sparse rows (matrix factorisation).
+ * tests/ps/test_ps_failover.sh kills a server. */
+static void test_replicas(void **state) {
+  (void)state;
+  resume_from[0] = '\0';
+  static const int optims[] = {DT_OPT_SGD, DT_OPT_ADAMW};
+  for (int o = 0; o < 2; o++) {
+    size_t n0, n;
+    g_replicas = 1;
+    float *ref = ps_job(o ? "rep1a" : "rep1", 2, 2, 0, 0, optims[o], &n0);
+    for (int R = 2; R <= 2; R++) {
+      char tag[16];
+      snprintf(tag, sizeof tag, "rep%d_%d", R, o);
+      g_replicas = R;
+      float *p = ps_job(tag, 2, 2, 0, 0, optims[o], &n);
+      g_replicas = 1;
+      assert_int_equal(n, n0);
+      assert_memory_equal(p, ref, n * sizeof(float));
+      free(p);
+    }
+    free(ref);
+  }
+  dt_run_cfg cfgs[4];
+  int st[4];
+  size_t n1, n2;
+  for (int k = 0; k < 2; k++) {
+    for (int r = 0; r < 4; r++) {
+      mf_cfg(&cfgs[r], 2, 2);
+      cfgs[r].ps.replicas = 1 + k;
+    }
+    run_job(cfgs, 4, k ? "mfrep2" : "mfrep1", st);
+    for (int r = 0; r < 4; r++) {
+      char msg[600];
+      read_err(k ? "mfrep2" : "mfrep1", r, msg, sizeof msg);
+      if (st[r] != 0) fail_msg("mfrep%d: rank %d exit %d: %s", 1 + k, r, st[r], msg);
+    }
+  }
+  float *a = read_params("mfrep1", 0, &n1), *b = read_params("mfrep2", 0, &n2);
+  assert_int_equal(n1, n2);
+  assert_memory_equal(a, b, n1 * sizeof(float));
+  free(a);
+  free(b);
+}
+
 static void test_checkpoint_resume(void **state) {
   (void)state;
   static const struct { int servers, optim; } runs[] = {
@@ -418,6 +470,7 @@ int main(void) {
       cmocka_unit_test(test_ssp_asp),
       cmocka_unit_test(test_sparse_rows),
       cmocka_unit_test(test_checkpoint_resume),
+      cmocka_unit_test(test_replicas),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
