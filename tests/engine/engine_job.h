@@ -25,16 +25,44 @@ static int child(const dt_run_cfg *c, int rank, const char *tag);
 
 static char tmpdir[256];
 
+/* A worker's results: its parameters (<tag>_<rank>.params) and test
+ * accuracy (.acc); DT_EIO if a file cannot be written. */
+__attribute__((unused)) static int job_write_results(dt_engine *e, const dt_run_summary *sum,
+                                                     const char *tag, int rank) {
+  char p[400];
+  int rc = DT_OK;
+  snprintf(p, sizeof p, "%s/%s_%d.params", tmpdir, tag, rank);
+  FILE *f = fopen(p, "wb");
+  const dt_model *m = dt_engine_model(e);
+  size_t n = dt_model_nparams(m);
+  if (!f || fwrite(dt_model_params((dt_model *)m), sizeof(float), n, f) != n) rc = DT_EIO;
+  if (f) fclose(f);
+  snprintf(p, sizeof p, "%s/%s_%d.acc", tmpdir, tag, rank);
+  f = fopen(p, "w");
+  if (!f || fprintf(f, "%.17g\n", sum->test_accuracy) < 0) rc = DT_EIO;
+  if (f) fclose(f);
+  return rc;
+}
+
+/* A failed rank's message (dt_errmsg()) into <tag>_<rank>.err. */
+__attribute__((unused)) static void job_write_err(const char *tag, int rank) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.err", tmpdir, tag, rank);
+  FILE *f = fopen(p, "w");
+  if (f) {
+    fprintf(f, "%s\n", dt_errmsg());
+    fclose(f);
+  }
+}
+
 /* The usual worker body: the engine over a communicator of c->workers ranks
  * (a file store under <tmp>/<tag>_store), trained with hooks (may be NULL);
  * leaves <tag>_<rank>.params and .acc, or .err with the message. Returns the
  * exit status: 0, 3 for DT_EMISMATCH, 1 otherwise. */
 __attribute__((unused)) static int job_worker(const dt_run_cfg *c, int rank, const char *tag,
                                               const dt_engine_hooks *hooks, int timeout_s) {
-  char errp[400], outd[400], parp[400], sdir[400];
-  snprintf(errp, sizeof errp, "%s/%s_%d.err", tmpdir, tag, rank);
+  char outd[400], sdir[400];
   snprintf(outd, sizeof outd, "%s/%s_run", tmpdir, tag);
-  snprintf(parp, sizeof parp, "%s/%s_%d.params", tmpdir, tag, rank);
   snprintf(sdir, sizeof sdir, "%s/%s_store", tmpdir, tag);
   dt_engine *e = NULL;
   dt_store *s = NULL;
@@ -53,23 +81,8 @@ __attribute__((unused)) static int job_worker(const dt_run_cfg *c, int rank, con
   }
   dt_run_summary sum;
   if (rc == DT_OK) rc = dt_engine_run(e, outd, "cfg", hooks, &sum);
-  if (rc == DT_OK) {
-    FILE *f = fopen(parp, "wb");
-    const dt_model *m = dt_engine_model(e);
-    size_t n = dt_model_nparams(m);
-    if (!f || fwrite(dt_model_params((dt_model *)m), sizeof(float), n, f) != n) rc = DT_EIO;
-    if (f) fclose(f);
-    snprintf(parp, sizeof parp, "%s/%s_%d.acc", tmpdir, tag, rank);
-    f = fopen(parp, "w");
-    if (!f || fprintf(f, "%.17g\n", sum.test_accuracy) < 0) rc = DT_EIO;
-    if (f) fclose(f);
-  } else {
-    FILE *f = fopen(errp, "w");
-    if (f) {
-      fprintf(f, "%s\n", dt_errmsg());
-      fclose(f);
-    }
-  }
+  if (rc == DT_OK) rc = job_write_results(e, &sum, tag, rank);
+  else job_write_err(tag, rank);
   dt_comm_destroy(comm);
   dt_store_destroy(s);
   dt_engine_destroy(e);

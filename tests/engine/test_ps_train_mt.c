@@ -64,10 +64,8 @@ static void base_cfg(dt_run_cfg *c, int workers) {
 static char resume_from[400];
 
 static int child(const dt_run_cfg *c, int rank, const char *tag) {
-  char errp[400], outd[400], parp[400], sdir[400];
-  snprintf(errp, sizeof errp, "%s/%s_%d.err", tmpdir, tag, rank);
+  char outd[400], parp[400], sdir[400];
   snprintf(outd, sizeof outd, "%s/%s_run", tmpdir, tag);
-  snprintf(parp, sizeof parp, "%s/%s_%d.params", tmpdir, tag, rank);
   snprintf(sdir, sizeof sdir, "%s/%s_store", tmpdir, tag);
   dt_engine *e = NULL;
   dt_store *s = NULL;
@@ -100,13 +98,7 @@ static int child(const dt_run_cfg *c, int rank, const char *tag) {
   dt_run_summary sum;
   if (rc == DT_OK && !server) rc = dt_engine_run(e, outd, "cfg", NULL, &sum);
   if (server) {
-    if (rc < 0) {
-      FILE *f = fopen(errp, "w");
-      if (f) {
-        fprintf(f, "%s\n", dt_errmsg());
-        fclose(f);
-      }
-    }
+    if (rc < 0) job_write_err(tag, rank);
     dt_comm_destroy(wc);
     dt_comm_destroy(comm);
     dt_store_destroy(s);
@@ -114,28 +106,16 @@ static int child(const dt_run_cfg *c, int rank, const char *tag) {
     return rc == DT_OK ? 0 : 1;
   }
   if (rc == DT_OK) {
+    /* the traffic (bytes both ways) and the steps, for the sparse test */
     snprintf(parp, sizeof parp, "%s/%s_%d.bytes", tmpdir, tag, rank);
     FILE *fb = fopen(parp, "w");
     if (!fb || fprintf(fb, "%.17g %lld\n", sum.self.bytes_sent + sum.self.bytes_received,
                        (long long)sum.steps) < 0)
       rc = DT_EIO;
     if (fb) fclose(fb);
-    snprintf(parp, sizeof parp, "%s/%s_%d.params", tmpdir, tag, rank);
-    FILE *f = fopen(parp, "wb");
-    const dt_model *m = dt_engine_model(e);
-    size_t n = dt_model_nparams(m);
-    if (!f || fwrite(dt_model_params((dt_model *)m), sizeof(float), n, f) != n) rc = DT_EIO;
-    if (f) fclose(f);
-    snprintf(parp, sizeof parp, "%s/%s_%d.acc", tmpdir, tag, rank);
-    f = fopen(parp, "w");
-    if (!f || fprintf(f, "%.17g\n", sum.test_accuracy) < 0) rc = DT_EIO;
-    if (f) fclose(f);
+    if (rc == DT_OK) rc = job_write_results(e, &sum, tag, rank);
   } else {
-    FILE *f = fopen(errp, "w");
-    if (f) {
-      fprintf(f, "%s\n", dt_errmsg());
-      fclose(f);
-    }
+    job_write_err(tag, rank);
   }
   dt_comm_destroy(wc);
   dt_comm_destroy(comm);
