@@ -18,7 +18,7 @@ The throttled worker is found as the newest child processes of the launcher
 as soon as it exists; PyTorch's rank 1 moves itself (bench/peers/
 fmnist_ddp_cgroup.py). Standard library only; needs root.
 """
-import argparse, json, os, random, re, statistics, subprocess, sys, tempfile, time
+import argparse, collections, json, os, random, re, statistics, subprocess, sys, tempfile, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--build", default="build/release")
@@ -30,6 +30,9 @@ ap.add_argument("--limit", default="mlp:0,cnn:20000", help="data.limit_train per
 ap.add_argument("--accuracy", action="store_true")
 ap.add_argument("--no-torch", action="store_true")
 ap.add_argument("--no-det", action="store_true")
+ap.add_argument("--runs", default="",
+                help="only these runs of each round, comma-separated (e.g. det_1w,det_steal_thr,"
+                     "det_steal_thr_nobackup); the summary lines then print what they can")
 ap.add_argument("--stop", type=float, default=0, help="also freeze 1 of 3 workers this many seconds")
 ap.add_argument("--boost", action="store_true",
                 help="on a loaded machine: every run in cgroups with the largest cpu.shares, so "
@@ -109,7 +112,7 @@ def children(pid):
 
 
 def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=1, extra=(),
-               full=False, stop=None):
+               full=False, stop=None, env_add=None):
     opts = common if not full else []  # full runs: the example's own settings and budget
     args = [dtrain, "train", f"examples/fashion_{model}.ini", *opts,
             "--workers", str(workers), "--set", f"dist.balance={balance}"]
@@ -124,7 +127,8 @@ def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=
         # the launcher joins the boosted group before it forks the workers
         args = ["sh", "-c", f'echo $$ > {boost.procs} && exec "$@"', "sh"] + args
     with tempfile.TemporaryDirectory() as out:
-        p = subprocess.Popen(args + ["--out", out], env=env, stdout=subprocess.DEVNULL,
+        p = subprocess.Popen(args + ["--out", out], env=dict(env, **(env_add or {})),
+                             stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
         target = None
         if throttle or stop:
@@ -184,29 +188,45 @@ try:
     for model in (a.models.split(",") if a.reps > 0 else []):
         R = {}
         shas = {}
+        runs = [
+            ("1w", lambda: run_dtrain(model, 1)),
+            ("static_thr", lambda: run_dtrain(model, 2, "static", throttle=cg)),
+            ("dynamic_thr", lambda: run_dtrain(model, 2, "dynamic", throttle=cg)),
+            ("static", lambda: run_dtrain(model, 2, "static")),
+            ("dynamic", lambda: run_dtrain(model, 2, "dynamic")),
+        ]
+        if not a.no_det:
+            runs += [
+                ("det_1w", lambda: run_dtrain(model, 1, det=True)),
+                ("det_static", lambda: run_dtrain(model, 2, "static", det=True)),
+                ("det_static_thr", lambda: run_dtrain(model, 2, "static", det=True, throttle=cg)),
+                ("det_dynamic_thr", lambda: run_dtrain(model, 2, "dynamic", det=True, throttle=cg)),
+                ("det_steal_thr", lambda: run_dtrain(model, 2, "steal", det=True, throttle=cg)),
+                # the same without backup copies (DTRAIN_STEAL_BACKUP=0): what they change
+                ("det_steal_thr_nobackup", lambda: run_dtrain(model, 2, "steal", det=True, throttle=cg,
+                                                              env_add={"DTRAIN_STEAL_BACKUP": "0"})),
+                ("det_steal", lambda: run_dtrain(model, 2, "steal", det=True)),
+            ]
+        if not a.no_torch:
+            runs += [("torch", lambda: {"samples_per_second": run_torch(model)}),
+                     ("torch_thr", lambda: {"samples_per_second": run_torch(model, throttle=cg)})]
+        want = set(a.runs.split(",")) if a.runs else None
+        runs = [(k, f) for k, f in runs if want is None or k in want]
+        backups = {}
         for rep in range(a.reps):
-            def rec(key, s):
+            for key, f in runs:
+                s = f()
                 R.setdefault(key, []).append(s["samples_per_second"])
                 if "params_sha256" in s:
                     shas.setdefault(key, set()).add(s["params_sha256"])
-            rec("1w", run_dtrain(model, 1))
-            rec("static_thr", run_dtrain(model, 2, "static", throttle=cg))
-            rec("dynamic_thr", run_dtrain(model, 2, "dynamic", throttle=cg))
-            rec("static", run_dtrain(model, 2, "static"))
-            rec("dynamic", run_dtrain(model, 2, "dynamic"))
-            if not a.no_det:
-                rec("det_1w", run_dtrain(model, 1, det=True))
-                rec("det_static", run_dtrain(model, 2, "static", det=True))
-                rec("det_static_thr", run_dtrain(model, 2, "static", det=True, throttle=cg))
-                rec("det_dynamic_thr", run_dtrain(model, 2, "dynamic", det=True, throttle=cg))
-                rec("det_steal_thr", run_dtrain(model, 2, "steal", det=True, throttle=cg))
-                rec("det_steal", run_dtrain(model, 2, "steal", det=True))
-            if not a.no_torch:
-                R.setdefault("torch", []).append(run_torch(model))
-                R.setdefault("torch_thr", []).append(run_torch(model, throttle=cg))
+                if "backups" in s:
+                    backups.setdefault(key, []).append((s["backups"], s["backups_won"]))
             print(f"# {model} round {rep + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in R.items()),
                   flush=True)
-        m = {k: med(v) for k, v in R.items()}
+        for k, v in backups.items():
+            print(f"# {model} {k}: backup copies ran / counted per run: "
+                  + " ".join(f"{int(x)}/{int(y)}" for x, y in v))
+        m = collections.defaultdict(lambda: float("nan"), {k: med(v) for k, v in R.items()})
         ideal = (1 + a.quota) * m["1w"]
         print(f"{model}: 1 worker {m['1w']:.0f} samples/s; ideal with the throttle {ideal:.0f}")
         for k in ("static_thr", "dynamic_thr"):
@@ -224,12 +244,14 @@ try:
                   f"{m['det_steal_thr'] / ((1 + a.quota) * m['det_1w']):.3f} of it)")
             print(f"{model}: deterministic, no straggler: static {m['det_static']:.0f}, steal "
                   f"{m['det_steal']:.0f}: steal costs {1 - m['det_steal'] / m['det_static']:+.3f}")
-            keys = ("det_1w", "det_static", "det_static_thr", "det_dynamic_thr", "det_steal_thr",
-                    "det_steal")
-            same = len(set().union(*(shas[k] for k in keys))) == 1
-            print(f"{model}: deterministic params_sha256 equal across 1 worker, 2 static, throttled "
-                  f"static, dynamic and steal, unthrottled steal: {same} "
-                  f"({sorted(shas['det_1w'])[0][:16]}...)")
+            det_ideal = (1 + a.quota) * m["det_1w"]
+            print(f"{model}: steal under the throttle: with backups {m['det_steal_thr']:.0f} = "
+                  f"{m['det_steal_thr'] / det_ideal:.3f} of the det ideal, without "
+                  f"{m['det_steal_thr_nobackup']:.0f} = {m['det_steal_thr_nobackup'] / det_ideal:.3f}")
+            keys = [k for k in shas if k.startswith("det_")]
+            hs = set().union(*(shas[k] for k in keys)) if keys else set()
+            print(f"{model}: deterministic params_sha256 equal across {', '.join(keys)}: "
+                  f"{len(hs) == 1} ({sorted(hs)[0][:16] if hs else '-'}...)")
         if not a.no_torch:
             print(f"{model}: PyTorch DDP 2 procs: {m['torch']:.0f} unthrottled, {m['torch_thr']:.0f} "
                   f"throttled: slowdown {m['torch'] / m['torch_thr']:.2f}x; dtrain static "

@@ -42,6 +42,7 @@
 #include "core/core.h"
 #include "engine/balance.h"
 #include "parallel/ddp.h"
+#include "parallel/steal.h"
 
 /* Memory of the speed estimate, seconds: several 100 ms CFS quota periods. */
 #define DT_BALANCE_TAU 1.0
@@ -59,8 +60,9 @@
 /* How often a rank re-reads its CPU quota (a process can be moved into a
  * cgroup while it runs), seconds. */
 #define DT_BALANCE_QUOTA_S 1.0
-/* Gathered per rank at an epoch end: compute, wait, samples, share sum, steps. */
-#define EP_FIELDS 5
+/* Gathered per rank at an epoch end: compute, wait, samples, share sum,
+ * steps, backups ran, won, dropped. */
+#define EP_FIELDS 8
 
 struct dt_balance {
   int rank, nranks, mode, every;
@@ -76,6 +78,7 @@ struct dt_balance {
   double win_compute, win_samples, win_wall;
   /* this rank, this epoch */
   double ep_compute, ep_wait, ep_samples, ep_share, ep_steps;
+  double ep_backups, ep_won, ep_dropped;
   /* every rank: the forgetting sums and the weights */
   double *sum_sec, *sum_n, *weights;
   double *gather;      /* nranks x max(WIN_FIELDS, EP_FIELDS) */
@@ -155,6 +158,12 @@ void dt__balance_computed(dt_balance *b, int n, int g) {
 }
 
 void dt__balance_waited(dt_balance *b, double seconds) { b->step_wait += seconds; }
+
+void dt__balance_backups(dt_balance *b, double ran, double won, double dropped) {
+  b->ep_backups += ran;
+  b->ep_won += won;
+  b->ep_dropped += dropped;
+}
 
 void dt__balance_step_end(dt_balance *b) {
   double busy = dt_now() - b->t0 - b->step_wait;
@@ -277,7 +286,7 @@ void dt__balance_pace(dt_balance *b, struct dt_ddp *ddp) {
     if (b->budget > depth) b->budget = depth;
     b->pace_t = now;
     b->pace_cpu = cpu;
-    if (b->budget > 0 || dt_ddp_steal_left(ddp) <= 0) return;
+    if (b->budget > 0 || dt_steal_left(dt_ddp_steal(ddp)) <= 0) return;
     struct timespec ts = {0, 50000};
     nanosleep(&ts, NULL);
     now = dt_now();
@@ -319,7 +328,8 @@ static int flag(dt_rank_perf *p, int n, double threshold) {
 }
 
 int dt__balance_epoch_end(dt_balance *b, dt_comm *c, int epoch) {
-  double mine[EP_FIELDS] = {b->ep_compute, b->ep_wait, b->ep_samples, b->ep_share, b->ep_steps};
+  double mine[EP_FIELDS] = {b->ep_compute, b->ep_wait,    b->ep_samples, b->ep_share,
+                            b->ep_steps,   b->ep_backups, b->ep_won,     b->ep_dropped};
   if (c && b->nranks > 1) {
     int rc = dt_comm_allgather(c, mine, b->gather, EP_FIELDS, DT_F64);
     if (rc < 0) {
@@ -331,6 +341,7 @@ int dt__balance_epoch_end(dt_balance *b, dt_comm *c, int epoch) {
     memcpy(b->gather, mine, sizeof mine);
   }
   b->ep_compute = b->ep_wait = b->ep_samples = b->ep_share = b->ep_steps = 0;
+  b->ep_backups = b->ep_won = b->ep_dropped = 0;
   for (int r = 0; r < b->nranks; r++) {
     const double *g = b->gather + r * EP_FIELDS;
     dt_rank_perf *e = &b->epoch[r], *t = &b->run[r];
@@ -339,6 +350,12 @@ int dt__balance_epoch_end(dt_balance *b, dt_comm *c, int epoch) {
     e->wait_seconds = g[1];
     e->samples = g[2];
     e->share = g[4] > 0 ? g[3] / g[4] : 0;
+    e->backups = g[5];
+    e->backups_won = g[6];
+    e->dropped = g[7];
+    t->backups += g[5];
+    t->backups_won += g[6];
+    t->dropped += g[7];
     t->compute_seconds += g[0];
     t->wait_seconds += g[1];
     t->samples += g[2];

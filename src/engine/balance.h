@@ -40,6 +40,9 @@ typedef struct dt_rank_perf {
   double share;            /* its mean fraction of the global batch */
   double slower;           /* sec_per_sample / the median's - 1 (0.5 = 50% slower) */
   int straggler;           /* slower > dist.straggler_threshold */
+  double backups;          /* steal: backup copies of others' micro-shards it ran */
+  double backups_won;      /* of those, the ones that finished first and counted */
+  double dropped;          /* its own micro-shards a backup copy finished first */
 } dt_rank_perf;
 
 typedef struct dt_balance dt_balance;
@@ -59,6 +62,9 @@ void dt__balance_computed(dt_balance *b, int n, int g);
 /* A piece of n samples is about to be computed (strategies that see pieces
  * call it, so the test knob slows every piece, not only the step's end). */
 void dt__balance_piece(dt_balance *b, int n);
+/* Work stealing's backup tasks on this worker since the last call (ran,
+ * won, own shards dropped), for the epoch's and the run's records. */
+void dt__balance_backups(dt_balance *b, double ran, double won, double dropped);
 /* Seconds this worker waited in the step's gradient exchange for ranks
  * that came later (dt__ddp_exchange says how that is judged). */
 void dt__balance_waited(dt_balance *b, double seconds);

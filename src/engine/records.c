@@ -61,6 +61,14 @@ void dt__records_close(dt_records *r) {
   r->events = NULL;
 }
 
+/* Work stealing's backup tasks of one rank (only where there were any). */
+static void add_backups(cJSON *w, const dt_rank_perf *p) {
+  if (!(p->backups > 0 || p->dropped > 0)) return;
+  cJSON_AddNumberToObject(w, "backups", p->backups);
+  cJSON_AddNumberToObject(w, "backups_won", p->backups_won);
+  cJSON_AddNumberToObject(w, "dropped", p->dropped);
+}
+
 /* Per-rank speed and wait (balance.h): "ranks" [{rank, ms_per_sample,
  * compute_seconds, wait_seconds, samples, share, slower, straggler}] and
  * "stragglers" [ranks flagged]. */
@@ -78,6 +86,7 @@ static void add_ranks(cJSON *o, const dt_rank_perf *p, int n) {
     cJSON_AddNumberToObject(w, "share", p[i].share);
     cJSON_AddNumberToObject(w, "slower", p[i].slower);
     cJSON_AddBoolToObject(w, "straggler", p[i].straggler);
+    add_backups(w, &p[i]);
     cJSON_AddItemToArray(arr, w);
     if (p[i].straggler) cJSON_AddItemToArray(fl, cJSON_CreateNumber(i));
   }
@@ -239,6 +248,7 @@ int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary 
         cJSON_AddNumberToObject(w, "share", q->share);
         cJSON_AddNumberToObject(w, "slower", q->slower);
         cJSON_AddBoolToObject(w, "straggler", q->straggler);
+        add_backups(w, q);
       }
       cJSON_AddItemToArray(arr, w);
     }
@@ -246,8 +256,17 @@ int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary 
     cJSON_AddStringToObject(o, "balance", dt__enum_name(dt__balance_names, e->cfg.balance));
     const dt_strategy *S = &e->strat;
     cJSON *fl = cJSON_AddArrayToObject(o, "stragglers");
-    for (int i = 0; fl && S->perf_run && i < S->nperf; i++)
+    double ran = 0, won = 0;
+    for (int i = 0; fl && S->perf_run && i < S->nperf; i++) {
       if (S->perf_run[i].straggler) cJSON_AddItemToArray(fl, cJSON_CreateNumber(i));
+      ran += S->perf_run[i].backups;
+      won += S->perf_run[i].backups_won;
+    }
+    /* work stealing: backup copies run, and those that counted */
+    if (e->cfg.balance == DT_BALANCE_STEAL && e->cfg.deterministic) {
+      cJSON_AddNumberToObject(o, "backups", ran);
+      cJSON_AddNumberToObject(o, "backups_won", won);
+    }
   }
   cJSON_AddStringToObject(o, "strategy", e->strat.ops->name);
   add_checkpoints(o, e);

@@ -140,8 +140,15 @@ struct dt_strategy_ops {
    * what that forward reads (ps: the embedding rows of the batch). An
    * error ends the step as step_finish's would. */
   int (*forward_begin)(dt_strategy *s, const dt_batch *b, int index, int count);
-  /* Between the forward and the backward of each piece (may be NULL). */
-  void (*backward_begin)(dt_strategy *s, const dt_batch *b, int index, int count);
+  /* Between the forward and the backward of each piece (may be NULL).
+   * Returns 1 when the piece no longer counts on this worker (work
+   * stealing: a backup copy of it finished first): the loop skips its
+   * backward and its loss; 0 otherwise. */
+  int (*backward_begin)(dt_strategy *s, const dt_batch *b, int index, int count);
+  /* After the backward of each piece (may be NULL): 1 when the piece
+   * counts on this worker, 0 when another copy of it counted first (its
+   * loss is then not tallied here). */
+  int (*piece_done)(dt_strategy *s);
   /* Runs this worker's pieces of a step itself, adding each forward's loss
    * to *t (dt__tally_add): for strategies whose pieces are not one forward
    * and one backward of the whole model in order (pipeline stages: a

@@ -19,7 +19,11 @@
  * every worker takes micro-shards from one shared queue per step (a ticket
  * counter in the shared window, parallel/ddp.h) until it is empty, so a
  * slow or stalled worker simply takes fewer; any assignment gives the same
- * fixed-point sums. dist.balance = dynamic cuts the deal by measured speed.
+ * fixed-point sums. Once the queue is empty, an idle worker re-runs a
+ * micro-shard another worker has held for too long (a backup task,
+ * parallel/steal.h); whichever copy finishes first counts, the other is
+ * undone, so the sums are the same bits. dist.balance = dynamic cuts the
+ * deal by measured speed.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -30,13 +34,17 @@
 #include "tensor/tensor.h"
 #include "comm/compress/compress.h"
 #include "parallel/ddp.h"
+#include "parallel/steal.h"
 
 typedef struct det_impl {
   dt_ddp *ddp;
   dt_balance *bal;
   dt_step_plan plan;
   int steal;           /* dist.balance = steal with a shared queue */
-  int taken, samples;  /* this step's micro-shards and samples (steal) */
+  int taken, samples;  /* this step's micro-shards and samples that count here */
+  int backup;          /* the current micro-shard is a backup copy */
+  int last_n;          /* its samples */
+  dt_steal_stats st0;  /* the queue's counts when the balance record began */
   uint64_t sent0, recv0;
 } det_impl;
 
@@ -49,7 +57,14 @@ static int64_t det_take(void *ud) {
   dt_strategy *s = ud;
   det_impl *d = s->impl;
   dt__balance_pace(d->bal, d->ddp);
-  return dt_ddp_steal_take(d->ddp);
+  dt_steal *q = dt_ddp_steal(d->ddp);
+  dt_steal_stats a, b;
+  dt_steal_get_stats(q, &a);
+  int64_t j = dt_steal_take(q, &d->backup);
+  dt_steal_get_stats(q, &b);
+  /* waiting for shards other ranks hold is waiting for later ranks */
+  dt__balance_waited(d->bal, b.wait_seconds - a.wait_seconds);
+  return j;
 }
 
 static int det_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
@@ -86,7 +101,7 @@ static int det_setup(dt_strategy *s) {
   }
   if (s->comm) dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
   if (s->cfg->balance == DT_BALANCE_STEAL && s->nranks > 1) {
-    if (dt_ddp_steal_ok(d->ddp)) {
+    if (dt_ddp_steal(d->ddp)) {
       rc = dt__source_set_taker(s->source, det_take, s);
       if (rc < 0) {
         dt__ddp_balance_destroy(s, d->bal);
@@ -110,22 +125,38 @@ static int det_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   d->plan = *plan;
   dt__balance_step_begin(d->bal);
   d->taken = d->samples = 0;
-  if (d->steal) dt_ddp_steal_begin(d->ddp, plan->pieces_global);
+  if (d->steal) dt_steal_begin(dt_ddp_steal(d->ddp), plan->pieces_global);
   dt_ddp_begin_step_det(d->ddp, plan->n_global, plan->pieces_global,
                         s->cfg->reduce == DT_DIST_SUM);
   return DT_OK;
 }
 
+/* Stealing, after a micro-shard's backward (or instead of it): commits it;
+ * when another copy counted first, ddp undoes this one's sums and the
+ * step's counts forget it. */
+static int det_piece_done(dt_strategy *s) {
+  det_impl *d = s->impl;
+  if (!d->steal || dt_steal_commit(dt_ddp_steal(d->ddp))) return 1;
+  dt_ddp_det_drop(d->ddp);
+  d->taken--;
+  d->samples -= d->last_n;
+  return 0;
+}
+
 /* After the micro-shard's forward, before its backward: ddp keeps the
  * running statistics it produced and restores the step's starting ones. */
-static void det_backward_begin(dt_strategy *s, const dt_batch *b, int index, int count) {
+static int det_backward_begin(dt_strategy *s, const dt_batch *b, int index, int count) {
   det_impl *d = s->impl;
   d->taken++;
   d->samples += b->n;
+  d->last_n = b->n;
   dt__balance_piece(d->bal, b->n);
   /* stealing: nobody knows which micro-shard is this worker's last, so
    * every bucket is reduced after the step's pieces */
   dt_ddp_det_shard(d->ddp, b->n, !d->steal && index == count - 1);
+  /* another copy already counted: this one's backward would be wasted */
+  if (d->steal && dt_steal_lost(dt_ddp_steal(d->ddp))) return !det_piece_done(s);
+  return 0;
 }
 
 static int det_step_finish(dt_strategy *s, float lr) {
@@ -163,7 +194,16 @@ static int det_eval_reduce(dt_strategy *s, dt_tally *t) {
 /* The epoch's train numbers over all workers, the loss summed in fixed point
  * (int64), so it has the same bits for any worker count. */
 static int det_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
-  DT_CHECK(dt__balance_epoch_end(((det_impl *)s->impl)->bal, s->comm, epoch));
+  det_impl *d = s->impl;
+  if (d->steal) {
+    dt_steal_stats now;
+    dt_steal_get_stats(dt_ddp_steal(d->ddp), &now);
+    dt__balance_backups(d->bal, (double)(now.backups - d->st0.backups),
+                        (double)(now.backups_won - d->st0.backups_won),
+                        (double)(now.dropped - d->st0.dropped));
+    d->st0 = now;
+  }
+  DT_CHECK(dt__balance_epoch_end(d->bal, s->comm, epoch));
   if (!s->comm) return DT_OK;
   int64_t v[3] = {t->loss_q, t->correct, t->samples};
   int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_I64, DT_OP_SUM);
@@ -186,8 +226,9 @@ static int det_membership(dt_strategy *s, const dt_membership *m) {
   dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
   /* stealing: the queue lives in the new generation's window (its tickets
    * start afresh on every member alike); det_take reads d->ddp */
+  memset(&d->st0, 0, sizeof d->st0);
   if (d->steal) {
-    d->steal = dt_ddp_steal_ok(d->ddp) && s->nranks > 1;
+    d->steal = dt_ddp_steal(d->ddp) && s->nranks > 1;
     DT_CHECK(dt__source_set_taker(s->source, d->steal ? det_take : NULL, d->steal ? s : NULL));
   }
   /* the speed measurements are per rank of the old world: start afresh */
@@ -213,6 +254,7 @@ const struct dt_strategy_ops dt__strategy_ddp_det = {
     .setup = det_setup,
     .step_begin = det_step_begin,
     .backward_begin = det_backward_begin,
+    .piece_done = det_piece_done,
     .grad_ready = dt_ddp_grad_ready,
     .step_finish = det_step_finish,
     .eval_begin = det_eval_begin,

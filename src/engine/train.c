@@ -336,13 +336,16 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
           DT_CHECK_GOTO(S->ops->forward_begin(S, &b, i, plan.pieces), rc, step_failed);
         DT_CHECK_GOTO(dt_model_forward(e->model, b.x, b.n, &ctx), rc, step_failed);
         if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "forward", 0, n0, n1, b.n), n0 = n1;
-        if (S->ops->backward_begin) S->ops->backward_begin(S, &b, i, plan.pieces);
+        /* a piece whose backup copy finished first elsewhere (stealing) is
+         * not this worker's: no backward, no loss */
+        if (S->ops->backward_begin && S->ops->backward_begin(S, &b, i, plan.pieces)) continue;
         if (e->elastic) dt__elastic_fault(e, DT_FAULT_BACKWARD);
         int nc = 0;
         float loss = 0.0f;
         DT_CHECK_GOTO(dt_model_backward(e->model, b.y, b.n, &loss, &nc, S->ops->grad_ready,
                                         S->grad_ud), rc, step_failed);
         if (tr) n1 = dt_now_ns(), dt_obs_span(ob, "backward", 0, n0, n1, b.n), n0 = n1;
+        if (S->ops->piece_done && !S->ops->piece_done(S)) continue;
         dt__tally_add(&st, loss, b.n, nc, plan.terms);
         if (*vlo < 0) *vlo = b.sample0;
         *vhi = b.sample0 + b.n;

@@ -44,7 +44,6 @@
  */
 #include <math.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +54,7 @@
 #include "core/core.h"
 #include "parallel/ddp.h"
 #include "parallel/fixsum.h"
+#include "parallel/steal.h"
 
 typedef struct bucket {
   size_t off, n;  /* span in the gradient buffer (floats) */
@@ -89,11 +89,16 @@ struct dt_ddp {
   size_t nparams, nbufs, head; /* head = nbufs + 1 (the overflow count) */
   int64_t *acc;                /* head, then nparams gradient sums */
   int acc_in_win;              /* acc is the shared window's memory (one host) */
-  /* work stealing (dt_ddp_steal_*): a ticket counter in rank 0's window,
-   * after its accumulator; this step's tickets are [base, base + shards) */
-  _Atomic int64_t *ticket;
-  int64_t base, next_base, shards;
+  /* work stealing (parallel/steal.h): the queue in rank 0's window, after
+   * its accumulator; what the current micro-shard added, to undo it when
+   * a backup copy of it counts instead (dt_ddp_det_drop) */
+  dt_steal *steal;
+  size_t *spans;               /* [lo, hi) gradient spans added, 2 x maxspans */
+  int nspans, maxspans, skip;  /* skip: another copy counted, add no more */
+  size_t reported0, nbad0;     /* at the current micro-shard's start */
+  double wbufs;                /* weight of its buffer terms */
   float *bufs, *bufs0;         /* the model's buffers; their value at step start */
+  float *bufs_last;            /* stealing: the current micro-shard's buffer terms */
   double gw;                   /* 1: gradients weigh 1 per micro-shard (reduce sum) */
   double w;                    /* weight of the current micro-shard's gradients */
   double divisor, n_global, bound;
@@ -312,14 +317,25 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
    * transport, DTRAIN_WINDOW=0) the transport's allreduce. */
   size_t np = dt_model_nparams(m);
   if (det && c && dt_comm_size(c) > 1 && !(cz && cz->codec != DT_CODEC_NONE)) {
-    /* the accumulator, then one cache line for the work-stealing ticket */
+    /* the accumulator, then the work-stealing queue */
     size_t acc_bytes = ((d->head + d->nparams) * sizeof *d->acc + 63) & ~(size_t)63;
-    int rc = dt_comm_window_create(c, acc_bytes + 64, &d->win);
+    const int nr = dt_comm_size(c);
+    int rc = dt_comm_window_create(c, acc_bytes + dt_steal_bytes(nr), &d->win);
     if (rc == DT_OK) {
       free(d->acc);
       d->acc = dt_comm_window_base(d->win);
       d->acc_in_win = 1;
-      d->ticket = (_Atomic int64_t *)((char *)dt_comm_window_peer(d->win, 0) + acc_bytes);
+      d->maxspans = nl + 1;
+      d->spans = malloc(2 * (size_t)d->maxspans * sizeof *d->spans);
+      d->bufs_last = malloc((d->nbufs ? d->nbufs : 1) * sizeof *d->bufs_last);
+      rc = d->spans && d->bufs_last ? DT_OK : dt__seterr(DT_ENOMEM, "ddp: out of memory");
+      if (rc == DT_OK)
+        rc = dt_steal_create(&d->steal, (char *)dt_comm_window_peer(d->win, 0) + acc_bytes,
+                             dt_comm_rank(c), nr);
+      if (rc < 0) {
+        dt_ddp_destroy(d);
+        return rc;
+      }
     } else if (rc != DT_ENOTSUP) {
       dt_ddp_destroy(d);
       return dt__preerr(rc, "ddp: fixed-point window");
@@ -411,6 +427,9 @@ void dt_ddp_destroy(dt_ddp *d) {
   free(d->queue);
   if (!d->acc_in_win) free(d->acc);
   free(d->bufs0);
+  free(d->bufs_last);
+  free(d->spans);
+  dt_steal_destroy(d->steal);
   free(d);
 }
 
@@ -448,23 +467,53 @@ void dt_ddp_begin_step_det(dt_ddp *d, int64_t n_global, int64_t shards_global, i
 
 void dt_ddp_det_shard(dt_ddp *d, int n, int last) {
   d->first = d->shard++ == 0;
+  d->reported0 = d->reported;
+  d->nbad0 = d->nbad;
+  d->nspans = d->skip = 0;
+  d->wbufs = (double)n;
   if (d->nbufs) {
     /* this micro-shard's forward moved the running statistics from bufs0:
      * keep its result (weighted by its samples) and start the next one
      * from bufs0 again, so no micro-shard sees another's update */
     det_add(d, d->acc, d->bufs, d->nbufs, (double)n, d->nparams);
+    if (d->steal) memcpy(d->bufs_last, d->bufs, d->nbufs * sizeof *d->bufs);
     memcpy(d->bufs, d->bufs0, d->nbufs * sizeof *d->bufs);
   }
   d->w = d->gw != 0 ? d->gw : (double)n;
   d->last = last;
 }
 
+/* Stealing: the gradient span [off, off + n) of the current micro-shard is
+ * being added. Layers lie in order and backward reports them from the
+ * last, so spans join into a few; a full list widens its last entry. */
+static void note_span(dt_ddp *d, size_t off, size_t n) {
+  size_t *sp = d->spans;
+  if (d->nspans && sp[2 * d->nspans - 2] == off + n) {
+    sp[2 * d->nspans - 2] = off;
+    return;
+  }
+  if (d->nspans == d->maxspans) {
+    size_t *l = sp + 2 * d->nspans - 2;
+    if (off < l[0]) l[0] = off;
+    if (off + n > l[1]) l[1] = off + n;
+    return;
+  }
+  sp[2 * d->nspans] = off;
+  sp[2 * d->nspans + 1] = off + n;
+  d->nspans++;
+}
+
 void dt_ddp_grad_ready(void *ud, size_t off, size_t n) {
   dt_ddp *d = ud;
   if (!n) return;
   if (d->det) {
-    det_add(d, d->acc + d->head + off, d->grads + off, n, d->w, off);
     d->reported += n;
+    if (d->steal) {
+      /* a backup copy of this micro-shard counted: add no more of it */
+      if (d->skip || (d->skip = dt_steal_lost(d->steal))) return;
+      note_span(d, off, n);
+    }
+    det_add(d, d->acc + d->head + off, d->grads + off, n, d->w, off);
     if (!d->last) return;
   }
   if (!d->overlap) return;
@@ -551,32 +600,29 @@ int dt_ddp_finish_step(dt_ddp *d) {
 
 /* ---- work stealing ------------------------------------------------------------ */
 
-int dt_ddp_steal_ok(const dt_ddp *d) { return d->det && d->ticket != NULL; }
+dt_steal *dt_ddp_steal(dt_ddp *d) { return d->det ? d->steal : NULL; }
 
-void dt_ddp_steal_begin(dt_ddp *d, int64_t shards) {
-  d->base = d->next_base;
-  d->shards = shards;
-  d->next_base = d->base + shards;
-}
-
-int64_t dt_ddp_steal_take(void *ud) {
-  dt_ddp *d = ud;
-  const int64_t end = d->base + d->shards;
-  int64_t cur = atomic_load_explicit(d->ticket, memory_order_relaxed);
-  /* compare-and-swap, never fetch-add: a ticket past this step's end would
-   * belong to the next step */
-  while (cur < end)
-    if (atomic_compare_exchange_weak(d->ticket, &cur, cur + 1)) return cur - d->base;
-  return -1;
+void dt_ddp_det_drop(dt_ddp *d) {
+  if (!d->det || !d->shard) return;
+  if (d->first) {
+    /* it stored rather than added: the next micro-shard stores afresh, or
+     * dt_ddp_all_ready zeroes the sums */
+    d->shard = 0;
+  } else {
+    if (d->nbufs) dt_fix_sub(d->acc, d->bufs_last, d->nbufs, d->wbufs, d->bound);
+    for (int i = 0; i < d->nspans; i++) {
+      size_t lo = d->spans[2 * i], hi = d->spans[2 * i + 1];
+      dt_fix_sub(d->acc + d->head + lo, d->grads + lo, hi - lo, d->w, d->bound);
+    }
+    d->shard--;
+  }
+  d->nspans = 0;
+  d->reported = d->reported0;
+  d->nbad = d->nbad0;
 }
 
 double dt_ddp_blocked_seconds(const dt_ddp *d) {
   return d->win ? dt_comm_window_blocked(d->win) : -1;
-}
-
-int64_t dt_ddp_steal_left(const dt_ddp *d) {
-  int64_t left = d->base + d->shards - atomic_load_explicit(d->ticket, memory_order_relaxed);
-  return left > 0 ? left : 0;
 }
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out) {

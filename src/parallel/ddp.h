@@ -113,20 +113,22 @@ void dt_ddp_det_shard(dt_ddp *d, int n, int last);
  * value beyond the fixed-point range (dt_fix_bound) or not finite. */
 
 /* Work stealing (dist.balance = steal): the micro-shards of a step form one
- * queue shared by every rank, a ticket counter in the shared window (so
- * only when every rank is on one host: dt_ddp_steal_ok). Every rank calls
- * dt_ddp_steal_begin(shards of the global batch) at the start of every step
- * (the same sequence everywhere), then dt_ddp_steal_take until it returns
- * -1 (the queue is empty); each take is the index of a micro-shard of the
- * step that no other rank got. Any assignment gives the same fixed-point
- * sums, so the result is bitwise that of the static deal. Call
- * dt_ddp_det_shard(n, 0) for each taken shard (no overlap: every bucket is
- * reduced in dt_ddp_finish_step) and dt_ddp_all_ready if none was taken. */
-int dt_ddp_steal_ok(const dt_ddp *d);
-void dt_ddp_steal_begin(dt_ddp *d, int64_t shards);
-int64_t dt_ddp_steal_take(void *ud); /* ud: the dt_ddp */
-/* Micro-shards of this step nobody has taken yet. */
-int64_t dt_ddp_steal_left(const dt_ddp *d);
+ * queue shared by every rank (parallel/steal.h), in the shared window (so
+ * only when every rank is on one host: dt_ddp_steal returns NULL
+ * otherwise). Every rank calls dt_steal_begin(shards of the global batch)
+ * at the start of every step, then dt_steal_take until it returns -1; for
+ * each shard taken, dt_ddp_det_shard(n, 0) and its backward (no overlap:
+ * every bucket is reduced in dt_ddp_finish_step), then dt_steal_commit;
+ * when that says another copy counted (a backup finished first),
+ * dt_ddp_det_drop. While a shard is computed, the grad-ready callback
+ * stops adding it as soon as another copy is committed. */
+struct dt_steal;
+struct dt_steal *dt_ddp_steal(dt_ddp *d);
+/* Undoes this worker's current micro-shard (begun by dt_ddp_det_shard, its
+ * backward over or cut short): subtracts exactly what it added, so the
+ * sums are as if it had never been taken. The model's buffers and the
+ * gradient buffer must still hold what that shard left there. */
+void dt_ddp_det_drop(dt_ddp *d);
 
 /* Collective: rank 0's parameters (and non-trainable buffers) are copied to
  * every worker, then every worker's SHA-256 of them is compared with rank

@@ -50,6 +50,15 @@ size_t dt_fix_add(int64_t *restrict acc, const float *restrict x, size_t n, doub
   return bad;
 }
 
+void dt_fix_sub(int64_t *restrict acc, const float *restrict x, size_t n, double w,
+                double bound) {
+  const double s = w * ldexp(1.0, DT_FIX_BITS);
+  for (size_t i = 0; i < n; i++) {
+    double y = (double)x[i] * s;
+    acc[i] -= (int64_t)(fabs(y) <= bound ? rint(y) : 0.0);
+  }
+}
+
 void dt_fix_to_float(float *restrict out, const int64_t *restrict acc, size_t n,
                      double divisor) {
   /* one scale for all values: a power of two over the divisor, rounded once */

@@ -39,6 +39,13 @@ double dt_fix_bound(int64_t terms);
 size_t dt_fix_add(int64_t *restrict acc, const float *restrict x, size_t n, double w,
                   double bound, int store, size_t *first_bad);
 
+/* acc[i] -= round(x[i] * w * 2^DT_FIX_BITS) for i < n, with dt_fix_add's
+ * rounding and bound (a value it added 0 for subtracts 0): exactly undoes a
+ * dt_fix_add of the same x, w and bound (a micro-shard whose backup copy
+ * finished first, parallel/steal.h). */
+void dt_fix_sub(int64_t *restrict acc, const float *restrict x, size_t n, double w,
+                double bound);
+
 /* out[i] = (float)((double)acc[i] * (2^-DT_FIX_BITS / divisor)). */
 void dt_fix_to_float(float *restrict out, const int64_t *restrict acc, size_t n,
                      double divisor);

@@ -13,7 +13,9 @@
  *   - dist.balance = steal (shared micro-shard queue): 2 workers with rank 1
  *     slowed, 3 with rank 0 slowed, 2 unslowed: every rank ends with the
  *     bits of the 1-worker run, and a slowed rank takes well under its
- *     equal share.
+ *     equal share; with 2, the fast rank ran backup copies of micro-shards
+ *     the slowed rank held, some counted, and the slowed rank dropped
+ *     exactly those (summary.json's backups_won and dropped).
  * The slow rank sleeps 1 ms per sample, hundreds of times the tiny MLP's
  * own compute, so the straggler is unmistakable even on a loaded machine.
  */
@@ -103,19 +105,31 @@ static char *slurp(const char *file) {
   return buf;
 }
 
-/* The "share" of rank r in summary.json's per_worker (-1 if missing). */
-static double summary_share(const char *tag, int r) {
+/* Number `name` of rank r in summary.json's per_worker, or of the summary
+ * itself with r < 0 (-1 if missing). */
+static double summary_num(const char *tag, int r, const char *name) {
   char p[400];
   snprintf(p, sizeof p, "%s/%s_run/summary.json", tmpdir, tag);
   char *s = slurp(p);
   assert_non_null(s);
-  char key[32];
-  snprintf(key, sizeof key, "\"rank\":\t%d", r);
-  char *w = strstr(s, key);
+  char key[64];
+  char *w = s;
+  if (r >= 0) {
+    snprintf(key, sizeof key, "\"rank\":\t%d", r);
+    w = strstr(s, key);
+  } else {
+    w = strstr(s, "\"stragglers\"");
+  }
   if (!w) return -1;
-  char *sh = strstr(w, "\"share\":");
-  return sh ? atof(sh + 8) : -1;
+  /* a per_worker entry is a flat object: look no further than its end */
+  char *end = r >= 0 ? strchr(w, '}') : NULL;
+  if (end) *end = '\0';
+  snprintf(key, sizeof key, "\"%s\":", name);
+  char *sh = strstr(w, key);
+  return sh ? atof(sh + strlen(key)) : -1;
 }
+
+static double summary_share(const char *tag, int r) { return summary_num(tag, r, "share"); }
 
 static void run_pair(const char *tag, int deterministic, int balance, int *st) {
   dt_run_cfg cfgs[2];
@@ -233,6 +247,22 @@ static void test_steal(void **state) {
       printf("# steal, %d workers, rank %d slowed: its share %.3f, bits of 1 worker\n", N, slow,
              share);
       assert_true(share >= 0 && share < 0.8 / N);
+      /* the queue ran dry while the slowed rank (4 ms per micro-shard)
+       * still held one: the others ran backup copies, some of them
+       * finished first and the slowed rank dropped exactly those — and
+       * the bits above are still one worker's */
+      double won = summary_num(tag, -1, "backups_won"), dropped = 0, wonr = 0;
+      for (int r = 0; r < N; r++) {
+        double x = summary_num(tag, r, "dropped"), y = summary_num(tag, r, "backups_won");
+        dropped += x > 0 ? x : 0;
+        wonr += y > 0 ? y : 0;
+      }
+      printf("# steal, %d workers: %.0f backup copies ran, %.0f counted, %.0f micro-shards "
+             "dropped\n", N, summary_num(tag, -1, "backups"), won, dropped);
+      /* with 3, the two others usually take every micro-shard before the
+       * slowed rank holds one: no backup is needed there */
+      if (N == 2) assert_true(won >= 1);
+      assert_true(won == wonr && won == dropped);
     }
   }
   free(ref);

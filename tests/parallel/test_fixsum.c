@@ -12,7 +12,9 @@
  *     and name the first bad index; through dt_ddp (one worker, no
  *     communicator) such a value makes the step fail with DT_ERANGE;
  *   - empty spans and zeros leave everything as it was (or store zeros);
- *   - T = 2^20 terms each at the bound sum to exactly 2^62 in any grouping.
+ *   - T = 2^20 terms each at the bound sum to exactly 2^62 in any grouping;
+ *   - dt_fix_sub undoes dt_fix_add exactly (ties, weights, values past the
+ *     bound and NaN included): a backup copy's terms removed leave the bits.
  * It does not test the allreduce of the int64 sums (tests/engine
  * test_ddp_det*) — only the arithmetic every rank does on its own.
  */
@@ -216,6 +218,31 @@ static void test_store_and_add(void **state) {
   assert_true(fix1(nz, 1) == 0);
 }
 
+/* Work stealing's dropped micro-shards: subtracting what was added gives
+ * back the exact bits, whatever was there before. */
+static void test_sub_undoes_add(void **state) {
+  (void)state;
+  enum { N = 4096 };
+  static int64_t a[N], keep[N];
+  static float x[N];
+  for (int i = 0; i < N; i++) {
+    a[i] = keep[i] = (int64_t)(i * 2654435761u) - (1LL << 31);
+    x[i] = ldexpf((float)((i * 7919) % 2001 - 1000), -(i % 40)) * 0.37f;
+  }
+  x[1] = NAN;
+  x[2] = INFINITY;
+  x[3] = 1e30f;                   /* past the bound: added as 0 */
+  x[4] = 2.5f * ldexpf(1.0f, -32); /* a tie at weight 1 */
+  const double bound = dt_fix_bound(64);
+  for (int k = 0; k < 3; k++) {
+    double w = k == 0 ? 1.0 : k == 1 ? 8.0 : 3.0;
+    size_t bad = dt_fix_add(a, x, N, w, bound, 0, NULL);
+    assert_int_equal(bad, 3);
+    dt_fix_sub(a, x, N, w, bound);
+    assert_memory_equal(a, keep, sizeof a);
+  }
+}
+
 static void test_empty_and_zero_spans(void **state) {
   (void)state;
   int64_t a[4] = {1, 2, 3, 4};
@@ -388,6 +415,7 @@ int main(void) {
       cmocka_unit_test(test_bound),
       cmocka_unit_test(test_out_of_range),
       cmocka_unit_test(test_many_terms_at_the_bound),
+      cmocka_unit_test(test_sub_undoes_add),
       cmocka_unit_test(test_ddp_step_erange),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
