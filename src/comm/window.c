@@ -17,6 +17,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +44,7 @@ struct span_fp {
   float scale;
   uint32_t seq;
   uint32_t elem; /* 4: f32 scaled sums, 8: int64 sums */
-  uint32_t pad;
+  uint32_t cut_sum; /* checksum of the slice fractions (0: equal slices) */
   int64_t t_ready; /* CLOCK_MONOTONIC ns when the rank joined the call */
 };
 
@@ -84,6 +85,12 @@ struct dt_comm_window {
   /* waited for peers that joined or finished later: added by the thread that
    * reduces (ddp's communication thread), read by the training thread */
   _Atomic int64_t blocked_ns;
+  /* the allreduce's slices: rank q sums [cut[q], cut[q + 1]) of every span,
+   * as fractions (dt_comm_window_set_shares; NULL: equal slices), and a
+   * checksum of them every rank publishes, so ranks that cut differently
+   * fail instead of leaving a gap */
+  double *cut;
+  uint32_t cut_sum;
 };
 
 #define QUOTA_SPIN_NS 20000
@@ -154,7 +161,36 @@ void dt_comm_window_destroy(dt_comm_window *w) {
   free(w->data);
   free(w->pidfd);
   free(w->pid);
+  free(w->cut);
   free(w);
+}
+
+int dt_comm_window_set_shares(dt_comm_window *w, const double *weights) {
+  const int n = w->size;
+  double W = 0;
+  int ok = weights != NULL;
+  for (int q = 0; ok && q < n; q++) {
+    if (!(weights[q] >= 0) || !isfinite(weights[q])) ok = 0;
+    else W += weights[q];
+  }
+  if (!ok || !(W > 0) || !isfinite(W)) {
+    free(w->cut);
+    w->cut = NULL;
+    w->cut_sum = 0;
+    return DT_OK;
+  }
+  if (!w->cut && !(w->cut = malloc((size_t)(n + 1) * sizeof *w->cut)))
+    return dt__seterr(DT_ENOMEM, "window: out of memory");
+  double acc = 0;
+  uint32_t h = 2166136261u; /* FNV-1a over the fractions' bytes */
+  for (int q = 0; q <= n; q++) {
+    w->cut[q] = q == n ? 1.0 : acc / W;
+    if (q < n) acc += weights[q];
+    const unsigned char *b = (const unsigned char *)&w->cut[q];
+    for (size_t i = 0; i < sizeof(double); i++) h = (h ^ b[i]) * 16777619u;
+  }
+  w->cut_sum = h | 1; /* never 0, which means equal slices */
+  return DT_OK;
 }
 
 /* Collective verdict: every rank learns whether all ranks passed ok. */
@@ -422,7 +458,7 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
   int64_t fr = dt_obs_fr_begin(obs, "allreduce", DT_OBS_STREAM_WINDOW, seq, (uint64_t)count * 4, -1);
   struct win_hdr *me = w->hdr[r];
   const int64_t t_ready = dt_now_ns();
-  me->fp[seq & 1] = (struct span_fp){off, count, scale, seq, elem, 0, t_ready};
+  me->fp[seq & 1] = (struct span_fp){off, count, scale, seq, elem, w->cut_sum, t_ready};
   post(me, &me->ready, seq);
   int64_t deadline = dt_now_ns() + (int64_t)(dt_comm_timeout(w->c) * 1e9);
   int64_t last = t_ready; /* the latest peer's join, then finish */
@@ -436,6 +472,11 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
   for (int q = 0; q < n; q++) {
     if (q != r && (rc = wait_word(w, q, 0, seq, deadline)) < 0) goto out;
     const struct span_fp *f = &w->hdr[q]->fp[seq & 1];
+    if (f->seq == seq && f->cut_sum != w->cut_sum && !ranges) {
+      rc = dt__seterr(DT_EMISMATCH, "window allreduce #%u: rank %d cuts the slices with "
+                      "shares %08x, rank %d with %08x", seq, q, f->cut_sum, r, w->cut_sum);
+      goto out;
+    }
     if (f->seq != seq || f->off != off || f->count != count || f->elem != elem) {
       rc = dt__seterr(DT_EMISMATCH, "window allreduce #%u: rank %d reduces %s [%llu, +%llu) "
                       "but rank %d reduces %s [%zu, +%zu)", seq, q,
@@ -465,11 +506,22 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
       if (hi > lo) count_bytes(&w->read, (uint64_t)(n - 1) * (hi - lo) * elem);
     }
   } else {
-    /* slice r of the span, in whole cache lines so no two ranks write one */
+    /* slice r of the span, in whole cache lines so no two ranks write one:
+     * equal, or by the shares set (a slow rank sums less) */
     const size_t line = 64 / elem;
-    size_t per = ((count + (size_t)n * line - 1) / ((size_t)n * line)) * line;
-    size_t lo = (size_t)r * per < count ? (size_t)r * per : count;
-    size_t hi = lo + per < count ? lo + per : count;
+    size_t lo, hi;
+    if (w->cut) {
+      size_t lines = (count + line - 1) / line;
+      lo = (size_t)((double)lines * w->cut[r]) * line;
+      hi = r == n - 1 ? count : (size_t)((double)lines * w->cut[r + 1]) * line;
+      if (lo > count) lo = count;
+      if (hi > count) hi = count;
+      if (hi < lo) hi = lo;
+    } else {
+      size_t per = ((count + (size_t)n * line - 1) / ((size_t)n * line)) * line;
+      lo = (size_t)r * per < count ? (size_t)r * per : count;
+      hi = lo + per < count ? lo + per : count;
+    }
     for (size_t j = lo; j < hi; j += block) {
       size_t k = hi - j < block ? hi - j : block;
       for (int q = 0; q < n; q++) src[q] = (char *)w->data[q] + off + j * elem;

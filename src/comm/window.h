@@ -71,6 +71,15 @@ int dt_comm_window_reduce_local_f32(dt_comm_window *w, size_t off, size_t count,
  * fixed-point gradients of deterministic mode). off must be a multiple of 8. */
 int dt_comm_window_allreduce_i64(dt_comm_window *w, size_t off, size_t count);
 
+/* The allreduce's slices follow these nranks weights from the next call on
+ * (rank q sums about weights[q] / sum of weights of every span, in whole
+ * cache lines): a slow rank sums less (dist.balance = dynamic). NULL, or
+ * any weight negative or not finite: equal slices. Every rank must set the
+ * same weights before the same call (DT_EMISMATCH naming both ranks
+ * otherwise); the sums have the same bits whoever computes a slice. Not
+ * thread-safe against a call in flight. */
+int dt_comm_window_set_shares(dt_comm_window *w, const double *weights);
+
 /* Makes this rank's pending and later window calls fail with DT_EABORTED;
  * peers waiting for this rank fail too, with `why` in their message. Any
  * thread. */

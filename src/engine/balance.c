@@ -218,7 +218,11 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
                        int *changed) {
   *changed = 0;
   *weights = b->have_weights ? b->weights : NULL;
-  if (b->mode != DT_BALANCE_DYNAMIC || !c || b->nranks < 2 || step % b->every) return DT_OK;
+  /* steal measures too: its weights cut no batch (the queue deals the
+   * micro-shards) but the shared window's reduction slices */
+  if ((b->mode != DT_BALANCE_DYNAMIC && b->mode != DT_BALANCE_STEAL) || !c || b->nranks < 2 ||
+      step % b->every)
+    return DT_OK;
   double now = dt_now();
   if (now >= b->quota_next) {
     b->quota = dt_cpu_quota();

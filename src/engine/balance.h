@@ -76,7 +76,9 @@ void dt__balance_step_end(dt_balance *b);
  * every dist.balance_every steps, gathers every rank's recent speed and
  * recomputes the weights (a collective; a no-op in between and in static
  * mode). *weights is then the nranks weights to cut batches by (NULL in
- * static mode); *changed says whether they moved. */
+ * static mode); *changed says whether they moved. With dist.balance =
+ * steal the same weights are computed (the queue deals the micro-shards;
+ * the weights cut the shared window's reduction slices). */
 int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **weights,
                        int *changed);
 

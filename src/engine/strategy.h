@@ -227,10 +227,11 @@ int dt__ddp_comm_err(dt_strategy *s, int rc, const char *what);
 /* Shared by ddp and ddp_det: the balance (balance.h) of a run, its numbers
  * lent to the records through s->perf_*; a step's exchange timed (the
  * wait for later ranks in dt_ddp_finish_step); after the optimizer step the
- * step's measurement closed and dynamic shares re-planned into s->source. */
+ * step's measurement closed and dynamic shares re-planned into s->source
+ * and into ddp's window slices (dt_ddp_set_shares). */
 int dt__ddp_balance_create(dt_strategy *s, dt_balance **out);
 int dt__ddp_exchange(dt_strategy *s, dt_ddp *ddp, dt_balance *bal, const dt_step_plan *plan);
-int dt__ddp_replan(dt_strategy *s, dt_balance *bal);
+int dt__ddp_replan(dt_strategy *s, dt_ddp *ddp, dt_balance *bal);
 void dt__ddp_balance_destroy(dt_strategy *s, dt_balance *bal);
 /* Shared by ddp and ddp_det: a membership change. Frees *ddp, takes the new
  * communicator, broadcasts the source's state; det: makes a fresh

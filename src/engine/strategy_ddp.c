@@ -82,12 +82,16 @@ int dt__ddp_exchange(dt_strategy *s, dt_ddp *ddp, dt_balance *bal, const dt_step
   return DT_OK;
 }
 
-int dt__ddp_replan(dt_strategy *s, dt_balance *bal) {
+int dt__ddp_replan(dt_strategy *s, dt_ddp *ddp, dt_balance *bal) {
   dt__balance_step_end(bal);
   const double *w = NULL;
   int changed = 0;
   DT_CHECK(dt__balance_replan(bal, s->comm, s->step, &w, &changed));
-  return changed ? dt__source_set_weights(s->source, w) : DT_OK;
+  if (!changed) return DT_OK;
+  /* the slow rank also sums less of each bucket in the shared window: the
+   * reduction is per-step work every rank repeats whatever its share */
+  DT_CHECK(dt_ddp_set_shares(ddp, w));
+  return dt__source_set_weights(s->source, w);
 }
 
 void dt__ddp_balance_destroy(dt_strategy *s, dt_balance *bal) {
@@ -247,7 +251,7 @@ static int ddp_step_finish(dt_strategy *s, float lr) {
   DT_CHECK(dt__ddp_exchange(s, d->ddp, d->bal, &d->plan));
   DT_CHECK(dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr));
   s->step++;
-  return dt__ddp_replan(s, d->bal);
+  return dt__ddp_replan(s, d->ddp, d->bal);
 }
 
 int dt__ddp_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {

@@ -166,7 +166,7 @@ static int det_step_finish(dt_strategy *s, float lr) {
   DT_CHECK(dt__ddp_exchange(s, d->ddp, d->bal, &d->plan));
   DT_CHECK(dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr));
   s->step++;
-  return dt__ddp_replan(s, d->bal);
+  return dt__ddp_replan(s, d->ddp, d->bal);
 }
 
 /* The test set in fixed chunks of train.batch, whole chunks per rank.

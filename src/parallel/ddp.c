@@ -625,6 +625,10 @@ double dt_ddp_blocked_seconds(const dt_ddp *d) {
   return d->win ? dt_comm_window_blocked(d->win) : -1;
 }
 
+int dt_ddp_set_shares(dt_ddp *d, const double *weights) {
+  return d->win ? dt_comm_window_set_shares(d->win, weights) : DT_OK;
+}
+
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out) {
   pthread_mutex_lock((pthread_mutex_t *)&d->mu);
   *out = d->st;

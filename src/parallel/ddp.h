@@ -65,6 +65,12 @@ void dt_ddp_all_ready(dt_ddp *d);
  * the communication thread (message naming the peer, e.g. a lost rank). */
 int dt_ddp_finish_step(dt_ddp *d);
 
+/* dist.balance = dynamic: the shared window's reduction slices follow the
+ * ranks' speed weights (dt_comm_window_set_shares; NULL: equal), so a slow
+ * rank sums less of every bucket. Every rank calls it with the same
+ * weights between the same steps. A no-op without a window. */
+int dt_ddp_set_shares(dt_ddp *d, const double *weights);
+
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out);
 /* Seconds this rank has waited, over the run, for ranks that reached a
  * bucket's reduction later (or finished their part later), judged by their

@@ -11,7 +11,9 @@
  * values included, and a rank summing floats while another sums int64s over
  * the same bytes is DT_EMISMATCH; the reduce into a rank's own ranges
  * (ZeRO-1's reduce-scatter) has the allreduce's bits there and leaves the
- * rest alone. Peer death across processes is covered end to end by
+ * rest alone; slices cut by shares (dt_comm_window_set_shares: a zero
+ * weight, a tiny one, uneven ones) give the equal cut's bits on every rank,
+ * and ranks that set different shares get DT_EMISMATCH. Peer death across processes is covered end to end by
  * tests/cli/test_cli_workers_kill.sh (data-parallel gradients use windows).
  */
 #include <setjmp.h>
@@ -146,6 +148,57 @@ static void test_reduce_local(void **s) {
       assert_int_equal(run_ranks("inproc", n, 20.0, local_body, (void *)&counts[j], NULL, NULL), 0);
 }
 
+/* ---- slices by shares (dist.balance = dynamic) ---------------------------- */
+
+/* The same inputs reduced with equal slices and with slices cut by uneven
+ * shares (rank 0 weight 0 with 3+ ranks: it sums nothing) have the same
+ * bits; then shares that differ between ranks are DT_EMISMATCH. */
+static int shares_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  const size_t count = *(const size_t *)arg;
+  int r = dt_comm_rank(c), n = dt_comm_size(c);
+  dt_comm_window *w, *ref;
+  if (dt_comm_window_create(c, count * sizeof(float) + 64, &w) < 0)
+    return FAIL("create: %s", dt_errmsg());
+  if (dt_comm_window_create(c, count * sizeof(float) + 64, &ref) < 0) {
+    dt_comm_window_destroy(w);
+    return FAIL("create: %s", dt_errmsg());
+  }
+  float *x = dt_comm_window_base(w), *y = dt_comm_window_base(ref);
+  double wt[8];
+  for (int q = 0; q < n; q++) wt[q] = q == 0 && n > 2 ? 0.0 : q == 1 ? 1e-3 : 1.0 + q;
+  int bad = 0;
+  for (int rep = 0; rep < 2 && !bad; rep++) { /* the second call: the other fingerprint slot */
+    for (size_t i = 0; i < count; i++) x[i] = y[i] = win_val(r, i);
+    if (dt_comm_window_set_shares(w, wt) < 0 ||
+        dt_comm_window_allreduce_f32(w, 0, count, win_scale(r)) < 0 ||
+        dt_comm_window_allreduce_f32(ref, 0, count, win_scale(r)) < 0)
+      bad = FAIL("reduce: %s", dt_errmsg());
+    for (size_t i = 0; i < count && !bad; i++)
+      if (memcmp(&x[i], &y[i], 4))
+        bad = FAIL("n=%d count %zu: element %zu is %.9g with shares, %.9g without", n, count, i,
+                   (double)x[i], (double)y[i]);
+  }
+  if (!bad && n > 1) {
+    wt[0] += r == 1; /* rank 1 alone cuts differently */
+    dt_comm_window_set_shares(w, wt);
+    int rc = dt_comm_window_allreduce_f32(w, 0, count, 1.0f);
+    /* a rank may see a peer that already gave up on it instead */
+    if (!(rc == DT_EMISMATCH && strstr(dt_errmsg(), "shares")) && rc != DT_EABORTED)
+      bad = FAIL("n=%d: different shares gave %d (%s), want DT_EMISMATCH", n, rc, dt_errmsg());
+  }
+  dt_comm_window_destroy(ref);
+  dt_comm_window_destroy(w);
+  return bad;
+}
+
+static void test_shares(void **s) {
+  (void)s;
+  static const size_t counts[] = {7, 1023, 70001};
+  for (int n = 1; n <= 4; n++)
+    for (size_t j = 0; j < sizeof counts / sizeof counts[0]; j++)
+      assert_int_equal(run_ranks("inproc", n, 20.0, shares_body, (void *)&counts[j], NULL, NULL), 0);
+}
+
 /* ---- int64 sums ---------------------------------------------------------- */
 
 static int64_t i64_val(int r, size_t i) {
@@ -276,6 +329,7 @@ int main(void) {
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_i64),
       cmocka_unit_test(test_reduce_local),
+      cmocka_unit_test(test_shares),
       cmocka_unit_test(test_faults),
       cmocka_unit_test(test_two_hosts),
   };
