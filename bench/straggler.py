@@ -13,9 +13,9 @@ the ideal, dynamic / static, the no-straggler cost, and PyTorch's slowdown
 against its own unthrottled run. --accuracy adds full runs (the example's epoch
 budget) with dynamic under the throttle. Every cgroup made is removed.
 
-The throttled worker is found as the newest child processes of the launcher
-(workers are forked in rank order after the sweeper) and moved into the cgroup
-as soon as it exists; PyTorch's rank 1 moves itself (bench/peers/
+The throttled worker is found by the launcher's "workers: rank 0 pid X, rank 1
+pid Y" line (not by sorting its children's pids, which wrap around on a busy
+machine: the throttle then missed) and moved into the cgroup as soon as it exists; PyTorch's rank 1 moves itself (bench/peers/
 fmnist_ddp_cgroup.py). Standard library only; needs root.
 """
 import argparse, collections, json, os, random, re, statistics, subprocess, sys, tempfile, time
@@ -103,14 +103,6 @@ class Cgroup:
                 time.sleep(0.1)
 
 
-def children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return sorted(int(x) for x in f.read().split())
-    except OSError:
-        return []
-
-
 def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=1, extra=(),
                full=False, stop=None, env_add=None):
     opts = common if not full else []  # full runs: the example's own settings and budget
@@ -127,16 +119,19 @@ def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=
         # the launcher joins the boosted group before it forks the workers
         args = ["sh", "-c", f'echo $$ > {boost.procs} && exec "$@"', "sh"] + args
     with tempfile.TemporaryDirectory() as out:
+        log = os.path.join(out, "stdout.txt")
         p = subprocess.Popen(args + ["--out", out], env=dict(env, **(env_add or {})),
-                             stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+                             stdout=open(log, "w"), stderr=subprocess.PIPE, text=True)
         target = None
         if throttle or stop:
+            # the launcher prints "workers: rank 0 pid X, rank 1 pid Y" before
+            # training; not the children sorted by pid, which wrap around on a
+            # busy machine (the throttle then missed, or hit the sweeper)
             t_end = time.time() + 30
             while time.time() < t_end and p.poll() is None:
-                kids = children(p.pid)
-                if len(kids) >= workers + 1:  # the sweeper, then the workers in rank order
-                    target = kids[-workers + rank]
+                m = re.search(rf"rank {rank} pid (\d+)", open(log).read())
+                if m:
+                    target = int(m.group(1))
                     break
                 time.sleep(0.002)
             if target and throttle:
@@ -168,9 +163,12 @@ def run_torch(model, throttle=None):
     penv = dict(env, MASTER_PORT=str(random.randint(20000, 30000)))
     if throttle:
         penv["STRAGGLER_CGROUP_PROCS"] = throttle.procs
-    out = subprocess.run(["/usr/bin/python3", "bench/peers/fmnist_ddp_cgroup.py", "2",
-                          "--model", model, "--epochs", "1", "--batch", "32", "--lr", "0.05"],
-                         env=penv, check=True, capture_output=True, text=True).stdout
+    args = ["/usr/bin/python3", "bench/peers/fmnist_ddp_cgroup.py", "2",
+            "--model", model, "--epochs", "1", "--batch", "32", "--lr", "0.05"]
+    if boost:
+        # boosted like dtrain's runs (rank 1 then moves itself into the quota group)
+        args = ["sh", "-c", f'echo $$ > {boost.procs} && exec "$@"', "sh"] + args
+    out = subprocess.run(args, env=penv, check=True, capture_output=True, text=True).stdout
     m = re.search(r"samples_per_s (\d+) test_acc ([\d.]+)", out)
     return float(m.group(1))
 
@@ -179,6 +177,9 @@ def med(v):
     return statistics.median(v) if v else float("nan")
 
 
+# a background job ignores SIGINT: end on SIGTERM through the finally below too
+import signal
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 cg = Cgroup(a.quota, shares=262144 if a.boost else 0)
 boost = Cgroup(0, "_boost", 262144) if a.boost else None
 try:
@@ -219,6 +220,11 @@ try:
                 R.setdefault(key, []).append(s["samples_per_second"])
                 if "params_sha256" in s:
                     shas.setdefault(key, set()).add(s["params_sha256"])
+                if key.endswith("_thr") and "per_worker" in s:
+                    pw = s["per_worker"]
+                    print(f"#   {key}: share {' '.join(str(round(w.get('share', 0), 3)) for w in pw)}, "
+                          f"wait s {' '.join(str(round(w.get('wait_seconds', 0), 2)) for w in pw)}, "
+                          f"train s {s.get('train_seconds', 0):.2f}", flush=True)
                 if "backups" in s:
                     backups.setdefault(key, []).append((s["backups"], s["backups_won"]))
             print(f"# {model} round {rep + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in R.items()),
