@@ -103,6 +103,17 @@ static void test_sizes(void **s) {
 
 /* ---- reduce into own ranges (ZeRO-1's reduce-scatter) ------------------- */
 
+/* Two windows of count floats (and a line to spare): one to test, one for
+ * the reference. */
+static int two_windows(dt_comm *c, size_t count, dt_comm_window **w, dt_comm_window **ref) {
+  if (dt_comm_window_create(c, count * sizeof(float) + 64, w) < 0) return -1;
+  if (dt_comm_window_create(c, count * sizeof(float) + 64, ref) < 0) {
+    dt_comm_window_destroy(*w);
+    return -1;
+  }
+  return 0;
+}
+
 /* Rank r sums block r (blocks of count / n, the last rank also the tail)
  * into its own window: those elements get the allreduce's bits (computed
  * afterwards on a second window of the same inputs), everything else keeps
@@ -111,12 +122,7 @@ static int local_body(dt_comm *c, void *arg, char *fail, size_t cap) {
   const size_t count = *(const size_t *)arg;
   int r = dt_comm_rank(c), n = dt_comm_size(c);
   dt_comm_window *w, *ref;
-  if (dt_comm_window_create(c, count * sizeof(float) + 64, &w) < 0)
-    return FAIL("create: %s", dt_errmsg());
-  if (dt_comm_window_create(c, count * sizeof(float) + 64, &ref) < 0) {
-    dt_comm_window_destroy(w);
-    return FAIL("create: %s", dt_errmsg());
-  }
+  if (two_windows(c, count, &w, &ref) < 0) return FAIL("create: %s", dt_errmsg());
   float *x = dt_comm_window_base(w), *y = dt_comm_window_base(ref);
   for (size_t i = 0; i < count; i++) x[i] = y[i] = win_val(r, i);
   size_t blk = count / (size_t)n, rg[2] = {(size_t)r * blk, (size_t)(r + 1) * blk};
@@ -157,12 +163,7 @@ static int shares_body(dt_comm *c, void *arg, char *fail, size_t cap) {
   const size_t count = *(const size_t *)arg;
   int r = dt_comm_rank(c), n = dt_comm_size(c);
   dt_comm_window *w, *ref;
-  if (dt_comm_window_create(c, count * sizeof(float) + 64, &w) < 0)
-    return FAIL("create: %s", dt_errmsg());
-  if (dt_comm_window_create(c, count * sizeof(float) + 64, &ref) < 0) {
-    dt_comm_window_destroy(w);
-    return FAIL("create: %s", dt_errmsg());
-  }
+  if (two_windows(c, count, &w, &ref) < 0) return FAIL("create: %s", dt_errmsg());
   float *x = dt_comm_window_base(w), *y = dt_comm_window_base(ref);
   double wt[8];
   for (int q = 0; q < n; q++) wt[q] = q == 0 && n > 2 ? 0.0 : q == 1 ? 1e-3 : 1.0 + q;
