@@ -2,7 +2,8 @@
 # bench/pipeline.sh — `make bench-pipeline`: pipeline parallelism on the deep
 # MLP (examples/fashion_deep_mlp.ini, 18.4M parameters, batch 256), back to
 # back on this machine:
-#   1. samples/s of one process vs 2 stages, 1f1b, m = 8 (target >= 1.7x);
+#   1. samples/s of one process (plain training, the whole batch at once)
+#      vs 2 stages, 1f1b, m = 8 (target >= 1.7x), in paired rounds;
 #   2. the measured bubble (mean share of a stage's step time spent waiting
 #      for its neighbours) next to (p-1)/(m+p-1), m = 2, 4, 8, 16;
 #   3. PyTorch 1.13 Pipe (2 stages on CPU, same model and m; target: dtrain
@@ -60,15 +61,26 @@ median() {
 }
 
 if want speed; then
-echo "== deep MLP, batch 256, $STEPS steps, median of $REPS (machine shared by six helpers)"
-one=$(median one)
-echo "1 process:              $one  (samples/s, -, peak RSS MiB)"
-p2=$(median p2 --workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist.micro_batches=8)
-echo "2 stages 1f1b m=8:      $p2  (samples/s, bubble, peak RSS MiB per rank)"
-awk -v a="${one%% *}" -v b="${p2%% *}" 'BEGIN {printf "speed-up: %.2fx (target >= 1.7x)\n", b / a}'
-p2w=$(DTRAIN_PIPE_WGRAD=0 median p2w --workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist.micro_batches=8)
-echo "same, weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0): $p2w"
-awk -v a="${p2w%% *}" -v b="${p2%% *}" 'BEGIN {printf "deferred / per-micro-batch weight gradients: %.2fx\n", b / a}'
+echo "== deep MLP, batch 256, $STEPS steps, $REPS rounds: in each, 1 process then 2 stages (1f1b, m=8) then 2 stages without packed forward weights (DTRAIN_PIPE_WPACK=0) and with weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0); medians, and the median of each round's ratio"
+# The baseline is plain training in one process (the whole batch at once,
+# strategy local): the example config asks for 8 micro-batches, which in
+# one process would be micro-batch accumulation, slower than one batch.
+P2=(--workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist.micro_batches=8)
+for i in $(seq "$REPS"); do
+  echo "$(run "one$i" --set dist.micro_batches=1) $(run "p2$i" "${P2[@]}") $(DTRAIN_PIPE_WPACK=0 run "p2p$i" "${P2[@]}") $(DTRAIN_PIPE_WGRAD=0 run "p2w$i" "${P2[@]}")"
+done > "$OUT/speed.txt"
+# columns: 1 process (sps bubble rss), 2 stages (sps bubble rss), no wpack (...), no wgrad (...)
+awk '
+  function med(v, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+                                  return v[int((n + 1) / 2)] }
+  { n++; o[n] = $1; p[n] = $4; b[n] = $5; r[n] = $6; q[n] = $7; w[n] = $10; x[n] = $4 / $1; y[n] = $4 / $7; z[n] = $4 / $10 }
+  END {
+    printf "1 process:              %.1f samples/s (median)\n", med(o, n)
+    printf "2 stages 1f1b m=8:      %.1f samples/s  bubble %.3f  peak RSS %d MiB per rank (medians)\n", med(p, n), med(b, n), med(r, n)
+    printf "speed-up: %.2fx (median of %d paired rounds; ratio of the medians %.2fx; target >= 1.7x)\n", med(x, n), n, med(p, n) / med(o, n)
+    printf "same, forward weights packed per micro-batch (DTRAIN_PIPE_WPACK=0): %.1f samples/s; packed once per step: %.2fx of it\n", med(q, n), med(y, n)
+    printf "same, weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0): %.1f samples/s; deferred: %.2fx of it\n", med(w, n), med(z, n)
+  }' "$OUT/speed.txt"
 
 fi
 
@@ -83,10 +95,19 @@ fi
 
 if want torch; then
 echo "== PyTorch 1.13 Pipe, 2 stages on CPU, m=8, back to back"
-t=$(/usr/bin/python3 bench/pipeline_vs_torch.py 8 "$((STEPS / 3 + 2))" 2>/dev/null | awk '/torch_pipe/ {print $3}')
-p2b=$(median p2b --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=8)
-echo "torch Pipe ($(/usr/bin/python3 -c 'import os; print(os.cpu_count())') intra-op threads in one process): $t samples/s; dtrain: ${p2b%% *} samples/s"
-awk -v a="$t" -v b="${p2b%% *}" 'BEGIN {if (a > 0) printf "dtrain / Pipe: %.2fx (target >= 3x)\n", b / a}'
+# Pipe, 2 partitions, chunks = m = 8, the same 784-2048x5-10 MLP with the
+# same dropout, batch 256, SGD momentum; checkpoint="never" (dtrain keeps
+# its activations too) and Pipe's default "except_last" (recomputes 7 of 8
+# micro-batches), each once per round, alternating with dtrain's runs;
+# medians over DT_BENCH_REPS rounds.
+tp() { /usr/bin/python3 bench/pipeline_vs_torch.py 8 "$((STEPS / 3 + 2))" 256 "$1" 2>/dev/null | awk '/torch_pipe/ {print $3}'; }
+for i in $(seq "$REPS"); do
+  echo "$(tp never) $(tp except_last) $(run "p2b$i" --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=8)"
+done > "$OUT/torch.txt"
+med() { awk -v c="$1" '{print $c}' "$OUT/torch.txt" | sort -n | awk '{a[NR]=$0} END {print a[int((NR+1)/2)]}'; }
+tn=$(med 1) te=$(med 2) d=$(med 3)
+echo "torch Pipe ($(/usr/bin/python3 -c 'import os; print(os.cpu_count())') intra-op threads in one process): checkpoint=never $tn, except_last $te samples/s; dtrain 2 stages 1f1b m=8: $d samples/s"
+awk -v a="$tn" -v e="$te" -v b="$d" 'BEGIN {if (a > 0 && e > 0) printf "dtrain / Pipe: %.2fx against checkpoint=never (the same arithmetic; target >= 3x), %.2fx against Pipe'"'"'s default except_last\n", b / a, b / e}'
 
 fi
 
@@ -119,7 +140,7 @@ show() { # LABEL BASE NAME ARGS...
   r=$(run "$name" "$@")
   awk -v l="$label" -v r="$r" -v b="$b" 'BEGIN {split(r, f, " "); printf "%-34s %6.0f MiB above baseline (samples/s %.1f)\n", l, f[3] - b, f[1]}'
 }
-show "1 process (params+grads+momentum)" "$base1" m1
+show "1 process (params+grads+momentum)" "$base1" m1 --set dist.micro_batches=1
 show "2 stages 1f1b m=16" "$base2" m2 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=1f1b
 show "2 stages gpipe m=16" "$base2" m3 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=gpipe
 show "2 stages gpipe m=16 recompute" "$base2" m4 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=gpipe --set train.recompute=true

@@ -225,6 +225,7 @@ static int pipe_setup(dt_strategy *s) {
       .max_batch = (per_replica + m - 1) / m,
       .recompute = c->recompute,
       .wgrad = c->pipe_wgrad >= 0 ? c->pipe_wgrad : (int)dt_param_or(DT_PARAM_PIPE_WGRAD, 1),
+      .wpack = (int)dt_param_or(DT_PARAM_PIPE_WPACK, 1),
       .det = det,
       .whole = s->model,
       .comm = d->pcomm,

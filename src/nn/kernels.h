@@ -26,6 +26,10 @@ void dt_linear_backward(float *dinp, float *dweight, float *dbias, const float *
 /* The same with dt_sgemm_f flags (DT_GEMM_FIXED in deterministic mode). */
 void dt_linear_forward_f(int gemm_flags, float *out, const float *inp, const float *weight,
                          const float *bias, int B, int C, int OC);
+/* dt_linear_forward_f (flags 0) with the weight packed by dt_sgemm_packb
+ * (tb = 1, K = C, N = OC): the same bits, no packing per call. */
+void dt_linear_forward_packed(float *out, const float *inp, const float *wpacked,
+                              const float *bias, int B, int C, int OC);
 void dt_linear_backward_f(int gemm_flags, float *dinp, float *dweight, float *dbias, const float *dout,
                           const float *inp, const float *weight, int B, int C, int OC);
 

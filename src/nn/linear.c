@@ -8,15 +8,24 @@
 
 #include <string.h>
 
+/* out's rows start as the bias: the product's beta (0 without a bias). */
+static float bias_rows(float *out, const float *bias, int B, int OC) {
+  if (!bias) return 0.0f;
+  for (int b = 0; b < B; b++) memcpy(out + (size_t)b * OC, bias, sizeof(float) * OC);
+  return 1.0f;
+}
+
 void dt_linear_forward_f(int gemm_flags, float *out, const float *inp, const float *weight,
                          const float *bias, int B, int C, int OC) {
-  float beta = 0.0f;
-  if (bias) {
-    for (int b = 0; b < B; b++) memcpy(out + (size_t)b * OC, bias, sizeof(float) * OC);
-    beta = 1.0f;
-  }
+  float beta = bias_rows(out, bias, B, OC);
   /* out(B,OC) = inp(B,C) * weight(OC,C)^T */
   dt_sgemm_f(gemm_flags, 0, 1, B, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+void dt_linear_forward_packed(float *out, const float *inp, const float *wpacked,
+                              const float *bias, int B, int C, int OC) {
+  float beta = bias_rows(out, bias, B, OC);
+  dt_sgemm_packed(B, OC, C, 1.0f, inp, C, wpacked, beta, out, OC);
 }
 
 void dt_linear_forward(float *out, const float *inp, const float *weight, const float *bias,

@@ -125,6 +125,7 @@ struct dt_model {
   float *gtmp;            /* accum: a non-linear layer's gradients before they are added */
   int shared;             /* params, grads and bufs are another model's */
   dt__wstash *wst;        /* deferred weight gradients (nn.h), or NULL */
+  const dt__wpack *wpk;   /* packed forward weights (nn.h), or NULL */
   int wrow0;              /* this micro-batch's first stash row */
   size_t act_bytes;       /* activations, saved statistics, masks, gradient ping-pong */
 };
@@ -578,7 +579,11 @@ int dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx)
     l->in = cur;
     switch (in->kind) {
     case DT_L_LINEAR:
-      dt_linear_forward_f(m->gemm_flags, l->out, cur, l->w, l->b, B, (int)l->in_el, s->oc);
+      if (m->wpk && dt__wpack_get(m->wpk, i))
+        dt_linear_forward_packed(l->out, cur, dt__wpack_get(m->wpk, i), l->b, B, (int)l->in_el,
+                                 s->oc);
+      else
+        dt_linear_forward_f(m->gemm_flags, l->out, cur, l->w, l->b, B, (int)l->in_el, s->oc);
       break;
     case DT_L_CONV2D:
       if (l->chunk) {
@@ -750,6 +755,8 @@ int dt__wstash_create(dt__wstash **out, const dt_model *m, int max_rows) {
 }
 
 size_t dt__wstash_bytes(const dt__wstash *s) { return s ? s->bytes : 0; }
+
+void dt__model_set_wpack(dt_model *m, const dt__wpack *p) { m->wpk = p; }
 
 void dt__model_set_wstash(dt_model *m, dt__wstash *s, int row0) {
   m->wst = s;

@@ -116,6 +116,18 @@ size_t dt__wstash_bytes(const dt__wstash *s);
 /* s NULL: backward makes weight gradients itself again. */
 void dt__model_set_wstash(dt_model *m, dt__wstash *s, int row0);
 void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows);
+/* Packed forward weights (wpack.c): every linear layer's W packed for the
+ * forward product once (dt__wpack_refresh, after W changed) and used by
+ * every forward of the models it is set on (dt__model_set_wpack; NULL
+ * unsets) — the same bits as unpacked. The caller refreshes it whenever
+ * the parameters change, before the next forward. */
+typedef struct dt__wpack dt__wpack;
+int dt__wpack_create(dt__wpack **out, const dt_model *m);
+void dt__wpack_destroy(dt__wpack *p);
+void dt__wpack_refresh(dt__wpack *p, const dt_model *m);
+size_t dt__wpack_bytes(const dt__wpack *p);
+const float *dt__wpack_get(const dt__wpack *p, int layer);
+void dt__model_set_wpack(dt_model *m, const dt__wpack *p);
 /* Bytes of activation memory the model allocated for max_batch samples
  * (outputs, masks, saved statistics, pooling indices, gradient buffers). */
 size_t dt__model_act_bytes(const dt_model *m);

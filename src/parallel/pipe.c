@@ -42,6 +42,7 @@ struct dt_pipe {
   dt_ddp *ddp;               /* deterministic mode: the fixed-point sums */
   int nshards_left;          /* deterministic mode: micro-shards still to go back */
   dt__wstash *wst;           /* deferred weight gradients (NULL: per micro-batch) */
+  dt__wpack *wpk;            /* forward weights packed once per step (NULL: per product) */
   int *row0;                 /* per micro-batch of the step: its first stash row */
   double compute_s, wait_s;
 };
@@ -65,6 +66,7 @@ void dt_pipe_destroy(dt_pipe *p) {
   dt_free(p->bufsave);
   free(p->areq), free(p->greq), free(p->apend), free(p->gpend), free((void *)p->xin);
   dt__wstash_destroy(p->wst);
+  dt__wpack_destroy(p->wpk);
   free(p->row0);
   free(p);
 }
@@ -128,6 +130,13 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
     if (!(p->row0 = calloc((size_t)cfg->micro, sizeof *p->row0))) goto nomem;
     DT_CHECK_GOTO(dt__wstash_create(&p->wst, p->inst[0], cfg->micro * cfg->max_batch), rc, fail);
   }
+  /* the forward products' weights packed once per step rather than once
+   * per micro-batch (not in deterministic mode, whose products are fixed
+   * kernels of their own) */
+  if (!cfg->det && cfg->micro > 1 && cfg->wpack) {
+    DT_CHECK_GOTO(dt__wpack_create(&p->wpk, p->inst[0]), rc, fail);
+    for (int k = 0; k < p->K; k++) dt__model_set_wpack(p->inst[k], p->wpk);
+  }
   *out = p;
   return DT_OK;
 nomem:
@@ -142,7 +151,7 @@ dt_model *dt_pipe_model(dt_pipe *p) { return p->inst[0]; }
 size_t dt_pipe_act_bytes(const dt_pipe *p, int *models, int *slots) {
   size_t b = 0, B = (size_t)p->c.max_batch;
   for (int k = 0; k < p->K; k++) b += dt__model_act_bytes(p->inst[k]);
-  b += dt__wstash_bytes(p->wst);
+  b += dt__wstash_bytes(p->wst) + dt__wpack_bytes(p->wpk);
   int first = p->c.stage == 0, last = p->c.stage == p->c.nstages - 1;
   b += (size_t)p->S * B * sizeof(float) *
        ((first ? 0 : 2 * p->in_dim + 2) + (last ? 0 : p->out_dim));
@@ -372,6 +381,13 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
   }
   const int s = p->c.stage, P = p->c.nstages;
   int rc = DT_OK, rows = 0;
+  if (p->wpk) {
+    /* the parameters changed since the last step (the optimizer, a
+     * checkpoint's import, a broadcast): pack them for this step */
+    double t0 = dt_now();
+    dt__wpack_refresh(p->wpk, p->inst[0]);
+    p->compute_s += dt_now() - t0;
+  }
   if (p->wst)
     for (int j = 0; j < m; j++) p->row0[j] = rows, rows += mb[j].n;
   if (p->c.schedule == DT_PIPE_GPIPE) {

@@ -42,6 +42,7 @@ typedef struct dt_pipe_cfg {
   int max_batch;          /* most samples per micro-batch */
   int recompute;
   int wgrad;              /* deferred weight gradients (pipe.c) unless 0 */
+  int wpack;              /* forward weights packed once per step (nn.h dt__wpack) unless 0 */
   int det;                /* deterministic mode: see dt_pipe_set_det */
   dt_model *whole;        /* lends its parameters and state; must outlive the pipe */
   dt_comm *comm;          /* rank = stage; NULL with one stage */

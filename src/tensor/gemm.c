@@ -89,3 +89,20 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
               const float *B, int ldb, float beta, float *C, int ldc) {
   dt_sgemm_f(0, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
+
+size_t dt_sgemm_packb_floats(int tb, int K, int N) {
+  (void)tb;
+  /* the shapes dt_sgemm_f(0, ...) sends to the AVX-512 kernels */
+  return dt__gemm_use_avx512() && N >= 16 ? dt__gemm_packb_floats(K, N) : 0;
+}
+
+void dt_sgemm_packb(int tb, int K, int N, const float *B, int ldb, float *dst) {
+  dt__gemm_op b = {.p = B, .trans = tb, .ld = ldb};
+  dt__gemm_avx512_packb(K, N, &b, dst);
+}
+
+void dt_sgemm_packed(int M, int N, int K, float alpha, const float *A, int lda, const float *Bp,
+                     float beta, float *C, int ldc) {
+  dt__gemm_op a = {.p = A, .trans = 0, .ld = lda};
+  dt__gemm_avx512_op_packed(M, N, K, alpha, &a, Bp, beta, C, ldc);
+}

@@ -50,6 +50,18 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
 void dt_sgemm_f(int flags, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc);
 
+/* A matrix B used by many products (a layer's weights over the
+ * micro-batches of a step): dt_sgemm_packb_floats(tb, K, N) is the size of
+ * its packed form, 0 when dt_sgemm (flags 0) would not run this shape on
+ * the AVX-512 kernels (then do not pack: call dt_sgemm); dt_sgemm_packb
+ * packs op(B) (K x N, ldb as for dt_sgemm) into dst; dt_sgemm_packed is
+ * dt_sgemm(0, ta = 0, tb, M, N, K, ...) with the packed B, the same bits,
+ * without re-packing B for every call. Repack after B changes. */
+size_t dt_sgemm_packb_floats(int tb, int K, int N);
+void dt_sgemm_packb(int tb, int K, int N, const float *B, int ldb, float *dst);
+void dt_sgemm_packed(int M, int N, int K, float alpha, const float *A, int lda, const float *Bp,
+                     float beta, float *C, int ldc);
+
 /* A 64-bit hash of a small fixed computation (DT_GEMM_FIXED products of
  * the shapes layers use, and the libm functions they call). Two processes
  * with different hashes would not train bit for bit alike in deterministic
@@ -94,6 +106,14 @@ void dt__gemm_avx512_op(int M, int N, int K, float alpha, const dt__gemm_op *A,
  * rows are n). For short N, where a 48-wide tile would be mostly empty. */
 void dt__gemm_avx512_dot(int M, int N, int X, float alpha, const dt__gemm_op *A,
                          const dt__gemm_op *B, float beta, float *C, int ldc);
+/* B packed ahead of time: dt__gemm_packb_floats(K, N) floats (0 without
+ * x86-64 intrinsics) filled by dt__gemm_avx512_packb, then used by
+ * dt__gemm_avx512_op_packed as dt__gemm_avx512_op would use B, with the
+ * same bits. */
+size_t dt__gemm_packb_floats(int K, int N);
+void dt__gemm_avx512_packb(int K, int N, const dt__gemm_op *B, float *dst);
+void dt__gemm_avx512_op_packed(int M, int N, int K, float alpha, const dt__gemm_op *A,
+                               const float *bp, float beta, float *C, int ldc);
 /* dt_sgemm's two back ends, callable directly (tests, benchmarks). */
 void dt__sgemm_avx512(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float beta, float *C, int ldc);

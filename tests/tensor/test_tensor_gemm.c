@@ -180,6 +180,40 @@ static void test_implicit(void **st) {
 }
 
 /* dt_sgemm (whichever back end is active) and the BLAS back end directly. */
+/* B packed ahead of time (dt__gemm_avx512_packb, used by a pipeline
+ * stage's forward products over its micro-batches) gives the bits of the
+ * same product with B packed inside the call, for both layouts of B and
+ * shapes around the blocking sizes; several products reuse one packing. */
+static void test_packed(void **st) {
+  if (!have_avx512(st)) DT_SKIP("no AVX-512 on this CPU: AVX-512 GEMM case not run");
+  static const int sh[][3] = {{1, 1, 1},   {7, 47, 17},  {8, 48, 256}, {9, 49, 257},
+                              {33, 97, 600}, {96, 130, 255}, {200, 16, 9}, {32, 2048, 300}};
+  int bad = 0;
+  for (size_t s = 0; s < sizeof sh / sizeof *sh; s++)
+    for (int tb = 0; tb < 2; tb++) {
+      int M = sh[s][0], N = sh[s][1], K = sh[s][2], ldb = (tb ? K : N) + 3;
+      float *A = rnd((size_t)M * K * 2, 500 + s), *B = rnd((size_t)(tb ? N : K) * ldb, 600 + s);
+      float *C1 = rnd((size_t)M * N, 700 + s), *C2 = malloc((size_t)M * N * sizeof(float));
+      float *bp = malloc(dt__gemm_packb_floats(K, N) * sizeof(float));
+      dt__gemm_op b = {.p = B, .trans = tb, .ld = ldb};
+      dt__gemm_avx512_packb(K, N, &b, bp);
+      for (int rep = 0; rep < 2; rep++) { /* two products from one packing */
+        const float *Ar = A + (size_t)rep * M * K;
+        float beta = rep ? 1.0f : 0.0f;
+        memcpy(C2, C1, (size_t)M * N * sizeof(float));
+        dt__sgemm_avx512(0, tb, M, N, K, 0.5f, Ar, K, B, ldb, beta, C1, N);
+        dt__gemm_op a = {.p = Ar, .trans = 0, .ld = K};
+        dt__gemm_avx512_op_packed(M, N, K, 0.5f, &a, bp, beta, C2, N);
+        if (memcmp(C1, C2, (size_t)M * N * sizeof(float))) {
+          print_error("packed B: M=%d N=%d K=%d tb=%d rep %d differs\n", M, N, K, tb, rep);
+          bad++;
+        }
+      }
+      free(A), free(B), free(C1), free(C2), free(bp);
+    }
+  assert_int_equal(bad, 0);
+}
+
 static void test_dispatch(void **st) {
   (void)st;
   dt_tensor_set_threads(1);
@@ -201,6 +235,7 @@ int main(void) {
       cmocka_unit_test(test_shapes),
       cmocka_unit_test(test_layer_shapes),
       cmocka_unit_test(test_implicit),
+      cmocka_unit_test(test_packed),
       cmocka_unit_test(test_dispatch),
   };
   return dt_skip_status(cmocka_run_group_tests(tests, NULL, NULL));
