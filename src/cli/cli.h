@@ -8,6 +8,7 @@
 #ifndef DT_CLI_H
 #define DT_CLI_H
 
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 
@@ -64,6 +65,20 @@ struct dt__cli_obs {
   int r0, n, trace, diagnosed, have_old, serve_tried;
   struct sigaction old_usr1;
   struct dt_obs_server *srv;
+  /* the whole job, for a diagnosis that names ranks of other hosts/nodes */
+  int world;            /* ranks in the job (0: this node's r0..r0+n-1 only) */
+  int me;               /* under mpirun/srun: this process's rank; else -1 */
+  int *mine, nmine;     /* the ranks whose pages are files here (NULL: r0..r0+n-1) */
+  char (*peers)[64];    /* other hosts' (nodes') endpoints, whose GET /pages is read */
+  int npeers;
+  /* dtrain launch: node launchers leave their endpoints in the rendezvous store */
+  const struct dt__launch *L;
+  struct dt_store *st;
+  double meet_next, meet_until;
+  int published, meet_done, *node_known;
+  /* under mpirun/srun: the thread that answers SIGUSR1 */
+  int usr1_pipe[2], usr1_thread;
+  pthread_t usr1_th;
 };
 int dt__cli_obs_begin(struct dt__cli_obs *co, const char *out, int r0, int n, const char *metrics,
                       int trace);
@@ -75,6 +90,23 @@ void dt__cli_obs_serve_ranks(struct dt__cli_obs *co, const int *ranks, int n);
 /* "IP:PORT" of the running endpoint as another host can reach it (the
  * address of obs.metrics; for 0.0.0.0 this host's first non-loopback IPv4). */
 void dt__cli_obs_advertise(const struct dt__cli_obs *co, char *buf, size_t cap);
+/* Under mpirun/srun (this process is rank me of world, the ranks of its
+ * host in local[], the other hosts' endpoints in peers[], each "IP:PORT"
+ * or "" for a host without one): what a diagnosis reads; starts the thread
+ * that answers SIGUSR1 (it dumps this rank's recorder; the lowest rank
+ * that is neither stopped nor gone prints the job's diagnosis). */
+void dt__cli_obs_ext(struct dt__cli_obs *co, int me, int world, const int *local, int nlocal,
+                     const char *peers, int npeers);
+/* This rank's run failed with rc under mpirun/srun: the first rank to
+ * claim DIR/obs/diagnosis.claim prints the job's hang diagnosis. */
+void dt__cli_obs_rank_failed(struct dt__cli_obs *co, int rc);
+/* dtrain launch: this node's place in the job (the rendezvous store,
+ * where the node launchers leave their metrics endpoints: node 0's then
+ * shows every node's ranks, and a diagnosis on any node reads them all). */
+void dt__cli_obs_launch(struct dt__cli_obs *co, const struct dt__launch *L);
+/* After the job: the diagnosis of a failure the watch had no turn to see
+ * (the last worker's exit ends the job's loop before the watch runs). */
+void dt__cli_obs_after(struct dt__cli_obs *co, const dt_job *job);
 void dt__cli_obs_end(struct dt__cli_obs *co);
 
 #endif

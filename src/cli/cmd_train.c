@@ -194,41 +194,50 @@ struct worker_args {
  * DIR/obs there), so Prometheus can scrape one target per node; and rank
  * 0's server also fetches the other hosts' pages from their servers
  * (their addresses gathered here, a collective of every rank), so its one
- * target shows the whole job. */
+ * target shows the whole job. Every rank keeps what a hang diagnosis
+ * reads (obs_cli.c): its host's ranks, whose pages are files here, and the
+ * other hosts' endpoints. */
 static void serve_host(const struct worker_args *a, dt_comm *world) {
   struct dt_comm_topo t;
-  if (!a->ext || !a->co || !a->co->metrics[0] || !world || dt_comm_topology(world, &t) < 0) return;
-  int n = dt_comm_size(world), me = dt_comm_rank(world), k = 0;
+  if (!a->ext || !a->co || !world || dt_comm_topology(world, &t) < 0) return;
+  int n = dt_comm_size(world), me = dt_comm_rank(world), k = 0, npeers = 0;
   int *r = malloc((size_t)n * sizeof *r);
-  char mine[64] = "", *all = calloc((size_t)n, 64);
-  if (r && all && t.one_per_host_leader) {
-    for (int i = 0; i < n; i++)
-      if (dt_comm_host_of(world, i) == t.host) r[k++] = i;
-    dt__cli_obs_serve_ranks(a->co, r, k);
-    if (a->co->srv && me != 0) dt__cli_obs_advertise(a->co, mine, sizeof mine);
-  }
-  if (!all || dt_comm_allgather(world, mine, all, 64, DT_U8) < 0) {
-    fprintf(stderr, "dtrain: warning: rank %d: obs.metrics: the hosts' endpoints were not gathered: "
-            "%s\n", me, all ? dt_errmsg() : "out of memory");
-  } else if (me == 0 && a->co->srv) {
-    int peers = 0;
-    dt__cli_obs_advertise(a->co, mine, sizeof mine);
-    for (int i = 1; i < n; i++) {
+  char mine[64] = "", *all = calloc((size_t)n, 64), *peers = calloc((size_t)n, 64);
+  if (!r || !all || !peers) goto out;
+  for (int i = 0; i < n; i++)
+    if (dt_comm_host_of(world, i) == t.host) r[k++] = i;
+  if (a->co->metrics[0]) {
+    if (t.one_per_host_leader) {
+      dt__cli_obs_serve_ranks(a->co, r, k);
+      if (a->co->srv) dt__cli_obs_advertise(a->co, mine, sizeof mine);
+    }
+    if (dt_comm_allgather(world, mine, all, 64, DT_U8) < 0) {
+      fprintf(stderr, "dtrain: warning: rank %d: obs.metrics: the hosts' endpoints were not "
+              "gathered: %s\n", me, dt_errmsg());
+      goto out;
+    }
+    int metric_peers = 0;
+    for (int i = 0; i < n; i++) {
       char *p = all + (size_t)i * 64;
       p[63] = '\0';
       /* this very endpoint (the loopback default on several machines): its
        * single thread would wait on itself for a second per scrape */
-      if (!*p || !strcmp(p, mine)) continue;
+      if (!*p || dt_comm_host_of(world, i) == t.host || !strcmp(p, mine)) continue;
+      snprintf(peers + (size_t)npeers++ * 64, 64, "%s", p);
+      if (me != 0 || !a->co->srv) continue;
       if (dt_obs_server_add_peer(a->co->srv, p) < 0)
         fprintf(stderr, "dtrain: warning: %s\n", dt_errmsg());
-      else peers++;
+      else metric_peers++;
     }
-    if (peers) {
+    if (metric_peers) {
       printf("metrics: the endpoint of ranks %d-%d also shows the ranks of %d other host%s\n", 0,
-             k ? r[k - 1] : 0, peers, peers > 1 ? "s" : "");
+             k ? r[k - 1] : 0, metric_peers, metric_peers > 1 ? "s" : "");
       fflush(stdout);
     }
   }
+  dt__cli_obs_ext(a->co, me, n, r, k, peers, npeers);
+out:
+  free(peers);
   free(all);
   free(r);
 }
@@ -350,6 +359,7 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
     else fprintf(stderr, "dtrain: rank %d: %s\n", r, m);
     status = rc == DT_EMISMATCH ? DT_EXIT_USAGE : DT_EXIT_FAIL;
     if (rc == DT_EABORTED && stop_signal) status = 128 + stop_signal;
+    else if (a->ext && a->co) dt__cli_obs_rank_failed(a->co, rc); /* no launcher diagnoses */
   } else if (s.rank == 0) {
     final_line(&s, a->out);
   }
@@ -724,11 +734,14 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   int nloc = L ? L->nproc : 1;
   if (multi && !ext) nloc = L ? L->nproc : cfg->run.workers;
   dt__cli_obs_begin(&co, out, r0, nloc, cfg->run.obs_metrics, cfg->run.obs_trace);
+  dt__cli_obs_launch(&co, L);
   obs_on = 1;
   if (multi) {
     struct worker_args wa = {e, &cfg->run, cfg->run.ps.servers, cfg->run.workers, out, text, L || ext, &v,
                              ext, &co};
-    status = dt__cli_job_status(job, dt_job_run(job, run_worker, &wa));
+    int jrc = dt_job_run(job, run_worker, &wa);
+    if (!ext) dt__cli_obs_after(&co, job);
+    status = dt__cli_job_status(job, jrc);
     goto done;
   }
   dt_engine_hooks hooks = {on_step, on_epoch, &v};

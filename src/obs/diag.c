@@ -12,8 +12,11 @@
  * A rank with no entry for it "never entered" it; a rank whose process is
  * stopped (state T) or gone is said so. Also writes each rank's recorder
  * as a table (dt_obs_fr_dump). It does not decide when to diagnose: the
- * launcher does (a failed worker, SIGUSR1), and a rank dumps its own
- * recorder when a collective fails (engine).
+ * launcher does (a failed worker, SIGUSR1; under mpirun/srun the ranks
+ * themselves, src/cli/obs_cli.c), and a rank dumps its own recorder when a
+ * collective fails (engine). dt_obs_diagnose_pages takes pages from
+ * anywhere: files of this host's ranks and pages fetched from other hosts'
+ * endpoints (with their processes' states as those hosts saw them).
  */
 #include "obs/obs_diag.h"
 
@@ -106,22 +109,19 @@ static void rank_list(const int *r, int n, char *buf, size_t cap) {
   for (int i = 0; i < n && k + 12 < cap; i++) k += (size_t)snprintf(buf + k, cap - k, "%s%d", i ? "," : "", r[i]);
 }
 
-int dt_obs_diagnose(const char *obs_dir, int r0, int n, int64_t now_ns, char *msg, size_t cap,
-                    FILE *dump) {
+int dt_obs_diagnose_pages(const struct dt_obs_page *pg, const int *ok, const int *ranks,
+                          const char *states, int n, int64_t now_ns, char *msg, size_t cap,
+                          FILE *dump) {
   msg[0] = '\0';
   if (n < 1) return 0;
-  struct dt_obs_page *pg = calloc((size_t)n, sizeof *pg);
-  int *ok = calloc((size_t)n, sizeof *ok), *in = calloc((size_t)n, sizeof *in);
+  int *in = calloc((size_t)n, sizeof *in);
   const struct dt_obs_fr_entry **last = calloc((size_t)n, sizeof *last);
   const struct dt_obs_fr_entry **match = calloc((size_t)n, sizeof *match);
-  if (!pg || !ok || !in || !last || !match) {
-    free(pg), free(ok), free(in), free(last), free(match);
+  if (!in || !last || !match) {
+    free(in), free(last), free(match);
     return dt__seterr(DT_ENOMEM, "diagnosis: out of memory");
   }
   for (int i = 0; i < n; i++) {
-    char path[4200];
-    dt__obs_rank_path(obs_dir, r0 + i, path, sizeof path);
-    ok[i] = dt__obs_read(path, &pg[i]) == DT_OK && pg[i].rank == r0 + i;
     if (!ok[i]) continue;
     const struct dt_obs_fr_entry *v[DT_OBS_FR_LEN];
     int k = entries(&pg[i], v);
@@ -144,7 +144,7 @@ int dt_obs_diagnose(const char *obs_dir, int r0, int n, int64_t now_ns, char *ms
     size_t k = (size_t)snprintf(msg, cap, "no rank is inside a collective or point-to-point "
                                 "operation");
     for (int i = 0; i < n && k < cap; i++)
-      if (!ok[i]) k += (size_t)snprintf(msg + k, cap - k, "; rank %d left no flight record", r0 + i);
+      if (!ok[i]) k += (size_t)snprintf(msg + k, cap - k, "; rank %d left no flight record", ranks[i]);
     goto out;
   }
   rc = 1;
@@ -158,7 +158,7 @@ int dt_obs_diagnose(const char *obs_dir, int r0, int n, int64_t now_ns, char *ms
     for (int j = 0; j < k; j++)
       if (v[j]->stream == target->stream && v[j]->seq == target->seq) match[i] = v[j];
     if (match[i] && pending(match[i])) {
-      waiting[nin++] = r0 + i;
+      waiting[nin++] = ranks[i];
       int64_t end = match[i]->t1_ns ? match[i]->t1_ns : now_ns;
       double w = secs(end, match[i]->t0_ns);
       if (w > longest) longest = w;
@@ -173,8 +173,8 @@ int dt_obs_diagnose(const char *obs_dir, int r0, int n, int64_t now_ns, char *ms
     if (ok[i] && match[i]) continue;
     late++;
     if (!ok[i]) k += (size_t)snprintf(msg + k, cap - k, "%srank %d never entered %s (it left no "
-                                      "flight record)", k ? "; " : "", r0 + i, what);
-    else k += (size_t)snprintf(msg + k, cap - k, "%srank %d never entered %s", k ? "; " : "", r0 + i,
+                                      "flight record)", k ? "; " : "", ranks[i], what);
+    else k += (size_t)snprintf(msg + k, cap - k, "%srank %d never entered %s", k ? "; " : "", ranks[i],
                               what);
   }
   if (k < cap) {
@@ -188,28 +188,50 @@ int dt_obs_diagnose(const char *obs_dir, int r0, int n, int64_t now_ns, char *ms
   /* what the others are doing: stopped or gone processes, their last operation */
   for (int i = 0; i < n && k < cap; i++) {
     if (!ok[i]) continue;
-    int st = dt__obs_proc_state(pg[i].pid);
+    /* a page fetched from another host: its process's state as that host saw it */
+    int st = states && states[i] ? states[i] : pg[i].pid > 0 ? dt__obs_proc_state(pg[i].pid) : '?';
     int behind = !match[i];
     if (st == 'T' || st == 't')
-      k += (size_t)snprintf(msg + k, cap - k, "; rank %d (pid %d) is stopped", r0 + i, pg[i].pid);
+      k += (size_t)snprintf(msg + k, cap - k, "; rank %d (pid %d) is stopped", ranks[i], pg[i].pid);
     else if ((st == 'X' || st == 'Z') && behind)
-      k += (size_t)snprintf(msg + k, cap - k, "; rank %d (pid %d) has exited", r0 + i, pg[i].pid);
+      k += (size_t)snprintf(msg + k, cap - k, "; rank %d (pid %d) has exited", ranks[i], pg[i].pid);
     if (behind && k < cap) {
       if (last[i]) {
         char d[200];
         describe(last[i], d, sizeof d);
         if (pending(last[i]))
-          k += (size_t)snprintf(msg + k, cap - k, "; rank %d is in %s since %.3g s", r0 + i, d,
+          k += (size_t)snprintf(msg + k, cap - k, "; rank %d is in %s since %.3g s", ranks[i], d,
                                 secs(now_ns, last[i]->t0_ns));
         else
           k += (size_t)snprintf(msg + k, cap - k, "; rank %d's last operation was %s, done %.3g s ago",
-                                r0 + i, d, secs(now_ns, last[i]->t1_ns));
+                                ranks[i], d, secs(now_ns, last[i]->t1_ns));
       } else {
-        k += (size_t)snprintf(msg + k, cap - k, "; rank %d has recorded no operation", r0 + i);
+        k += (size_t)snprintf(msg + k, cap - k, "; rank %d has recorded no operation", ranks[i]);
       }
     }
   }
 out:
-  free(pg), free(ok), free(in), free(last), free(match);
+  free(in), free(last), free(match);
+  return rc;
+}
+
+int dt_obs_diagnose(const char *obs_dir, int r0, int n, int64_t now_ns, char *msg, size_t cap,
+                    FILE *dump) {
+  msg[0] = '\0';
+  if (n < 1) return 0;
+  struct dt_obs_page *pg = calloc((size_t)n, sizeof *pg);
+  int *ranks = calloc((size_t)n, sizeof *ranks), *ok = calloc((size_t)n, sizeof *ok);
+  if (!pg || !ranks || !ok) {
+    free(pg), free(ranks), free(ok);
+    return dt__seterr(DT_ENOMEM, "diagnosis: out of memory");
+  }
+  for (int i = 0; i < n; i++) {
+    char path[4200];
+    ranks[i] = r0 + i;
+    dt__obs_rank_path(obs_dir, r0 + i, path, sizeof path);
+    ok[i] = dt__obs_read(path, &pg[i]) == DT_OK && pg[i].rank == r0 + i;
+  }
+  int rc = dt_obs_diagnose_pages(pg, ok, ranks, NULL, n, now_ns, msg, cap, dump);
+  free(pg), free(ranks), free(ok);
   return rc;
 }

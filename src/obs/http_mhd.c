@@ -57,7 +57,24 @@ static int local_pages(struct dt_obs_server *s, struct dt_obs_page *pg) {
 /* GET /pages of another host's server into pg (room for MAX_PEER_PAGES):
  * 1 s to connect, 1 s per read; a peer that does not answer is left out of
  * this scrape. Returns how many pages, or < 0. */
-static int fetch_peer(const struct sockaddr_in *a, struct dt_obs_page *pg) {
+static int parse_addr(const char *addr, struct sockaddr_in *sa);
+
+/* The X-Dtrain-States header of an answer to GET /pages: one letter per
+ * page, its process's state on that host (/proc/PID/stat: R, S, T, X...),
+ * copied into states (max letters; '?' for the missing). */
+static void parse_states(const char *b, size_t len, char *states, int max) {
+  static const char h[] = "\r\nX-Dtrain-States: ";
+  for (int i = 0; i < max; i++) states[i] = '?';
+  for (size_t i = 0; i + sizeof h - 1 < len; i++) {
+    if (!memcmp(b + i, "\r\n\r\n", 4)) return;
+    if (memcmp(b + i, h, sizeof h - 1)) continue;
+    const char *v = b + i + sizeof h - 1, *e = b + len;
+    for (int k = 0; k < max && v < e && *v >= 'A' && *v <= 'z'; k++, v++) states[k] = *v;
+    return;
+  }
+}
+
+static int fetch_peer(const struct sockaddr_in *a, struct dt_obs_page *pg, char *states) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return DT_EIO;
   struct timeval tv = {1, 0};
@@ -74,6 +91,7 @@ static int fetch_peer(const struct sockaddr_in *a, struct dt_obs_page *pg) {
       if (k < 0 && errno == EINTR) continue;
       if (k <= 0) {
         if (k == 0) rc = dt__obs_pages_parse(buf, len, pg, MAX_PEER_PAGES);
+        if (k == 0 && rc > 0 && states) parse_states(buf, len, states, rc);
         break;
       }
       len += (size_t)k;
@@ -103,9 +121,15 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
   if (!strcmp(url, "/pages")) { /* this host's raw pages, for the job's server */
     struct dt_obs_page *pg = malloc((size_t)s->n * sizeof *pg);
     int got = pg ? local_pages(s, pg) : 0;
+    /* the state of each page's process, which the other host cannot see */
+    char states[MAX_PEER_PAGES + 1];
+    int ns = got < MAX_PEER_PAGES ? got : MAX_PEER_PAGES;
+    for (int i = 0; i < ns; i++) states[i] = (char)dt__obs_proc_state(pg[i].pid);
+    states[ns] = '\0';
     resp = MHD_create_response_from_buffer((size_t)got * sizeof *pg, pg ? (void *)pg : (void *)"",
                                            pg ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     MHD_add_response_header(resp, "Content-Type", "application/octet-stream");
+    if (ns) MHD_add_response_header(resp, "X-Dtrain-States", states);
     ret = MHD_queue_response(conn, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -127,7 +151,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
   int got = pg ? local_pages(s, pg) : 0;
   struct dt_obs_page *tmp = np ? malloc(MAX_PEER_PAGES * sizeof *tmp) : NULL;
   for (int i = 0; pg && tmp && i < np; i++) {
-    int k = fetch_peer(&peer[i], tmp);
+    int k = fetch_peer(&peer[i], tmp, NULL);
     for (int j = 0; j < k; j++) { /* a rank twice (a peer that is this host after all): once */
       int dup = 0;
       for (int q = 0; q < got && !dup; q++) dup = pg[q].rank == tmp[j].rank;
@@ -205,8 +229,28 @@ int dt_obs_server_start(dt_obs_server **out, const char *addr, const char *obs_d
 
 int dt_obs_server_port(const dt_obs_server *s) { return s ? s->port : 0; }
 
-int dt_obs_server_add_peer(dt_obs_server *s, const char *addr) {
-  if (!s || !addr) return dt__seterr(DT_EINVAL, "obs.metrics: bad peer");
+int dt_obs_fetch_pages(const char *addr, struct dt_obs_page *out, char *states, int max) {
+  struct sockaddr_in sa;
+  if (!addr || !out || max < 1 || parse_addr(addr, &sa) < 0)
+    return dt__seterr(DT_EINVAL, "obs: peer '%s': expects IPv4:PORT", addr ? addr : "");
+  struct dt_obs_page *tmp = malloc(MAX_PEER_PAGES * sizeof *tmp);
+  if (!tmp) return dt__seterr(DT_ENOMEM, "obs: out of memory");
+  char st[MAX_PEER_PAGES];
+  int k = fetch_peer(&sa, tmp, st);
+  if (k < 0) {
+    free(tmp);
+    return dt__seterr(k, "obs: %s did not answer GET /pages", addr);
+  }
+  if (k > max) k = max;
+  for (int i = 0; i < k; i++) {
+    out[i] = tmp[i];
+    if (states) states[i] = st[i];
+  }
+  free(tmp);
+  return k;
+}
+
+static int parse_addr(const char *addr, struct sockaddr_in *out) {
   const char *colon = strrchr(addr, ':');
   char host[64];
   struct sockaddr_in sa;
@@ -215,12 +259,20 @@ int dt_obs_server_add_peer(dt_obs_server *s, const char *addr) {
   char *end;
   long port = colon ? strtol(colon + 1, &end, 10) : -1;
   if (!colon || (size_t)(colon - addr) >= sizeof host || *end || port < 1 || port > 65535)
-    return dt__seterr(DT_EINVAL, "obs.metrics: peer '%s': expects IPv4:PORT", addr);
+    return DT_EINVAL;
   memcpy(host, addr, (size_t)(colon - addr));
   host[colon - addr] = '\0';
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-    return dt__seterr(DT_EINVAL, "obs.metrics: peer '%s': expects IPv4:PORT", addr);
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return DT_EINVAL;
   sa.sin_port = htons((uint16_t)port);
+  *out = sa;
+  return DT_OK;
+}
+
+int dt_obs_server_add_peer(dt_obs_server *s, const char *addr) {
+  if (!s || !addr) return dt__seterr(DT_EINVAL, "obs.metrics: bad peer");
+  struct sockaddr_in sa;
+  if (parse_addr(addr, &sa) < 0)
+    return dt__seterr(DT_EINVAL, "obs.metrics: peer '%s': expects IPv4:PORT", addr);
   pthread_mutex_lock(&s->mu);
   int rc = DT_OK;
   if (s->npeers < MAX_PEERS) s->peer[s->npeers++] = sa;

@@ -18,6 +18,13 @@
  * when none is (msg says so), or a negative DT_E*. now_ns: dt_now_ns(). */
 int dt_obs_diagnose(const char *obs_dir, int r0, int n, int64_t now_ns, char *msg, size_t cap,
                     FILE *dump);
+/* The same over pages already read: pg[i] is rank ranks[i]'s page when
+ * ok[i] (else that rank left none). states (may be NULL): for a page
+ * fetched from another host, its process's state there (a /proc letter,
+ * '?' unknown); 0 for a page of this host (looked up in /proc). */
+int dt_obs_diagnose_pages(const struct dt_obs_page *pg, const int *ok, const int *ranks,
+                          const char *states, int n, int64_t now_ns, char *msg, size_t cap,
+                          FILE *dump);
 /* One page's recorder as a table, its last `last` entries. */
 void dt_obs_fr_dump(const struct dt_obs_page *pg, FILE *f, int64_t now_ns, int last);
 /* The state letter of /proc/pid/stat ('R', 'S', 'T', ...); 'X' if gone. */
@@ -49,6 +56,11 @@ int dt_obs_server_port(const dt_obs_server *s);
  * resident memory, that is read from /proc here). DT_EINVAL for a bad
  * address or more than 64 peers. */
 int dt_obs_server_add_peer(dt_obs_server *s, const char *addr);
+/* GET /pages of the server at addr ("IPv4:PORT"): its ranks' pages into
+ * out[0..max) and, if states is not NULL, the state of each one's process
+ * as that host sees it (a /proc state letter, '?' unknown) into states[i]
+ * (1 s timeouts). Returns how many, or < 0. */
+int dt_obs_fetch_pages(const char *addr, struct dt_obs_page *out, char *states, int max);
 void dt_obs_server_stop(dt_obs_server *s);
 
 /* ---- the run report (report.c) ---------------------------------------------------------- */
