@@ -211,13 +211,12 @@ static void serve_host(const struct worker_args *a, dt_comm *world) {
       dt__cli_obs_serve_ranks(a->co, r, k);
       if (a->co->srv) dt__cli_obs_advertise(a->co, mine, sizeof mine);
     }
-    if (dt_comm_allgather(world, mine, all, 64, DT_U8) < 0) {
+    int gathered = dt_comm_allgather(world, mine, all, 64, DT_U8) == DT_OK;
+    if (!gathered)
       fprintf(stderr, "dtrain: warning: rank %d: obs.metrics: the hosts' endpoints were not "
               "gathered: %s\n", me, dt_errmsg());
-      goto out;
-    }
     int metric_peers = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; gathered && i < n; i++) {
       char *p = all + (size_t)i * 64;
       p[63] = '\0';
       /* this very endpoint (the loopback default on several machines): its

@@ -359,6 +359,8 @@ void dt__cli_obs_ext(struct dt__cli_obs *co, int me, int world, const int *local
     co->npeers = npeers;
   }
   if (co->usr1_thread || pipe2(co->usr1_pipe, O_CLOEXEC) < 0) return;
+  /* the handler never blocks: a full pipe has a wake-up pending anyway */
+  fcntl(co->usr1_pipe[1], F_SETFL, O_NONBLOCK);
   if (pthread_create(&co->usr1_th, NULL, usr1_main, co) != 0) {
     close(co->usr1_pipe[0]), close(co->usr1_pipe[1]);
     co->usr1_pipe[0] = co->usr1_pipe[1] = -1;

@@ -8,7 +8,7 @@
 #     node 0's endpoint alone every second) finds dtrain_steps_total > 0 for
 #     both ranks.
 #  2. Hang diagnosis across nodes: rank 1 (node 1's worker) is stopped
-#     (SIGSTOP); rank 0 fails at its deadline (DTRAIN_TIMEOUT=6), and node
+#     (SIGSTOP); rank 0 fails at its deadline (DTRAIN_TIMEOUT=10), and node
 #     0's launcher prints one diagnosis naming rank 1 (read from node 1's
 #     endpoint, with the process state node 1 sees) and the allreduce.
 # Skipped (77) without prometheus. Every process is stopped by pid.
@@ -53,11 +53,11 @@ start() {
   t0=$(now)
   while elapsed_ok "$t0" "$(now)" 90; do
     if grep -q '^metrics: the endpoint of ranks 0-0 also shows the ranks of 1 other node' "$T/${name}0.out" &&
-      grep -q '^workers:' "$T/${name}1.out"; then ok=1; break; fi
+      grep -q '^workers:' "$T/${name}1.out" && [ -s "$T/$name/events.jsonl" ]; then ok=1; break; fi
     kill -0 "$n0" 2>/dev/null && kill -0 "$n1" 2>/dev/null || break
     sleep 0.1
   done
-  [ $ok = 1 ] || { fail "$name: node 0 did not say it shows node 1 within 90 s: $(cat "$T/$name"?.out "$T/$name"?.err | tail -8)"; return 1; }
+  [ $ok = 1 ] || { fail "$name: no epoch, or node 0 did not say it shows node 1, within 90 s: $(cat "$T/$name"?.out "$T/$name"?.err | tail -8)"; return 1; }
   PIDS="$PIDS $(worker_pid "$T/${name}0.out") $(worker_pid "$T/${name}1.out")"
 }
 stop_nodes() {
@@ -122,7 +122,7 @@ EOF
 fi
 
 # ---- 2. rank 1 stopped on node 1: node 0's diagnosis names it ----------------------
-if start hang DTRAIN_TIMEOUT=6; then
+if start hang DTRAIN_TIMEOUT=10; then
   victim=$(worker_pid "$T/hang1.out")
   t0=$(now)
   kill -STOP "$victim"
