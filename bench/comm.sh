@@ -9,14 +9,16 @@
 #   shm vs Open MPI: busbw >= 1.0x from 4 KB to 64 MB, >= 1.5x at >= 16 MB,
 #                    time <= 1.5x at <= 256 B
 #   tcp vs Gloo:     busbw >= 2x at >= 64 KB, time <= 0.5x at <= 256 B
-# and last, tcp across 3 network-namespace hosts on tc-tbf-shaped links
+# then the 16-64 B latency in paired rounds with per-call medians
+# (bench/shm_small.sh), and last, tcp across 3 network-namespace hosts on tc-tbf-shaped links
 # (tests/comm/test_netns_tcp.sh with DT_NETNS_MIN_PCT=85): busbw >= 85% of
 # the shaped rate from 4 to 16 MB (skipped where namespaces cannot be made).
 # The raw outputs stay in $BUILD/bench-comm/. The machine has 2 cores and
 # is shared, so re-run before believing a single number.
 #
 # Env: BUILD (default build/release), DT_BENCH_MAX (bytes, default 64 MiB),
-#      DT_BENCH_RANKS (default "2 4"), DT_BENCH_TIMEOUT (s per run, 600).
+#      DT_BENCH_RANKS (default "2 4"), DT_BENCH_TIMEOUT (s per run, 600),
+#      DT_BENCH_SMALL_ROUNDS (rounds of bench/shm_small.sh, 7).
 set -u
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$SRC" || exit 1
@@ -118,6 +120,11 @@ for n in $RANKS; do report "$n"; done
 wrong=$(cat "$OUT"/dtrain_*.txt 2>/dev/null | awk '$1 ~ /^[0-9]+$/ && $8 != 0 { c++ } END { print c + 0 }')
 [ "$wrong" = 0 ] || { echo "dtrain: $wrong sizes with wrong results (see $OUT)"; exit 1; }
 echo "raw outputs: $OUT"
+
+# ---- shm 16-64 B against Open MPI, paired rounds, per-call medians --------
+echo
+echo "shm 16-64 B, 2 ranks, paired rounds against Open MPI (bench/shm_small.sh)"
+BUILD="$BUILD" ROUNDS="${DT_BENCH_SMALL_ROUNDS:-7}" bash bench/shm_small.sh
 
 # ---- tcp across 3 shaped namespace hosts ---------------------------------
 cmake --build "$BUILD" -j"$(nproc)" --target test_netns_rank >/dev/null || { say "test_netns_rank did not build"; exit 1; }

@@ -29,24 +29,31 @@
 # before believing a single number.
 #
 # Env: BUILD (default build/release), DT_CZ_SECTIONS (default "1 2 4 5 3"), DT_CZ_REPS (3), DT_CZ_RATES, DT_CZ_CODECS (default
-# "none fp16 int8 sign topk powersgd"), DT_CZ_EPOCHS (5), DT_CZ_BATCH (256),
-# DT_CZ_LR (0.1), DT_CZ_TARGET (0.88), DT_CZ_TIMEOUT (600).
+# "none fp16 int8 sign sign+mom topk powersgd"; a codec+mom runs it with
+# worker-side momentum before the codec, dist.compress_momentum = 0.9 and
+# optim.momentum = 0), DT_CZ_EPOCHS (5), DT_CZ_BATCH (256),
+# DT_CZ_LR (0.1), DT_CZ_TARGET (0.88), DT_CZ_TIMEOUT (600),
+# DT_CZ_MODEL (mlp, or cnn: examples/fashion_cnn.ini, target 0.91 unless
+# DT_CZ_TARGET says otherwise; section 3 only).
 set -u
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$SRC" || exit 1
 BUILD="${BUILD:-build/release}"
 DTRAIN="$SRC/$BUILD/dtrain"
 RATES="${DT_CZ_RATES:-100mbit 1gbit}"
-CODECS="${DT_CZ_CODECS:-none fp16 int8 sign topk powersgd}"
+CODECS="${DT_CZ_CODECS:-none fp16 int8 sign sign+mom topk powersgd}"
 EPOCHS="${DT_CZ_EPOCHS:-5}"
 BATCH="${DT_CZ_BATCH:-256}"
 LR="${DT_CZ_LR:-0.1}"
-TARGET="${DT_CZ_TARGET:-0.88}"
+MODEL="${DT_CZ_MODEL:-mlp}"
+if [ "$MODEL" = cnn ]; then TARGET="${DT_CZ_TARGET:-0.91}"; else TARGET="${DT_CZ_TARGET:-0.88}"; fi
 TMO="${DT_CZ_TIMEOUT:-600}"
 SECTIONS="${DT_CZ_SECTIONS:-1 2 4 5 3}"
 REPS="${DT_CZ_REPS:-3}"
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 CFG="$SRC/examples/fashion_mlp.ini"
+XCFG="$CFG" # section 3's model
+[ "$MODEL" = cnn ] && XCFG="$SRC/examples/fashion_cnn.ini"
 OUT="$SRC/$BUILD/bench-compress"
 mkdir -p "$OUT"
 say() { printf '%s\n' "$*" >&2; }
@@ -87,7 +94,7 @@ if [ "${1:-}" = inner ]; then
   trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done' EXIT
   for i in 2 1 0; do
     ip netns exec "${hosts[$i]}" "$DTRAIN" launch --nnodes 3 --node-rank $i --nproc-per-node 1 \
-      --rdzv "${addrs[0]}:$port" -- train "$CFG" --set train.epochs="$EPOCHS" \
+      --rdzv "${addrs[0]}:$port" -- train "$XCFG" --set train.epochs="$EPOCHS" \
       --set train.batch="$BATCH" --set optim.lr="$LR" "$@" --out "$OUT/$name" \
       >"$OUT/$name.$i.out" 2>"$OUT/$name.$i.err" </dev/null &
     pids[$i]=$!
@@ -198,18 +205,20 @@ EOF
 }
 first=1
 for rate in $RATES; do
-  say "== 3. 3 hosts, links shaped to $rate, MLP batch $BATCH, <= $EPOCHS epochs, target $TARGET"
+  say "== 3. 3 hosts, links shaped to $rate, $MODEL batch $BATCH, <= $EPOCHS epochs, target $TARGET"
   printf '%-14s %10s %10s %14s %9s\n' run "t_${TARGET}_s" final_acc bytes/step/rank speedup | tee "$OUT/table_$rate.txt"
   base=""
   runs=""
   for c in $CODECS; do runs="$runs $c:1"; done
-  [ $first = 1 ] && runs="$runs sign:0 topk:0 int8:0"
+  [ $first = 1 ] && [ -z "${DT_CZ_NO_NOEF:-}" ] && runs="$runs sign:0 topk:0 int8:0"
   for r in $runs; do
     c=${r%:*} ef=${r#*:}
-    name="${rate}_${c}_ef$ef"
+    codec=${c%+mom} mom=()
+    [ "$codec" != "$c" ] && mom=(--set dist.compress_momentum=0.9 --set optim.momentum=0)
+    name="${MODEL}_${rate}_${c}_ef$ef"
     rm -rf "$OUT/$name"
     tools/netns.sh run -p "dcz$$" -r "$rate" -- bash "$0" inner "$name" \
-      --set dist.compress=$c --set dist.error_feedback=$([ $ef = 1 ] && echo true || echo false)
+      --set dist.compress=$codec --set dist.error_feedback=$([ $ef = 1 ] && echo true || echo false) "${mom[@]}"
     read -r t acc bps <<<"$(report "$name")"
     sp="-"
     if [ "$c" = none ]; then base=$t; fi
@@ -219,9 +228,9 @@ for rate in $RATES; do
     label=$c; [ $ef = 0 ] && label="$c(noEF)"
     printf '%-14s %10s %10s %14s %9s\n' "$label" "$t" "$acc" "$bps" "$sp" | tee -a "$OUT/table_$rate.txt"
   done
-  if [ -z "${DT_CZ_NO_TORCH:-}" ]; then
+  if [ -z "${DT_CZ_NO_TORCH:-}" ] && [ "$MODEL" = mlp ]; then # the PyTorch peer is the MLP only
     for hook in none fp16 powersgd; do
-      name="${rate}_torch_$hook"
+      name="${MODEL}_${rate}_torch_$hook"
       tools/netns.sh run -p "dcz$$" -r "$rate" -- bash "$0" torch_inner "$name" "$hook"
       t=$(awk -v tg="$TARGET" '$1 == "epoch" && $6 + 0 >= tg + 0 { print $4; exit }' "$OUT/$name.0.out")
       acc=$(awk '$1 == "epoch" { a = $6 } END { print a }' "$OUT/$name.0.out")

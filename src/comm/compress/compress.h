@@ -59,7 +59,7 @@ typedef struct dt_compress_cfg {
   int warmup_epochs;     /* topk: density 1/4, 1/16, ... over these epochs */
   int64_t start_step;    /* dense allreduce before this step (dist.compress_start_step) */
   float clip;            /* local L2 clip of a bucket's gradient, 0 = off */
-  float momentum;        /* topk: DGC momentum correction factor, 0 = off */
+  float momentum;        /* worker momentum before the codec (0 = off); topk also masks what it sent (DGC) */
   uint64_t seed;         /* train.seed */
 } dt_compress_cfg;
 #define DT_COMPRESS_CFG_INIT {DT_CODEC_NONE, 1, 0.01, 15, 2, 0, 0, 0.0f, 0.0f, 42}

@@ -39,10 +39,9 @@ static int check_cfg(const dt_compress_cfg *c) {
   if (!(c->momentum >= 0 && c->momentum < 1))
     return dt__seterr(DT_EINVAL, "dist.compress_momentum = %g: must be in [0, 1)",
                       (double)c->momentum);
-  if (c->momentum > 0 && c->codec != DT_CODEC_TOPK)
-    return dt__seterr(DT_EINVAL, "dist.compress_momentum = %g: momentum correction belongs to "
-                      "dist.compress = topk (it is '%s')", (double)c->momentum,
-                      dt__codec_names[c->codec]);
+  if (c->momentum > 0 && c->codec == DT_CODEC_NONE)
+    return dt__seterr(DT_EINVAL, "dist.compress_momentum = %g: needs a codec (dist.compress)",
+                      (double)c->momentum);
   if (c->warmup_epochs < 0 || c->start_step < 0)
     return dt__seterr(DT_EINVAL, "dist.compress_warmup_epochs / dist.compress_start_step must "
                       "be >= 0");
@@ -163,7 +162,7 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
   dt_cz_rng rng = {z->cfg.seed, (uint64_t)z->step, ((uint64_t)z->rank << 32) | (uint32_t)off};
   float *resid = z->resid ? z->resid + off : NULL;
   DT_CHECK(dt_cz_encode(codec, w, n, k, z->cfg.qsgd_levels, rng, mine, resid));
-  if (z->mom && z->resid) {
+  if (z->mom && z->resid && codec == DT_CODEC_TOPK) {
     /* DGC momentum factor masking: what was sent leaves the velocity too */
     float *u = z->mom + off;
     const uint8_t *ix = mine + DT_CZ_HDR_LEN;
