@@ -4,7 +4,7 @@
  * sender, the next 64 are a header. Every accepted header must satisfy what
  * the server and the worker rely on before they read a payload (a known
  * type for that direction, the sender it came from, a key of the map held
- * by the server involved, a payload size equal to the key's length, a
+ * by the server involved (its primary, or with replicas its replica), a payload size equal to the key's length, a
  * finite rate and weight; rows only of a key of rows, no more than it
  * has), and re-encode to the same bytes but the
  * reserved fields; a refusal must leave a message.
@@ -15,23 +15,26 @@
 
 #include "ps/ps.h"
 
-static dt_ps_map map;
+static dt_ps_map maps[2]; /* without replicas, with 2 */
 static int ready;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!ready) {
     /* layer 1: 25 rows of 8 (an embedding), the rest dense */
     uint64_t len[] = {0, 200, 30, 0, 7, 1}, rowlen[] = {1, 8, 1, 1, 1, 1};
-    if (dt_ps_map_build_rows(&map, len, rowlen, 6, 3) < 0) abort();
+    for (int i = 0; i < 2; i++)
+      if (dt_ps_map_build_rows(&maps[i], len, rowlen, 6, 3) < 0) abort();
+    if (dt_ps_map_set_replicas(&maps[1], 2) < 0) abort();
     ready = 1;
   }
+  const dt_ps_map *mp = size && (data[0] & 0x80) ? &maps[1] : &maps[0];
   if (size < 2) return 0;
   int to = (data[0] & 1) ? -1 : (data[0] >> 1) % 3; /* a worker, or server 0..2 */
   int from = data[1] % 5;                           /* 3 workers; 3 servers */
   data += 2;
   size -= 2;
   dt_ps_msg m;
-  if (dt_ps_msg_parse(data, size, &map, 3, to, from, &m) < 0) {
+  if (dt_ps_msg_parse(data, size, mp, 3, to, from, &m) < 0) {
     if (!dt_errmsg()[0]) abort();
     return 0;
   }
@@ -42,20 +45,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (to < 0 && !(m.type == DT_PS_WELCOME || m.type == DT_PS_PARAMS || m.type == DT_PS_ERR))
     abort();
   if (m.type == DT_PS_PUSH || m.type == DT_PS_PULL || m.type == DT_PS_PARAMS) {
-    if (m.key < 0 || m.key >= map.nkeys) abort();
-    if (map.keys[m.key].server != (to >= 0 ? to : from)) abort();
+    if (m.key < 0 || m.key >= mp->nkeys) abort();
+    /* the server involved holds the key: its primary, or the next one with replicas */
+    int d = ((to >= 0 ? to : from) - mp->keys[m.key].server + 3) % 3;
+    if (d >= mp->replicas) abort();
     if (m.flags & DT_PS_F_STATE) {
-      const uint64_t L = map.keys[m.key].len;
+      const uint64_t L = mp->keys[m.key].len;
       if (m.flags != DT_PS_F_STATE || m.type == DT_PS_PUSH) abort();
       if (m.type == DT_PS_PULL ? m.count != 0 : (m.count != L && m.count != 2 * L && m.count != 3 * L))
         abort();
     } else if (m.flags & DT_PS_F_ROWS) {
-      const dt_ps_key *K = &map.keys[m.key];
+      const dt_ps_key *K = &mp->keys[m.key];
       if (K->rowlen < 2 || K->len % K->rowlen || m.count > K->len / K->rowlen) abort();
       if (m.flags & (DT_PS_F_SPARSE | DT_PS_F_PULL | DT_PS_F_FINAL)) abort();
     } else if (m.flags & DT_PS_F_SPARSE) {
-      if (m.type != DT_PS_PUSH || m.count > map.keys[m.key].len) abort();
-    } else if (m.count != (m.type == DT_PS_PULL ? 0 : map.keys[m.key].len)) {
+      if (m.type != DT_PS_PUSH || m.count > mp->keys[m.key].len) abort();
+    } else if (m.count != (m.type == DT_PS_PULL ? 0 : mp->keys[m.key].len)) {
       abort();
     }
   }

@@ -10,6 +10,8 @@
 #    twice); the time from the SIGKILL to the later of the two workers'
 #    first completed clocks is printed (the bench target is ≤ 2 s; here it
 #    must be below 20 s whatever the load); no process is left;
+#  - the same over tcp (DTRAIN_TRANSPORT=tcp): a closed connection is the
+#    loss; the job goes on with the same params_sha256;
 #  - both servers killed: the job ends with a non-zero status within 30 s,
 #    naming the lost key range, and no process is left;
 #  - replicas without enough servers, or with colocated servers, refused.
@@ -104,6 +106,20 @@ if start kill --servers 2 --set ps.replicas=2; then
       fail "kill: the launcher did not report the lost server"
   fi
   no_procs kill
+fi
+
+# the same over tcp
+if DTRAIN_TRANSPORT=tcp start ktcp --servers 2 --set ps.replicas=2; then
+  kill -9 "$(pid_of ktcp 2)"
+  wait_end ktcp 50
+  if [ $rc = 124 ]; then
+    fail "ktcp: still running 50 s after the server's SIGKILL"
+  else
+    [ $rc = 0 ] && pass || fail "ktcp: exit $rc: $(grep -v 'go on)' "$T/ktcp.err" | head -c 600)"
+    [ "$(sha ktcp)" = "$ref" ] && pass || fail "ktcp: params_sha256 $(sha ktcp), not $ref"
+    grep -q 'tcp: rank 0: rank 2 lost' "$T/ktcp.err" && pass || fail "ktcp: not over tcp: $(head -c 400 "$T/ktcp.err")"
+  fi
+  no_procs ktcp
 fi
 
 # both servers killed: every holder of a range is gone, the job ends
