@@ -130,8 +130,26 @@ typedef struct pipe_impl {
   size_t act_bytes;  /* this stage's activation memory (dt_pipe_act_bytes) */
 } pipe_impl;
 
+/* A communication error that names a rank which exited or was killed
+ * (the transports say "rank K (pid P) exited", "rank K exited") gets that
+ * rank's place in the pipeline added, so every rank's last line names the
+ * lost stage and rank, whichever collective or neighbour it was waiting in. */
+static int name_lost_stage(dt_strategy *s, int rc) {
+  char m[1024];
+  snprintf(m, sizeof m, "%s", dt_errmsg());
+  const char *hit = strstr(m, " exited");
+  if (!hit) hit = strstr(m, "killed");
+  if (!hit || s->cfg->pipeline_stages < 2) return rc;
+  int lost = -1;
+  for (const char *r = m; (r = strstr(r, "rank ")) && r < hit; r += 5) sscanf(r + 5, "%d", &lost);
+  if (lost < 0 || lost >= s->nranks) return rc;
+  const int P = s->cfg->pipeline_stages;
+  return dt__seterr(rc, "%s (rank %d is pipeline stage %d of replica %d)", m, lost, lost % P,
+                    lost / P);
+}
+
 static int pcomm_err(dt_strategy *s, int rc, const char *what) {
-  return dt__ddp_comm_err(s, rc, what);
+  return name_lost_stage(s, dt__ddp_comm_err(s, rc, what));
 }
 
 /* Every rank's partition: cut points, or balanced by costs rank 0 measured. */
@@ -363,7 +381,7 @@ static int pipe_run(dt_strategy *s, dt_batch_source *src, const dt_step_plan *pl
   }
   int rc = dt_pipe_step(d->pipe, d->mb, m, plan->n_global, s->cfg->seed, (uint64_t)s->step,
                         d->loss, d->correct);
-  if (rc < 0) return rc;
+  if (rc < 0) return name_lost_stage(s, rc);
   for (int j = 0; j < m; j++) dt__tally_add(t, d->loss[j], d->mb[j].n, d->correct[j], plan->terms);
   return DT_OK;
 }
