@@ -13,6 +13,7 @@
 #     endpoint, with the process state node 1 sees) and the allreduce.
 # Skipped (77) without prometheus. Every process is stopped by pid.
 . "$(dirname "$0")/../cli/lib.sh"
+. "$(dirname "$0")/lib_obs.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   echo "SKIP: prometheus/promtool not installed (Debian package prometheus)"
@@ -27,13 +28,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-scrape() { # port file
-  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
-  printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
-  cat <&3 >"$2.http"
-  exec 3<&-
-  sed '1,/^\r$/d' "$2.http" >"$2"
-}
 worker_pid() { grep -m1 '^workers:' "$1" | grep -oE 'pid [0-9]+' | head -1 | cut -d' ' -f2; }
 
 # start NAME [env...]: the two nodes; sets n0, n1
@@ -90,20 +84,7 @@ if start job; then
     pass || fail "node 1's endpoint should show rank 1 alone: $(grep steps_total "$T/s1.txt")"
   promtool check metrics <"$T/s0.txt" >"$T/check.out" 2>&1 && pass || fail "promtool: $(cat "$T/check.out")"
   PP=$(free_port 127.0.0.1)
-  cat >"$T/prom.yml" <<EOF
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: dtrain
-    honor_labels: true
-    static_configs:
-      - targets: ['127.0.0.1:$P0']
-EOF
-  prometheus --config.file="$T/prom.yml" --storage.tsdb.path="$T/tsdb" \
-    --web.listen-address="127.0.0.1:$PP" --log.level=warn >"$T/prom.log" 2>&1 &
-  PR=$!
-  PIDS="$PIDS $PR"
+  prom_start "$P0" "$PP"
   t0=$(now)
   got=""
   while elapsed_ok "$t0" "$(now)" 60; do

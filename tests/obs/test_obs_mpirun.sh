@@ -14,6 +14,7 @@
 # Skipped (77) without mpirun or prometheus. Every process is bounded by a
 # deadline and stopped by pid; files live under $T.
 . "$(dirname "$0")/../cli/lib.sh"
+. "$(dirname "$0")/lib_obs.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (Debian package openmpi-bin)"; exit 77; }
@@ -46,22 +47,6 @@ wait_lines() {
     sleep 0.2
   done
 }
-# the exposition at port $1 into $2 (bash's /dev/tcp)
-scrape() {
-  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
-  printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
-  cat <&3 >"$2.http"
-  exec 3<&-
-  sed '1,/^\r$/d' "$2.http" >"$2"
-}
-# stops the mpirun of pid $1 (TERM, then KILL after 10 s) and waits for it
-stop_job() {
-  kill -TERM "$1" 2>/dev/null
-  local t=0
-  while kill -0 "$1" 2>/dev/null && [ $t -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
-  kill -9 "$1" 2>/dev/null
-  wait "$1" 2>/dev/null
-}
 
 # ---- 1. one host, two ranks, a real Prometheus ---------------------------------
 MP=$(free_port 127.0.0.1)
@@ -81,20 +66,7 @@ scrape $MP "$T/s1.txt" && pass || fail "cannot fetch /metrics"
 promtool check metrics <"$T/s1.txt" >"$T/check1.out" 2>&1 && pass ||
   fail "promtool check metrics: $(cat "$T/check1.out")"
 
-cat >"$T/prom.yml" <<EOF
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: dtrain
-    honor_labels: true
-    static_configs:
-      - targets: ['127.0.0.1:$MP']
-EOF
-prometheus --config.file="$T/prom.yml" --storage.tsdb.path="$T/tsdb" \
-  --web.listen-address="127.0.0.1:$PP" --log.level=warn >"$T/prom.log" 2>&1 &
-PR=$!
-PIDS="$PIDS $PR"
+prom_start "$MP" "$PP"
 q() { promtool query instant "http://127.0.0.1:$PP" "$1" 2>/dev/null; }
 t0=$(now)
 got=""

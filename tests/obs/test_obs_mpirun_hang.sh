@@ -11,6 +11,7 @@
 #     allreduce, well within the 60 s deadline, and writes DIR/diagnosis.txt.
 # Skipped (77) without mpirun. Every process is bounded and stopped by pid.
 . "$(dirname "$0")/../cli/lib.sh"
+. "$(dirname "$0")/lib_obs.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (Debian package openmpi-bin)"; exit 77; }
@@ -24,9 +25,6 @@ cleanup() {
   rm -rf "$T"
 }
 trap cleanup EXIT
-
-# the pid a rank's page (DIR/obs/rank-R) names: bytes 16-19 (obs_file.h)
-page_pid() { od -An -t d4 -j 16 -N 4 "$1" 2>/dev/null | tr -d ' '; }
 
 # start NAME: a 3-rank job under mpirun that trains until stopped; sets $MJ
 start() {
@@ -46,13 +44,6 @@ start() {
   done
   [ $ok = 1 ] || { fail "$1: no epoch record within 90 s: $(tail -5 "$T/$1.err")"; return 1; }
   for r in 0 1 2; do PIDS="$PIDS $(page_pid "$T/$1/obs/rank-$r")"; done
-}
-stop_job() {
-  kill -TERM "$1" 2>/dev/null
-  local t=0
-  while kill -0 "$1" 2>/dev/null && [ $t -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
-  kill -9 "$1" 2>/dev/null
-  wait "$1" 2>/dev/null
 }
 
 # ---- 1. SIGUSR1: every rank dumps, one diagnosis, the job goes on --------------

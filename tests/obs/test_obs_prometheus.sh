@@ -10,6 +10,7 @@
 # passed through `promtool check metrics`. Skipped (77) without prometheus.
 # Every process started is stopped by pid; its files live under $T.
 . "$(dirname "$0")/../cli/lib.sh"
+. "$(dirname "$0")/lib_obs.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
@@ -49,20 +50,7 @@ promtool check metrics <"$T/scrape.txt" >"$T/check.out" 2>&1 && pass ||
   fail "promtool check metrics: $(cat "$T/check.out")"
 [ "$(tail -c 1 "$T/scrape.txt" | od -An -c | tr -d ' ')" = '\n' ] && pass || fail "no final newline"
 
-cat >"$T/prom.yml" <<EOF
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: dtrain
-    honor_labels: true
-    static_configs:
-      - targets: ['127.0.0.1:$MP']
-EOF
-prometheus --config.file="$T/prom.yml" --storage.tsdb.path="$T/tsdb" \
-  --web.listen-address="127.0.0.1:$PP" --log.level=warn >"$T/prom.log" 2>&1 &
-PR=$!
-PIDS="$PIDS $PR"
+prom_start "$MP" "$PP"
 
 q() { promtool query instant "http://127.0.0.1:$PP" "$1" 2>/dev/null; }
 t0=$(now)
