@@ -546,47 +546,20 @@ static int pipe_import(dt_strategy *s, const dt_state_reader *r) {
   return DT_OK;
 }
 
-const struct dt_strategy_ops dt__strategy_pipeline = {
-    .name = "pipeline",
-    .fixed_point = 0,
-    .state_sharded = 1, /* each stage its own parameters and optimizer: no rank-0 checkpoint */
-    .own_optim = 1,
-    .open_source = pipe_source,
-    .setup = pipe_setup,
-    .step_begin = pipe_step_begin,
-    .run_pieces = pipe_run,
-    .backward_begin = NULL,
-    .grad_ready = NULL,
-    .step_finish = pipe_step_finish,
-    .eval_begin = pipe_eval_begin,
-    .eval_reduce = pipe_eval_reduce,
-    .epoch_end = pipe_epoch_end,
-    .state_export = pipe_export,
-    .state_import = pipe_import,
-    .membership_change = dt__strategy_no_membership,
-    .run_end = pipe_run_end,
-    .teardown = pipe_teardown,
-};
+/* The two tables differ in name and tallies only. */
+#define PIPE_OPS(NAME, FIXED)                                                                    \
+  {                                                                                              \
+    .name = NAME, .fixed_point = FIXED,                                                          \
+    .state_sharded = 1, /* each stage its own parameters and optimizer: no rank-0 checkpoint */ \
+    .own_optim = 1, .open_source = pipe_source, .setup = pipe_setup,                             \
+    .step_begin = pipe_step_begin, .run_pieces = pipe_run, .backward_begin = NULL,               \
+    .grad_ready = NULL, .step_finish = pipe_step_finish, .eval_begin = pipe_eval_begin,          \
+    .eval_reduce = pipe_eval_reduce, .epoch_end = pipe_epoch_end, .state_export = pipe_export,   \
+    .state_import = pipe_import, .membership_change = dt__strategy_no_membership,                \
+    .run_end = pipe_run_end, .teardown = pipe_teardown,                                          \
+  }
+
+const struct dt_strategy_ops dt__strategy_pipeline = PIPE_OPS("pipeline", 0);
 
 /* Deterministic mode: the same strategy, tallies in fixed point. */
-const struct dt_strategy_ops dt__strategy_pipeline_det = {
-    .name = "pipeline_det",
-    .fixed_point = 1,
-    .state_sharded = 1,
-    .own_optim = 1,
-    .open_source = pipe_source,
-    .setup = pipe_setup,
-    .step_begin = pipe_step_begin,
-    .run_pieces = pipe_run,
-    .backward_begin = NULL,
-    .grad_ready = NULL,
-    .step_finish = pipe_step_finish,
-    .eval_begin = pipe_eval_begin,
-    .eval_reduce = pipe_eval_reduce,
-    .epoch_end = pipe_epoch_end,
-    .state_export = pipe_export,
-    .state_import = pipe_import,
-    .membership_change = dt__strategy_no_membership,
-    .run_end = pipe_run_end,
-    .teardown = pipe_teardown,
-};
+const struct dt_strategy_ops dt__strategy_pipeline_det = PIPE_OPS("pipeline_det", 1);

@@ -21,27 +21,9 @@
 # (b), inside tools/netns.sh run: node 1 then node 0, each in its namespace,
 # bounded wait; T, DTRAIN, CFG come from the environment.
 netns_inner() {
-  read -r -a hosts <<<"$NETNS_HOSTS"
-  read -r -a addrs <<<"$NETNS_ADDRS"
-  # a fixed port is safe here: it is bound inside this run's own namespace
-  local port=29610 pids=() rc=0 i
-  trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done' EXIT
-  for i in 1 0; do
-    ip netns exec "${hosts[$i]}" "$DTRAIN" launch --nnodes 2 --node-rank $i --nproc-per-node 2 \
-      --rdzv "${addrs[0]}:$port" -- train "$CFG" --set train.epochs=1 --set data.limit_train=2000 \
-      --set data.limit_test=1000 --out "$T/nn" \
-      >"$T/nn$i.out" 2>"$T/nn$i.err" </dev/null &
-    pids[$i]=$!
-  done
-  local deadline=$((SECONDS + 120))
-  for i in 0 1; do
-    while kill -0 "${pids[$i]}" 2>/dev/null; do
-      [ $SECONDS -ge $deadline ] && { echo "node $i still running after 120 s" >>"$T/nn$i.err"; return 1; }
-      sleep 0.1
-    done
-    wait "${pids[$i]}" || rc=1
-  done
-  return $rc
+  . "$(dirname "$0")/netns_nodes.sh"
+  launch_two_nodes 29610 120 "$CFG" --set train.epochs=1 --set data.limit_train=2000 \
+    --set data.limit_test=1000
 }
 if [ "${1:-}" = netns_inner ]; then
   netns_inner

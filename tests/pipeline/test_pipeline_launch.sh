@@ -9,25 +9,8 @@
 #      over tcp between the hosts (skipped where namespaces cannot be made).
 # Every process it starts is waited for with a deadline and stopped by pid.
 netns_inner() {
-  read -r -a hosts <<<"$NETNS_HOSTS"
-  read -r -a addrs <<<"$NETNS_ADDRS"
-  local port=29611 pids=() rc=0 i
-  trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done' EXIT
-  for i in 1 0; do
-    ip netns exec "${hosts[$i]}" "$DTRAIN" launch --nnodes 2 --node-rank $i --nproc-per-node 2 \
-      --rdzv "${addrs[0]}:$port" -- train "${ARGS[@]}" --out "$T/nn" \
-      >"$T/nn$i.out" 2>"$T/nn$i.err" </dev/null &
-    pids[$i]=$!
-  done
-  local deadline=$((SECONDS + 150))
-  for i in 0 1; do
-    while kill -0 "${pids[$i]}" 2>/dev/null; do
-      [ $SECONDS -ge $deadline ] && { echo "node $i still running after 150 s" >>"$T/nn$i.err"; return 1; }
-      sleep 0.1
-    done
-    wait "${pids[$i]}" || rc=1
-  done
-  return $rc
+  . "$(dirname "$0")/../cli/netns_nodes.sh"
+  launch_two_nodes 29611 150 "${ARGS[@]}"
 }
 
 D=(--set data.limit_train=600 --set data.limit_test=200 --set train.epochs=1 --set train.batch=48
