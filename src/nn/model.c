@@ -42,12 +42,7 @@
  * are keyed by the layer's index in the whole model, so a stage draws the
  * masks the whole model would.
  *
- * Embedding layers (the first layer: ids in, rows out) convert their float
- * input to indices once per batch, checking every one. Their backward
- * scatters into the weight gradient; with dt__model_set_sparse_grads it
- * zeroes only the rows the previous backward wrote instead of the whole
- * table, so a step costs the batch's rows, not V x D (a parameter server
- * moves only those rows, docs/ps.md).
+ * Embedding layers: model_embed.c.
  *
  * Losses: softmax cross-entropy over the outputs, or (dt__model_set_loss)
  * the mean squared error of one output per sample against the integer
@@ -60,75 +55,9 @@
 
 #include "core/core.h"
 #include "nn/nn.h"
+#include "nn/model_int.h"
 #include "nn/spec.h"
 #include "tensor/tensor.h"
-
-/* How a layer takes part in the execution plan. */
-enum fuse {
-  FUSE_NONE = 0,
-  FUSE_ABSORBED,  /* relu done by the next layer: identity here */
-  FUSE_RELU_POOL, /* 2x2 stride-2 maxpool that applies the relu before it */
-};
-
-typedef struct layer {
-  dt__layer_spec s;
-  size_t in_el, out_el;   /* per-sample elements */
-  int owns_out;           /* out is this layer's own buffer */
-  int inplace;            /* relu over its input buffer */
-  int fused;              /* see enum fuse */
-  int chunk;              /* conv before a relu+pool pair: samples per chunk, else 0 */
-  int bchunk;             /* first-parameter conv: samples per backward chunk, else 0 */
-  float *dwtmp;           /* bchunk: one chunk's dW and db (nparams) */
-  float *out;             /* (max_batch, out_el); for flatten, the input */
-  const float *in;        /* input of the last forward */
-  float *w, *b;           /* spans of params: weight, then bias */
-  float *dw, *db;         /* same spans of grads */
-  float *run_mean, *run_var; /* batchnorm: spans of bufs (C each) */
-  float *mean, *rstd;     /* saved statistics: layernorm (B), batchnorm (C) */
-  float *mask;            /* dropout: (max_batch, out_el) */
-  int32_t *argmax;        /* maxpool: (max_batch, out_el) */
-  int32_t *ids, *prev;    /* embedding: the batch's ids; those the last backward wrote */
-  int nprev;              /* embedding: entries of prev; -1: zero the whole gradient */
-  uint8_t *code;          /* fused relu+maxpool: (max_batch, out_el), in the argmax arena */
-  dt_conv2d_geom g;       /* conv: geometry at max_batch; B is set per call */
-} layer;
-
-struct dt_model {
-  int n;
-  layer *L;
-  int max_batch;
-  int in_c, in_h, in_w;
-  size_t in_dim, out_dim;
-  int first_param;        /* first layer with parameters (n if none) */
-  size_t nparams, nbufs;
-  float *params, *grads, *bufs;
-  float *own_grads;       /* the grads allocated here (grads may be borrowed) */
-  void *grads_raw;        /* own_grads' allocation (zalloc64) */
-  float *acts;            /* one arena for outputs, masks and statistics */
-  int32_t *iacts;         /* one arena for maxpool argmax and codes */
-  float *dbuf[2];         /* activation-gradient ping-pong, max_batch * max_elems */
-  float *ws;              /* conv scratch, the largest over conv layers */
-  dt_layer_info *infos;
-  /* last forward */
-  int B;
-  int train;
-  const float *logits;
-  int gemm_flags;         /* dt_sgemm_f flags of every product (dt_model_set_gemm_flags) */
-  /* pipeline stages (nn.h, dt__model_*) */
-  int layer_base;         /* index of layer 0 in the whole model (dropout keys) */
-  int need_dx;            /* backward goes down to layer 0 and keeps the input gradient */
-  int accum;              /* backward adds parameter gradients instead of writing them */
-  float gscale;           /* the loss gradient is multiplied by this */
-  int loss;               /* enum dt__loss */
-  int sparse_grads;       /* embeddings zero only the rows they wrote last */
-  const float *dx;        /* input gradient of the last backward (need_dx) */
-  float *gtmp;            /* accum: a non-linear layer's gradients before they are added */
-  int shared;             /* params, grads and bufs are another model's */
-  dt__wstash *wst;        /* deferred weight gradients (nn.h), or NULL */
-  const dt__wpack *wpk;   /* packed forward weights (nn.h), or NULL */
-  int wrow0;              /* this micro-batch's first stash row */
-  size_t act_bytes;       /* activations, saved statistics, masks, gradient ping-pong */
-};
 
 /* Does layer i start a `relu maxpool(2)` pair the fused kernel can run? */
 static int relu_pool_at(const dt__spec *sp, int i) {
@@ -440,18 +369,6 @@ int dt__model_set_loss(dt_model *m, int loss) {
   return DT_OK;
 }
 
-void dt__model_set_sparse_grads(dt_model *m, int on) {
-  m->sparse_grads = on;
-  for (int i = 0; i < m->n; i++) m->L[i].nprev = -1;
-}
-
-int dt__model_embedding_rows(const dt_model *m, const float *x, int B, int32_t *rows) {
-  const layer *l = &m->L[0];
-  if (l->s.info.kind != DT_L_EMBEDDING) return 0;
-  int N = B * (int)l->in_el;
-  DT_CHECK(dt_embedding_ids(rows, x, N, l->s.k));
-  return dt_embedding_rows(rows, N, rows);
-}
 
 void dt__model_set_accum(dt_model *m, int accumulate, float gscale) {
   m->accum = accumulate;
@@ -476,12 +393,7 @@ int dt_model_init(dt_model *m, uint64_t seed) {
       dt_rng_uniform(l->b, nb, -bound, bound, seed, DT_RNG_INIT, 2 * (uint64_t)i + 1);
       break;
     }
-    case DT_L_EMBEDDING: {
-      /* uniform with standard deviation std (PyTorch draws normal(0, 1)) */
-      float bound = (float)(l->s.eps * sqrt(3.0));
-      dt_rng_uniform(l->w, in->nparams, -bound, bound, seed, DT_RNG_INIT, 2 * (uint64_t)i);
-      break;
-    }
+    case DT_L_EMBEDDING: dt__embed_init(l, seed, i); break;
     case DT_L_DOT: l->w[0] = 0.0f; break;
     case DT_L_LAYERNORM:
     case DT_L_BATCHNORM: {
@@ -634,10 +546,7 @@ int dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx)
       dt_batchnorm_forward(l->out, l->mean, l->rstd, l->run_mean, l->run_var, cur, l->w, l->b, B,
                            s->bn_c, s->bn_s, s->eps, s->momentum, train);
       break;
-    case DT_L_EMBEDDING:
-      DT_CHECK(dt_embedding_ids(l->ids, cur, B * (int)l->in_el, s->k));
-      dt_embedding_forward(l->out, l->ids, l->w, B * (int)l->in_el, s->oc);
-      break;
+    case DT_L_EMBEDDING: DT_CHECK(dt__embed_forward(l, cur, B)); break;
     case DT_L_DOT: dt_dot_forward(l->out, cur, l->w[0], B, (int)l->in_el / 2); break;
     }
     cur = l->out;
@@ -863,27 +772,7 @@ static int backward_layers(dt_model *m, float *d, int B, dt_grad_ready_fn on_rea
       dt_batchnorm_backward(dinp, gw, gb, d, l->in, l->w, l->mean, l->rstd, B, s->bn_c, s->bn_s);
       add_grads(m, l);
       break;
-    case DT_L_EMBEDDING: {
-      /* accumulation adds straight into the gradient (no table-sized scratch) */
-      const int n = B * (int)l->in_el, D = s->oc;
-      if (!m->accum) {
-        if (m->sparse_grads && l->nprev >= 0)
-          for (int j = 0; j < l->nprev; j++)
-            memset(l->dw + (size_t)l->prev[j] * D, 0, (size_t)D * sizeof(float));
-        else
-          memset(l->dw, 0, in->nparams * sizeof(float));
-        l->nprev = 0;
-      }
-      dt_embedding_backward_add(l->dw, d, l->ids, n, D);
-      if (l->nprev >= 0 && (size_t)l->nprev + n <= (size_t)m->max_batch * l->in_el) {
-        memcpy(l->prev + l->nprev, l->ids, (size_t)n * sizeof(int32_t));
-        l->nprev += n;
-      } else {
-        l->nprev = -1; /* more than one batch accumulated: zero everything next time */
-      }
-      if (dinp) memset(dinp, 0, (size_t)B * l->in_el * sizeof(float)); /* ids have none */
-      break;
-    }
+    case DT_L_EMBEDDING: dt__embed_backward(m, l, d, dinp, B); break;
     case DT_L_DOT:
       dt_dot_backward(dinp, gw, d, l->in, B, (int)l->in_el / 2);
       add_grads(m, l);
