@@ -82,6 +82,17 @@ class Cgroup:
             raise OSError("no writable cgroup cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max)")
         self.procs = os.path.join(self.path, "cgroup.procs")
 
+    def throttled(self):
+        """Periods in which the group ran out of quota so far (cpu.stat nr_throttled)."""
+        try:
+            for line in open(os.path.join(self.path, "cpu.stat")):
+                k, v = line.split()
+                if k == "nr_throttled":
+                    return int(v)
+        except OSError:
+            pass
+        return -1
+
     def add(self, pid):
         with open(self.procs, "w") as f:
             f.write(str(pid))
@@ -118,6 +129,7 @@ def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=
     if boost:
         # the launcher joins the boosted group before it forks the workers
         args = ["sh", "-c", f'echo $$ > {boost.procs} && exec "$@"', "sh"] + args
+    thr0 = throttle.throttled() if throttle else 0
     with tempfile.TemporaryDirectory() as out:
         log = os.path.join(out, "stdout.txt")
         p = subprocess.Popen(args + ["--out", out], env=dict(env, **(env_add or {})),
@@ -134,8 +146,16 @@ def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=
                     target = int(m.group(1))
                     break
                 time.sleep(0.002)
+            if throttle and not target:
+                raise RuntimeError(f"{' '.join(args)}: rank {rank}'s pid not printed: no throttle")
             if target and throttle:
                 throttle.add(target)
+                try:
+                    inside = os.path.basename(throttle.path) in open(f"/proc/{target}/cgroup").read()
+                except OSError:
+                    inside = p.poll() is not None
+                if not inside:
+                    raise RuntimeError(f"rank {rank} (pid {target}) is not in {throttle.path}")
         if stop and target:
             # mid-training: once the first epoch is recorded
             secs = stop
@@ -152,6 +172,8 @@ def run_dtrain(model, workers, balance="static", det=False, throttle=None, rank=
         with open(os.path.join(out, "summary.json")) as f:
             s = json.load(f)
     s["stderr"] = err
+    # periods in which the quota bit (a paced worker stays under it: 0 is fine)
+    s["throttled_periods"] = throttle.throttled() - thr0 if throttle else None
     if stop and target:
         # the others' first step without the frozen worker (wall clock, in the log)
         m = re.search(r"first step of generation 1 done at wall clock ([0-9.]+)", err)
@@ -171,6 +193,12 @@ def run_torch(model, throttle=None):
     out = subprocess.run(args, env=penv, check=True, capture_output=True, text=True).stdout
     m = re.search(r"samples_per_s (\d+) test_acc ([\d.]+)", out)
     return float(m.group(1))
+
+
+def torch_thr(model):
+    t0 = cg.throttled()
+    sps = run_torch(model, throttle=cg)
+    return {"samples_per_second": sps, "throttled_periods": cg.throttled() - t0}
 
 
 def med(v):
@@ -210,7 +238,7 @@ try:
             ]
         if not a.no_torch:
             runs += [("torch", lambda: {"samples_per_second": run_torch(model)}),
-                     ("torch_thr", lambda: {"samples_per_second": run_torch(model, throttle=cg)})]
+                     ("torch_thr", lambda: torch_thr(model))]
         want = set(a.runs.split(",")) if a.runs else None
         runs = [(k, f) for k, f in runs if want is None or k in want]
         backups = {}
@@ -220,11 +248,12 @@ try:
                 R.setdefault(key, []).append(s["samples_per_second"])
                 if "params_sha256" in s:
                     shas.setdefault(key, set()).add(s["params_sha256"])
-                if key.endswith("_thr") and "per_worker" in s:
+                if s.get("throttled_periods") is not None and "per_worker" in s:
                     pw = s["per_worker"]
                     print(f"#   {key}: share {' '.join(str(round(w.get('share', 0), 3)) for w in pw)}, "
                           f"wait s {' '.join(str(round(w.get('wait_seconds', 0), 2)) for w in pw)}, "
-                          f"train s {s.get('train_seconds', 0):.2f}", flush=True)
+                          f"train s {s.get('train_seconds', 0):.2f}, quota bit in "
+                          f"{s['throttled_periods']} periods", flush=True)
                 if "backups" in s:
                     backups.setdefault(key, []).append((s["backups"], s["backups_won"]))
             print(f"# {model} round {rep + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in R.items()),

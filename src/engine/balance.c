@@ -298,6 +298,8 @@ void dt__balance_pace(dt_balance *b, struct dt_ddp *ddp) {
   }
 }
 
+int dt__balance_throttled(const dt_balance *b) { return b->quota > 0 && b->quota < 1.0; }
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);

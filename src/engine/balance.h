@@ -92,6 +92,9 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
  * one. A no-op without a quota (one clock read per second to see). */
 struct dt_ddp;
 void dt__balance_pace(dt_balance *b, struct dt_ddp *ddp);
+/* This rank's cgroup allows it less than one core (as last read by
+ * dt__balance_pace or a replan; re-read every second). */
+int dt__balance_throttled(const dt_balance *b);
 
 /* End of an epoch, every rank (a collective with a communicator): gathers
  * the epoch's numbers, flags stragglers; rank 0 logs the slowest rank when

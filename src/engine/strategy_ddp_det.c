@@ -60,7 +60,7 @@ static int64_t det_take(void *ud) {
   dt_steal *q = dt_ddp_steal(d->ddp);
   dt_steal_stats a, b;
   dt_steal_get_stats(q, &a);
-  int64_t j = dt_steal_take(q, &d->backup);
+  int64_t j = dt_steal_take(q, !dt__balance_throttled(d->bal), &d->backup);
   dt_steal_get_stats(q, &b);
   /* waiting for shards other ranks hold is waiting for later ranks */
   dt__balance_waited(d->bal, b.wait_seconds - a.wait_seconds);

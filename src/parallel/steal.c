@@ -18,9 +18,12 @@
  * least DT_STEAL_MIN_S: a worker that is merely somewhat slower finishes
  * its shard before anyone would, and is left alone. While the only shards
  * left are held by others below that threshold, the idle rank waits here
- * (spinning briefly, then sleeping 20 us at a time) instead of in the
- * reduction, which it would reach no sooner; the wait is counted.
+ * (spinning briefly, then yielding the core) instead of in the reduction,
+ * which it would reach no sooner; the wait is counted. A rank under a CPU
+ * quota never waits here (the caller says so): polling would eat the quota
+ * of the rank that is slow already.
  */
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,7 +134,7 @@ static int64_t claim_backup(dt_steal *q, int *busy) {
   return -1;
 }
 
-int64_t dt_steal_take(dt_steal *q, int *backup) {
+int64_t dt_steal_take(dt_steal *q, int backups, int *backup) {
   *backup = 0;
   const int64_t end = q->base + q->shards;
   int64_t cur = atomic_load_explicit(&q->ticket->v, memory_order_relaxed);
@@ -140,7 +143,7 @@ int64_t dt_steal_take(dt_steal *q, int *backup) {
       hold(q, cur, 0);
       return cur - q->base;
     }
-  if (q->factor <= 0 || q->shards > DT_STEAL_CAP || q->nranks < 2) return -1;
+  if (!backups || q->factor <= 0 || q->shards > DT_STEAL_CAP || q->nranks < 2) return -1;
   const double t0 = dt_now();
   double t = t0;
   int64_t got = -1;
@@ -149,10 +152,10 @@ int64_t dt_steal_take(dt_steal *q, int *backup) {
     int busy = 0;
     if ((got = claim_backup(q, &busy)) >= 0 || !busy) break;
     if (t - t0 > DT_STEAL_WAIT_MAX_S) break;
-    if (t - t0 > DT_STEAL_SPIN_S) {
-      struct timespec ts = {0, 20000};
-      nanosleep(&ts, NULL);
-    }
+    /* yield rather than sleep: a sleep's wake-up comes late on a busy
+     * machine, and this rank is due at the reduction the moment the
+     * holder commits */
+    if (t - t0 > DT_STEAL_SPIN_S) sched_yield();
     t = dt_now();
   }
   q->st.wait_seconds += dt_now() - t0;

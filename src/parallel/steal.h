@@ -49,9 +49,11 @@ void dt_steal_destroy(dt_steal *q);
 void dt_steal_begin(dt_steal *q, int64_t shards);
 /* The next micro-shard for this rank (its index in the step), a backup of
  * a shard another rank holds (*backup = 1), or -1 when there is nothing
- * left to do. Waits while the only shards left are held by others for
- * less than the backup threshold. Call dt_steal_commit after each shard. */
-int64_t dt_steal_take(dt_steal *q, int *backup);
+ * left to do. With backups != 0 it waits while the only shards left are
+ * held by others for less than the backup threshold; with 0 (a rank under
+ * a CPU quota: it is the slow one, and polling would eat its quota) it
+ * runs no backups. Call dt_steal_commit after each shard. */
+int64_t dt_steal_take(dt_steal *q, int backups, int *backup);
 /* The shard this rank took last is computed: 1 when this copy counts, 0
  * when another copy was committed first (the caller undoes its sums). */
 int dt_steal_commit(dt_steal *q);
