@@ -16,8 +16,9 @@
  *     equal share; with 2, the fast rank ran backup copies of micro-shards
  *     the slowed rank held, some counted, and the slowed rank dropped
  *     exactly those (summary.json's backups_won and dropped).
- * The slow rank sleeps 1 ms per sample, hundreds of times the tiny MLP's
- * own compute, so the straggler is unmistakable even on a loaded machine.
+ * The slow rank sleeps 3 ms per sample (1 ms with stealing), hundreds of
+ * times the tiny MLP's own compute, so the straggler is unmistakable even
+ * on a loaded machine.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -149,7 +150,9 @@ static void run_pair(const char *tag, int deterministic, int balance, int *st) {
 
 static void check_balance(int deterministic) {
   setenv("DTRAIN_TEST_SLOW_RANK", "1", 1);
-  setenv("DTRAIN_TEST_SLOW_US", "1000", 1);
+  /* 3 ms: at load 20 on 2 cores the unslowed rank's busy time reached
+   * 1.5 ms per sample, and the static run flagged it instead of rank 1 */
+  setenv("DTRAIN_TEST_SLOW_US", "3000", 1);
   dt__param_reload(); /* the knob table caches the environment; children inherit it */
   int st[2];
   const char *ts = deterministic ? "det_static" : "static";
