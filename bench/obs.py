@@ -22,7 +22,9 @@
    one worker's step measured here with both off.
    The verdict says "shown" when the interval's lower end is >= 0.99,
    "missed" when its upper end is below 0.99, and otherwise that this load
-   cannot tell. --sides off,trace,metrics,both measures the two parts apart.
+   cannot tell; also that it cannot tell when the off side alone varies by
+   more than 4% (quartile range over median): the interval assumes rounds
+   alike, which a load that changes by the minute breaks. --sides off,trace,metrics,both measures the two parts apart.
 2. Scrape time of a 4-worker job's /metrics: 200 GETs, a new connection
    each, median / p99 / max in ms. Target: <= 5 ms.
 3. Trace size of the "both" runs (1 epoch, 2 workers, default
@@ -127,7 +129,20 @@ def quartiles(x):
     return q[0], q[2]
 
 
-def verdict(lo, hi, target=0.99):
+def spread(x):
+    """The quartile range over the median: how much one side alone varies."""
+    q1, q3 = quartiles(x)
+    return (q3 - q1) / med(x)
+
+
+def verdict(lo, hi, off, target=0.99):
+    # The interval assumes the rounds are alike; under a load that changes
+    # from minute to minute they are not, and a side that alone varies by
+    # more than 4% (quartile range) cannot resolve a 1% target.
+    if len(off) < 8:
+        return "target >= 0.99: too few rounds to tell (at least 8)"
+    if spread(off) > 0.04:
+        return f"target >= 0.99: this load cannot tell (off alone spreads {spread(off) * 100:.0f}%, quartile range)"
     if lo >= target:
         return "target >= 0.99: shown"
     if hi < target:
@@ -170,13 +185,13 @@ def overhead():
         print(f"samples/s  {k:7s} median {med(sps[k]):8.0f} vs off {med(sps['off']):8.0f}: "
               f"{k}/off {ratio:.4f}, 90% interval [{lo:.4f}, {hi:.4f}]; rounds' own ratios "
               f"median {med(pr):.4f} (quartiles {q1:.4f}-{q3:.4f})" +
-              (f"  -> {verdict(lo, hi)}" if k == "both" else ""))
+              (f"  -> {verdict(lo, hi, sps['off'])}" if k == "both" else ""))
         # CPU per sample: cost is on/off, so speed is off/on
         clo, chi = boot(cps[k], cps["off"], med)
         cratio = med(cps["off"]) / med(cps[k])
         print(f"CPU/sample {k:7s} median {med(cps[k]) * 1e6:8.3f} vs off {med(cps['off']) * 1e6:8.3f} us: "
               f"off/{k} {cratio:.4f}, 90% interval [{clo:.4f}, {chi:.4f}]" +
-              (f"  -> {verdict(clo, chi)}" if k == "both" else ""))
+              (f"  -> {verdict(clo, chi, cps['off'])}" if k == "both" else ""))
     if args.bench_obs:
         out = subprocess.run([args.bench_obs], check=True, capture_output=True, text=True).stdout
         ns = float(out.split(":")[1].split("ns")[0])
