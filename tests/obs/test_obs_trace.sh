@@ -70,6 +70,12 @@ if [ -s "$T/full/trace.json" ]; then
 else
   fail "no trace.json"
 fi
+# each worker's CPU time over the run (bench/obs.py's second view)
+python3 -c '
+import json, sys
+w = json.load(open(sys.argv[1]))["per_worker"]
+assert len(w) == 2 and all(0 < x["cpu_seconds"] < 3600 for x in w), w
+' "$T/full/summary.json" && pass || fail "summary per_worker cpu_seconds: $(head -c 600 "$T/full/summary.json")"
 
 "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=1 \
   --set data.limit_train=3000 --set data.limit_test=500 --set obs.trace=true \
