@@ -193,8 +193,10 @@ static int post(dt_comm *c, int peer, uint64_t tag, void *buf, size_t bytes, int
     const char *m = NULL;
     int arc = world_aborted(w, &m);
     if (arc < 0) return dt__comm_err(c, arc, "%s", m);
+    /* a transport that refuses a dead endpoint may leave no message */
+    const char *em = dt_errmsg();
     return dt__comm_err(c, rc, "comm: rank %d: %s to rank %d failed: %s", c->rank,
-                kind == DT_TP_SEND ? "send" : "receive", peer, dt_errmsg());
+                kind == DT_TP_SEND ? "send" : "receive", peer, em && *em ? em : dt_strerror(rc));
   }
   return DT_OK;
 }
