@@ -8,12 +8,13 @@
 #      for its neighbours) next to (p-1)/(m+p-1), m = 2, 4, 8, 16;
 #   3. PyTorch 1.13 Pipe (2 stages on CPU, same model and m; target: dtrain
 #      >= 3x its samples/s);
-#   4. peak RSS per rank (VmHWM): 1f1b vs gpipe at m = 16, recompute.
+#   4. peak RSS per rank (VmHWM): 1f1b vs gpipe at m = 16, recompute;
+#   5. recomputation's extra step time (gpipe m = 16, paired rounds).
 # Each dtrain figure is the median of DT_BENCH_REPS runs of DT_BENCH_STEPS
 # steps (training time only, from summary.json). The machine has 2 cores
 # and is shared: re-run before believing a single number.
 # Env: BUILD (default build/release), DT_BENCH_STEPS (30), DT_BENCH_REPS (3),
-#      DT_BENCH_ONLY (all, or one of speed bubble torch rss; or accuracy,
+#      DT_BENCH_ONLY (all, or one of speed bubble recompute torch rss; or accuracy,
 #      the two accuracy runs, ~30 minutes, not part of all).
 set -u
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
@@ -90,6 +91,19 @@ for m in 2 4 8 16; do
   r=$(median "b$m" --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=$m)
   awk -v m=$m -v r="$r" 'BEGIN {split(r, f, " "); printf "m=%-3d samples/s %8.1f  bubble %.3f  ideal %.3f\n", m, f[1], f[2], 1 / (m + 1)}'
 done
+
+fi
+
+if want recompute; then
+echo "== recomputation's time, 2 stages gpipe m=16 with and without train.recompute (paired rounds; target: <= 35% extra step time at >= 3x less activation memory)"
+G=(--workers 2 --set dist.pipeline_stages=2 --set dist.schedule=gpipe --set dist.micro_batches=16)
+for i in $(seq "$REPS"); do
+  echo "$(run "g$i" "${G[@]}") $(run "gr$i" "${G[@]}" --set train.recompute=true)"
+done > "$OUT/recompute.txt"
+awk '{n++; x[n] = $1 / $4} END {for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (x[j] < x[i]) {t = x[i]; x[i] = x[j]; x[j] = t}
+     printf "recompute: %.0f%% extra step time (median of %d paired rounds)\n", (x[int((n + 1) / 2)] - 1) * 100, n}' "$OUT/recompute.txt"
+echo "activation memory per stage as allocated, without and with recompute:"
+grep -h "activation memory" "$OUT/g1.log" "$OUT/gr1.log"
 
 fi
 

@@ -151,7 +151,7 @@ dt_model *dt_pipe_model(dt_pipe *p) { return p->inst[0]; }
 size_t dt_pipe_act_bytes(const dt_pipe *p, int *models, int *slots) {
   size_t b = 0, B = (size_t)p->c.max_batch;
   for (int k = 0; k < p->K; k++) b += dt__model_act_bytes(p->inst[k]);
-  b += dt__wstash_bytes(p->wst) + dt__wpack_bytes(p->wpk);
+  b += dt__wstash_bytes(p->wst);
   int first = p->c.stage == 0, last = p->c.stage == p->c.nstages - 1;
   b += (size_t)p->S * B * sizeof(float) *
        ((first ? 0 : 2 * p->in_dim + 2) + (last ? 0 : p->out_dim));
