@@ -34,7 +34,9 @@
 # optim.momentum = 0), DT_CZ_EPOCHS (5), DT_CZ_BATCH (256),
 # DT_CZ_LR (0.1), DT_CZ_TARGET (0.88), DT_CZ_TIMEOUT (600),
 # DT_CZ_MODEL (mlp, or cnn: examples/fashion_cnn.ini, target 0.91 unless
-# DT_CZ_TARGET says otherwise; section 3 only).
+# DT_CZ_TARGET says otherwise; section 3 only), DT_CZ_EXTRA (more
+# "--set key=value" words for every dtrain run of section 3, e.g.
+# "--set dist.bucket_bytes=4194304": one collective per step).
 set -u
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$SRC" || exit 1
@@ -218,7 +220,8 @@ for rate in $RATES; do
     name="${MODEL}_${rate}_${c}_ef$ef"
     rm -rf "$OUT/$name"
     tools/netns.sh run -p "dcz$$" -r "$rate" -- bash "$0" inner "$name" \
-      --set dist.compress=$codec --set dist.error_feedback=$([ $ef = 1 ] && echo true || echo false) "${mom[@]}"
+      --set dist.compress=$codec --set dist.error_feedback=$([ $ef = 1 ] && echo true || echo false) "${mom[@]}" \
+      ${DT_CZ_EXTRA:-}
     read -r t acc bps <<<"$(report "$name")"
     sp="-"
     if [ "$c" = none ]; then base=$t; fi
