@@ -173,10 +173,21 @@ int dt__cz_topk_encode(const float *x, size_t n, size_t k, dt_cz_rng rng, void *
     float t = sample_threshold(x, n, k, rng, tmp, s);
     idx = (uint32_t *)tmp;
     if (t > 0) m = collect(x, n, t, idx, cap);
-    if (m >= k && m <= cap) {
+    if (m > cap) {
+      /* the sample guessed low: the same threshold with room for all */
+      uint32_t *big = realloc(idx, 2 * (n + 1) * sizeof *big);
+      if (!big) {
+        free(idx);
+        return dt__seterr(DT_ENOMEM, "topk: out of memory for %zu indices", n);
+      }
+      idx = big;
+      cap = n;
+      m = collect(x, n, t, idx, cap);
+    }
+    if (m >= k) {
       emit(x, idx, m, k, idx + cap + 1, oidx, oval);
-    } else {
-      free(tmp);
+    } else { /* guessed high: fewer than k above it */
+      free(idx);
       idx = NULL;
       m = 0;
     }
