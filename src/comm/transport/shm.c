@@ -426,13 +426,7 @@ static void touch_tx(struct dt_tp_ep *ep) {
 /* ---- ops -------------------------------------------------------------- */
 
 static int shm_isend(struct dt_tp_ep *ep, struct dt_tp_req *r) {
-  struct dt_tp_ctx *ctx = ep->ctx;
-  atomic_store_explicit(&r->status, 0, memory_order_relaxed);
-  r->done = 0;
-  r->ep = ep;
-  int rc = dt__shm_check_abort(ctx);
-  if (rc) return rc;
-  if (ep->dead) return DT_EPEERLOST;
+  DT_CHECK(dt__shm_req_start(ep, r));
   if (!ep->tx_touched) touch_tx(ep);
   list_append(&ep->sq_head, &ep->sq_tail, r);
   tx_progress(ep);

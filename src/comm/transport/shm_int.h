@@ -270,4 +270,15 @@ int dt__shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r);
 int dt__shm_queue_ack(struct dt_tp_ep *ep, uint64_t cookie, int rc);
 void dt__shm_ux_free(struct dt_match_msg *m);
 
+/* The start of isend and irecv: r pending on ep, unless the context
+ * aborted or the peer is lost. */
+static inline int dt__shm_req_start(struct dt_tp_ep *ep, struct dt_tp_req *r) {
+  atomic_store_explicit(&r->status, 0, memory_order_relaxed);
+  r->done = 0;
+  r->ep = ep;
+  int rc = dt__shm_check_abort(ep->ctx);
+  if (rc) return rc;
+  return ep->dead ? DT_EPEERLOST : DT_OK;
+}
+
 #endif /* DT_COMM_SHM_INT_H */

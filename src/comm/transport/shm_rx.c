@@ -282,13 +282,7 @@ static void touch_rx(struct dt_tp_ep *ep) {
 }
 
 int dt__shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r) {
-  struct dt_tp_ctx *ctx = ep->ctx;
-  atomic_store_explicit(&r->status, 0, memory_order_relaxed);
-  r->done = 0;
-  r->ep = ep;
-  int rc = dt__shm_check_abort(ctx);
-  if (rc) return rc;
-  if (ep->dead) return DT_EPEERLOST;
+  DT_CHECK(dt__shm_req_start(ep, r));
   if (!ep->rx_touched) touch_rx(ep);
   struct unexp *u = (struct unexp *)dt__match_ux_find(&ep->mt, ep->peer, r->tag);
   if (u) {
