@@ -9,7 +9,7 @@
 #   make bench-ps  parameter server vs ddp, PyTorch RPC PS, a straggler
 #   make bench-obs  observability: overhead, scrape time, trace size
 #   make bench-compress  gradient codecs: speed, one host, 3 emulated hosts at 100 Mbit/1 Gbit vs PyTorch hooks
-#   make bench-elastic  elastic training: recovery time of 10 kills, steps lost, cost when nothing fails, standby replacement, launch --join
+#   make bench-elastic  elastic training: recovery time of 10 kills (one host and across 3 namespaces), steps lost, cost when nothing fails, standby replacement, launch --join
 #   make install [PREFIX=/usr/local]  the dtrain binary, libdtrain (.a, .so),
 #                headers, dtrain.pc and the CMake package under PREFIX
 JOBS ?= $(shell nproc)

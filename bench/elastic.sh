@@ -23,7 +23,10 @@
 #     step of the restarted workers, and the steps redone (trained before the
 #     kill, again after the restart); median of TORCH_KILLS runs (default 3).
 #     Debian's torch 1.13 under Python 3.11 needs --redirects/--tee other
-#     than 0 (its Std flag parsing returns None for 0).
+#     than 0 (its Std flag parsing returns None for 0);
+#  7. (bench/elastic_hosts.sh) recovery across 3 hosts in network namespaces:
+#     a worker killed (median of HOST_KILLS, target <= 3 s), a launcher
+#     killed, node 0 lost with etcd.
 # Appends nothing by itself: the numbers go to stdout for bench/RESULTS.md.
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -185,4 +188,10 @@ if [ -x "$TORCHRUN" ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
   [ ${#tr_t[@]} -gt 0 ] && echo "torchrun --max-restarts=3, kill to the first step after the restart: median $(med "${tr_t[@]}") s over ${#tr_t[@]} kills"
 else
   echo "torchrun comparison skipped: no $TORCHRUN or no torch for /usr/bin/python3 (Debian: python3-torch)"
+fi
+
+# 7. across hosts: bench/elastic_hosts.sh (network namespaces: needs root;
+#    HOST_KILLS=0 skips it)
+if [ "${HOST_KILLS:-10}" != 0 ]; then
+  DTRAIN="$DTRAIN" bash "$SRC/bench/elastic_hosts.sh"
 fi

@@ -14,6 +14,7 @@
 #include "comm/store_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -31,6 +32,15 @@ struct dt_store {
   const struct dt_store_backend *be;
   void *self;
 };
+
+int dt__store_with(dt_store *s, const struct dt_store_backend *be, int (*fn)(void *self, void *arg),
+                   void *arg) {
+  if (!s || s->be != be) return DT_ENOTSUP;
+  pthread_mutex_lock(&s->mu);
+  int rc = fn(s->self, arg);
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
 
 bool dt__kv_cas_match(const void *cur, size_t curlen, bool exists, const void *exp, size_t elen) {
   if (!exp) return !exists;
@@ -170,9 +180,23 @@ static int tcp_dial(const char *host, int port, double deadline, int *fdout) {
   double wait = 0.005;
   while (1) {
     for (struct addrinfo *a = res; a; a = a->ai_next) {
-      int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+      int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
       if (fd < 0) continue;
-      if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      /* non-blocking, so the deadline holds: a blocking connect to a host
+       * behind a cut link waits out every SYN retry (minutes) */
+      int c = connect(fd, a->ai_addr, a->ai_addrlen);
+      if (c < 0 && errno == EINPROGRESS) {
+        double left = deadline - dt_now();
+        struct pollfd p = {fd, POLLOUT, 0};
+        int pr = poll(&p, 1, left > 0 ? (int)(left * 1000) + 1 : 0);
+        socklen_t el = sizeof err;
+        if (pr == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0) c = 0;
+        else if (pr == 0) errno = ETIMEDOUT;
+        else errno = err ? err : errno;
+      }
+      if (c == 0) {
+        int fl = fcntl(fd, F_GETFL);
+        if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         *fdout = fd;

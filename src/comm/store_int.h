@@ -25,6 +25,11 @@ struct dt_store_backend {
 };
 
 int dt__store_wrap(dt_store **out, const struct dt_store_backend *be, void *self);
+/* Runs fn(self, arg) under the store's lock if s is a store of backend be
+ * (a backend's own operations beyond the table: etcd's leases); else
+ * DT_ENOTSUP. */
+int dt__store_with(dt_store *s, const struct dt_store_backend *be, int (*fn)(void *self, void *arg),
+                   void *arg);
 
 /* Shared semantics of the in-memory table (server and file store): applies
  * compare-and-set to a current value. */

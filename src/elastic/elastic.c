@@ -18,6 +18,7 @@
 
 #include "core/core.h"
 #include "elastic/elastic.h"
+#include "elastic/store_etcd.h"
 
 #define MAX_MEMBERS 4096
 #define GEN_MAX (32 + MAX_MEMBERS * 8)
@@ -38,6 +39,16 @@ struct dt_elastic {
   int stop;
   double tick;
   int saver;                    /* gave up below min_workers and keeps the state */
+  /* heartbeats: counters in the built-in store, a lease per member in etcd */
+  int etcd;
+  int64_t lease;                /* this member's lease (etcd), 0: none */
+  int ttl;                      /* its TTL, s */
+  double next_keep;             /* when the lease is renewed next */
+  double op_tmo;                /* a store call of the watcher or the agreement, s */
+  double hb_ok;                 /* the store last took this member's heartbeat */
+  double fence_s;               /* without the store this long, a member stops */
+  int fenced;                   /* cut off (store unreachable, lease expired): stop */
+  char fence_why[400];
 };
 
 static void sleep_s(double s) {
@@ -79,19 +90,102 @@ static int parse_gen(const char *s, int *gen, int64_t *change, int **ids, int *n
   return DT_OK;
 }
 
-static int read_gen(dt_elastic *el, char *buf, size_t cap) {
+static int read_gen_t(dt_elastic *el, char *buf, size_t cap, double t) {
   char k[256];
   size_t len = 0;
   key(el, k, sizeof k, "gen", 0, 0);
-  DT_CHECK(dt_store_get(el->st, k, buf, cap - 1, &len, el->cfg.cc.timeout_s));
+  DT_CHECK(dt_store_get(el->st, k, buf, cap - 1, &len, t));
   buf[len] = '\0';
   return DT_OK;
 }
 
-static int64_t counter(dt_store *st, const char *k, int64_t add) {
+static int read_gen(dt_elastic *el, char *buf, size_t cap) {
+  return read_gen_t(el, buf, cap, el->cfg.cc.timeout_s);
+}
+
+static int64_t counter_t(dt_store *st, const char *k, int64_t add, double t) {
   int64_t v = 0;
-  if (dt_store_add(st, k, add, &v, 10.0) < 0) return -1;
+  if (dt_store_add(st, k, add, &v, t) < 0) return -1;
   return v;
+}
+
+static int64_t counter(dt_store *st, const char *k, int64_t add) {
+  return counter_t(st, k, add, 10.0);
+}
+
+/* ---- heartbeats and fencing ----------------------------------------------------- */
+
+/* etcd: this member's lease and its heartbeat key P/el/hb/ID attached to it
+ * (made at create, so the key exists before any other member looks). */
+static int lease_start(dt_elastic *el) {
+  char k[256];
+  DT_CHECK(dt__etcd_lease_grant(el->st, el->ttl, el->cfg.cc.timeout_s, &el->lease));
+  key(el, k, sizeof k, "hb/%d", el->cfg.id, 0);
+  DT_CHECK(dt__etcd_put_leased(el->st, k, "1", el->lease, el->cfg.cc.timeout_s));
+  el->next_keep = dt_now() + el->ttl / 4.0;
+  return DT_OK;
+}
+
+/* Cut off: the reason is kept (the agreement returns it) and the current
+ * generation's collectives are aborted. Called with el->mu held. */
+static void fence(dt_elastic *el, const char *why) {
+  if (el->fenced) return;
+  el->fenced = 1;
+  snprintf(el->fence_why, sizeof el->fence_why, "%s", why);
+  if (el->cur) dt_comm_abort(el->cur, DT_EPEERLOST, "cut off from the job's store");
+  el->cur = NULL;
+}
+
+/* One heartbeat on store st (the watcher's, or the caller's while a joiner
+ * waits): the counter bumped, or the lease renewed when due. 1 when the
+ * store took it, 0 when it was not due, -1 when the store was not reached;
+ * an expired lease fences this member. */
+static int beat(dt_elastic *el, dt_store *st, double now) {
+  if (el->etcd) {
+    if (!el->lease || now < el->next_keep) return 0;
+    int64_t left = 0;
+    if (dt__etcd_lease_keepalive(st, el->lease, el->op_tmo, &left) < 0) return -1;
+    if (left <= 0) {
+      char why[400];
+      snprintf(why, sizeof why, "elastic: member %d: its etcd lease expired (cut off from etcd "
+               "for longer than dist.heartbeat_timeout = %.1f s), so the job has gone on without "
+               "it; stopping (a member cut off never trains on alone)", el->cfg.id,
+               el->cfg.heartbeat_timeout_s);
+      pthread_mutex_lock(&el->mu);
+      fence(el, why);
+      pthread_mutex_unlock(&el->mu);
+      return -1;
+    }
+    el->next_keep = now + el->ttl / 4.0;
+    return 1;
+  }
+  char k[256];
+  key(el, k, sizeof k, "hb/%d", el->cfg.id, 0);
+  return counter_t(st, k, 1, el->op_tmo) < 0 ? -1 : 1;
+}
+
+/* After a heartbeat's result r: a member that has not reached the store
+ * for fence_s is cut off (a cut link, or the store's node lost) and stops;
+ * the other side, if it holds a majority, has gone on without it. */
+static void beat_result(dt_elastic *el, int r, double now) {
+  if (r > 0) el->hb_ok = now;
+  if (r >= 0 || now - el->hb_ok <= el->fence_s) return;
+  char why[400];
+  snprintf(why, sizeof why, "elastic: member %d cannot reach the job's %s at %s:%d for %.1f s "
+           "(a cut link, or that node lost); stopping (a member cut off never trains on alone "
+           "or writes checkpoints)", el->cfg.id, el->etcd ? "etcd" : "rendezvous store",
+           el->etcd ? el->cfg.host + 7 : el->cfg.host, el->cfg.port, now - el->hb_ok);
+  pthread_mutex_lock(&el->mu);
+  fence(el, why);
+  pthread_mutex_unlock(&el->mu);
+}
+
+/* Whether this member was cut off: DT_EABORTED with the reason. */
+static int fenced(dt_elastic *el) {
+  pthread_mutex_lock(&el->mu);
+  int f = el->fenced;
+  pthread_mutex_unlock(&el->mu);
+  return f ? dt__seterr(DT_EABORTED, "%s", el->fence_why) : DT_OK;
 }
 
 /* ---- the watcher ------------------------------------------------------------ */
@@ -125,7 +219,19 @@ static void watch_heartbeats(dt_elastic *el, struct hbw *w, double now) {
   for (int i = 0; i < w->n; i++) {
     if (w->ids[i] == el->cfg.id) continue;
     key(el, k, sizeof k, "hb/%d", w->ids[i], 0);
-    int64_t v = counter(el->wst, k, 0);
+    if (el->etcd) {
+      /* etcd: the member's heartbeat key lives as long as its lease */
+      int found = 1;
+      if (dt__etcd_exists(el->wst, k, el->op_tmo, &found) < 0 || found) continue;
+      DT_LOG_WARN("elastic: member %d's etcd lease expired (silent for dist.heartbeat_timeout); "
+                  "re-forming without it", w->ids[i]);
+      key(el, k, sizeof k, "change", 0, 0);
+      counter(el->wst, k, 1);
+      w->told = 1;
+      return;
+    }
+    int64_t v = counter_t(el->wst, k, 0, el->op_tmo);
+    if (v < 0) continue; /* the store did not answer: nothing learnt */
     if (v != w->val[i] || w->at[i] == 0) w->val[i] = v, w->at[i] = now;
     if (now - w->at[i] > el->cfg.heartbeat_timeout_s) {
       DT_LOG_WARN("elastic: member %d has been silent for %.1f s (dist.heartbeat_timeout); "
@@ -140,22 +246,22 @@ static void watch_heartbeats(dt_elastic *el, struct hbw *w, double now) {
 
 static void *watch(void *arg) {
   dt_elastic *el = arg;
-  char hb[256], ch[256];
-  key(el, hb, sizeof hb, "hb/%d", el->cfg.id, 0);
+  char ch[256];
   key(el, ch, sizeof ch, "change", 0, 0);
   struct hbw w = {-1, 0, 0, NULL, NULL, NULL};
   double next_check = 0;
   pthread_mutex_lock(&el->mu);
   while (!el->stop) {
     pthread_mutex_unlock(&el->mu);
-    counter(el->wst, hb, 1);
-    int64_t c = counter(el->wst, ch, 0);
+    beat_result(el, beat(el, el->wst, dt_now()), dt_now());
+    int64_t c = counter_t(el->wst, ch, 0, el->op_tmo);
     double now = dt_now();
     if (now >= next_check) {
       watch_heartbeats(el, &w, now);
       next_check = now + el->cfg.heartbeat_timeout_s / 4;
     }
     pthread_mutex_lock(&el->mu);
+    if (el->fenced && el->cur) fence(el, el->fence_why); /* (a comm set since) */
     if (c > el->seen && el->cur) {
       /* some member failed or a launcher saw a death: leave any collective
        * of this generation now instead of at its deadline */
@@ -234,12 +340,20 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
   if (!(el->cfg.heartbeat_timeout_s > 0)) el->cfg.heartbeat_timeout_s = 2;
   el->tick = el->cfg.heartbeat_timeout_s / 8;
   if (el->tick > 0.05) el->tick = 0.05;
+  const double hbt = el->cfg.heartbeat_timeout_s;
+  el->op_tmo = hbt > 1 ? hbt : 1;
+  if (el->op_tmo > el->cfg.cc.timeout_s) el->op_tmo = el->cfg.cc.timeout_s;
+  el->fence_s = 2 * hbt + 1;
+  el->ttl = hbt > 2 ? (int)(hbt + 0.999) : 2;
+  el->hb_ok = dt_now();
   pthread_mutex_init(&el->mu, NULL);
   pthread_cond_init(&el->cv, NULL);
   int rc = dt_elastic_store_connect(&el->st, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
   if (rc == DT_OK)
     rc = dt_elastic_store_connect(&el->wst, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
   if (rc == DT_OK && cfg->join) rc = joiner_id(el);
+  el->etcd = rc == DT_OK && dt__etcd_is(el->st);
+  if (el->etcd) rc = lease_start(el);
   el->nmembers = el->cfg.size0 > 0 ? el->cfg.size0 : 1;
   el->members = malloc((size_t)el->nmembers * sizeof *el->members);
   if (rc == DT_OK && !el->members) rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
@@ -468,6 +582,7 @@ int dt_elastic_join(dt_elastic *el, dt_elastic_gen *out) {
         DT_LOG_INFO("elastic: joiner %d waits: generation %d is full (%d workers, "
                     "dist.max_workers)", el->cfg.id, g, n);
       told = 1;
+      if (el->etcd) beat(el, el->st, dt_now()); /* its lease lives while it waits */
       sleep_s(0.05);
       continue;
     }
@@ -483,6 +598,7 @@ int dt_elastic_join(dt_elastic *el, dt_elastic_gen *out) {
     }
     /* until generation g + 1 is decided (with us or, in a race, without) */
     while (atoi(rec) <= g && dt_now() < until) {
+      if (el->etcd) beat(el, el->st, dt_now());
       sleep_s(0.002);
       DT_CHECK_GOTO(read_gen(el, rec, GEN_MAX), rc, done);
     }
@@ -495,7 +611,7 @@ done:
 }
 
 int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
-  const double t0 = dt_now(), hbt = el->cfg.heartbeat_timeout_s;
+  const double t0 = dt_now(), hbt = el->cfg.heartbeat_timeout_s, ot = el->op_tmo;
   const double tmo = el->cfg.cc.timeout_s;
   char k[256], *rec = malloc(GEN_MAX);
   struct seen *sn = calloc((size_t)el->nmembers, sizeof *sn);
@@ -510,20 +626,41 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
   if (cur) dt_comm_abort(cur, DT_EPEERLOST, "membership change");
   el->cur = NULL;
   pthread_mutex_unlock(&el->mu);
-  /* a generation decided without this member (it was frozen, say) needs no
-   * announcement: it only has to find out and leave */
-  DT_CHECK_GOTO(read_gen(el, rec, GEN_MAX), rc, done);
-  if (atoi(rec) < g) {
-    key(el, k, sizeof k, "change", 0, 0);
-    DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
+  /* Announce and register. Each store call is bounded by op_tmo and tried
+   * again until the watcher fences this member (no heartbeat reached the
+   * store for fence_s: it is cut off and must stop, not wait the comm
+   * deadline). A generation decided without this member (it was frozen,
+   * say) needs no announcement: it only has to find out and leave. */
+  for (int step = 0; step < 2;) {
+    DT_CHECK_GOTO(fenced(el), rc, done);
+    if (step == 0) {
+      rc = read_gen_t(el, rec, GEN_MAX, ot);
+      if (rc == DT_OK && atoi(rec) < g) {
+        key(el, k, sizeof k, "change", 0, 0);
+        rc = dt_store_add(el->st, k, 1, NULL, ot);
+      }
+    } else {
+      key(el, k, sizeof k, "g%d/in/%d", g, el->cfg.id);
+      rc = dt_store_add(el->st, k, (pos < 0 ? -1 : pos) + 2, NULL, ot);
+    }
+    if (rc == DT_OK) {
+      step++;
+      continue;
+    }
+    if (dt_now() - t0 > tmo + el->fence_s) goto done;
+    sleep_s(0.05);
   }
-  key(el, k, sizeof k, "g%d/in/%d", g, el->cfg.id);
-  DT_CHECK_GOTO(dt_store_add(el->st, k, (pos < 0 ? -1 : pos) + 2, NULL, tmo), rc, done);
 
   int below_since = 0;
   double below_t = 0;
   for (;;) {
-    DT_CHECK_GOTO(read_gen(el, rec, GEN_MAX), rc, done);
+    DT_CHECK_GOTO(fenced(el), rc, done);
+    rc = read_gen_t(el, rec, GEN_MAX, ot);
+    if (rc < 0) { /* the store did not answer: until this member is fenced */
+      if (dt_now() - t0 > tmo + el->fence_s) goto done;
+      sleep_s(0.05);
+      continue;
+    }
     int cg = atoi(rec);
     if (cg >= g) break; /* decided (by us or another member) */
     /* who of the current generation is accounted for? */
@@ -532,9 +669,9 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
     for (int i = 0; i < el->nmembers; i++) {
       struct seen *s = &sn[i];
       int id = el->members[i];
-      if (!s->in) {
+      if (s->in <= 0) {
         key(el, k, sizeof k, "g%d/in/%d", g, id);
-        s->in = counter(el->st, k, 0);
+        s->in = counter_t(el->st, k, 0, ot);
       }
       if (s->in > 0) {
         alive++;
@@ -542,13 +679,50 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
       }
       if (!s->dead) {
         key(el, k, sizeof k, "dead/%d", id, 0);
-        s->dead = counter(el->st, k, 0) > 0;
+        s->dead = counter_t(el->st, k, 0, ot) > 0;
       }
       if (s->dead) continue;
       key(el, k, sizeof k, "hb/%d", id, 0);
-      int64_t h = counter(el->st, k, 0);
+      if (el->etcd) {
+        /* etcd: its heartbeat key lives as long as its lease; gone, the
+         * member is lost (it fences itself when it finds its lease ended) */
+        int found = 1;
+        if (dt__etcd_exists(el->st, k, ot, &found) == DT_OK && !found) s->dead = 2;
+        else open++;
+        continue;
+      }
+      int64_t h = counter_t(el->st, k, 0, ot);
+      if (h < 0) { /* no answer: nothing learnt */
+        open++;
+        continue;
+      }
       if (h != s->hb || s->hb_at == 0) s->hb = h, s->hb_at = now;
       if (now - s->hb_at < hbt) open++; /* alive by its heartbeat: wait for it */
+    }
+    if (!open) {
+      /* No split brain: the registered members must be a majority of the
+       * generation's members not known dead (a launcher reaped them, or
+       * their etcd lease expired). A member merely silent may be alive on
+       * the other side of a cut link; a minority stops instead of training
+       * on alone (and writes no checkpoint). */
+      int regd = 0, gone = 0, ns = 0;
+      char silent[160] = "";
+      for (int i = 0; i < el->nmembers; i++) {
+        if (sn[i].in > 0) regd++;
+        else if (sn[i].dead) gone++;
+        else if (ns++ < 8) {
+          size_t l = strlen(silent);
+          snprintf(silent + l, sizeof silent - l, "%s%d", l ? ", " : "", el->members[i]);
+        }
+      }
+      if (2 * regd <= el->nmembers - gone) {
+        rc = dt__seterr(DT_EABORTED, "elastic: member %d reaches %d of the %d members of "
+                        "generation %d (member%s %s%s silent, not known dead): it cannot tell a "
+                        "cut link from their loss, and a minority never trains on alone; stopping "
+                        "without a checkpoint", el->cfg.id, regd, el->nmembers - gone, el->gen,
+                        ns == 1 ? "" : "s", silent, ns > 8 ? ", ..." : "");
+        goto done;
+      }
     }
     int maxw = el->cfg.max_workers > 0 ? el->cfg.max_workers : MAX_MEMBERS;
     int *jids = NULL, nj = 0;

@@ -15,10 +15,11 @@
  * Every request carries a libcurl timeout no later than the caller's
  * deadline.
  *
- * It deliberately does not use leases or watches (heartbeats stay counters
- * the elastic layer reads, as with the built-in store) and does not
- * authenticate to etcd (run it on a trusted network, or with client
- * certificates in front of it).
+ * Leases carry the elastic layer's heartbeats (dt__etcd_lease_*: a lease
+ * per member, its heartbeat key attached, kept alive by the member's
+ * watcher; the key's disappearance is the member's loss). It does not use
+ * watches and does not authenticate to etcd (run it on a trusted network,
+ * or with client certificates in front of it).
  */
 #include "comm/store_int.h" /* the store's backend table */
 #include "elastic/elastic.h"
@@ -99,6 +100,11 @@ static size_t on_data(char *p, size_t sz, size_t n, void *ud) {
   return k;
 }
 
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
 /* base64 of n bytes (malloc'd, NUL-terminated). */
 static char *b64(const void *p, size_t n) {
   char *o = malloc(4 * ((n + 2) / 3) + 1);
@@ -135,23 +141,37 @@ static char *fkey(const struct etcd *c, const char *key) {
   return e;
 }
 
-/* POSTs JSON body j (freed here) to /v3/<path>; *out is the parsed reply. */
-static int call(struct etcd *c, const char *path, cJSON *j, double deadline, cJSON **out) {
+/* POSTs JSON body j (freed here) to /v3/<path>; *out is the parsed reply.
+ * A request that could not connect (etcd restarting: nothing was sent) is
+ * tried again until the deadline; so is any transport failure of an
+ * idempotent one (a range, a keep-alive), never of a write whose outcome
+ * is unknown. */
+static int call_idem(struct etcd *c, const char *path, cJSON *j, double deadline, int idem,
+                     cJSON **out) {
   *out = NULL;
   char *txt = j ? cJSON_PrintUnformatted(j) : NULL;
   cJSON_Delete(j);
   if (!txt) return dt__seterr(DT_ENOMEM, "etcd store: out of memory");
   char url[400];
   snprintf(url, sizeof url, "%s/v3/%s", c->url, path);
-  double left = deadline - dt_now();
-  long ms = left > 0.05 ? (long)(left * 1000) : 50;
-  c->blen = 0;
-  if (c->body) c->body[0] = '\0';
-  cu.setopt(c->h, CURLOPT_URL, url);
-  cu.setopt(c->h, CURLOPT_POSTFIELDS, txt);
-  cu.setopt(c->h, CURLOPT_TIMEOUT_MS, ms);
-  cu.setopt(c->h, CURLOPT_CONNECTTIMEOUT_MS, ms);
-  CURLcode cc = cu.perform(c->h);
+  CURLcode cc;
+  double pause = 0.02;
+  for (;;) {
+    double left = deadline - dt_now();
+    long ms = left > 0.05 ? (long)(left * 1000) : 50;
+    c->blen = 0;
+    if (c->body) c->body[0] = '\0';
+    cu.setopt(c->h, CURLOPT_URL, url);
+    cu.setopt(c->h, CURLOPT_POSTFIELDS, txt);
+    cu.setopt(c->h, CURLOPT_TIMEOUT_MS, ms);
+    cu.setopt(c->h, CURLOPT_CONNECTTIMEOUT_MS, ms);
+    cc = cu.perform(c->h);
+    int again = cc == CURLE_COULDNT_CONNECT ||
+                (idem && cc != CURLE_OK && cc != CURLE_OPERATION_TIMEDOUT);
+    if (!again || dt_now() + pause >= deadline) break;
+    sleep_s(pause);
+    if (pause < 0.2) pause *= 2;
+  }
   free(txt);
   if (cc != CURLE_OK)
     return dt__seterr(cc == CURLE_OPERATION_TIMEDOUT ? DT_ETIMEDOUT : DT_EIO,
@@ -164,6 +184,10 @@ static int call(struct etcd *c, const char *path, cJSON *j, double deadline, cJS
   *out = cJSON_Parse(c->body ? c->body : "");
   if (!*out) return dt__seterr(DT_EPROTO, "etcd store %s: %s: reply is not JSON", c->url, path);
   return DT_OK;
+}
+
+static int call(struct etcd *c, const char *path, cJSON *j, double deadline, cJSON **out) {
+  return call_idem(c, path, j, deadline, 0, out);
 }
 
 /* A revision field: etcd's gateway sends int64 as a JSON string, a number is
@@ -198,7 +222,7 @@ static int range(struct etcd *c, const char *key, double deadline, int *found,
   }
   free(k);
   cJSON *r;
-  DT_CHECK(call(c, "kv/range", j, deadline, &r));
+  DT_CHECK(call_idem(c, "kv/range", j, deadline, 1, &r));
   cJSON_Delete(r);
   return dt__etcd_range_reply(c->body, c->blen, found, val, vlen, modrev);
 }
@@ -231,11 +255,6 @@ int dt__etcd_range_reply(const char *text, size_t n, int *found, unsigned char *
   if (rc < 0) *found = 0;
   cJSON_Delete(r);
   return rc;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
 }
 
 static int e_set(void *self, const char *key, const void *val, size_t len, double t) {
@@ -460,6 +479,125 @@ static int connect_etcd(dt_store **out, const char *host, int port, const char *
     if (pause < 0.2) pause *= 2;
   }
   return dt__store_wrap(out, &etcd_backend, c);
+}
+
+/* ---- leases: the elastic layer's heartbeats (store_etcd.h) ---------------------- */
+
+struct lease_arg {
+  int64_t id, ttl;    /* in: the lease (keepalive, put, revoke) or the TTL asked (grant) */
+  const char *key, *val;
+  double t;
+  int64_t out;        /* grant: the lease; keepalive: the TTL left (0: expired) */
+  int found;          /* exists */
+};
+
+static cJSON *id_req(int64_t id) {
+  char v[32];
+  snprintf(v, sizeof v, "%lld", (long long)id);
+  cJSON *j = cJSON_CreateObject();
+  if (j && !cJSON_AddStringToObject(j, "ID", v)) cJSON_Delete(j), j = NULL;
+  return j;
+}
+
+static int do_grant(void *self, void *arg) {
+  struct etcd *c = self;
+  struct lease_arg *a = arg;
+  cJSON *j = cJSON_CreateObject(), *r;
+  if (!j || !cJSON_AddNumberToObject(j, "TTL", (double)a->ttl)) {
+    cJSON_Delete(j);
+    return dt__seterr(DT_ENOMEM, "etcd store: out of memory");
+  }
+  DT_CHECK(call(c, "lease/grant", j, dt_now() + a->t, &r));
+  a->out = jint(r, "ID");
+  cJSON_Delete(r);
+  if (a->out <= 0) return dt__seterr(DT_EPROTO, "etcd store %s: lease/grant: no lease ID", c->url);
+  return DT_OK;
+}
+
+static int do_keepalive(void *self, void *arg) {
+  struct etcd *c = self;
+  struct lease_arg *a = arg;
+  cJSON *j = id_req(a->id), *r;
+  if (!j) return dt__seterr(DT_ENOMEM, "etcd store: out of memory");
+  DT_CHECK(call_idem(c, "lease/keepalive", j, dt_now() + a->t, 1, &r));
+  /* {"result":{..., "ID":"..", "TTL":"2"}}; no TTL: the lease is gone */
+  const cJSON *res = cJSON_GetObjectItemCaseSensitive(r, "result");
+  int ok = cJSON_IsObject(res);
+  a->out = ok ? jint(res, "TTL") : 0;
+  cJSON_Delete(r);
+  if (!ok) return dt__seterr(DT_EPROTO, "etcd store %s: lease/keepalive: no result", c->url);
+  return DT_OK;
+}
+
+static int do_put_leased(void *self, void *arg) {
+  struct etcd *c = self;
+  struct lease_arg *a = arg;
+  char *k = fkey(c, a->key), *v = b64(a->val, strlen(a->val)), id[32];
+  snprintf(id, sizeof id, "%lld", (long long)a->id);
+  cJSON *j = cJSON_CreateObject(), *r;
+  int ok = k && v && j && cJSON_AddStringToObject(j, "key", k) &&
+           cJSON_AddStringToObject(j, "value", v) && cJSON_AddStringToObject(j, "lease", id);
+  free(k);
+  free(v);
+  if (!ok) {
+    cJSON_Delete(j);
+    return dt__seterr(DT_ENOMEM, "etcd store: out of memory");
+  }
+  DT_CHECK(call(c, "kv/put", j, dt_now() + a->t, &r));
+  cJSON_Delete(r);
+  return DT_OK;
+}
+
+static int do_exists(void *self, void *arg) {
+  struct etcd *c = self;
+  struct lease_arg *a = arg;
+  unsigned char *v = NULL;
+  size_t n;
+  int64_t mr;
+  int rc = range(c, a->key, dt_now() + a->t, &a->found, &v, &n, &mr);
+  free(v);
+  return rc;
+}
+
+static int noop(void *self, void *arg) {
+  (void)self, (void)arg;
+  return DT_OK;
+}
+
+int dt__etcd_is(dt_store *st) {
+  return dt__store_with(st, &etcd_backend, noop, NULL) == DT_OK;
+}
+
+static int with(dt_store *st, int (*fn)(void *, void *), struct lease_arg *a) {
+  int rc = dt__store_with(st, &etcd_backend, fn, a);
+  if (rc == DT_ENOTSUP) return dt__seterr(DT_ENOTSUP, "leases need the etcd store");
+  return rc;
+}
+
+int dt__etcd_lease_grant(dt_store *st, int ttl_s, double t, int64_t *id) {
+  struct lease_arg a = {.ttl = ttl_s, .t = t};
+  DT_CHECK(with(st, do_grant, &a));
+  *id = a.out;
+  return DT_OK;
+}
+
+int dt__etcd_lease_keepalive(dt_store *st, int64_t id, double t, int64_t *ttl_left) {
+  struct lease_arg a = {.id = id, .t = t};
+  DT_CHECK(with(st, do_keepalive, &a));
+  *ttl_left = a.out;
+  return DT_OK;
+}
+
+int dt__etcd_put_leased(dt_store *st, const char *key, const char *val, int64_t lease, double t) {
+  struct lease_arg a = {.id = lease, .key = key, .val = val, .t = t};
+  return with(st, do_put_leased, &a);
+}
+
+int dt__etcd_exists(dt_store *st, const char *key, double t, int *found) {
+  struct lease_arg a = {.key = key, .t = t};
+  DT_CHECK(with(st, do_exists, &a));
+  *found = a.found;
+  return DT_OK;
 }
 
 int dt_elastic_store_connect(dt_store **out, const char *host, int port, const char *token,

@@ -259,11 +259,11 @@ static int elastic_lost(dt_job *j, int r) {
     dt__job_say(j, DT_JOB_WARN, "worker rank %d (pid %d) exited with status %d", s->rank, s->pid,
                 s->code);
   if (!j->el_store && j->store_port > 0 &&
-      dt_elastic_store_connect(&j->el_store, j->store_host, j->store_port, j->token, 5) < 0) {
+      dt_elastic_store_connect(&j->el_store, j->store_host, j->store_port, j->token, 3) < 0) {
     j->el_store = NULL;
     dt__job_say(j, DT_JOB_WARN, "elastic: cannot reach the store to report rank %d: %s", s->rank,
                 dt_errmsg());
-  } else if (dt_elastic_report_dead(j->el_store, j->name, id, 5) < 0) {
+  } else if (dt_elastic_report_dead(j->el_store, j->name, id, 3) < 0) {
     dt__job_say(j, DT_JOB_WARN, "elastic: reporting member %d: %s", id, dt_errmsg());
   }
   return j->cfg.spares > 0 && wake_spare(j);
@@ -596,7 +596,7 @@ int dt__job_run_local(dt_job *j, dt_job_worker_fn fn, void *arg) {
   j->el_store = NULL;
   dt_store_server_stop(srv);
   /* etcd: the job's keys go (node 0, once its workers are gone) */
-  if (j->etcd && j->node == 0 && port > 0 && dt_elastic_store_clear(j->store_host, port, j->token, 5) < 0)
+  if (j->etcd && j->node == 0 && port > 0 && dt_elastic_store_clear(j->store_host, port, j->token, 3) < 0)
     dt__job_say(j, DT_JOB_WARN, "etcd: the job's keys were not removed: %s", dt_errmsg());
   int swept = dt__shm_sweep_job(j->token, j->name, spids, started) +
               dt__window_sweep_pids(spids, started);
