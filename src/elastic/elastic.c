@@ -1,10 +1,11 @@
 /*
  * elastic.c — generations of members in the rendezvous store (elastic.h):
  * the watcher thread (heartbeat + change counter, aborting the current
- * communicator when a change is announced), the agreement on the next
- * generation (registrations, deaths reported by launchers, silent
- * heartbeats, then one compare-and-set) and the communicator of each
- * generation.
+ * communicator when a change is announced; fencing a member cut off from
+ * the store), the agreement on the next generation (registrations, deaths
+ * reported by launchers, silent heartbeats or expired etcd leases, a
+ * majority of the last generation, then one compare-and-set) and the
+ * communicator of each generation.
  *
  * It deliberately keeps no model state and never reads files: what a
  * member knows (its position) travels as one integer per registration; the

@@ -21,13 +21,20 @@
  *   P/el/gen          "G C id,id,..." the current generation G, the change
  *                     counter C it accounts for, its members in rank order
  *   P/el/change       counter: bumped by whoever sees a failure
- *   P/el/hb/ID        counter: member ID's heartbeat
+ *   P/el/hb/ID        counter: member ID's heartbeat (etcd: a key under member
+ *                     ID's lease, gone when the lease expires)
  *   P/el/dead/ID      counter > 0: a launcher saw member ID's process die
  *   P/el/gG/in/ID     2 + position: ID is alive and wants generation G (1: it
  *                     holds no complete state: a joiner, or a partial copy)
  *   P/el/size0        the members of generation 0 (joiners' ids follow)
  *   P/el/nextid       counter: joiner ids handed out (id = size0 + n - 1)
  *   P/el/fp           the job's config fingerprint (a joiner compares it)
+ *
+ * A new generation needs a majority of the last one's members not known
+ * dead (no split brain across a cut link); a member that cannot reach the
+ * store for 2 x heartbeat_timeout + 1 s (or whose etcd lease expired) is
+ * fenced: its collectives are aborted and dt_elastic_reform returns
+ * DT_EABORTED with the reason.
  *
  * A joiner (dt_elastic_cfg.join) gets the next free id, checks the job's
  * fingerprint, registers for the next generation and announces a change;

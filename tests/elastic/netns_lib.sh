@@ -79,18 +79,19 @@ wait_nodes() {
   done
 }
 
-# went_on NAME WHAT EPOCHS A B — nodes A and B ended with status 0, the
-# summary says 2 workers, a generation 1 was made, and every sample of
-# every epoch was trained exactly once (EPOCHS epochs).
+# went_on NAME WHAT EPOCHS A B [MODE] — nodes A and B ended with status 0,
+# the summary says 2 workers, a generation 1 was made, and every sample of
+# every epoch was trained exactly once (EPOCHS epochs; MODE as
+# check_visits.py's fourth argument).
 went_on() {
-  local name=$1 what=$2 epochs=$3 a=$4 b=$5 s="$T/$1/out/summary.json"
+  local name=$1 what=$2 epochs=$3 a=$4 b=$5 mode=${6:-} s="$T/$1/out/summary.json"
   if [ "${RC[$a]}" != 0 ] || [ "${RC[$b]}" != 0 ]; then
     fail "$what: nodes $a, $b exit ${RC[$a]}, ${RC[$b]}: $(grep -hv "info\|^epoch" "$T/$name/n$a.log" "$T/$name/n$b.log" | tail -4)"
   elif [ "$(json_num "$s" workers)" != 2 ]; then
     fail "$what: summary says '$(json_num "$s" workers 2>/dev/null)' workers, want 2"
   elif ! grep -q "generation 1" "$T/$name/n1.log"; then
     fail "$what: no generation 1 in node 1's log"
-  elif ! $CHECK "$T/$name/v" $N "$epochs" >"$T/$name/visits" 2>&1; then
+  elif ! $CHECK "$T/$name/v" $N "$epochs" $mode >"$T/$name/visits" 2>&1; then
     fail "$what: visit record: $(cat "$T/$name/visits")"
   else
     pass
