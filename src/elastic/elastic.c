@@ -344,7 +344,7 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
   const double hbt = el->cfg.heartbeat_timeout_s;
   el->op_tmo = hbt > 1 ? hbt : 1;
   if (el->op_tmo > el->cfg.cc.timeout_s) el->op_tmo = el->cfg.cc.timeout_s;
-  el->fence_s = 2 * hbt + 1;
+  el->fence_s = 2 * hbt + 3;
   el->ttl = hbt > 2 ? (int)(hbt + 0.999) : 2;
   el->hb_ok = dt_now();
   pthread_mutex_init(&el->mu, NULL);
@@ -355,6 +355,12 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
   if (rc == DT_OK && cfg->join) rc = joiner_id(el);
   el->etcd = rc == DT_OK && dt__etcd_is(el->st);
   if (el->etcd) rc = lease_start(el);
+  if (rc == DT_OK) { /* where it runs: a cut link separates sites, never one site */
+    char k[256];
+    const char *site = el->cfg.cc.bind_addr ? el->cfg.cc.bind_addr : "127.0.0.1";
+    key(el, k, sizeof k, "site/%d", el->cfg.id, 0);
+    rc = dt_store_set(el->st, k, site, strlen(site), el->cfg.cc.timeout_s);
+  }
   el->nmembers = el->cfg.size0 > 0 ? el->cfg.size0 : 1;
   el->members = malloc((size_t)el->nmembers * sizeof *el->members);
   if (rc == DT_OK && !el->members) rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
@@ -489,6 +495,19 @@ static int adopt(dt_elastic *el, const char *rec, int *rank) {
   pthread_mutex_unlock(&el->mu);
   *rank = me;
   return DT_OK;
+}
+
+/* Whether member id runs where this member does (the same bind address):
+ * silent there, it is frozen or starved, not behind a cut link, and is
+ * left out like a dead one (it leaves when it finds out). */
+static int same_site(dt_elastic *el, int id, double t) {
+  char k[256], v[128];
+  size_t len = 0;
+  const char *mine = el->cfg.cc.bind_addr ? el->cfg.cc.bind_addr : "127.0.0.1";
+  key(el, k, sizeof k, "site/%d", id, 0);
+  if (dt_store_get(el->st, k, v, sizeof v - 1, &len, t) < 0) return 0;
+  v[len] = '\0';
+  return !strcmp(v, mine);
 }
 
 /* Joiners registered for generation g (ids size0.. handed out, not members
@@ -710,7 +729,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
       char silent[160] = "";
       for (int i = 0; i < el->nmembers; i++) {
         if (sn[i].in > 0) regd++;
-        else if (sn[i].dead) gone++;
+        else if (sn[i].dead || same_site(el, el->members[i], ot)) gone++;
         else if (ns++ < 8) {
           size_t l = strlen(silent);
           snprintf(silent + l, sizeof silent - l, "%s%d", l ? ", " : "", el->members[i]);

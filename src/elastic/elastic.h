@@ -31,8 +31,9 @@
  *   P/el/fp           the job's config fingerprint (a joiner compares it)
  *
  * A new generation needs a majority of the last one's members not known
- * dead (no split brain across a cut link); a member that cannot reach the
- * store for 2 x heartbeat_timeout + 1 s (or whose etcd lease expired) is
+ * dead (no split brain across a cut link; silent members at its own bind
+ * address count as dead); a member that cannot reach the
+ * store for 2 x heartbeat_timeout + 3 s (or whose etcd lease expired) is
  * fenced: its collectives are aborted and dt_elastic_reform returns
  * DT_EABORTED with the reason.
  *

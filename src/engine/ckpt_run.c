@@ -77,12 +77,15 @@ static void take(dt_engine *e, const dt_ckpt_pos *p, int sync) {
       return;
     }
     dt__writer_submit(k->w);
+    /* DTRAIN_TEST_KILL ID:STEP:ckpt — dies while the writer thread writes */
+    if (e->elastic) dt__elastic_fault(e, DT_FAULT_CKPT);
     if (sync) dt__writer_drain(k->w);
     dt__eobs_ckpt(e, t0_ns, 1);
     return;
   }
   int rc = dt__ckpt_snapshot(e, &k->snap, p);
   k->snap_seconds += dt_now() - t0;
+  if (e->elastic) dt__elastic_fault(e, DT_FAULT_CKPT); /* DTRAIN_TEST_KILL ID:STEP:ckpt */
   char dir[DT_CKPT_PATH_MAX + 32];
   if (rc == DT_OK) rc = dt__ckpt_write(k->root, &k->snap, e->cfg.ckpt_keep, dir, sizeof dir);
   if (rc < 0) {

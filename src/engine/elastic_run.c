@@ -128,7 +128,7 @@ int dt__engine_set_joined(dt_engine *e, dt_elastic *el, const dt_elastic_gen *g)
   return DT_OK;
 }
 
-static const char *const phases[] = {"", "forward", "backward", "allreduce", "eval", NULL};
+static const char *const phases[] = {"", "forward", "backward", "allreduce", "eval", "ckpt", NULL};
 
 /* Where position pos (dt__elastic_pos) is in the loop: epoch and step. */
 static void where(const dt_engine *e, int64_t pos, int *epoch, int64_t *k) {

@@ -161,7 +161,7 @@ void dt__eobs_end(dt_engine *e, const char *out_dir, int rc, const char *msg);
 /* ---- elastic training (elastic_run.c) ----------------------------------------- */
 
 /* Fault points of DTRAIN_TEST_KILL. */
-enum { DT_FAULT_FORWARD = 1, DT_FAULT_BACKWARD, DT_FAULT_ALLREDUCE, DT_FAULT_EVAL };
+enum { DT_FAULT_FORWARD = 1, DT_FAULT_BACKWARD, DT_FAULT_ALLREDUCE, DT_FAULT_EVAL, DT_FAULT_CKPT };
 /* Start of the loop; a joiner takes the job's state here and *start
  * becomes where it goes on. */
 int dt__elastic_begin(dt_engine *e, dt_ckpt_pos *start);
