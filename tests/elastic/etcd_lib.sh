@@ -33,3 +33,13 @@ etcd_up() {
 }
 start_etcd
 etcd_up || { echo "SKIP: etcd did not start: $(tail -2 "$T/etcd.log")"; exit 77; }
+
+# guard SECS 'COMMANDS' — runs COMMANDS (a job's kill) after SECS unless
+# unguard comes first; its sleep dies with it (a stray sleep holding the
+# test's output open kept ctest waiting 2 minutes after the test ended)
+guard() {
+  local s=$1 c=$2
+  ( trap 'kill $sp 2>/dev/null; exit 0' TERM; sleep "$s" & sp=$!; wait $sp; eval "$c" ) >/dev/null 2>&1 &
+  GUARD=$!
+}
+unguard() { kill "$GUARD" 2>/dev/null; wait "$GUARD" 2>/dev/null; }

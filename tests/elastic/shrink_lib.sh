@@ -51,3 +51,13 @@ leftovers() {
     done
   done
 }
+
+# guard SECS 'COMMANDS' — runs COMMANDS (a job's kill) after SECS unless
+# unguard comes first; its sleep dies with it (a stray sleep holding the
+# test's output open kept ctest waiting 2 minutes after the test ended)
+guard() {
+  local s=$1 c=$2
+  ( trap 'kill $sp 2>/dev/null; exit 0' TERM; sleep "$s" & sp=$!; wait $sp; eval "$c" ) >/dev/null 2>&1 &
+  GUARD=$!
+}
+unguard() { kill "$GUARD" 2>/dev/null; wait "$GUARD" 2>/dev/null; }

@@ -36,10 +36,10 @@ etcd_up || fail "etcd restart: etcd did not come back: $(tail -2 "$T/etcd.log")"
 victim=$(grep -o 'rank 1 pid [0-9]*' "$T/restart/log" | awk '{print $4}')
 if kill -0 $job 2>/dev/null; then
   [ -n "$victim" ] && kill -9 "$victim"
-  ( sleep 120; kill -9 $job 2>/dev/null ) & guard=$!
+  guard 120 'kill -9 $job'
   wait $job
   RC=$?
-  kill $guard 2>/dev/null; wait $guard 2>/dev/null
+  unguard
   s="$T/restart/out/summary.json"
   if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 1 ]; then
     fail "etcd restart: exit $RC, workers $(json_num "$s" workers 2>/dev/null): $(grep -v info "$T/restart/log" | tail -3)"
@@ -63,13 +63,13 @@ job=$!
 PIDS="$PIDS $job"
 for _ in $(seq 1 1200); do [ -s "$T/frozen/out/events.jsonl" ] && break; sleep 0.05; done
 victim=$(grep -o 'rank 1 pid [0-9]*' "$T/frozen/log" | awk '{print $4}')
-( sleep 120; kill -CONT "$victim" 2>/dev/null; kill -9 $job 2>/dev/null ) & guard=$!
+guard 120 'kill -CONT $victim; kill -9 $job'
 [ -n "$victim" ] && kill -STOP "$victim"
 for _ in $(seq 1 1200); do grep -q "going on at epoch" "$T/frozen/log" && break; sleep 0.05; done
 kill -CONT "$victim" 2>/dev/null
 wait $job
 RC=$?
-kill $guard 2>/dev/null; wait $guard 2>/dev/null
+unguard
 s="$T/frozen/out/summary.json"
 if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 1 ]; then
   fail "etcd frozen: exit $RC, workers $(json_num "$s" workers 2>/dev/null): $(grep -v info "$T/frozen/log" | tail -3)"

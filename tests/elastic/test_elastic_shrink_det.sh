@@ -30,7 +30,7 @@ else pass; fi
 
 # a SIGKILL from outside at an arbitrary moment of a longer run
 mkdir -p "$T/outside"
-"$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --set train.epochs=6 --set data.limit_train=$N \
+"$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --set train.epochs=3 --set data.limit_train=$N \
   --set data.limit_test=500 --workers 3 --set dist.min_workers=2 --out "$T/outside/out" \
   >"$T/outside/log" 2>&1 </dev/null &
 job=$!
@@ -41,10 +41,10 @@ for _ in $(seq 1 400); do
   sleep 0.05
 done
 [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
-( sleep 120; kill -9 $job 2>/dev/null ) & guard=$!
+guard 120 'kill -9 $job'
 wait $job
 RC=$?
-kill $guard 2>/dev/null; wait $guard 2>/dev/null
+unguard
 s="$T/outside/out/summary.json"
 if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 2 ]; then
   fail "outside kill of pid $victim: exit $RC, workers $(json_num "$s" workers 2>/dev/null): $(grep -v info "$T/outside/log" | tail -3)"
@@ -65,7 +65,7 @@ for _ in $(seq 1 400); do
   [ -n "$victim" ] && [ -s "$T/frozen/out/events.jsonl" ] && break
   sleep 0.05
 done
-( sleep 150; kill -CONT "$victim" 2>/dev/null; kill -9 $job 2>/dev/null ) & guard=$!
+guard 150 'kill -CONT $victim; kill -9 $job'
 [ -n "$victim" ] && kill -STOP "$victim"
 for _ in $(seq 1 1200); do
   grep -q "going on at epoch" "$T/frozen/log" && break
@@ -74,7 +74,7 @@ done
 kill -CONT "$victim" 2>/dev/null
 wait $job
 RC=$?
-kill $guard 2>/dev/null; wait $guard 2>/dev/null
+unguard
 s="$T/frozen/out/summary.json"
 if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 2 ]; then
   fail "frozen pid $victim: exit $RC, workers $(json_num "$s" workers 2>/dev/null): $(grep -v info "$T/frozen/log" | tail -3)"
