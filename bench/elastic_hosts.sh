@@ -75,29 +75,24 @@ run() {
   [ -n "$first" ] && awk -v a="$tk" -v b="$first" 'BEGIN{printf "%.3f", b - a}'
 }
 
-report() { # WHAT TARGET values...
-  local what=$1 target=$2
-  shift 2
-  [ $# -gt 0 ] || { echo "$what: no run recovered"; return; }
-  echo "$what: median $(med "$@") s over $# kills (min $(printf '%s\n' "$@" | sort -n | head -1), max $(printf '%s\n' "$@" | sort -n | tail -1))$target"
+# series N BACKEND VICTIM LABEL WHAT TARGET — N runs, a line each, then the
+# median line
+series() {
+  local n=$1 backend=$2 victim=$3 label=$4 what=$5 target=$6 k r rec=()
+  for k in $(seq 1 "$n"); do
+    r=$(run "$T/$victim-$backend-$k" "$backend" "$victim")
+    echo "$label $k: recovery ${r:-none} s"
+    [ -n "$r" ] && rec+=("$r")
+  done
+  if [ ${#rec[@]} = 0 ]; then echo "$what: no run recovered"; return; fi
+  echo "$what: median $(med "${rec[@]}") s over ${#rec[@]} kills (min $(printf '%s\n' "${rec[@]}" | sort -n | head -1), max $(printf '%s\n' "${rec[@]}" | sort -n | tail -1))$target"
 }
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-rec=()
-for k in $(seq 1 "$HOST_KILLS"); do
-  r=$(run "$T/w$k" builtin worker2)
-  echo "worker kill $k: recovery ${r:-none} s"
-  [ -n "$r" ] && rec+=("$r")
-done
-report "recovery across 3 hosts, a worker SIGKILLed" "; target <= 3 s" "${rec[@]}"
-
-rec=()
-for k in $(seq 1 "$LAUNCHER_KILLS"); do
-  r=$(run "$T/l$k" builtin launcher2)
-  echo "launcher kill $k: recovery ${r:-none} s"
-  [ -n "$r" ] && rec+=("$r")
-done
-report "recovery across 3 hosts, node 2's launcher SIGKILLed (found by heartbeats, dist.heartbeat_timeout = 1 s)" "" "${rec[@]}"
+series "$HOST_KILLS" builtin worker2 "worker kill" "recovery across 3 hosts, a worker SIGKILLed" \
+  "; target <= 3 s"
+series "$LAUNCHER_KILLS" builtin launcher2 "launcher kill" "recovery across 3 hosts, node 2's \
+launcher SIGKILLed (found by heartbeats, dist.heartbeat_timeout = 1 s)" ""
 
 if command -v etcd >/dev/null && command -v curl >/dev/null; then
   e=${ADDRS[3]}
@@ -110,13 +105,8 @@ if command -v etcd >/dev/null && command -v curl >/dev/null; then
     ip netns exec "${HOSTS[3]}" curl -sf -m 1 -X POST "http://$e:2379/v3/kv/range" -d '{"key":"AA=="}' >/dev/null 2>&1 && break
     sleep 0.05
   done
-  rec=()
-  for k in $(seq 1 "$LAUNCHER_KILLS"); do
-    r=$(run "$T/e$k" etcd launcher0)
-    echo "etcd, node 0 launcher kill $k: recovery ${r:-none} s"
-    [ -n "$r" ] && rec+=("$r")
-  done
-  report "recovery across 3 hosts with etcd, node 0's launcher SIGKILLed (etcd lease TTL 2 s)" "" "${rec[@]}"
+  series "$LAUNCHER_KILLS" etcd launcher0 "etcd, node 0 launcher kill" "recovery across 3 hosts \
+with etcd, node 0's launcher SIGKILLed (etcd lease TTL 2 s)" ""
 else
   echo "etcd: skipped (etcd or curl not installed)"
 fi

@@ -1,4 +1,4 @@
-# shrink_lib.sh — shared by the one-host shrink tests (sourced after
+# shrink_lib.sh — shared by the one-host shrink and join tests (sourced after
 # tests/cli/lib.sh): BASE (2 epochs of N samples), run NAME KILLSPEC ARGS
 # (3 workers, DTRAIN_TEST_KILL), shrunk NAME WORKERS (status 0, the smaller
 # world, 2 epochs recorded, accuracy > 0.65, visits exact) and leftovers (no
@@ -7,7 +7,7 @@ SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 CHECK="python3 $SRC/tests/elastic/check_visits.py"
 [ -r "$FASHION/train-images-idx3-ubyte.gz" ] || { echo "SKIP: no Fashion-MNIST in $FASHION"; exit 77; }
 
-N=1920 # 30 steps of 64 per epoch
+N=${N:-1920} # 30 steps of 64 per epoch (test_elastic_join: 3200, 50)
 BASE=("$SRC/examples/fashion_mlp.ini" --set train.epochs=2 --set data.limit_train=$N
       --set data.limit_test=500)
 

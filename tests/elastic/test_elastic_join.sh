@@ -13,24 +13,8 @@
 # --resume continues from (deterministic: the uninterrupted bits).
 # Every run has a time limit; no process or /dev/shm name is left behind.
 . "$(dirname "$0")/../cli/lib.sh"
-SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-CHECK="python3 $SRC/tests/elastic/check_visits.py"
-[ -r "$FASHION/train-images-idx3-ubyte.gz" ] || { echo "SKIP: no Fashion-MNIST in $FASHION"; exit 77; }
-
 N=3200 # 50 steps of 64 per epoch
-BASE=("$SRC/examples/fashion_mlp.ini" --set train.epochs=2 --set data.limit_train=$N
-      --set data.limit_test=500)
-
-# run NAME KILLSPEC ARGS... — 3 workers with DTRAIN_TEST_KILL; sets RC
-run() {
-  local name=$1 kill=$2
-  shift 2
-  mkdir -p "$T/$name/v"
-  DTRAIN_TEST_VISITS="$T/$name/v" DTRAIN_TEST_KILL="$kill" timeout -k 5 120 \
-    "$DTRAIN" train "${BASE[@]}" --workers 3 "$@" --out "$T/$name/out" \
-    >"$T/$name/log" 2>&1 </dev/null
-  RC=$?
-}
+. "$(dirname "$0")/shrink_lib.sh" # BASE, run
 
 # grown NAME EPOCHS — finished with 3 workers again, visits exact
 grown() {
