@@ -7,7 +7,8 @@
 read -r -a HOSTS <<<"$NETNS_HOSTS"
 read -r -a ADDRS <<<"$NETNS_ADDRS"
 CHECK="python3 $SRC/tests/elastic/check_visits.py"
-N=3200   # 50 steps of 64 per epoch
+N=1920   # 30 steps of 64 per epoch; the CNN: ~1 s an epoch on a quiet
+         # machine, so a kill or cut after the first epoch lands mid-run
 export DTRAIN_JOB_TOKEN=${DTRAIN_JOB_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 PORT=29731  # inside our own namespaces: no other test binds there
 
@@ -32,7 +33,7 @@ start_etcd() {
 
 # launch NAME BACKEND ARGS... — one launcher per host h0..h2 (BACKEND
 # "builtin": node 0's store at ADDRS[0]:PORT; "etcd": etcd on h3), training
-# the MLP with dist.min_workers and ARGS; logs $T/NAME/nI.log, records in
+# the CNN with dist.min_workers and ARGS; logs $T/NAME/nI.log, records in
 # $T/NAME/out, visits in $T/NAME/v; launcher pids in LP[0..2].
 launch() {
   local name=$1 backend=$2 i rdzv
@@ -45,7 +46,7 @@ launch() {
   for i in 2 1 0; do
     DTRAIN_TEST_VISITS="$T/$name/v" DTRAIN_TEST_KILL="${KILLSPEC:-}" ip netns exec "${HOSTS[$i]}" "$DTRAIN" launch "${b[@]}" \
       --nnodes 3 --node-rank $i --nproc-per-node 1 --rdzv "$rdzv" -- train \
-      "$SRC/examples/fashion_mlp.ini" --set data.limit_train=$N --set data.limit_test=500 \
+      "$SRC/examples/fashion_cnn.ini" --set data.limit_train=$N --set data.limit_test=500 \
       --set dist.heartbeat_timeout=1 "$@" --out "$T/$name/out" >"$T/$name/n$i.log" 2>&1 </dev/null &
     LP[$i]=$!
     PIDS="$PIDS $!"

@@ -3,8 +3,8 @@
 # goes away (docs/elastic.md "etcd"): etcd on loopback (etcd_lib.sh); a
 # 2-worker `dtrain launch --rdzv-backend etcd` job whose etcd is SIGKILLed
 # once the first epoch is recorded and started again on its data
-# directory, and which loses a worker (SIGKILL) once etcd answers again:
-# status 0, 1 worker, visits exact (but the killed worker's last step).
+# directory, and which loses a worker at step 120 of 150, after etcd is
+# back: status 0, 1 worker, visits exact.
 # Then the leases: a worker
 # frozen by SIGSTOP is found by its etcd lease's expiry ("lease expired"
 # in the log), the others go on; after SIGCONT it finds itself left out
@@ -15,16 +15,19 @@
 N=3200
 
 # Two workers (min_workers 1): a 3-worker job is far slower on a loaded
-# 2-core machine. A worker killed or frozen at an arbitrary moment may
-# leave its share of its last step without a record or with two
-# (check_visits.py slack<=32: one step's share of one worker).
+# 2-core machine. A worker frozen at an arbitrary moment may leave its
+# share of its last step without a record or with two (check_visits.py
+# slack<=32: one step's share of one worker).
 
-# etcd restarted mid-run, then a worker SIGKILLed once etcd answers again:
-# the job goes on through both
+# etcd restarted mid-run (SIGKILLed after epoch 1, started again on its
+# data directory), then a worker SIGKILLed at step 120 of 150: the job goes
+# on through both. The CNN, so that on a quiet machine too the job is
+# still training when etcd is back (~0.8 s an epoch of 1920 samples).
 mkdir -p "$T/restart/v"
-DTRAIN_TEST_VISITS="$T/restart/v" "$DTRAIN" launch --rdzv-backend etcd --rdzv "127.0.0.1:$C" \
-  --nproc-per-node 2 -- train "$SRC/examples/fashion_mlp.ini" --set train.epochs=6 \
-  --set data.limit_train=$N --set data.limit_test=500 --set dist.min_workers=1 \
+DTRAIN_TEST_VISITS="$T/restart/v" DTRAIN_TEST_KILL=1:120:forward "$DTRAIN" launch \
+  --rdzv-backend etcd --rdzv "127.0.0.1:$C" --nproc-per-node 2 -- train \
+  "$SRC/examples/fashion_cnn.ini" --set train.epochs=5 --set data.limit_train=1920 \
+  --set data.limit_test=500 --set dist.min_workers=1 \
   --out "$T/restart/out" >"$T/restart/log" 2>&1 </dev/null &
 job=$!
 PIDS="$PIDS $job"
@@ -33,9 +36,7 @@ kill -9 "$E"; wait "$E" 2>/dev/null
 sleep 0.3
 start_etcd
 etcd_up || fail "etcd restart: etcd did not come back: $(tail -2 "$T/etcd.log")"
-victim=$(grep -o 'rank 1 pid [0-9]*' "$T/restart/log" | awk '{print $4}')
 if kill -0 $job 2>/dev/null; then
-  [ -n "$victim" ] && kill -9 "$victim"
   guard 120 'kill -9 $job'
   wait $job
   RC=$?
@@ -44,13 +45,11 @@ if kill -0 $job 2>/dev/null; then
   if [ "$RC" -ne 0 ] || [ "$(json_num "$s" workers)" != 1 ]; then
     fail "etcd restart: exit $RC, workers $(json_num "$s" workers 2>/dev/null): $(grep -v info "$T/restart/log" | tail -3)"
   elif ! grep -q "generation 1" "$T/restart/log"; then fail "etcd restart: no generation 1 after the kill"
-  elif ! $CHECK "$T/restart/v" $N 6 "slack<=32" >"$T/visits" 2>&1; then fail "etcd restart: visit record: $(cat "$T/visits")"
+  elif ! $CHECK "$T/restart/v" 1920 5 >"$T/visits" 2>&1; then fail "etcd restart: visit record: $(cat "$T/visits")"
   else pass; fi
 else
   wait $job
-  RC=$?
-  [ "$RC" = 0 ] || fail "etcd restart: exit $RC: $(grep -v info "$T/restart/log" | tail -3)"
-  skip_part restart_kill "the job ended before etcd was back (a fast machine): no kill after the restart"
+  skip_part restart_kill "the job ended (status $?) before etcd was back"
 fi
 
 # leases: a frozen worker's lease expires; it is left out, and leaves after SIGCONT

@@ -29,19 +29,19 @@ if [ "${1:-}" = inner ]; then
   went_on kill "(a) worker of node 2 killed" 2 0 1
   echo "(a) recovery $(recovery kill) s"
 
-  launch lk builtin --set train.epochs=4 --set dist.min_workers=2
+  launch lk builtin --set train.epochs=3 --set dist.min_workers=2
   if wait_first_epoch lk; then kill -9 "${LP[2]}"; else fail "(b) no epoch recorded"; fi
   wait_nodes lk 90
   [ "${RC[2]}" = 137 ] || fail "(b) node 2's launcher: status ${RC[2]}, want 137 (SIGKILL)"
-  went_on lk "(b) launcher of node 2 killed" 4 0 1 "slack<=22"
+  went_on lk "(b) launcher of node 2 killed" 3 0 1 "slack<=22"
   echo "(b) recovery $(recovery lk) s"
   nothing_left lk
 
   if [ "$HAVE_ETCD" = 1 ] && start_etcd; then
-    launch lk0 etcd --set train.epochs=4 --set dist.min_workers=2
+    launch lk0 etcd --set train.epochs=3 --set dist.min_workers=2
     if wait_first_epoch lk0; then kill -9 "${LP[0]}"; else fail "(c) no epoch recorded"; fi
     wait_nodes lk0 90
-    went_on lk0 "(c) etcd, launcher of node 0 killed" 4 1 2 "slack<=22"
+    went_on lk0 "(c) etcd, launcher of node 0 killed" 3 1 2 "slack<=22"
     grep -q "is rank 0" "$T/lk0/n1.log" || fail "(c) member 1 did not become rank 0"
     echo "(c) recovery $(recovery lk0) s"
     nothing_left lk0

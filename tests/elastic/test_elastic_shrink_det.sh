@@ -28,9 +28,10 @@ elif [ -e "$T/below/out/summary.json" ] || [ ! -e "$T/below/out/failure.json" ];
 elif [ $((t1 - t0)) -gt 60 ]; then fail "below: took $((t1 - t0)) s"
 else pass; fi
 
-# a SIGKILL from outside at an arbitrary moment of a longer run
+# a SIGKILL from outside at an arbitrary moment of a longer run (the CNN,
+# ~1 s an epoch on a quiet machine, so the kill lands while it trains)
 mkdir -p "$T/outside"
-"$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --set train.epochs=3 --set data.limit_train=$N \
+"$DTRAIN" train "$SRC/examples/fashion_cnn.ini" --set train.epochs=3 --set data.limit_train=$N \
   --set data.limit_test=500 --workers 3 --set dist.min_workers=2 --out "$T/outside/out" \
   >"$T/outside/log" 2>&1 </dev/null &
 job=$!
