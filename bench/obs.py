@@ -42,6 +42,7 @@ ap.add_argument("dtrain")
 ap.add_argument("--pairs", type=int, default=20, help="rounds of every side")
 ap.add_argument("--interval", type=float, default=0.1, help="seconds between scrapes")
 ap.add_argument("--sides", default="off,both", help="of off, trace, metrics, both")
+ap.add_argument("--epochs", type=int, default=1, help="epochs per run (longer runs: less start-up noise)")
 ap.add_argument("--skip", default="", help="sections to skip: scrape, overhead")
 ap.add_argument("--bench-obs", default="", help="bench_obs binary: its ns per step against the "
                 "measured CPU per worker step (a third view)")
@@ -49,7 +50,7 @@ args = ap.parse_args()
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
 mlp = os.path.join(root, "examples", "fashion_mlp.ini")
-common = ["--set", "train.epochs=1", "--set", "optim.name=sgd", "--set", "optim.lr=0.05",
+common = ["--set", f"train.epochs={args.epochs}", "--set", "optim.name=sgd", "--set", "optim.lr=0.05",
           "--set", "optim.momentum=0.9", "--set", "optim.weight_decay=0",
           "--set", "schedule.kind=constant", "--set", "train.batch=64"]
 med = statistics.median
@@ -154,7 +155,7 @@ def overhead():
     names = [k for k in args.sides.split(",") if k]
     sides = {"off": (False, False), "trace": (False, True), "metrics": (True, False), "both": (True, True)}
     assert "off" in names and all(k in sides for k in names), "--sides: off and some of trace, metrics, both"
-    print(f"# 1. overhead: MLP, 2 workers, 1 epoch, {args.pairs} rounds of {', '.join(names)} "
+    print(f"# 1. overhead: MLP, 2 workers, {args.epochs} epoch(s), {args.pairs} rounds of {', '.join(names)} "
           f"(order flipped each round), scrapes every {args.interval} s; {load()}", flush=True)
     sps = {k: [] for k in names}
     cps = {k: [] for k in names}
@@ -243,6 +244,6 @@ sizes = overhead() if "overhead" not in args.skip else []
 if "scrape" not in args.skip:
     scrape4()
 if sizes:
-    print("# 3. trace size, 1 epoch, 2 workers, default obs.trace_steps (the 'both' runs)")
+    print(f"# 3. trace size, {args.epochs} epoch(s), 2 workers, default obs.trace_steps (the 'both' runs)")
     print(f"trace.json: median {med(sizes) / 1e6:.2f} MB, max {max(sizes) / 1e6:.2f} MB over "
           f"{len(sizes)} runs (target < 50 MB: {'met' if max(sizes) < 50e6 else 'missed'})")

@@ -8,9 +8,11 @@
 # /metrics; the size of a 1-epoch trace. bench/obs.py does the runs.
 # About 3-4 minutes on 2 quiet cores with the default 20 pairs.
 #   SIDES=off,trace,metrics,both  measures tracing and metrics apart
+#   EPOCHS=5  longer runs (a 1-epoch MLP run lasts ~0.6 s on 2 quiet cores,
+#             so start-up noise spreads the off side by ~20%)
 set -euo pipefail
 BUILD=${BUILD:-build/release}
 cmake --build "$BUILD" --target bench_obs dtrain >/dev/null
 "$BUILD/bench_obs" --no-trace
 exec python3 "$(dirname "$0")/obs.py" "$BUILD/dtrain" --pairs "${PAIRS:-20}" \
-  --sides "${SIDES:-off,both}" --bench-obs "$BUILD/bench_obs"
+  --sides "${SIDES:-off,both}" --epochs "${EPOCHS:-1}" --bench-obs "$BUILD/bench_obs"
