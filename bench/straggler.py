@@ -213,7 +213,7 @@ boost = Cgroup(0, "_boost", 262144) if a.boost else None
 try:
     print(f"# straggler bench: 2 workers, one limited to {a.quota:.0%} of a core by cgroup "
           f"({cg.path}{', all runs boosted' if boost else ''}); ideal = {1 + a.quota:.2f} x one unthrottled worker; {a.reps} rounds, "
-          f"machine shared by seven helpers", flush=True)
+          f"load average {' '.join(open('/proc/loadavg').read().split()[:3])}", flush=True)
     for model in (a.models.split(",") if a.reps > 0 else []):
         R = {}
         shas = {}
