@@ -46,19 +46,36 @@ static int post_step(dt_comm *c, uint8_t *buf, size_t bytes, int rem) {
   return dt__coll_sendrecv(c, r - 1, buf, bytes, -1, NULL, 0);
 }
 
+/* What both allreduces share: the result buffer filled from sbuf, scratch
+ * space, the power of two p <= n and the pre-step for the other rem ranks. */
+typedef struct {
+  uint8_t *buf, *tmp;
+  size_t bytes;
+  int p, rem, newr; /* newr < 0: this rank sits out until post_step */
+} rhd_setup;
+
+static int setup(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_redop op,
+                 rhd_setup *s) {
+  int n = dt_comm_size(c), rc;
+  s->bytes = count * dt_dtype_size(t);
+  s->buf = rbuf;
+  if (sbuf != rbuf) memcpy(rbuf, sbuf, s->bytes);
+  s->tmp = dt__coll_scratch(c, 0, s->bytes + 64);
+  if (!s->tmp) return DT_ENOMEM;
+  for (s->p = 1; s->p * 2 <= n;) s->p *= 2;
+  s->rem = n - s->p;
+  s->newr = pre_step(c, s->buf, s->tmp, count, t, op, s->rem, &rc);
+  return rc;
+}
+
 int dt__allreduce_tree(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
                        dt_redop op) {
   int n = dt_comm_size(c);
-  size_t es = dt_dtype_size(t), bytes = count * es;
-  uint8_t *buf = rbuf;
-  if (sbuf != rbuf) memcpy(rbuf, sbuf, bytes);
-  uint8_t *tmp = dt__coll_scratch(c, 0, bytes + 64);
-  if (!tmp) return DT_ENOMEM;
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  int rem = n - p, rc;
-  int newr = pre_step(c, buf, tmp, count, t, op, rem, &rc);
-  DT_CHECK(rc);
+  rhd_setup s;
+  DT_CHECK(setup(c, sbuf, rbuf, count, t, op, &s));
+  uint8_t *buf = s.buf, *tmp = s.tmp;
+  size_t bytes = s.bytes;
+  int p = s.p, rem = s.rem, newr = s.newr;
   if (newr >= 0) {
     for (int mask = 1; mask < p; mask <<= 1) {
       int dst = real_rank(newr ^ mask, rem);
@@ -80,17 +97,12 @@ int dt__allreduce_tree(dt_comm *c, const void *sbuf, void *rbuf, size_t count, d
 
 int dt__allreduce_rhd(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
                       dt_redop op) {
-  int n = dt_comm_size(c);
-  size_t es = dt_dtype_size(t), bytes = count * es;
-  uint8_t *buf = rbuf;
-  if (sbuf != rbuf) memcpy(rbuf, sbuf, bytes);
-  uint8_t *tmp = dt__coll_scratch(c, 0, bytes + 64);
-  if (!tmp) return DT_ENOMEM;
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  int rem = n - p, rc;
-  int newr = pre_step(c, buf, tmp, count, t, op, rem, &rc);
-  DT_CHECK(rc);
+  int n = dt_comm_size(c), rc;
+  rhd_setup s;
+  DT_CHECK(setup(c, sbuf, rbuf, count, t, op, &s));
+  uint8_t *buf = s.buf, *tmp = s.tmp;
+  size_t es = dt_dtype_size(t), bytes = s.bytes;
+  int p = s.p, rem = s.rem, newr = s.newr;
   if (newr >= 0) {
     size_t *cnts = malloc(2 * (size_t)p * sizeof *cnts);
     if (!cnts) return dt__seterr(DT_ENOMEM, "rhd: out of memory");
