@@ -109,7 +109,9 @@ void dt__wf_hash_elsewhere(dt_wfile *w);
 
 /* ---- snapshots (what a checkpoint holds, in memory) ------------------------------ */
 
-#define DT_CKPT_FILES_MAX 16
+/* model, state, trainer, and one file per owner of its own (parameter
+ * server shards, workers' compression state) */
+#define DT_CKPT_FILES_MAX 64
 
 typedef struct dt_ckpt_file {
   char name[64];   /* file name inside the checkpoint directory */

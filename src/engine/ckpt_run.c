@@ -17,6 +17,16 @@
  * The stop flag is read only by rank 0: other ranks go on until rank 0
  * leaves after its checkpoint, then see a lost peer. So the checkpoint is
  * always taken at a step boundary that every rank has passed.
+ *
+ * State that differs per rank (the strategy's rank_state_save: gradient
+ * compression's error-feedback residuals and worker momentum) cannot be
+ * taken by rank 0 alone. At the checkpoints every rank can tell are due
+ * from the step count — ckpt.every_steps and the ends of epochs — every
+ * rank sends its blob to rank 0 first, and the checkpoint holds one file
+ * per worker (worker-R.safetensors, owner "worker-R", as a parameter
+ * server's shards). A checkpoint rank 0 takes alone (ckpt.every_seconds,
+ * a signal) has no such files; resuming from it starts that state at zero
+ * with a warning (docs/checkpoint.md).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +54,74 @@ int dt__ckpt_check_root(dt_engine *e, const char *out_dir) {
   int rc = dt__ckpt_root_check(root);
   if (rc < 0) return dt__seterr(rc, "ckpt.dir: %s", dt_errmsg());
   return DT_OK;
+}
+
+/* ---- per-rank state ---------------------------------------------------------------- */
+
+#define RANK_STATE_TAG 0x7c5a01 /* a user tag of the workers' communicator */
+
+/* Every rank decides alike whether the per-rank state is gathered: the
+ * strategy has some (the same size on every rank: the same configuration)
+ * and rank 0 writes checkpoints (broadcast: only rank 0 knows). */
+static int rank_state_start(dt_engine *e) {
+  dt_ckpt_run *k = &e->ck;
+  dt_strategy *S = &e->strat;
+  k->gather = 0;
+  k->rs_step = -1;
+  if (!S->ops->rank_state_save || !S->comm || S->nranks < 2 || e->elastic) return DT_OK;
+  size_t len = 0;
+  DT_CHECK(S->ops->rank_state_save(S, NULL, &len));
+  if (!len) return DT_OK;
+  int32_t on = k->on;
+  int rc = dt_comm_broadcast(S->comm, &on, 1, DT_I32, 0);
+  if (rc < 0) return dt__ddp_comm_err(S, rc, "checkpoints: per-worker state");
+  if (!on) return DT_OK;
+  if (S->nranks + 3 > DT_CKPT_FILES_MAX) {
+    if (S->rank == 0)
+      DT_LOG_WARN("checkpoints hold no per-worker state (compression residuals) beyond %d "
+                  "workers; a resume starts it at zero", DT_CKPT_FILES_MAX - 3);
+    return DT_OK;
+  }
+  k->rs_buf = malloc(len * (S->rank == 0 ? (size_t)S->nranks : 1));
+  if (!k->rs_buf) return dt__seterr(DT_ENOMEM, "checkpoints: out of memory for per-worker state");
+  k->rs_len = len;
+  k->gather = 1;
+  return DT_OK;
+}
+
+/* Every rank's blob to rank 0 (its own first in rank order). Collective:
+ * called by every rank at the same step boundary. */
+static int rank_state_gather(dt_engine *e) {
+  dt_ckpt_run *k = &e->ck;
+  dt_strategy *S = &e->strat;
+  size_t len = k->rs_len;
+  DT_CHECK(S->ops->rank_state_save(S, k->rs_buf, &len));
+  int rc = DT_OK;
+  if (S->rank == 0)
+    for (int r = 1; r < S->nranks && rc == DT_OK; r++)
+      rc = dt_comm_recv(S->comm, r, RANK_STATE_TAG, k->rs_buf + (size_t)r * len, len);
+  else
+    rc = dt_comm_send(S->comm, 0, RANK_STATE_TAG, k->rs_buf, len);
+  if (rc < 0) {
+    char what[64];
+    snprintf(what, sizeof what, "checkpoint of step %lld: per-worker state", (long long)S->step);
+    return dt__ddp_comm_err(S, rc, what);
+  }
+  k->rs_step = S->step;
+  return DT_OK;
+}
+
+/* Checkpoints due by the step count alone, which every rank can tell:
+ * ckpt.every_steps (at an epoch's last step it follows the epoch's end)
+ * and the ends of epochs. */
+static int agreed_after_step(const dt_engine *e, const dt_ckpt_pos *p) {
+  const int64_t n = e->cfg.ckpt_every_steps;
+  return n > 0 && e->strat.step % n == 0 && p->k < e->steps_per_epoch;
+}
+
+static int agreed_epoch_end(const dt_engine *e) {
+  const int64_t n = e->cfg.ckpt_every_steps;
+  return e->cfg.ckpt_epoch_end || (n > 0 && e->strat.step % n == 0);
 }
 
 /* ---- taking a checkpoint --------------------------------------------------------- */
@@ -126,6 +204,7 @@ int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos) {
   k->last_step = -1;
   k->sync_failed_step = -1;
   if (e->rank == 0 && k->root[0]) DT_CHECK(become_writer(e));
+  DT_CHECK(rank_state_start(e));
   memset(pos, 0, sizeof *pos);
   pos->epoch = 1;
   if (!k->res) return DT_OK;
@@ -143,6 +222,7 @@ int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos) {
 int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *p) {
   dt_ckpt_run *k = &e->ck;
   k->at = *p;
+  if (k->gather && agreed_after_step(e, p)) DT_CHECK(rank_state_gather(e));
   if (e->rank != 0) return DT_OK;
   if (!k->on && k->root[0] && !k->finished && become_writer(e) < 0) {
     DT_LOG_WARN("rank 0 (new after a membership change) cannot write checkpoints: %s",
@@ -179,15 +259,17 @@ int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *p) {
   return DT_OK;
 }
 
-void dt__ckpt_epoch_end(dt_engine *e, const dt_ckpt_pos *p) {
+int dt__ckpt_epoch_end(dt_engine *e, const dt_ckpt_pos *p) {
   dt_ckpt_run *k = &e->ck;
   k->at = *p;
+  if (k->gather && agreed_epoch_end(e)) DT_CHECK(rank_state_gather(e));
   if (!k->on || (!e->cfg.ckpt_epoch_end && !k->pending) || e->strat.step == k->last_step) {
     k->pending = 0;
-    return;
+    return DT_OK;
   }
   k->pending = 0;
   take(e, p, 0);
+  return DT_OK;
 }
 
 int dt__ckpt_final(dt_engine *e, const char *out_dir, char *dir, size_t cap) {
@@ -238,6 +320,9 @@ void dt__ckpt_finish(dt_engine *e) {
     st->written = k->sync_written;
     snprintf(st->last_dir, sizeof st->last_dir, "%s", k->last_dir);
   }
+  free(k->rs_buf);
+  k->rs_buf = NULL;
+  k->gather = 0;
   st->failed += k->sync_failed;
   if (k->sync_failed) {
     st->failed_step = k->sync_failed_step;

@@ -232,19 +232,55 @@ static int blob_put(void *ud, const char *name, const void *data, size_t len) {
   return dt__st_add(b->st, tn, DT_ST_U8, 1, shape, copy);
 }
 
+/* The file of owner's blobs in the snapshot, made on first use; its role
+ * is the owner without its number ("ps-shard-2": "ps-shard"). */
+static int owner_st(dt_ckpt_snap *snap, const char *file, const char *owner, dt_st **out) {
+  for (int i = 0; i < snap->nfiles; i++)
+    if (!strcmp(snap->files[i].name, file)) return *out = &snap->files[i].st, DT_OK;
+  char role[32];
+  snprintf(role, sizeof role, "%s", owner);
+  size_t n = strlen(role);
+  while (n && role[n - 1] >= '0' && role[n - 1] <= '9') n--;
+  if (n && n < strlen(role) && role[n - 1] == '-') role[n - 1] = '\0';
+  return dt__snap_st(snap, file, owner, role, out);
+}
+
 /* A blob of another file of the snapshot (made on first use, with its owner). */
 static int blob_put_file(void *ud, const char *file, const char *owner, const char *name,
                          const void *data, size_t len) {
   struct blob_ctx *b = ud;
   dt_st *st = NULL;
-  for (int i = 0; i < b->snap->nfiles; i++)
-    if (!strcmp(b->snap->files[i].name, file)) st = &b->snap->files[i].st;
-  if (!st) DT_CHECK(dt__snap_st(b->snap, file, owner, "ps-shard", &st));
+  DT_CHECK(owner_st(b->snap, file, owner, &st));
   void *copy = dt__snap_alloc(b->snap, len);
   if (!copy) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory for '%s'", name);
   memcpy(copy, data, len);
   int64_t shape[1] = {(int64_t)len};
   return dt__st_add(st, name, DT_ST_U8, 1, shape, copy);
+}
+
+void dt__ckpt_rank_file(int r, char *file, size_t cap) {
+  snprintf(file, cap, "worker-%d.safetensors", r);
+}
+
+/* Every rank's per-rank state gathered at this step (ckpt_run.c): one file
+ * per worker, owner "worker-R", blob "rank_state" (one copy for all). */
+static int put_rank_state(dt_engine *e, dt_ckpt_snap *s) {
+  const dt_ckpt_run *k = &e->ck;
+  const size_t len = k->rs_len;
+  uint8_t *copy = dt__snap_alloc(s, len * (size_t)e->strat.nranks);
+  if (!copy) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory for per-worker state");
+  memcpy(copy, k->rs_buf, len * (size_t)e->strat.nranks);
+  for (int r = 0; r < e->strat.nranks; r++) {
+    char file[64], owner[32];
+    dt__ckpt_rank_file(r, file, sizeof file);
+    snprintf(owner, sizeof owner, "worker-%d", r);
+    dt_st *st = NULL;
+    DT_CHECK(owner_st(s, file, owner, &st));
+    DT_CHECK(dt__st_set_meta(st, "dtrain.strategy", e->strat.ops->name));
+    int64_t shape[1] = {(int64_t)len};
+    DT_CHECK(dt__st_add(st, "rank_state", DT_ST_U8, 1, shape, copy + (size_t)r * len));
+  }
+  return DT_OK;
 }
 
 static cJSON *tally_json(const dt_tally *t) {
@@ -312,6 +348,8 @@ int dt__ckpt_snapshot(dt_engine *e, dt_ckpt_snap *s, const dt_ckpt_pos *p) {
   dt_state_writer w = {blob_put, &bc, blob_put_file};
   DT_CHECK(e->strat.ops->state_export(&e->strat, &w));
   DT_CHECK(dt__st_set_meta(st, "dtrain.strategy", e->strat.ops->name));
+  /* per-rank state, when every rank sent its own for this very step */
+  if (e->ck.gather && e->ck.rs_step == e->strat.step) DT_CHECK(put_rank_state(e, s));
   char *tj = trainer_json(e, p);
   if (!tj) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory");
   int rc = dt__snap_text(s, "trainer.json", "rank0", "trainer", tj, strlen(tj));
@@ -479,6 +517,66 @@ int dt__ckpt_read_trainer(dt_engine *e, dt_ckpt_resume *r, const uint8_t *text, 
   return rc;
 }
 
+static int has_file(const dt_ckpt_info *info, const char *name) {
+  for (int i = 0; i < info->nfiles; i++)
+    if (!strcmp(info->files[i].name, name)) return 1;
+  return 0;
+}
+
+/* This rank's per-rank state (compression residuals) from its own file.
+ * It is kept only when the same worker count wrote it and the strategy
+ * takes it as it is (same codec and settings); otherwise it starts at
+ * zero and rank 0 says why in one line (docs/checkpoint.md). */
+static int load_rank_state(dt_engine *e, dt_ckpt_resume *r, const dt_state_reader *rd) {
+  dt_strategy *S = &e->strat;
+  if (!S->ops->rank_state_load) return DT_OK;
+  size_t want = 0;
+  DT_CHECK(S->ops->rank_state_save(S, NULL, &want));
+  char file[64];
+  dt__ckpt_rank_file(e->rank, file, sizeof file);
+  const int has = has_file(&r->info, file) || has_file(&r->info, "worker-0.safetensors");
+  const char *dir = r->info.dir;
+  const int talk = e->rank == 0;
+  if (!want) {
+    if (has && talk)
+      DT_LOG_INFO("checkpoint '%s': its per-worker compression state is not used by this run "
+                  "(no compression, or compression left off)", dir);
+    return DT_OK;
+  }
+  if (!has) {
+    if (talk)
+      DT_LOG_WARN("checkpoint '%s' holds no per-worker compression state (taken by "
+                  "ckpt.every_seconds or a signal, or by a run without compression): "
+                  "error-feedback residuals and worker momentum start at zero", dir);
+    return DT_OK;
+  }
+  if (r->workers != e->nranks) {
+    if (talk)
+      DT_LOG_WARN("checkpoint '%s' was written by %d workers, this run has %d: error-feedback "
+                  "residuals and worker momentum start at zero", dir, r->workers, e->nranks);
+    return DT_OK;
+  }
+  uint8_t *buf = malloc(want);
+  if (!buf) return dt__seterr(DT_ENOMEM, "checkpoint '%s': out of memory", dir);
+  size_t len = 0;
+  int rc = rd->get_file(rd->ud, file, "rank_state", buf, want, &len);
+  if (rc == DT_OK && len != want) {
+    /* another size: another codec or model; the header says which */
+    uint8_t *b2 = realloc(buf, len);
+    if (!b2) rc = dt__seterr(DT_ENOMEM, "checkpoint '%s': out of memory", dir);
+    else buf = b2, rc = rd->get_file(rd->ud, file, "rank_state", buf, len, &len);
+  }
+  if (rc == DT_OK) rc = S->ops->rank_state_load(S, buf, len);
+  free(buf);
+  if (rc == DT_EMISMATCH) {
+    if (talk)
+      DT_LOG_WARN("checkpoint '%s': per-worker compression state %s; it starts at zero", dir,
+                  dt_errmsg());
+    return DT_OK;
+  }
+  return rc < 0 ? dt__preerr(rc, "checkpoint '%s': %s", dir, file) : DT_OK;
+}
+
 int dt__ckpt_apply(dt_engine *e, dt_ckpt_resume *r) {
   char what[DT_CKPT_PATH_MAX + 32];
   snprintf(what, sizeof what, "checkpoint '%s'", r->info.dir);
@@ -487,6 +585,7 @@ int dt__ckpt_apply(dt_engine *e, dt_ckpt_resume *r) {
   dt__ckpt_reader(r, &rd);
   int rc = e->strat.ops->state_import(&e->strat, &rd);
   if (rc < 0) return dt__preerr(rc, "%s", what);
+  DT_CHECK(load_rank_state(e, r, &rd));
   if (e->strat.step != r->step)
     return dt__seterr(DT_ECORRUPT, "%s: the strategy state is at step %lld, trainer.json says "
                       "%lld", what, (long long)e->strat.step, (long long)r->step);

@@ -63,6 +63,13 @@ typedef struct dt_ckpt_run {
   dt_ckpt_stats stats;               /* the run's totals (dt__ckpt_finish) */
   dt_ckpt_resume *res;
   const volatile sig_atomic_t *stop;
+  /* State that differs per rank (the strategy's rank_state_save: the
+   * compressor's residuals): gathered to rank 0 at the checkpoints every
+   * rank can tell are due (ckpt.every_steps, epoch ends). */
+  int gather;                        /* every rank takes part */
+  size_t rs_len;                     /* one rank's blob */
+  uint8_t *rs_buf;                   /* rank 0: every rank's blob; others: its own */
+  int64_t rs_step;                   /* the step rs_buf holds (-1: none) */
 } dt_ckpt_run;
 
 struct dt_engine {
@@ -115,8 +122,9 @@ int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos);
 /* After every step (pos: the next step). Rank 0 takes a checkpoint when
  * due; when the stop flag is up it writes one and returns DT_EABORTED. */
 int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *pos);
-/* After an epoch's records (pos: epoch + 1, step 0). */
-void dt__ckpt_epoch_end(dt_engine *e, const dt_ckpt_pos *pos);
+/* After an epoch's records (pos: epoch + 1, step 0). Fails only when the
+ * gathering of per-rank state (a collective) fails. */
+int dt__ckpt_epoch_end(dt_engine *e, const dt_ckpt_pos *pos);
 /* Elastic training giving up below min_workers: this worker writes a
  * checkpoint of its state at its last step boundary now (synchronously,
  * under ckpt.dir or out_dir/ckpt even when no ckpt.* trigger is set) and
@@ -127,6 +135,8 @@ void dt__ckpt_finish(dt_engine *e);
 void dt__ckpt_resume_free(dt_ckpt_resume *r);
 /* ckpt_state.c */
 int dt__ckpt_snapshot(dt_engine *e, dt_ckpt_snap *s, const dt_ckpt_pos *p);
+/* The file of rank r's per-rank state in a checkpoint ("worker-R.safetensors"). */
+void dt__ckpt_rank_file(int r, char *file, size_t cap);
 int dt__ckpt_export_model(dt_engine *e, dt_st *st);
 int dt__ckpt_load_model(dt_engine *e, const dt_st *st, const char *what, int strict);
 int dt__ckpt_read_trainer(dt_engine *e, dt_ckpt_resume *r, const uint8_t *text, size_t len);

@@ -178,6 +178,17 @@ struct dt_strategy_ops {
    * and back. Import happens after setup and before the first step. */
   int (*state_export)(dt_strategy *s, const dt_state_writer *w);
   int (*state_import)(dt_strategy *s, const dt_state_reader *r);
+  /* Checkpoints of state that differs from rank to rank (the compressor's
+   * error-feedback residuals, worker momentum): this rank's blob. save
+   * with buf NULL sets *len to its size (0: none; the same on every rank);
+   * with buf it fills *len bytes. The engine gathers every rank's blob to
+   * rank 0 at the checkpoints every rank agrees on (ckpt_run.c) and writes
+   * rank r's as worker-r.safetensors (owner "worker-r"). load puts this
+   * rank's blob back after state_import; DT_EMISMATCH (saved by another
+   * codec or configuration) leaves the state as it was and the engine goes
+   * on with a warning. Both NULL: the strategy has none. */
+  int (*rank_state_save)(dt_strategy *s, void *buf, size_t *len);
+  int (*rank_state_load)(dt_strategy *s, const void *buf, size_t len);
   /* Elastic training: the world changed (a step or an epoch's end was
    * interrupted and will be redone). Collective over m->comm: take the
    * new communicator, copy m->source's state (parameters, buffers,

@@ -321,6 +321,26 @@ static int ddp_membership(dt_strategy *s, const dt_membership *m) {
   return dt__ddp_balance_create(s, &d->bal);
 }
 
+/* The compressor's residuals, worker momentum and PowerSGD Q of this rank
+ * (docs/compress.md "Checkpoints"); nothing without compression. */
+static int ddp_rank_save(dt_strategy *s, void *buf, size_t *len) {
+  ddp_impl *d = s->impl;
+  dt_compress *z = d ? dt_ddp_compressor(d->ddp) : NULL;
+  if (!buf) {
+    *len = dt_compress_state_bytes(z);
+    return DT_OK;
+  }
+  return dt_compress_state_save(z, buf, *len);
+}
+
+static int ddp_rank_load(dt_strategy *s, const void *buf, size_t len) {
+  ddp_impl *d = s->impl;
+  dt_compress *z = d ? dt_ddp_compressor(d->ddp) : NULL;
+  if (!z) return dt__seterr(DT_EMISMATCH, "this run does not compress (dist.compress = none or "
+                            "left off on one host)");
+  return dt_compress_state_load(z, buf, len);
+}
+
 static void ddp_teardown(dt_strategy *s) {
   ddp_impl *d = s->impl;
   if (d) {
@@ -345,6 +365,8 @@ const struct dt_strategy_ops dt__strategy_ddp = {
     .epoch_end = ddp_epoch_end,
     .state_export = dt__strategy_export_optim,
     .state_import = dt__strategy_import_optim,
+    .rank_state_save = ddp_rank_save,
+    .rank_state_load = ddp_rank_load,
     .membership_change = ddp_membership,
     .run_end = ddp_run_end,
     .teardown = ddp_teardown,

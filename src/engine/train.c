@@ -413,7 +413,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
     global_total += mine.global;
     dt_ckpt_pos cp = {epoch + 1, 0, {.fixed = S->ops->fixed_point}, first_loss, test_loss,
                       test_acc};
-    dt__ckpt_epoch_end(e, &cp);
+    DT_CHECK_GOTO(dt__ckpt_epoch_end(e, &cp), rc, done);
   }
 
 finished:

@@ -402,6 +402,8 @@ void dt_ddp_compress_bytes(const dt_ddp *d, uint64_t *sent, uint64_t *dense) {
   *dense = st.dense_bytes;
 }
 
+struct dt_compress *dt_ddp_compressor(dt_ddp *d) { return d ? d->cz : NULL; }
+
 int dt_ddp_create_det(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
   return create(out, m, c, bucket_bytes, 1, NULL);
 }

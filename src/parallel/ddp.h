@@ -94,6 +94,9 @@ void dt_ddp_set_step(dt_ddp *d, int64_t step, int epoch);
 /* Bytes this rank put into compressed collectives and what dense f32 would
  * have been (both 0 without compression). */
 void dt_ddp_compress_bytes(const dt_ddp *d, uint64_t *sent, uint64_t *dense);
+/* The compressor of d's buckets (its per-worker state goes into
+ * checkpoints), or NULL without compression. */
+struct dt_compress *dt_ddp_compressor(dt_ddp *d);
 
 /* ---- deterministic mode ------------------------------------------------------
  * Per step: dt_ddp_begin_step_det; for each of this worker's micro-shards

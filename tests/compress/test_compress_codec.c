@@ -367,6 +367,69 @@ static void test_nonfinite(void **st) {
   }
 }
 
+/* The per-worker state of checkpoints (state.c): a powersgd compressor
+ * with error feedback and worker momentum round-trips its residual,
+ * velocity and Q; another codec, rank, worker count or set of parts is
+ * DT_EMISMATCH naming it and leaves the state untouched; a bad length or
+ * magic is DT_ECORRUPT. */
+static void test_state(void **st) {
+  (void)st;
+  const size_t np = 64 * 8 + 8;
+  dt_cz_matrix m = {0, 64, 8};
+  dt_compress_cfg c = DT_COMPRESS_CFG_INIT;
+  c.codec = DT_CODEC_POWERSGD;
+  c.momentum = 0.5f;
+  dt_compress *a = NULL, *b = NULL, *other = NULL;
+  assert_int_equal(dt_compress_create(&a, &c, np, &m, 1, 1, 3), DT_OK);
+  assert_int_equal(dt_compress_create(&b, &c, np, &m, 1, 1, 3), DT_OK);
+  float *ra = (float *)dt_compress_residual(a);
+  for (size_t i = 0; i < np; i++) ra[i] = (float)i * 0.25f - 3.0f;
+  const size_t len = dt_compress_state_bytes(a);
+  /* header + residual + momentum + Q (8 x rank 2) */
+  assert_int_equal(len, 48 + 2 * np * 4 + 8 * 2 * 4);
+  uint8_t *buf = malloc(len), *buf2 = malloc(len);
+  assert_non_null(buf);
+  assert_non_null(buf2);
+  assert_int_equal(dt_compress_state_save(a, buf, len), DT_OK);
+  assert_int_equal(dt_compress_state_load(b, buf, len), DT_OK);
+  assert_memory_equal(dt_compress_residual(b), ra, np * sizeof(float));
+  assert_int_equal(dt_compress_state_save(b, buf2, len), DT_OK);
+  assert_memory_equal(buf, buf2, len); /* momentum and Q too */
+  /* mismatches leave the target as it was */
+  dt_compress_cfg c2 = c;
+  c2.codec = DT_CODEC_TOPK;
+  assert_int_equal(dt_compress_create(&other, &c2, np, NULL, 0, 1, 3), DT_OK);
+  assert_int_equal(dt_compress_state_load(other, buf, len), DT_EMISMATCH);
+  assert_non_null(strstr(dt_errmsg(), "powersgd, this run uses topk"));
+  assert_int_equal(dt_compress_residual(other)[5], 0.0f);
+  dt_compress_destroy(other);
+  assert_int_equal(dt_compress_create(&other, &c, np, &m, 1, 0, 3), DT_OK);
+  assert_int_equal(dt_compress_state_load(other, buf, len), DT_EMISMATCH);
+  assert_non_null(strstr(dt_errmsg(), "rank 1 of 3 workers, this is rank 0 of 3"));
+  dt_compress_destroy(other);
+  c2 = c;
+  c2.momentum = 0;
+  assert_int_equal(dt_compress_create(&other, &c2, np, &m, 1, 1, 3), DT_OK);
+  assert_int_equal(dt_compress_state_load(other, buf, len), DT_EMISMATCH);
+  assert_non_null(strstr(dt_errmsg(), "worker momentum"));
+  dt_compress_destroy(other);
+  assert_int_equal(dt_compress_state_load(b, buf, len - 4), DT_ECORRUPT);
+  assert_int_equal(dt_compress_state_load(b, buf, 10), DT_ECORRUPT);
+  buf[0] ^= 1;
+  assert_int_equal(dt_compress_state_load(b, buf, len), DT_ECORRUPT);
+  /* nothing to keep: fp16 without error feedback */
+  c2 = (dt_compress_cfg)DT_COMPRESS_CFG_INIT;
+  c2.codec = DT_CODEC_FP16;
+  c2.error_feedback = 0;
+  assert_int_equal(dt_compress_create(&other, &c2, np, NULL, 0, 0, 2), DT_OK);
+  assert_int_equal(dt_compress_state_bytes(other), 0);
+  dt_compress_destroy(other);
+  free(buf);
+  free(buf2);
+  dt_compress_destroy(a);
+  dt_compress_destroy(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trips),       cmocka_unit_test(test_exact_values),
@@ -374,6 +437,7 @@ int main(void) {
       cmocka_unit_test(test_uniform_counter_based), cmocka_unit_test(test_topk),
       cmocka_unit_test(test_topk_ties),         cmocka_unit_test(test_orthonormalize),
       cmocka_unit_test(test_malformed),         cmocka_unit_test(test_nonfinite),
+      cmocka_unit_test(test_state),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -142,6 +142,18 @@ int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t 
 /* The residual error feedback keeps (nparams floats; NULL without EF). */
 const float *dt_compress_residual(const dt_compress *z);
 
+/* This worker's state for a checkpoint (state.c): the residual, the worker
+ * momentum and PowerSGD's Q, with a header naming the codec, the parts,
+ * the gradient count and this rank of nranks. _bytes: its size (0: the
+ * compressor keeps no state, e.g. fp16 without error feedback). _save
+ * fills exactly that many bytes. _load checks the header first: another
+ * codec, parts, worker count, rank, model or PowerSGD rank is DT_EMISMATCH
+ * naming both sides and leaves z as it was; a bad length or magic is
+ * DT_ECORRUPT. */
+size_t dt_compress_state_bytes(const dt_compress *z);
+int dt_compress_state_save(const dt_compress *z, void *buf, size_t len);
+int dt_compress_state_load(dt_compress *z, const void *buf, size_t len);
+
 typedef struct dt_compress_stats {
   uint64_t bytes_sent;   /* payload this rank contributed to collectives */
   uint64_t dense_bytes;  /* what 4-byte values would have been */
