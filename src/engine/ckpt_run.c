@@ -27,6 +27,15 @@
  * server's shards). A checkpoint rank 0 takes alone (ckpt.every_seconds,
  * a signal) has no such files; resuming from it starts that state at zero
  * with a warning (docs/checkpoint.md).
+ *
+ * Strategies whose state is split over ranks (pipeline stages: state_sharded
+ * with a state_gather op) checkpoint collectively: at every step boundary
+ * and epoch end rank 0 decides (its clock, its stop flag, its writer) and
+ * the strategy broadcasts the decision (4 bytes: a later stage waits in it
+ * no longer than it would wait for stage 0's next activations anyway); when
+ * it says so every rank hands its part to rank 0 and rank 0 writes one
+ * checkpoint, a file per owner. On a signal every rank stops after rank 0
+ * wrote. Sharded strategies without state_gather (zero) take none.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,9 +49,29 @@ static int wants_ckpt(const dt_run_cfg *c) {
          c->ckpt_on_signal;
 }
 
+/* A sharded strategy that cannot bring its state to one writer. */
+static int no_writer(const dt_engine *e) {
+  return e->strat.ops->state_sharded && !e->strat.ops->state_gather;
+}
+
+/* Every rank takes part in every checkpoint decision (see the top). */
+static int collective(const dt_engine *e) {
+  return e->strat.ops->state_sharded && e->strat.ops->state_gather && e->nranks > 1 &&
+         wants_ckpt(&e->cfg);
+}
+
+enum { CK_TAKE = DT__CK_TAKE, CK_PENDING = DT__CK_PENDING, CK_STOP = DT__CK_STOP };
+
+/* Rank 0's decision *f to every rank, and every owner's state to rank 0
+ * when it is CK_TAKE. */
+static int agree(dt_engine *e, int32_t *f) {
+  if (!collective(e)) return DT_OK;
+  return e->strat.ops->state_gather(&e->strat, f);
+}
+
 int dt__ckpt_root(const dt_engine *e, const char *out_dir, char *root, size_t cap) {
   root[0] = '\0';
-  if (!wants_ckpt(&e->cfg) || e->strat.ops->state_sharded) return 0;
+  if (!wants_ckpt(&e->cfg) || no_writer(e)) return 0;
   if (e->cfg.ckpt_dir[0]) snprintf(root, cap, "%s", e->cfg.ckpt_dir);
   else if (out_dir && out_dir[0]) snprintf(root, cap, "%s/ckpt", out_dir);
   return root[0] != '\0';
@@ -196,7 +225,7 @@ int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos) {
   dt_ckpt_run *k = &e->ck;
   dt__ckpt_root(e, out_dir, k->root, sizeof k->root);
   k->on = 0;
-  if (e->rank == 0 && e->strat.ops->state_sharded && wants_ckpt(&e->cfg) &&
+  if (e->rank == 0 && no_writer(e) && wants_ckpt(&e->cfg) &&
       (e->cfg.ckpt_every_steps > 0 || e->cfg.ckpt_every_seconds > 0))
     DT_LOG_WARN("strategy '%s' keeps its state sharded over ranks: checkpoints are not taken "
                 "(per-owner checkpoint files are not built yet)", e->strat.ops->name);
@@ -223,17 +252,39 @@ int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *p) {
   dt_ckpt_run *k = &e->ck;
   k->at = *p;
   if (k->gather && agreed_after_step(e, p)) DT_CHECK(rank_state_gather(e));
-  if (e->rank != 0) return DT_OK;
-  if (!k->on && k->root[0] && !k->finished && become_writer(e) < 0) {
+  const int coll = collective(e);
+  if (e->rank != 0 && !coll) return DT_OK;
+  if (e->rank == 0 && !k->on && k->root[0] && !k->finished && become_writer(e) < 0) {
     DT_LOG_WARN("rank 0 (new after a membership change) cannot write checkpoints: %s",
                 dt_errmsg());
     k->root[0] = '\0';
   }
   const dt_run_cfg *c = &e->cfg;
   const int64_t step = e->strat.step;
-  if (k->stop && *k->stop) {
+  int32_t f = 0;
+  if (e->rank == 0) {
+    if (k->stop && *k->stop) {
+      f = CK_STOP | (k->on && c->ckpt_on_signal ? CK_TAKE : 0);
+    } else if (k->on && step != k->last_step &&
+               ((c->ckpt_every_steps > 0 && step % c->ckpt_every_steps == 0) ||
+                (c->ckpt_every_seconds > 0 && dt_now() - k->last_t >= c->ckpt_every_seconds))) {
+      /* the epoch's last step: the epoch-end checkpoint follows its records */
+      f = p->k >= e->steps_per_epoch ? CK_PENDING : CK_TAKE;
+    }
+  }
+  DT_CHECK(agree(e, &f));
+  if (e->rank != 0) {
+    if (!(f & CK_STOP)) return DT_OK;
+    /* leave only once rank 0 wrote (it says so with one more broadcast) */
+    int32_t done = 0;
+    DT_CHECK(agree(e, &done));
+    return dt__seterr(DT_EABORTED, "stopped after step %lld (epoch %d): rank 0 was stopped by a "
+                      "signal%s", (long long)step, p->epoch,
+                      f & CK_TAKE ? " and wrote a checkpoint" : "");
+  }
+  if (f & CK_STOP) {
     char where[DT_CKPT_PATH_MAX + 64] = "no checkpoint (checkpoints are off)";
-    if (k->on && c->ckpt_on_signal) {
+    if (f & CK_TAKE) {
       take(e, p, 1);
       dt_ckpt_stats st;
       if (k->w) dt__writer_stats(k->w, &st);
@@ -243,19 +294,14 @@ int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *p) {
       else snprintf(where, sizeof where, "the checkpoint failed: %s",
                     k->w ? st.last_error : k->sync_err);
     }
+    int32_t done = 0;
+    if (coll && agree(e, &done) < 0)
+      DT_LOG_WARN("telling the other ranks the checkpoint is written: %s", dt_errmsg());
     return dt__seterr(DT_EABORTED, "stopped by a signal after step %lld (epoch %d); %s",
                       (long long)step, p->epoch, where);
   }
-  if (!k->on || step == k->last_step) return DT_OK;
-  int due = (c->ckpt_every_steps > 0 && step % c->ckpt_every_steps == 0) ||
-            (c->ckpt_every_seconds > 0 && dt_now() - k->last_t >= c->ckpt_every_seconds);
-  if (!due) return DT_OK;
-  /* the epoch's last step: the epoch-end checkpoint follows its records */
-  if (p->k >= e->steps_per_epoch) {
-    k->pending = 1;
-    return DT_OK;
-  }
-  take(e, p, 0);
+  if (f & CK_PENDING) k->pending = 1;
+  if (f & CK_TAKE) take(e, p, 0);
   return DT_OK;
 }
 
@@ -263,18 +309,27 @@ int dt__ckpt_epoch_end(dt_engine *e, const dt_ckpt_pos *p) {
   dt_ckpt_run *k = &e->ck;
   k->at = *p;
   if (k->gather && agreed_epoch_end(e)) DT_CHECK(rank_state_gather(e));
-  if (!k->on || (!e->cfg.ckpt_epoch_end && !k->pending) || e->strat.step == k->last_step) {
-    k->pending = 0;
+  int32_t f = e->rank == 0 && k->on && (e->cfg.ckpt_epoch_end || k->pending) &&
+                      e->strat.step != k->last_step ? CK_TAKE : 0;
+  k->pending = 0;
+  if (agree(e, &f) < 0) {
+    /* a lost peer: the next collective ends the run */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", dt_errmsg());
+    DT_LOG_WARN("checkpoint of step %lld not taken: %s", (long long)e->strat.step, msg);
+    if (e->rank == 0) note_failure(k, e->strat.step, msg);
     return DT_OK;
   }
-  k->pending = 0;
-  take(e, p, 0);
+  if (e->rank == 0 && (f & CK_TAKE)) take(e, p, 0);
   return DT_OK;
 }
 
 int dt__ckpt_final(dt_engine *e, const char *out_dir, char *dir, size_t cap) {
   dt_ckpt_run *k = &e->ck;
   if (k->finished) return dt__seterr(DT_EINVAL, "checkpoint after the run's end");
+  if (collective(e))
+    return dt__seterr(DT_ENOTSUP, "strategy '%s': a checkpoint of a sharded state is taken by "
+                      "every rank together, at a step boundary", e->strat.ops->name);
   if (!k->root[0]) {
     if (e->cfg.ckpt_dir[0]) snprintf(k->root, sizeof k->root, "%s", e->cfg.ckpt_dir);
     else if (out_dir && out_dir[0]) snprintf(k->root, sizeof k->root, "%s/ckpt", out_dir);
@@ -346,7 +401,7 @@ int dt_engine_resume(dt_engine *e, const char *path) {
   if (!e) return dt__seterr(DT_EINVAL, "dt_engine_resume: engine is NULL");
   if (!path || !*path) return dt__seterr(DT_EINVAL, "dt_engine_resume: path is empty");
   if (e->ran) return dt__seterr(DT_EINVAL, "dt_engine_resume: engine already ran");
-  if (e->strat.ops->state_sharded)
+  if (no_writer(e))
     return dt__seterr(DT_ENOTSUP, "strategy '%s' keeps its state sharded over ranks; its "
                       "checkpoints (one file per owner) are not built yet", e->strat.ops->name);
   dt_ckpt_resume *r = calloc(1, sizeof *r);

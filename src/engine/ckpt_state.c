@@ -253,7 +253,7 @@ static int blob_put_file(void *ud, const char *file, const char *owner, const ch
   DT_CHECK(owner_st(b->snap, file, owner, &st));
   void *copy = dt__snap_alloc(b->snap, len);
   if (!copy) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory for '%s'", name);
-  memcpy(copy, data, len);
+  if (len) memcpy(copy, data, len);
   int64_t shape[1] = {(int64_t)len};
   return dt__st_add(st, name, DT_ST_U8, 1, shape, copy);
 }

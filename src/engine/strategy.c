@@ -6,6 +6,8 @@
  * strategies themselves live one per file (strategy_<name>.c).
  */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -90,10 +92,76 @@ int dt__strategy_import_optim(dt_strategy *s, const dt_state_reader *r) {
   if (step < 0 || ostep < 0)
     return dt__seterr(DT_ECORRUPT, "strategy state: negative step count (%lld, %lld)",
                       (long long)step, (long long)ostep);
-  DT_CHECK(get_exact(r, "optim", dt_optim_state(s->optim), n * sizeof(float)));
+  const size_t np = dt_model_nparams(s->model);
+  if (n) DT_CHECK(dt__import_optim_span(r, np, n / np, 0, np, dt_optim_state(s->optim)));
   *dt_optim_step_count(s->optim) = ostep;
   s->step = step;
   return DT_OK;
+}
+
+#define MAX_STAGES 4096
+
+int dt__import_optim_span(const dt_state_reader *r, size_t total, size_t slots, size_t off,
+                          size_t n, float *dst) {
+  if (!slots || !n) return DT_OK;
+  int32_t P = 0;
+  size_t len = 0;
+  int rc = r->get(r->ud, "pipe.stages", &P, sizeof P, &len);
+  if (rc == DT_ENOENT) {
+    /* the whole model's state in one blob (local, ddp, ddp_det) */
+    if (n == total && !off) return get_exact(r, "optim", dst, slots * n * sizeof(float));
+    float *all = dt_alloc(slots * total * sizeof(float));
+    if (!all) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory for the optimizer state");
+    rc = get_exact(r, "optim", all, slots * total * sizeof(float));
+    for (size_t k = 0; rc == DT_OK && k < slots; k++)
+      memcpy(dst + k * n, all + k * total + off, n * sizeof(float));
+    dt_free(all);
+    return rc;
+  }
+  DT_CHECK(rc);
+  if (len != sizeof P || P < 1 || P > MAX_STAGES)
+    return dt__seterr(DT_ECORRUPT, "strategy state 'pipe.stages': not a stage count");
+  if (!r->get_file)
+    return dt__seterr(DT_ENOTSUP, "a pipeline checkpoint's optimizer state is in its stages' "
+                      "files, which this reader cannot open");
+  int64_t *span = malloc(2 * (size_t)P * sizeof *span);
+  if (!span) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory");
+  rc = get_exact(r, "pipe.spans", span, 2 * (size_t)P * sizeof *span);
+  /* the stages' spans tile the whole model in order */
+  int64_t at = 0;
+  for (int t = 0; rc == DT_OK && t < P; t++) {
+    if (span[2 * t] != at || span[2 * t + 1] < 0 || (size_t)(span[2 * t] + span[2 * t + 1]) > total)
+      rc = dt__seterr(DT_ECORRUPT, "strategy state 'pipe.spans': stage %d's span [%lld, +%lld) "
+                      "does not follow the previous one in a model of %zu parameters", t,
+                      (long long)span[2 * t], (long long)span[2 * t + 1], total);
+    at = span[2 * t] + span[2 * t + 1];
+    if (rc == DT_OK && t == P - 1 && (size_t)at != total)
+      rc = dt__seterr(DT_ECORRUPT, "strategy state 'pipe.spans': the stages hold %lld of the "
+                      "model's %zu parameters", (long long)at, total);
+  }
+  float *buf = NULL;
+  for (int t = 0; rc == DT_OK && t < P; t++) {
+    const size_t o = (size_t)span[2 * t], m = (size_t)span[2 * t + 1];
+    const size_t lo = o > off ? o : off, hi = o + m < off + n ? o + m : off + n;
+    if (lo >= hi) continue; /* stage t holds none of [off, off + n) */
+    char file[64];
+    snprintf(file, sizeof file, "stage-%d.safetensors", t);
+    dt_free(buf);
+    buf = dt_alloc(slots * m * sizeof(float));
+    if (!buf) {
+      rc = dt__seterr(DT_ENOMEM, "checkpoint: out of memory for %s", file);
+      break;
+    }
+    rc = r->get_file(r->ud, file, "optim", buf, slots * m * sizeof(float), &len);
+    if (rc == DT_OK && len != slots * m * sizeof(float))
+      rc = dt__seterr(DT_ECORRUPT, "%s: 'optim' holds %zu bytes, stage %d's %zu parameters "
+                      "need %zu (another optimizer?)", file, len, t, m, slots * m * sizeof(float));
+    for (size_t k = 0; rc == DT_OK && k < slots; k++)
+      memcpy(dst + k * n + (lo - off), buf + k * m + (lo - o), (hi - lo) * sizeof(float));
+  }
+  dt_free(buf);
+  free(span);
+  return rc;
 }
 
 int dt__strategy_no_membership(dt_strategy *s, const dt_membership *m) {

@@ -111,6 +111,9 @@ typedef struct dt_membership {
   int source;                    /* rank whose state everyone copies */
 } dt_membership;
 
+/* Checkpoint decisions of sharded strategies (state_gather). */
+enum { DT__CK_TAKE = 1, DT__CK_PENDING = 2, DT__CK_STOP = 4 };
+
 struct dt_strategy_ops {
   const char *name;
   /* 1: tallies in fixed point (evaluation chunks aligned to train.batch). */
@@ -174,6 +177,14 @@ struct dt_strategy_ops {
   /* End of an epoch: combines the epoch's train tally over workers (sums;
    * seconds becomes the slowest worker's). */
   int (*epoch_end)(dt_strategy *s, int epoch, dt_tally *train);
+  /* Checkpoints of a state_sharded strategy, collective over every rank at
+   * every step boundary and epoch end (ckpt_run.c): broadcast rank 0's
+   * decision *flags (DT__CK_* bits) to every rank, and when it has
+   * DT__CK_TAKE bring every owner's state to rank 0, whose state_export
+   * then writes each owner's part as a file of its own (put_file). An error
+   * names the lost peer as the strategy's other collectives do. NULL:
+   * checkpoints are off for a sharded strategy (zero). */
+  int (*state_gather)(dt_strategy *s, int32_t *flags);
   /* Checkpoints: the strategy's state as named blobs ("optim", "step", ...)
    * and back. Import happens after setup and before the first step. */
   int (*state_export)(dt_strategy *s, const dt_state_writer *w);
@@ -225,6 +236,15 @@ const char *dt__strategy_for(const dt_run_cfg *cfg);
  * floats; "optim_step", its step count) and the loop's step ("step"). */
 int dt__strategy_export_optim(dt_strategy *s, const dt_state_writer *w);
 int dt__strategy_import_optim(dt_strategy *s, const dt_state_reader *r);
+/* The optimizer state of parameters [off, off + n) of the whole model
+ * (slots floats per parameter, slot-major: SGD momentum 1, AdamW 2) into
+ * dst (slots * n floats), from a checkpoint of any strategy: the whole
+ * model's "optim" blob (local, ddp, ddp_det) or the pipeline stages' files
+ * ("pipe.spans" in the state, "optim" in stage-T.safetensors), whatever
+ * the stage count that wrote it: the state is per parameter, so any cut
+ * of the model reads exactly its own values. */
+int dt__import_optim_span(const dt_state_reader *r, size_t total, size_t slots, size_t off,
+                          size_t n, float *dst);
 int dt__strategy_no_membership(dt_strategy *s, const dt_membership *m);
 
 /* Shared by ddp and ddp_det (strategy_ddp.c): the start-up checks (same

@@ -128,6 +128,9 @@ typedef struct pipe_impl {
   uint64_t sent0, recv0;
   double reduce_s;
   size_t act_bytes;  /* this stage's activation memory (dt_pipe_act_bytes) */
+  /* checkpoints, rank 0: the other stages' optimizer states and counts */
+  float *ck_optim;   /* stages 1..P-1 side by side (slots x params each) */
+  int64_t *ck_ostep; /* P */
 } pipe_impl;
 
 /* A communication error that names a rank which exited or was killed
@@ -187,6 +190,8 @@ static void pipe_teardown(dt_strategy *s) {
   dt_free(d->xstep);
   dt_free(d->ystep);
   dt_optim_destroy(d->optim);
+  dt_free(d->ck_optim);
+  free(d->ck_ostep);
   dt_comm_destroy(d->scomm);
   dt_comm_destroy(d->pcomm);
   free(d->mb), free(d->loss), free(d->correct);
@@ -521,26 +526,132 @@ static int pipe_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *al
   return rc < 0 ? pcomm_err(s, rc, "summary statistics") : DT_OK;
 }
 
+/* ---- checkpoints ----------------------------------------------------------------- */
+
+/* Each stage's optimizer state is its own: a checkpoint holds it as the
+ * file stage-T.safetensors (owner "stage-T" in the manifest) beside the
+ * whole model's parameters in model.safetensors (so `dtrain export` and
+ * PyTorch read the usual file). At a step boundary every stage of replica
+ * 0 sends its span of the parameters and running statistics, its optimizer
+ * state and step count to rank 0 (replicas hold the same state after their
+ * allreduce), and rank 0 writes. Resuming, every rank reads the part of
+ * the stages' files its own span covers, whatever the stage count and cut
+ * points that wrote them (dt__import_optim_span): the state is per
+ * parameter, so re-partitioning is exact. */
+
+#define TAG_CKPT 0x300000
+
+/* Optimizer floats per parameter (a stage without parameters has an
+ * optimizer of one float: dt_optim_create needs n >= 1). */
+static size_t optim_slots(const pipe_impl *d) {
+  const size_t n = d->part.params[d->stage];
+  return dt_optim_state_floats(d->optim) / (n ? n : 1);
+}
+
+static int pipe_gather(dt_strategy *s, int32_t *flags) {
+  pipe_impl *d = s->impl;
+  if (s->comm && s->nranks > 1) {
+    int rc = dt_comm_broadcast(s->comm, flags, 1, DT_I32, 0);
+    if (rc < 0) return pcomm_err(s, rc, "agreeing on a checkpoint");
+  }
+  if (!(*flags & DT__CK_TAKE) || !d->pcomm || d->replica != 0) return DT_OK;
+  const size_t slots = optim_slots(d);
+  float *params = dt_model_params(s->model), *bufs = dt_model_bufs(s->model);
+  dt_comm *c = d->pcomm;
+  int rc = DT_OK;
+  if (d->stage) {
+    const int t = d->stage;
+    if (d->part.params[t])
+      rc = dt_comm_send(c, 0, TAG_CKPT, params + d->part.param_off[t],
+                        d->part.params[t] * sizeof(float));
+    if (rc == DT_OK && d->part.nbufs[t])
+      rc = dt_comm_send(c, 0, TAG_CKPT, bufs + d->part.buf_off[t], d->part.nbufs[t] * sizeof(float));
+    if (rc == DT_OK && slots && d->part.params[t])
+      rc = dt_comm_send(c, 0, TAG_CKPT, dt_optim_state(d->optim),
+                        slots * d->part.params[t] * sizeof(float));
+    if (rc == DT_OK) rc = dt_comm_send(c, 0, TAG_CKPT, dt_optim_step_count(d->optim), sizeof(int64_t));
+    return rc < 0 ? pcomm_err(s, rc, "sending a stage's state for a checkpoint") : DT_OK;
+  }
+  if (!d->ck_ostep) {
+    size_t total = 0;
+    for (int t = 1; t < d->P; t++) total += slots * d->part.params[t];
+    d->ck_optim = dt_alloc((total ? total : 1) * sizeof(float));
+    d->ck_ostep = calloc((size_t)d->P, sizeof *d->ck_ostep);
+    if (!d->ck_optim || !d->ck_ostep)
+      return dt__seterr(DT_ENOMEM, "pipeline checkpoint: out of memory for the stages' state");
+  }
+  float *o = d->ck_optim;
+  for (int t = 1; t < d->P && rc == DT_OK; t++) {
+    if (d->part.params[t])
+      rc = dt_comm_recv(c, t, TAG_CKPT, params + d->part.param_off[t],
+                        d->part.params[t] * sizeof(float));
+    if (rc == DT_OK && d->part.nbufs[t])
+      rc = dt_comm_recv(c, t, TAG_CKPT, bufs + d->part.buf_off[t], d->part.nbufs[t] * sizeof(float));
+    if (rc == DT_OK && slots && d->part.params[t])
+      rc = dt_comm_recv(c, t, TAG_CKPT, o, slots * d->part.params[t] * sizeof(float));
+    if (rc == DT_OK) rc = dt_comm_recv(c, t, TAG_CKPT, &d->ck_ostep[t], sizeof(int64_t));
+    o += slots * d->part.params[t];
+  }
+  return rc < 0 ? pcomm_err(s, rc, "gathering the stages' state for a checkpoint") : DT_OK;
+}
+
+/* Rank 0 (stage 0 of replica 0), after pipe_gather (or alone: P = 1). */
 static int pipe_export(dt_strategy *s, const dt_state_writer *w) {
   pipe_impl *d = s->impl;
-  DT_CHECK(w->put(w->ud, "optim", dt_optim_state(d->optim),
-                  dt_optim_state_floats(d->optim) * sizeof(float)));
-  DT_CHECK(w->put(w->ud, "optim_step", dt_optim_step_count(d->optim), sizeof(int64_t)));
-  return w->put(w->ud, "step", &s->step, sizeof s->step);
+  if (!w->put_file)
+    return dt__seterr(DT_ENOTSUP, "strategy '%s': the stages' state needs a checkpoint with "
+                      "files of their own", s->ops->name);
+  if (d->P > 1 && !d->ck_ostep)
+    return dt__seterr(DT_EINVAL, "strategy '%s': the stages' state was not gathered",
+                      s->ops->name);
+  const size_t slots = optim_slots(d);
+  const int32_t P = d->P;
+  int64_t *span = malloc(2 * (size_t)P * sizeof *span);
+  if (!span) return dt__seterr(DT_ENOMEM, "pipeline checkpoint: out of memory");
+  for (int t = 0; t < P; t++) {
+    span[2 * t] = (int64_t)d->part.param_off[t];
+    span[2 * t + 1] = (int64_t)d->part.params[t];
+  }
+  /* the optimizer's step count: every stage with parameters has the same
+   * (a stage without any never steps) */
+  int64_t ostep = *dt_optim_step_count(d->optim);
+  for (int t = 1; t < P; t++)
+    if (d->ck_ostep[t] > ostep) ostep = d->ck_ostep[t];
+  int rc = w->put(w->ud, "step", &s->step, sizeof s->step);
+  if (rc == DT_OK) rc = w->put(w->ud, "optim_step", &ostep, sizeof ostep);
+  if (rc == DT_OK) rc = w->put(w->ud, "pipe.stages", &P, sizeof P);
+  if (rc == DT_OK) rc = w->put(w->ud, "pipe.spans", span, 2 * (size_t)P * sizeof *span);
+  free(span);
+  const float *o = d->ck_optim;
+  for (int t = 0; t < P && rc == DT_OK; t++) {
+    char file[64], owner[32];
+    snprintf(file, sizeof file, "stage-%d.safetensors", t);
+    snprintf(owner, sizeof owner, "stage-%d", t);
+    const int64_t *os = t ? &d->ck_ostep[t] : dt_optim_step_count(d->optim);
+    const float *state = t ? o : dt_optim_state(d->optim);
+    const size_t n = slots * d->part.params[t];
+    rc = w->put_file(w->ud, file, owner, "optim_step", os, sizeof *os);
+    if (rc == DT_OK && n) rc = w->put_file(w->ud, file, owner, "optim", state, n * sizeof(float));
+    if (t) o += n;
+  }
+  return rc;
 }
 
 static int pipe_import(dt_strategy *s, const dt_state_reader *r) {
   pipe_impl *d = s->impl;
-  size_t n = dt_optim_state_floats(d->optim), len = 0;
   int64_t step = 0, ostep = 0;
+  size_t len = 0;
   DT_CHECK(r->get(r->ud, "optim_step", &ostep, sizeof ostep, &len));
   if (len != sizeof ostep) return dt__seterr(DT_ECORRUPT, "strategy state 'optim_step': bad size");
   DT_CHECK(r->get(r->ud, "step", &step, sizeof step, &len));
   if (len != sizeof step) return dt__seterr(DT_ECORRUPT, "strategy state 'step': bad size");
-  DT_CHECK(r->get(r->ud, "optim", dt_optim_state(d->optim), n * sizeof(float), &len));
-  if (len != n * sizeof(float))
-    return dt__seterr(DT_ECORRUPT, "strategy state 'optim': %zu bytes, expected %zu (another "
-                      "stage or partition?)", len, n * sizeof(float));
+  if (step < 0 || ostep < 0)
+    return dt__seterr(DT_ECORRUPT, "strategy state: negative step count (%lld, %lld)",
+                      (long long)step, (long long)ostep);
+  const size_t n = d->part.params[d->stage];
+  if (n)
+    DT_CHECK(dt__import_optim_span(r, dt_model_nparams(s->model), optim_slots(d),
+                                   d->part.param_off[d->stage], n, dt_optim_state(d->optim)));
   *dt_optim_step_count(d->optim) = ostep;
   s->step = step;
   return DT_OK;
@@ -550,12 +661,13 @@ static int pipe_import(dt_strategy *s, const dt_state_reader *r) {
 #define PIPE_OPS(NAME, FIXED)                                                                    \
   {                                                                                              \
     .name = NAME, .fixed_point = FIXED,                                                          \
-    .state_sharded = 1, /* each stage its own parameters and optimizer: no rank-0 checkpoint */ \
+    .state_sharded = 1, /* each stage its own parameters and optimizer: gathered to rank 0 */ \
     .own_optim = 1, .open_source = pipe_source, .setup = pipe_setup,                             \
     .step_begin = pipe_step_begin, .run_pieces = pipe_run, .backward_begin = NULL,               \
     .grad_ready = NULL, .step_finish = pipe_step_finish, .eval_begin = pipe_eval_begin,          \
-    .eval_reduce = pipe_eval_reduce, .epoch_end = pipe_epoch_end, .state_export = pipe_export,   \
-    .state_import = pipe_import, .membership_change = dt__strategy_no_membership,                \
+    .eval_reduce = pipe_eval_reduce, .epoch_end = pipe_epoch_end, .state_gather = pipe_gather,   \
+    .state_export = pipe_export, .state_import = pipe_import,                                    \
+    .membership_change = dt__strategy_no_membership,                                             \
     .run_end = pipe_run_end, .teardown = pipe_teardown,                                          \
   }
 
