@@ -163,6 +163,7 @@ typedef struct dt_run_cfg {
   float heartbeat_timeout;             /* a silent member is dead after this, seconds */
   int replace;                         /* dist.replace: spare workers replace lost ones */
   int standby;                         /* dist.standby: spare workers forked at start */
+  int standby_refresh_steps;           /* spares' copy of the state refreshed every N steps (0: none) */
 } dt_run_cfg;
 
 /* Fills *cfg with the defaults of docs/config.md: the 2-conv CNN on

@@ -736,6 +736,12 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   dt__cli_obs_launch(&co, L);
   obs_on = 1;
   if (multi) {
+    /* elastic with spares: the standby copy they share with this node's
+     * workers (mapped before the fork) */
+    const dt_run_cfg *rc_ = &cfg->run;
+    if (!ext && !(L && L->join) && rc_->min_workers > 0 && (rc_->standby > 0 || rc_->replace) &&
+        rc_->standby_refresh_steps > 0 && dt__engine_standby_map(e) < 0)
+      fprintf(stderr, "dtrain: warning: %s; spares take the state by broadcast\n", dt_errmsg());
     struct worker_args wa = {e, &cfg->run, cfg->run.ps.servers, cfg->run.workers, out, text, L || ext, &v,
                              ext, &co};
     int jrc = dt_job_run(job, run_worker, &wa);

@@ -158,6 +158,7 @@ static const key keys[] = {
     {"dist", "heartbeat_timeout", K_FLOAT, OFF(heartbeat_timeout), 0.05, 3600, 0, NULL},
     {"dist", "replace", K_BOOL, OFF(replace), 0, 1, 0, NULL},
     {"dist", "standby", K_INT, OFF(standby), 0, 4096, 0, NULL},
+    {"dist", "standby_refresh_steps", K_INT, OFF(standby_refresh_steps), 0, 1000000, 0, NULL},
     {"model", "loss", K_ENUM, OFF(loss), 0, 0, 0, dt__loss_names},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))

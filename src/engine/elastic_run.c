@@ -54,7 +54,7 @@ void dt__engine_el_fingerprint(dt_engine *e, const char *config_text, const void
 /* Keys a joiner may hold differently: how the job was started. */
 static int launch_key(const char *sec, const char *key) {
   return !strcmp(sec, "dist") && (!strcmp(key, "workers") || !strcmp(key, "standby") ||
-                                  !strcmp(key, "replace"));
+                                  !strcmp(key, "replace") || !strcmp(key, "standby_refresh_steps"));
 }
 
 /* The first line of config text b that differs from a's, as "section.key"
@@ -245,8 +245,95 @@ int64_t dt__elastic_pos(const dt_engine *e) {
   return 2 * s + (e->ended_at == s);
 }
 
+void dt__elastic_step_done(dt_engine *e) {
+  e->state_gen = dt_elastic_generation(e->elastic);
+  const int k = e->cfg.standby_refresh_steps;
+  if (e->sb && k > 0 && e->strat.step % k == 0) dt__standby_write(e, 1);
+}
+
+void dt__elastic_epoch_done(dt_engine *e) {
+  e->ended_at = e->strat.step;
+  e->state_gen = dt_elastic_generation(e->elastic);
+}
+
+/* Who already holds the source's state (docs/elastic.md "Standby copy").
+ * Members whose state has the source's tag — the same position, changed
+ * last in the same generation — hold its parameters and optimizer state
+ * bit for bit (every member applies the same reduced gradient). A rank
+ * that shares a node's standby copy with a member holding the source's
+ * state gets it from there: that member brings the copy up to date in
+ * place if it is behind, the rank reads it. *have = 1 when, after that,
+ * every rank holds the source's state (only buffers and step counts are
+ * broadcast then); 0: the whole state goes by broadcast. One allgather of
+ * 4 numbers, and two one-number allreduces when the copy is written. */
+static int admit(dt_engine *e, const dt_elastic_gen *g, int *have) {
+  *have = 0;
+  const int n = g->size, me = g->rank;
+  int64_t mine[4] = {-1, -1, (int64_t)dt__standby_region(e), 0}, *all = NULL;
+  int loaded = 0;
+  if (e->el_partial || e->strat.joining) {
+    /* a woken spare (or a member whose copy was interrupted): the node's
+     * standby copy, if it is whole, with its tag */
+    if (e->sb) loaded = dt__standby_load(e, &mine[0], &mine[1]);
+    e->el_partial = 1; /* whatever it holds, until every rank agrees below */
+  } else {
+    mine[0] = dt__elastic_pos(e);
+    mine[1] = e->state_gen;
+  }
+  if (!(all = malloc((size_t)n * 4 * sizeof *all)))
+    return dt__seterr(DT_ENOMEM, "elastic: admission: out of memory");
+  int rc = dt_comm_allgather(g->comm, mine, all, 4, DT_I64);
+  if (rc < 0) goto out;
+  const int64_t *src = all + 4 * g->source;
+#define HOLDS(i) (all[4 * (i)] == src[0] && all[4 * (i) + 1] == src[1])
+  int need = 0, unserved = 0, write = 0, via_copy = 0;
+  for (int i = 0; i < n; i++) {
+    if (HOLDS(i)) continue;
+    need++;
+    int w = -1; /* the lowest rank holding the state that shares i's copy */
+    for (int j = 0; j < n && w < 0 && all[4 * i + 2]; j++)
+      if (HOLDS(j) && all[4 * j + 2] == all[4 * i + 2]) w = j;
+    if (w < 0) unserved++;
+    else if (w == me) write = 1;
+    if (i == me) via_copy = 1;
+  }
+  if (src[0] < 0 || unserved) goto out; /* by broadcast */
+  if (need) {
+    int64_t ok = 1;
+    if (write) ok = dt__standby_write(e, 0) >= 0;
+    rc = dt_comm_allreduce(g->comm, &ok, &ok, 1, DT_I64, DT_OP_MIN);
+    if (rc < 0 || !ok) goto out;
+    if (via_copy) {
+      int64_t p = -1, gg = -1;
+      ok = dt__standby_load(e, &p, &gg) && p == src[0] && gg == src[1];
+      e->el_partial = !ok;
+      loaded = ok;
+    }
+    rc = dt_comm_allreduce(g->comm, &ok, &ok, 1, DT_I64, DT_OP_MIN);
+    if (rc < 0 || !ok) goto out;
+  }
+  *have = 1;
+  if (loaded) e->el_partial = 0;
+  if (loaded) {
+    char d[192];
+    dt__standby_describe(e, d, sizeof d);
+    DT_LOG_INFO("elastic: member %d: state of step %lld taken from the standby copy (%s), "
+                "no broadcast of parameters or optimizer state", e->el_id,
+                (long long)e->strat.step, d);
+  }
+out:
+#undef HOLDS
+  if (rc == DT_OK && !*have && e->sb && (e->el_partial || e->strat.joining))
+    DT_LOG_INFO("elastic: member %d: the standby copy cannot serve this admission; the state "
+                "comes by broadcast", e->el_id);
+  if (rc == DT_OK && n > 0) e->state_gen = all[4 * g->source + 1];
+  free(all);
+  return rc;
+}
+
 /* Trains over generation g from now: its communicator, the source's state
- * (membership_change), the batches re-split. */
+ * (membership_change, skipping what admit found every rank holds), the
+ * batches re-split. */
 static int adopt(dt_engine *e, const dt_elastic_gen *g) {
   dt_strategy *S = &e->strat;
   e->comm = g->comm;
@@ -254,8 +341,14 @@ static int adopt(dt_engine *e, const dt_elastic_gen *g) {
   e->nranks = g->size;
   dt__engine_lend(e);
   dt__eobs_membership(e, g->gen);
-  dt_membership m = {g->comm, g->rank, g->size, g->source};
-  int rc = S->ops->membership_change(S, &m);
+  int have = 0;
+  double ta = dt_now();
+  int rc = admit(e, g, &have);
+  double tb = dt_now();
+  dt_membership m = {g->comm, g->rank, g->size, g->source, have};
+  if (rc == DT_OK) rc = S->ops->membership_change(S, &m);
+  DT_LOG_DEBUG("elastic: member %d: admission %.3f s (state %s), membership change %.3f s",
+               e->el_id, tb - ta, have ? "held already" : "by broadcast", dt_now() - tb);
   S->joining = 0;
   if (rc < 0) {
     if (g->rank != g->source) e->el_partial = 1;

@@ -247,6 +247,7 @@ void dt_engine_destroy(dt_engine *e) {
   dt_dataset_free(&e->train);
   dt_dataset_free(&e->test);
   free(e->el_blob);
+  dt__standby_unmap(e);
   free(e);
 }
 

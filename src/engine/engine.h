@@ -70,4 +70,9 @@ int dt__engine_el_check_fp(void *ud, const void *job_fp, size_t len);
  * dt_engine_run, instead of dt_engine_set_comm. */
 struct dt_elastic_gen;
 int dt__engine_set_joined(dt_engine *e, struct dt_elastic *el, const struct dt_elastic_gen *g);
+/* Elastic training with spares (dist.standby_refresh_steps > 0): the
+ * standby copy of the state, a shared mapping the processes forked after
+ * this call share (src/engine/standby.c). Call before forking the node's
+ * workers and spares. */
+int dt__engine_standby_map(dt_engine *e);
 #endif /* DT_ENGINE_H */

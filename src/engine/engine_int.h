@@ -109,6 +109,9 @@ struct dt_engine {
   double el_join_t;         /* dt_now() when it was admitted */
   dt_ddp_fingerprint el_fp; /* dt__engine_el_fingerprint: fp, then the config text */
   char *el_blob;
+  int64_t state_gen;        /* generation in which the state last changed (its tag with the position) */
+  void *sb;                 /* the node's standby copy (standby.c), shared with the spares, or NULL */
+  size_t sb_len;
 };
 
 /* The checkpoint root of a run writing to out_dir (ckpt.dir, else
@@ -187,6 +190,32 @@ int64_t dt__elastic_pos(const dt_engine *e);
  * *epoch and step *k (k = steps_per_epoch: the epoch's end; epoch beyond
  * the last: the run's end). in_step: the failure interrupted a step. */
 int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k);
+
+/* After a completed step: the state's tag moves, and every
+ * dist.standby_refresh_steps steps the standby copy is refreshed. */
+void dt__elastic_step_done(dt_engine *e);
+/* After an epoch's end (statistics, evaluation, record). */
+void dt__elastic_epoch_done(dt_engine *e);
+
+/* ---- the standby copy (standby.c) ------------------------------------------------ */
+
+/* A shared anonymous mapping the size of parameters, buffers and optimizer
+ * state, made before the node's workers and spares are forked (e->sb). */
+int dt__standby_map(dt_engine *e);
+void dt__standby_unmap(dt_engine *e);
+/* The copy's random id (0: none). */
+uint64_t dt__standby_region(const dt_engine *e);
+/* Writes this worker's state and tag into the copy: 1 written, 0 it held
+ * them already, -1 not possible now (another live writer holds the lock,
+ * this worker holds no complete state). periodic: counted as a refresh,
+ * else as a catch-up. */
+int dt__standby_write(dt_engine *e, int periodic);
+/* Copies the copy into this worker's model and optimizer: 1 and its tag
+ * (*pos, *gen) if it was consistent, else 0 (the model then holds a torn
+ * mix: e->el_partial stays set). */
+int dt__standby_load(dt_engine *e, int64_t *pos, int64_t *gen);
+/* Its refresh counters, for a log line. */
+void dt__standby_describe(const dt_engine *e, char *buf, size_t cap);
 
 /* ---- files (files.c) ------------------------------------------------------------ */
 

@@ -99,4 +99,5 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->heartbeat_timeout = 2;
   c->replace = 0;
   c->standby = 0;
+  c->standby_refresh_steps = 10;
 }

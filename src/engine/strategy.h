@@ -109,6 +109,9 @@ typedef struct dt_membership {
   dt_comm *comm;                 /* the re-formed communicator */
   int rank, nranks;              /* this worker in it */
   int source;                    /* rank whose state everyone copies */
+  int have_state;                /* 1: every rank holds the source's parameters and optimizer
+                                  * state already (elastic_run.c); only buffers and step
+                                  * counts need to move */
 } dt_membership;
 
 /* Checkpoint decisions of sharded strategies (state_gather). */

@@ -142,10 +142,13 @@ int dt__ddp_membership(dt_strategy *s, const dt_membership *m, dt_ddp **ddp, int
   s->nranks = m->nranks;
   dt_comm *c = m->comm;
   dt_model *md = s->model;
-  int rc = dt_comm_broadcast(c, dt_model_params(md), dt_model_nparams(md), DT_F32, m->source);
+  /* buffers (running statistics) differ between members: always the source's */
+  int rc = m->have_state ? DT_OK
+                         : dt_comm_broadcast(c, dt_model_params(md), dt_model_nparams(md), DT_F32,
+                                             m->source);
   if (rc == DT_OK && dt_model_nbufs(md))
     rc = dt_comm_broadcast(c, dt_model_bufs(md), dt_model_nbufs(md), DT_F32, m->source);
-  size_t nf = dt_optim_state_floats(s->optim);
+  size_t nf = m->have_state ? 0 : dt_optim_state_floats(s->optim);
   if (rc == DT_OK && nf)
     rc = dt_comm_broadcast(c, dt_optim_state(s->optim), nf, DT_F32, m->source);
   int64_t steps[2] = {*dt_optim_step_count(s->optim), s->step};

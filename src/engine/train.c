@@ -368,7 +368,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
         dt_obs_span(ob, "reduce+update", 0, n0, n1, -1);
         dt_obs_span(ob, "step", 0, s0, n1, S->step);
       }
-      if (e->elastic) dt__elastic_visit(e, epoch, *vlo, *vhi);
+      if (e->elastic) dt__elastic_visit(e, epoch, *vlo, *vhi), dt__elastic_step_done(e);
       DT_CHECK_GOTO(check_step(e, epoch, plan.pieces ? dt__tally_mean(&st) : 0), rc, done);
       ep.loss += st.loss;
       ep.loss_q += st.loss_q;
@@ -407,7 +407,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
       if (epoch != was) ep = (dt_tally){.fixed = S->ops->fixed_point};
       goto resume;
     }
-    if (e->elastic) e->ended_at = S->step;
+    if (e->elastic) dt__elastic_epoch_done(e);
     train_seconds += mine.seconds;
     samples_total += mine.samples;
     global_total += mine.global;

@@ -487,7 +487,7 @@ static void roundtrip(const char *want, int workers, int det) {
   assert_int_equal(S->ops->state_import(S, &r), DT_ENOENT);
   assert_int_equal(S->step, 5);
   /* elastic training: local cannot; the others need a communicator */
-  dt_membership m = {NULL, 0, 1, 0};
+  dt_membership m = {NULL, 0, 1, 0, 0};
   if (!strcmp(want, "local")) {
     assert_int_equal(S->ops->membership_change(S, &m), DT_ENOTSUP);
     HAS("not supported");
