@@ -43,7 +43,7 @@
 
 int64_t dt__ps_server_min_mark(const dt_ps_server *s);
 
-enum { K_PUSHED = 1, K_WAIT = 2, K_DONE = 4, K_LOST = 8 };
+enum { K_PUSHED = 1, K_WAIT = 2, K_DONE = 4, K_LOST = 8, K_STAGED = 16 };
 
 struct dt_ps_client {
   dt_obs *obs;         /* pushes and the pull wait as spans and histograms */
@@ -72,6 +72,12 @@ struct dt_ps_client {
   int64_t lost_ns;     /* when the last loss was seen (0: no fail-over pending) */
   int lost_srv;
   int64_t *kver;       /* per key: version of the parameters held */
+  /* lazy replies (colocated asp): a push's reply lands in stage and is
+   * copied into the parameters at the next step's begin, or before the
+   * key's next push, never while forward or backward may read them */
+  int lazy;
+  float *stage;        /* nparams floats */
+  int64_t *kfwd;       /* per key: the version this step's forward read */
   float *resid;        /* significance filter: the update not pushed yet (nparams) */
   float *pairs;        /* significance filter: (index, value) pairs (2 x nparams) */
   /* keys of rows */
@@ -124,7 +130,8 @@ static void local_reply(void *ud, const dt_ps_msg *m, const float *payload) {
     c->kst[m->key] = (uint8_t)((c->kst[m->key] & ~K_WAIT) | K_DONE);
     return;
   }
-  memcpy(c->params + K->off, payload, K->len * sizeof(float));
+  /* zero copy: the server's parameters are these already */
+  if (payload != c->params + K->off) memcpy(c->params + K->off, payload, K->len * sizeof(float));
   c->kver[m->key] = m->clock;
   c->kst[m->key] = (uint8_t)((c->kst[m->key] & ~K_WAIT) | K_DONE);
   c->st.pulled_floats += (int64_t)K->len;
@@ -165,6 +172,9 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
   c->kst = calloc((size_t)c->nk, 1);
   c->nreq = calloc((size_t)c->nk, 1);
   c->kver = calloc((size_t)c->nk, sizeof *c->kver);
+  c->kfwd = calloc((size_t)c->nk, sizeof *c->kfwd);
+  c->lazy = local && opts->consistency == DT_PS_ASP && c->R == 1;
+  if (c->lazy) c->stage = dt_alloc(map->nparams * sizeof(float));
   if (opts->significance > 0) {
     c->resid = dt_alloc(map->nparams * sizeof(float));
     c->pairs = dt_alloc(2 * map->nparams * sizeof(float));
@@ -185,19 +195,28 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
     c->rbuf = dt_alloc((c->kbuf0[c->nk] ? c->kbuf0[c->nk] : 1) * sizeof(float));
   }
   if (!c->hout || !c->hin || !c->kreq || !c->kpeer || !c->rclock || !c->rflags || !c->rfrom ||
-      !c->sdead || !c->kst || !c->nreq || !c->kver || !c->knrows ||
+      !c->sdead || !c->kst || !c->nreq || !c->kver || !c->kfwd || (c->lazy && !c->stage) ||
+      !c->knrows ||
       !c->krow0 || !c->kbuf0 || !c->rows || !c->rbuf ||
       (opts->significance > 0 && (!c->resid || !c->pairs))) {
     dt_ps_client_destroy(c);
     return dt__seterr(DT_ENOMEM, "ps client: out of memory");
   }
   if (local) dt_ps_server_set_local(local, worker, local_reply, c);
+  /* bsp in the worker's own thread: the server works in the model's
+   * parameter buffer and sums this worker's pushes where they are */
+  if (local && opts->consistency == DT_PS_BSP && !opts->server_thread &&
+      dt__ps_server_zero_copy(local, params) < 0) {
+    dt_ps_client_destroy(c);
+    return dt__preerr(DT_EINVAL, "ps worker %d", worker);
+  }
   *out = c;
   return DT_OK;
 }
 
 static void stop_thread(dt_ps_client *c);
 static int start_thread(dt_ps_client *c);
+static int mark(dt_ps_client *c, uint32_t flags);
 
 void dt_ps_client_destroy(dt_ps_client *c) {
   if (!c) return;
@@ -213,6 +232,8 @@ void dt_ps_client_destroy(dt_ps_client *c) {
   free(c->kst);
   free(c->nreq);
   free(c->kver);
+  free(c->kfwd);
+  dt_free(c->stage);
   dt_free(c->resid);
   dt_free(c->pairs);
   free(c->knrows);
@@ -328,6 +349,8 @@ static int request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, in
       dst = c->xbuf + c->xoff[k], len = (c->xoff[k + 1] - c->xoff[k]) * sizeof(float);
     else if (rows && m->count)
       dst = c->rbuf + c->kbuf0[k], len = m->count * K->rowlen * sizeof(float);
+    else if (!rows && c->lazy && m->type == DT_PS_PUSH)
+      dst = c->stage + K->off, len = K->len * sizeof(float), c->kst[k] |= K_STAGED;
     else if (!rows)
       dst = c->params + K->off, len = K->len * sizeof(float);
     /* receives are marked -1 - server in kpeer */
@@ -403,6 +426,71 @@ static int reread(dt_ps_client *c, int k) {
   return request(c, &m, rows, 1);
 }
 
+/* Key k's reply is in (its requests complete): checks its header and takes
+ * it (a staged one into the parameters). */
+static int settle(dt_ps_client *c, int k) {
+  if (!(c->kst[k] & K_WAIT)) return DT_OK;
+  const dt_ps_key *K = &c->map->keys[k];
+  dt_ps_msg m;
+  const int from = K->server == c->local_idx ? K->server : c->rfrom[k];
+  int rc = dt_ps_msg_parse(c->hin + (size_t)k * DT_PS_HDR_BYTES, DT_PS_HDR_BYTES, c->map,
+                           c->o.nworkers, -1, from, &m);
+  if (rc == DT_OK && (m.type != DT_PS_PARAMS || m.key != k))
+    rc = dt__seterr(DT_EPROTO, "ps: server %d answered key %d with %s for key %d", from, k,
+                    dt_ps_type_name(m.type), m.key);
+  if (rc == DT_OK && (m.flags & DT_PS_F_ROWS) && (int64_t)m.count != c->knrows[k])
+    rc = dt__seterr(DT_EPROTO, "ps: server %d answered a pull of %lld rows of key %d with "
+                    "%llu", K->server, (long long)c->knrows[k], k, (unsigned long long)m.count);
+  if (rc == DT_OK && (m.flags & DT_PS_F_STATE) &&
+      (!c->xbuf || m.count != c->xoff[k + 1] - c->xoff[k]))
+    rc = dt__seterr(DT_EPROTO, "ps: server %d sent an unasked or misfit record of key %d",
+                    K->server, k);
+  if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
+  c->kst[k] = (uint8_t)((c->kst[k] & ~K_WAIT) | K_DONE);
+  if (m.flags & DT_PS_F_STATE) {
+    c->xsteps[k] = (int64_t)m.aux;
+    return DT_OK;
+  }
+  c->kver[k] = m.clock;
+  if (m.flags & DT_PS_F_ROWS)
+    scatter_rows(c, k, c->rbuf + c->kbuf0[k], m.count);
+  else
+    c->st.pulled_floats += (int64_t)K->len;
+  if (c->kst[k] & K_STAGED) {
+    memcpy(c->params + K->off, c->stage + K->off, K->len * sizeof(float));
+    c->kst[k] &= (uint8_t)~K_STAGED;
+  }
+  return DT_OK;
+}
+
+/* Lazy replies: takes every key's reply that is in, without waiting
+ * (block = 0), or key k's alone, waiting for it (block = 1). */
+static int reap(dt_ps_client *c, int k0, int block) {
+  int idle = 0;
+  for (int k = k0 < 0 ? 0 : k0; k < (k0 < 0 ? c->nk : k0 + 1); k++) {
+    for (;;) {
+      int pending = 0;
+      for (int i = 0; i < c->nreq[k]; i++) {
+        bool done = false;
+        int rc = dt_comm_test(c->comm, &c->kreq[(size_t)c->nslot * (size_t)k + i], &done);
+        if (rc < 0) return comm_fail(c, rc, "waiting for parameters");
+        if (!done) pending = 1;
+      }
+      if (!pending) {
+        c->nreq[k] = 0;
+        DT_CHECK(settle(c, k));
+        break;
+      }
+      if (!block) break;
+      int busy = 0;
+      DT_CHECK(poll_local(c, &busy));
+      idle = busy ? 0 : idle + 1;
+      backoff(idle);
+    }
+  }
+  return DT_OK;
+}
+
 /* Waits for every outstanding request and reply; checks reply headers. */
 static int wait_all(dt_ps_client *c) {
   int64_t t0 = dt_now_ns();
@@ -457,35 +545,7 @@ static int wait_all(dt_ps_client *c) {
     for (int k = 0; k < c->nk; k++) c->nreq[k] = 0;
   }
   /* the remote replies' headers */
-  for (int k = 0; k < c->nk; k++) {
-    if (!(c->kst[k] & K_WAIT)) continue;
-    const dt_ps_key *K = &c->map->keys[k];
-    dt_ps_msg m;
-    const int from = K->server == c->local_idx ? K->server : c->rfrom[k];
-    rc = dt_ps_msg_parse(c->hin + (size_t)k * DT_PS_HDR_BYTES, DT_PS_HDR_BYTES, c->map, c->o.nworkers,
-                         -1, from, &m);
-    if (rc == DT_OK && (m.type != DT_PS_PARAMS || m.key != k))
-      rc = dt__seterr(DT_EPROTO, "ps: server %d answered key %d with %s for key %d", from, k,
-                      dt_ps_type_name(m.type), m.key);
-    if (rc == DT_OK && (m.flags & DT_PS_F_ROWS) && (int64_t)m.count != c->knrows[k])
-      rc = dt__seterr(DT_EPROTO, "ps: server %d answered a pull of %lld rows of key %d with "
-                      "%llu", K->server, (long long)c->knrows[k], k, (unsigned long long)m.count);
-    if (rc == DT_OK && (m.flags & DT_PS_F_STATE) && (!c->xbuf || m.count != c->xoff[k + 1] - c->xoff[k]))
-      rc = dt__seterr(DT_EPROTO, "ps: server %d sent an unasked or misfit record of key %d",
-                      K->server, k);
-    if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
-    if (m.flags & DT_PS_F_STATE) {
-      c->xsteps[k] = (int64_t)m.aux;
-      c->kst[k] = (uint8_t)((c->kst[k] & ~K_WAIT) | K_DONE);
-      continue;
-    }
-    c->kver[k] = m.clock;
-    c->kst[k] = (uint8_t)((c->kst[k] & ~K_WAIT) | K_DONE);
-    if (m.flags & DT_PS_F_ROWS)
-      scatter_rows(c, k, c->rbuf + c->kbuf0[k], m.count);
-    else
-      c->st.pulled_floats += (int64_t)K->len;
-  }
+  for (int k = 0; k < c->nk; k++) DT_CHECK(settle(c, k));
   c->st.wait_seconds += dt_obs_lap(c->obs, c->m_pull, "pull", 0, t0, -1);
   return DT_OK;
 }
@@ -544,6 +604,10 @@ int dt_ps_client_start(dt_ps_client *c) {
     DT_CHECK(request(c, &m, NULL, 1));
   }
   int rc = wait_all(c);
+  /* colocated: a worker whose own pulls are answered may go on to a
+   * collective (the trace's barrier) while another still waits for this
+   * worker's server: nobody leaves before every server answered */
+  if (rc == DT_OK && c->local) rc = mark(c, 0);
   /* the server thread starts parked: the first step wakes it */
   if (rc == DT_OK && c->local && c->o.server_thread) {
     c->park = 1;
@@ -559,6 +623,15 @@ static void begin_impl(dt_ps_client *c, float weight, float lr) {
       c->err = rc;
       snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
     }
+  }
+  /* lazy replies: what came in since the last step goes in before forward */
+  if (c->lazy && !c->err) {
+    int rc = reap(c, -1, 0);
+    if (rc < 0) {
+      c->err = rc;
+      snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
+    }
+    for (int k = 0; k < c->nk; k++) c->kfwd[k] = c->kver[k];
   }
   c->weight = weight;
   c->lr = lr;
@@ -643,10 +716,13 @@ static int push_key(dt_ps_client *c, int k) {
     c->st.pushed_floats += (int64_t)(n * rl);
     return request(c, &m, buf, 0);
   }
+  /* lazy: the key's last reply (and its sends) complete before the slot is
+   * reused; its parameters go in now (backward is done with this key) */
+  if (c->lazy && c->nreq[k]) DT_CHECK(reap(c, k, 1));
   for (size_t i = 0; i < K->len; i++) g[i] *= w;
   dt_ps_msg m = {.type = DT_PS_PUSH, .sender = c->me, .key = k, .flags = DT_PS_F_PULL,
                  .clock = c->clock, .count = K->len, .lr = c->lr, .weight = c->weight,
-                 .aux = (uint64_t)c->kver[k]};
+                 .aux = (uint64_t)(c->lazy ? c->kfwd[k] : c->kver[k])};
   c->kst[k] |= K_PUSHED;
   if (c->resid) {
     /* significance filter (Gaia): accumulate, push the entries whose update
@@ -715,7 +791,8 @@ static void ready_impl(dt_ps_client *c, size_t off, size_t n) {
 static int finish_impl(dt_ps_client *c) {
   if (c->err) return dt__seterr(c->err, "ps worker %d: during backward: %s", c->me, c->errmsg);
   for (; c->next_key >= 0; c->next_key--) DT_CHECK(push_timed(c, c->next_key));
-  DT_CHECK(wait_all(c));
+  /* lazy (asp): the replies are taken at the next step's begin */
+  if (!c->lazy) DT_CHECK(wait_all(c));
   c->clock++;
   if (c->lost_ns) {
     /* the first clock completed since a server was lost */
@@ -734,6 +811,7 @@ static int finish_impl(dt_ps_client *c) {
 /* Colocated: tell every server this worker reached mark n (a bye with the
  * final flag ends it), then serve until every worker reached it here. */
 static int mark(dt_ps_client *c, uint32_t flags) {
+  if (c->lazy) DT_CHECK(wait_all(c));
   c->marks++;
   dt_ps_msg m = {.type = DT_PS_BYE, .sender = c->me, .flags = flags, .clock = c->marks};
   for (int s = 0; s < c->map->nservers; s++) {

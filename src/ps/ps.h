@@ -227,6 +227,13 @@ int dt_ps_server_restore(dt_ps_server *s, int key, const float *src, int64_t ste
 typedef void (*dt_ps_local_reply)(void *ud, const dt_ps_msg *m, const float *payload);
 void dt_ps_server_set_local(dt_ps_server *s, int worker, dt_ps_local_reply fn, void *ud);
 int dt_ps_server_local(dt_ps_server *s, const dt_ps_msg *m, const float *payload);
+/* Zero copy for a colocated bsp server driven by its worker's thread: its
+ * keys' parameters live in the worker's own parameter buffer (params, the
+ * whole model; the server's values are copied there), so the optimizer
+ * writes where the worker reads and its local reply moves nothing; the
+ * worker's dense pushes are summed straight from the buffer it pushed
+ * (which must not change until the key's reply). DT_EINVAL otherwise. */
+int dt__ps_server_zero_copy(dt_ps_server *s, float *params);
 
 /* ---- worker client (client.c) -------------------------------------------- */
 

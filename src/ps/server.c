@@ -61,6 +61,8 @@ typedef struct skey {
   uint8_t *arr;      /* per worker: clock `version` push is in */
   float *wweight, *wlr;
   float *pb;         /* per worker: its push (N x len) */
+  const float **wsrc; /* per worker: where its push of this clock is (its pb slot,
+                       * or the colocated worker's own gradients: zero copy) */
   float *sum;        /* len; also the scratch for async pushes */
   /* replies */
   int64_t *want;     /* per worker: clock of a pending read, -1 none */
@@ -88,6 +90,7 @@ struct dt_ps_server {
   int index, N;
   dt_comm *comm;
   float *params;     /* the server's range */
+  float *alias;      /* zero copy: the colocated worker's parameters (whole model) */
   int nk;
   skey *keys;        /* the keys held: its own range's, then its replicas' */
   int *kpos;         /* per key of the map: its place in keys, -1 not held */
@@ -178,6 +181,7 @@ int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_op
     k->arr = calloc((size_t)N, 1);
     k->wweight = calloc((size_t)N, sizeof(float));
     k->wlr = calloc((size_t)N, sizeof(float));
+    k->wsrc = calloc((size_t)N, sizeof *k->wsrc);
     k->nrows = k->K->rowlen > 1 ? len / k->K->rowlen : 0;
     k->stride = len + k->nrows;
     k->rowmode = -1;
@@ -199,7 +203,7 @@ int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_op
     k->shdr = calloc((size_t)N, DT_PS_HDR_BYTES);
     k->snap = dt_alloc((size_t)N * len * sizeof(float));
     k->pairs = dt_alloc(2 * len * sizeof(float));
-    if (!k->pairs ||!k->wclock || !k->arr || !k->wweight || !k->wlr || !k->pb || !k->sum || !k->want ||
+    if (!k->pairs || !k->wsrc || !k->wclock || !k->arr || !k->wweight || !k->wlr || !k->pb || !k->sum || !k->want ||
         !k->wflags || !k->sreq || !k->sent || !k->shdr || !k->snap)
       goto oom;
     for (int w = 0; w < N; w++) k->want[w] = -1;
@@ -222,6 +226,7 @@ void dt_ps_server_destroy(dt_ps_server *s) {
     free(k->arr);
     free(k->wweight);
     free(k->wlr);
+    free(k->wsrc);
     dt_free(k->pb);
     dt_free(k->sum);
     free(k->want);
@@ -270,7 +275,24 @@ int64_t dt__ps_server_min_mark(const dt_ps_server *s) {
 
 void dt_ps_server_stats_get(const dt_ps_server *s, dt_ps_server_stats *out) { *out = s->st; }
 
-const float *dt__ps_server_params(const dt_ps_server *s) { return s->params; }
+const float *dt__ps_server_params(const dt_ps_server *s) {
+  return s->alias ? s->alias + s->map->srv_lo[s->index] : s->params;
+}
+
+int dt__ps_server_zero_copy(dt_ps_server *s, float *params) {
+  if (!s || !params || s->local < 0 || s->o.consistency != DT_PS_BSP || s->o.server_thread ||
+      s->map->replicas > 1)
+    return dt__seterr(DT_EINVAL, "ps server: zero copy needs a colocated bsp server in its "
+                      "worker's thread");
+  for (int i = 0; i < s->nk; i++) {
+    skey *k = &s->keys[i];
+    float *to = params + k->K->off;
+    if (to != k->p) memcpy(to, k->p, k->K->len * sizeof(float));
+    k->p = to;
+  }
+  s->alias = params;
+  return DT_OK;
+}
 
 static int comm_fail(dt_ps_server *s, int rc, const char *what) {
   const char *m = s->comm ? dt_comm_errmsg(s->comm) : NULL;
@@ -418,10 +440,21 @@ int dt_ps_server_restore(dt_ps_server *s, int key, const float *src, int64_t ste
   return DT_OK;
 }
 
+/* Remote workers first: their replies travel while the local one is
+ * handed over. */
 static int try_replies(dt_ps_server *s, skey *k) {
   for (int w = 0; w < s->N; w++)
-    if (readable(s, k, w)) DT_CHECK(reply(s, k, w));
+    if (w != s->local && readable(s, k, w)) DT_CHECK(reply(s, k, w));
+  if (s->local >= 0 && readable(s, k, s->local)) DT_CHECK(reply(s, k, s->local));
   return DT_OK;
+}
+
+/* g = a + b, one pass (the same bits as copying a, then adding b). */
+static void add2(float *restrict g, const float *restrict a, const float *restrict b, size_t n) {
+  for (size_t i = 0; i < n; i++) g[i] = a[i] + b[i];
+}
+static void add1(float *restrict g, const float *restrict x, size_t n) {
+  for (size_t i = 0; i < n; i++) g[i] += x[i];
 }
 
 /* ---- applying pushes ---------------------------------------------------------- */
@@ -475,20 +508,25 @@ static int bsp_close(dt_ps_server *s, skey *k) {
   if (s->o.backup_workers == 0)
     for (int w = 0; w < N; w++) DT_CHECK(wait_sent(s, k, w));
   float *g = k->sum;
-  int first = 1;
+  const float *a = NULL;
+  int n = 0;
   float lr = 0, wsum = 0;
+  /* in rank order: ((x0 + x1) + x2) + ... */
   for (int w = 0; w < N; w++) {
     if (!k->arr[w]) continue;
-    const float *x = k->pb + (size_t)w * k->stride;
-    if (first) {
-      memcpy(g, x, len * sizeof(float));
+    const float *x = k->wsrc[w];
+    if (n == 0) {
+      a = x;
       lr = k->wlr[w];
-      first = 0;
+    } else if (n == 1) {
+      add2(g, a, x, len);
     } else {
-      for (size_t i = 0; i < len; i++) g[i] += x[i];
+      add1(g, x, len);
     }
+    n++;
     wsum += k->wweight[w];
   }
+  if (n == 1) memcpy(g, a, len * sizeof(float));
   /* backup workers: the pushes that came in stand for the whole batch */
   if (k->narr < N && wsum > 0) {
     float sc = 1.0f / wsum;
@@ -608,7 +646,14 @@ static int on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const fl
       s->st.dropped++; /* a backup worker's late push */
     } else {
       float *dst = k->pb + (size_t)w * k->stride;
-      if (data != dst) memcpy(dst, data, len * sizeof(float));
+      if (s->alias && w == s->local) {
+        /* the colocated worker's gradients stay put until this clock
+         * closes: it waits for the key's reply */
+        k->wsrc[w] = data;
+      } else {
+        if (data != dst) memcpy(dst, data, len * sizeof(float));
+        k->wsrc[w] = dst;
+      }
       k->arr[w] = 1;
       k->wweight[w] = m->weight;
       k->wlr[w] = m->lr;

@@ -42,8 +42,12 @@ run ps1b --workers 2 --servers 1
 run ps2 --workers 2 --servers 2 &&
   { grep -q '^ps: server 1: ' "$T/ps2.out" && pass || fail "ps2: no line for server 1"; }
 run psc --workers 2 --set ps.colocate=true
+# a trace's start barrier right after the colocated start (it hung there:
+# a worker left for it while the other still waited for its server)
+run psct --workers 2 --set ps.colocate=true --set obs.trace=true &&
+  { [ -s "$T/psct/trace.json" ] && pass || fail "psct: no trace.json"; }
 ref=$(sha ddp)
-for r in ps1 ps1b ps2 psc; do
+for r in ps1 ps1b ps2 psc psct; do
   [ -n "$ref" ] && [ "$(sha $r)" = "$ref" ] && pass || fail "$r: params_sha256 $(sha $r) differs from ddp's $ref"
 done
 if command -v mpirun >/dev/null 2>&1; then
