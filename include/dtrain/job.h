@@ -144,9 +144,13 @@ struct dt_job_config {
                          * (parameter servers with replicas, docs/ps.md);
                          * 0 (default): every rank's death ends the job */
   int expendable_max;
+  /* elastic: called in each spare process, with dt_job_run's arg, before it
+   * waits to be woken (a spare making its memory its own, say, so that
+   * taking the state when woken costs no page faults); NULL: none */
+  void (*spare_ready)(void *arg);
 };
 #define DT_JOB_CONFIG_INIT                                                     \
-  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0, NULL, 0, 0 }
+  { 0, 0, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 60.0, 8.0, 1, 1, 0, 0, 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0, NULL, 0, 0, NULL }
 
 /* What a worker function gets. Everything is borrowed for the duration of
  * the call. */

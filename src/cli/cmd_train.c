@@ -284,6 +284,7 @@ static int start_elastic(const struct dt_job_worker *w, const dt_run_cfg *r, dt_
     /* a joiner: the job's config checked, a member id, admission, the
      * generation's communicator; the engine takes the state when it runs */
     ec.join = 1;
+    ec.spare = w->member_id != NULL; /* a spare of the local launcher (counted in el/coming) */
     ec.check_fp = dt__engine_el_check_fp;
     ec.fp_ud = e;
     DT_CHECK(dt_elastic_create(out, &ec));
@@ -521,6 +522,10 @@ static int build_config(dt_config *cfg, const struct train_args *ta, int world, 
 /* The job that runs the workers: from the environment (mpirun/srun), for
  * this node of `dtrain launch` (L), or local --workers. Prints the reason
  * and returns the exit status on failure, -1 on success. */
+/* A spare, before it waits: its model and optimizer memory made its own
+ * (dt_job_config.spare_ready). */
+static void spare_ready(void *arg) { dt__engine_standby_warm(((struct worker_args *)arg)->e); }
+
 static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_config *cfg,
                     const char *transport, const dt_engine *e, struct dt__cli_obs *co) {
   struct dt_job_config jc = DT_JOB_CONFIG_INIT;
@@ -562,6 +567,7 @@ static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_
     /* elastic: spares replace lost workers (dist.standby of them; with
      * dist.replace alone, one per worker) */
     jc.spares = cfg->run.standby > 0 ? cfg->run.standby : cfg->run.replace ? cfg->run.workers : 0;
+    jc.spare_ready = spare_ready;
     if (L && L->join) jc.join = 1, jc.spares = 0, jc.nnodes = 1, jc.node_rank = 0,
                       jc.nproc_per_node = 1;
     rc = dt_job_create(job, &jc);

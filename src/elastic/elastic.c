@@ -432,6 +432,12 @@ void dt_elastic_destroy(dt_elastic *el) {
   free(el);
 }
 
+int dt_elastic_spare_coming(dt_store *st, const char *job, int delta, double timeout_s) {
+  char k[256];
+  snprintf(k, sizeof k, "%s/el/coming", job);
+  return dt_store_add(st, k, delta, NULL, timeout_s);
+}
+
 int dt_elastic_report_dead(dt_store *st, const char *job, int id, double timeout_s) {
   char k[256], *rec = malloc(GEN_MAX);
   if (!rec) return dt__seterr(DT_ENOMEM, "elastic: out of memory");
@@ -578,7 +584,7 @@ int dt_elastic_join(dt_elastic *el, dt_elastic_gen *out) {
   const double until = t0 + tmo + el->cfg.rejoin_timeout_s;
   char k[256], *rec = malloc(GEN_MAX);
   if (!rec) return dt__seterr(DT_ENOMEM, "elastic: out of memory");
-  int rc = DT_OK, told = 0;
+  int rc = DT_OK, told = 0, counted = el->cfg.spare;
   for (;;) {
     DT_CHECK_GOTO(read_gen(el, rec, GEN_MAX), rc, done);
     int g = 0, *ids = NULL, n = 0;
@@ -612,6 +618,11 @@ int dt_elastic_join(dt_elastic *el, dt_elastic_gen *out) {
     int64_t v = 0;
     DT_CHECK_GOTO(dt_store_add(el->st, k, 0, &v, tmo), rc, done);
     if (v <= 0) DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done); /* no state */
+    if (counted) { /* registered: the members need not wait for this spare any more */
+      key(el, k, sizeof k, "coming", 0, 0);
+      DT_CHECK_GOTO(dt_store_add(el->st, k, -1, NULL, tmo), rc, done);
+      counted = 0;
+    }
     if (ch <= c) { /* nobody re-forming yet: ask for it */
       key(el, k, sizeof k, "change", 0, 0);
       DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
@@ -672,7 +683,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
   }
 
   int below_since = 0;
-  double below_t = 0;
+  double below_t = 0, coming_t = 0;
   for (;;) {
     DT_CHECK_GOTO(fenced(el), rc, done);
     rc = read_gen_t(el, rec, GEN_MAX, ot);
@@ -718,6 +729,15 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
       }
       if (h != s->hb || s->hb_at == 0) s->hb = h, s->hb_at = now;
       if (now - s->hb_at < hbt) open++; /* alive by its heartbeat: wait for it */
+    }
+    if (!open) {
+      /* a spare its launcher woke for this loss: wait for it (up to 1 s), so
+       * the loss and the replacement make one generation, not two */
+      key(el, k, sizeof k, "coming", 0, 0);
+      if (counter_t(el->st, k, 0, ot) > 0) {
+        if (coming_t == 0) coming_t = now;
+        if (now - coming_t < 1.0) open++;
+      }
     }
     if (!open) {
       /* No split brain: the registered members must be a majority of the

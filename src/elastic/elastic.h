@@ -29,6 +29,9 @@
  *   P/el/size0        the members of generation 0 (joiners' ids follow)
  *   P/el/nextid       counter: joiner ids handed out (id = size0 + n - 1)
  *   P/el/fp           the job's config fingerprint (a joiner compares it)
+ *   P/el/coming       counter: spares a launcher woke that have not registered
+ *                     yet (the members wait up to 1 s for them, so a loss and
+ *                     its replacement make one generation, not two)
  *
  * A new generation needs a majority of the last one's members not known
  * dead (no split brain across a cut link; silent members at its own bind
@@ -64,6 +67,7 @@ typedef struct dt_elastic_cfg {
   double heartbeat_timeout_s;  /* a member silent this long is dead */
   int max_workers;             /* most members of a generation (0: no limit) */
   int join;                    /* 1: a joiner (id and size0 are found in the store) */
+  int spare;                   /* 1: a spare its launcher counted in P/el/coming */
   /* The config fingerprint: members publish it, a joiner hands the job's to
    * check_fp, which returns DT_EMISMATCH (message naming the key) to refuse. */
   const void *fp;
@@ -127,6 +131,9 @@ int dt_elastic_store_connect(dt_store **out, const char *host, int port, const c
  * at its end); the built-in store: nothing to do. */
 int dt_elastic_store_clear(const char *host, int port, const char *token, double timeout_s);
 
+/* Launchers: a spare is woken (delta 1; -1 if the wake failed), before
+ * the loss it replaces is reported. */
+int dt_elastic_spare_coming(dt_store *st, const char *job, int delta, double timeout_s);
 /* Launchers: member id's process died (bumps the change counter first). */
 int dt_elastic_report_dead(dt_store *st, const char *job, int id, double timeout_s);
 

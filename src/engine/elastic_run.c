@@ -376,6 +376,11 @@ int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
    * message reached a peer): this worker's pieces were trained */
   const int64_t was = S->step, vlo = e->vis_lo, vhi = e->vis_hi;
   const int vep = *epoch;
+  /* a spare woken to replace the lost worker reads the node's standby
+   * copy at its admission: bring it up to date now, while the spare starts
+   * and the members agree (one member writes; the others find it done or
+   * under way) */
+  if (e->sb && !e->el_partial) dt__standby_write(e, 0);
   dt_elastic_gen g;
   int rc;
   for (int tries = 0;; tries++) {

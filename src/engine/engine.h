@@ -75,4 +75,8 @@ int dt__engine_set_joined(dt_engine *e, struct dt_elastic *el, const struct dt_e
  * this call share (src/engine/standby.c). Call before forking the node's
  * workers and spares. */
 int dt__engine_standby_map(dt_engine *e);
+/* In a spare before it waits: parameters, gradients, buffers and optimizer
+ * state written page by page, so they are the spare's own memory and the
+ * state it takes when woken costs no copy-on-write faults. */
+void dt__engine_standby_warm(dt_engine *e);
 #endif /* DT_ENGINE_H */

@@ -80,6 +80,22 @@ int dt__standby_map(dt_engine *e) {
   return DT_OK;
 }
 
+/* Each page of buf written (with what it holds): this process's own copy
+ * from now on, not the launcher's shared by copy-on-write. */
+static void own_pages(void *buf, size_t bytes) {
+  volatile char *p = buf;
+  for (size_t i = 0; i < bytes; i += 4096) p[i] = p[i];
+  if (bytes) p[bytes - 1] = p[bytes - 1];
+}
+
+void dt__engine_standby_warm(dt_engine *e) {
+  if (!e || !e->model || !e->optim) return;
+  own_pages(dt_model_params(e->model), dt_model_nparams(e->model) * sizeof(float));
+  own_pages(dt_model_grads(e->model), dt_model_nparams(e->model) * sizeof(float));
+  own_pages(dt_model_bufs(e->model), dt_model_nbufs(e->model) * sizeof(float));
+  own_pages(dt_optim_state(e->optim), dt_optim_state_floats(e->optim) * sizeof(float));
+}
+
 void dt__standby_unmap(dt_engine *e) {
   if (e && e->sb) munmap(e->sb, e->sb_len);
   if (e) e->sb = NULL, e->sb_len = 0;

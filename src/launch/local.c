@@ -159,6 +159,7 @@ static void spare_main(dt_job *j, int r, int rfd, pid_t parent, dt_job_worker_fn
     sigprocmask(SIG_SETMASK, &j->oldmask, NULL);
   }
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (j->cfg.spare_ready) j->cfg.spare_ready(arg);
   int port = 0;
   ssize_t got;
   do got = read(rfd, &port, sizeof port);
@@ -258,15 +259,21 @@ static int elastic_lost(dt_job *j, int r) {
   else
     dt__job_say(j, DT_JOB_WARN, "worker rank %d (pid %d) exited with status %d", s->rank, s->pid,
                 s->code);
+  /* a spare will replace it: the members wait for it (P/el/coming) */
+  int spare = j->cfg.spares > 0 && j->spares_used < j->cfg.spares, coming = 0;
   if (!j->el_store && j->store_port > 0 &&
       dt_elastic_store_connect(&j->el_store, j->store_host, j->store_port, j->token, 3) < 0) {
     j->el_store = NULL;
     dt__job_say(j, DT_JOB_WARN, "elastic: cannot reach the store to report rank %d: %s", s->rank,
                 dt_errmsg());
-  } else if (dt_elastic_report_dead(j->el_store, j->name, id, 3) < 0) {
-    dt__job_say(j, DT_JOB_WARN, "elastic: reporting member %d: %s", id, dt_errmsg());
+  } else {
+    coming = spare && dt_elastic_spare_coming(j->el_store, j->name, 1, 3) == DT_OK;
+    if (dt_elastic_report_dead(j->el_store, j->name, id, 3) < 0)
+      dt__job_say(j, DT_JOB_WARN, "elastic: reporting member %d: %s", id, dt_errmsg());
   }
-  return j->cfg.spares > 0 && wake_spare(j);
+  int woke = j->cfg.spares > 0 && wake_spare(j);
+  if (coming && !woke) dt_elastic_spare_coming(j->el_store, j->name, -1, 3);
+  return woke;
 }
 
 /* Waits for every started worker by pid (pids[r] becomes 0 once reaped).
