@@ -36,86 +36,20 @@
  * to it. It then polls every worker (the workers' messages no longer
  * alternate in step after a fail-over), never blocks on one.
  *
+ * This file holds the state, takes and parses messages, answers reads and
+ * runs the serving loops; server_apply.c aggregates and applies pushes.
+ *
  * It does not pick learning rates (they come with the pushes), copy state
  * to other servers (workers send it to every replica), or know about
  * models beyond the key-range map.
  */
-#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "ps/ps.h"
-
-typedef struct skey {
-  const dt_ps_key *K;
-  int idx;
-  float *p;          /* the key's parameters (into s->params) */
-  dt_optim *opt;
-  int64_t version;   /* bsp: clocks closed; ssp/asp: pushes applied */
-  int64_t *wclock;   /* per worker: pushes received (its next clock) */
-  /* bsp */
-  int narr;
-  uint8_t *arr;      /* per worker: clock `version` push is in */
-  float *wweight, *wlr;
-  float *pb;         /* per worker: its push (N x len) */
-  const float **wsrc; /* per worker: where its push of this clock is (its pb slot,
-                       * or the colocated worker's own gradients: zero copy) */
-  float *sum;        /* len; also the scratch for async pushes */
-  /* replies */
-  int64_t *want;     /* per worker: clock of a pending read, -1 none */
-  uint32_t *wflags;
-  dt_comm_req *sreq; /* per worker: header + payload sends */
-  uint8_t *sent;     /* per worker: sreq in flight */
-  uint8_t *shdr;     /* per worker: 64-byte header */
-  float *snap;       /* per worker: payload copy (async, backups) */
-  float *pairs;      /* 2 x len: a sparse push or a push/pull of rows as it arrived */
-  /* keys of rows (K->rowlen > 1) */
-  size_t nrows;      /* len / rowlen; 0: a dense key */
-  size_t stride;     /* floats of a worker's bsp slot in pb: len (+ nrows) */
-  int64_t *pcount;   /* per worker: rows in its bsp slot, -1 dense */
-  uint32_t *wrows;   /* per worker: the rows of its pending pull (N x nrows) */
-  uint64_t *wnrows;
-  uint8_t *mark;     /* per row: in this clock's sum */
-  uint32_t *pos, *touched; /* per row: its place in sum; the rows summed */
-  int rowmode;       /* -1 not yet, 0 dense pushes, 1 row pushes (never mixed) */
-  float *rec;        /* a checkpoint record (parameters + optimizer state), on demand */
-} skey;
-
-struct dt_ps_server {
-  const dt_ps_map *map;
-  dt_ps_opts o;
-  int index, N;
-  dt_comm *comm;
-  float *params;     /* the server's range */
-  float *alias;      /* zero copy: the colocated worker's parameters (whole model) */
-  int nk;
-  skey *keys;        /* the keys held: its own range's, then its replicas' */
-  int *kpos;         /* per key of the map: its place in keys, -1 not held */
-  /* remote workers */
-  uint8_t *hdr;      /* N x 64 */
-  dt_comm_req *req;  /* N */
-  uint8_t *posted;
-  int rr;            /* blocking mode: the worker waited on next */
-  int *bye;          /* per worker: final bye */
-  uint8_t *parked;   /* per worker: a push waiting for its clock (replicas, bsp) */
-  dt_ps_msg *pmsg;   /* ... that push */
-  int64_t *marks;    /* per worker: marks seen */
-  int nbye;
-  uint8_t welcome[DT_PS_HDR_BYTES];
-  dt_comm_req wreq[1];
-  /* the colocated worker */
-  int local;         /* its index, -1 none */
-  dt_ps_local_reply local_fn;
-  void *local_ud;
-  dt_ps_server_stats st;
-  int failed;
-  int extra;         /* the last message was a checkpoint pull: not a turn of its worker */
-};
-
-static skey *key_of(dt_ps_server *s, int idx) { return &s->keys[s->kpos[idx]]; }
+#include "ps/server_int.h"
 
 static int srank(const dt_ps_server *s, int w) { (void)s; return w; } /* workers are ranks 0..N-1 */
 
@@ -321,7 +255,7 @@ static int readable(const dt_ps_server *s, const skey *k, int w) {
   }
 }
 
-static int wait_sent(dt_ps_server *s, skey *k, int w) {
+int dt__pss_wait_sent(dt_ps_server *s, skey *k, int w) {
   if (!k->sent[w]) return DT_OK;
   k->sent[w] = 0;
   int rc = dt_comm_waitall(s->comm, &k->sreq[2 * w], 2);
@@ -342,7 +276,7 @@ static int reply(dt_ps_server *s, skey *k, int w) {
   size_t len = k->K->len;
   if (k->wflags[w] & DT_PS_F_ROWS) {
     /* just the rows asked for, gathered in the pull's order */
-    DT_CHECK(wait_sent(s, k, w));
+    DT_CHECK(dt__pss_wait_sent(s, k, w));
     const size_t rl = k->K->rowlen, n = k->wnrows[w];
     const uint32_t *rows = k->wrows + (size_t)w * k->nrows;
     float *dst = k->snap + (size_t)w * len;
@@ -369,7 +303,7 @@ static int reply(dt_ps_server *s, skey *k, int w) {
     s->local_fn(s->local_ud, &m, k->p);
     return DT_OK;
   }
-  DT_CHECK(wait_sent(s, k, w));
+  DT_CHECK(dt__pss_wait_sent(s, k, w));
   const float *src = k->p;
   /* bsp without backups: no update of this key before every worker has
    * pushed again, i.e. received this: send straight from the parameters */
@@ -401,7 +335,7 @@ static int send_record(dt_ps_server *s, skey *k, int w) {
   if (dt_optim_state_floats(k->opt) != n - len)
     return dt__seterr(DT_EINVAL, "ps server %d: key %d holds %zu optimizer floats, not %zu",
                       s->index, k->idx, dt_optim_state_floats(k->opt), n - len);
-  DT_CHECK(wait_sent(s, k, w));
+  DT_CHECK(dt__pss_wait_sent(s, k, w));
   if (!k->rec && !(k->rec = dt_alloc(n * sizeof(float))))
     return dt__seterr(DT_ENOMEM, "ps server %d: out of memory", s->index);
   memcpy(k->rec, k->p, len * sizeof(float));
@@ -423,13 +357,13 @@ static int send_record(dt_ps_server *s, skey *k, int w) {
   if (rc < 0) return comm_fail(s, rc, "sending a checkpoint record");
   k->sent[w] = 1;
   /* the record buffer is shared by the workers: only one asks (rank 0) */
-  return wait_sent(s, k, w);
+  return dt__pss_wait_sent(s, k, w);
 }
 
 int dt_ps_server_restore(dt_ps_server *s, int key, const float *src, int64_t step) {
   if (key < 0 || key >= s->map->nkeys || s->kpos[key] < 0)
     return dt__seterr(DT_EINVAL, "ps server %d: key %d is not held here", s->index, key);
-  skey *k = key_of(s, key);
+  skey *k = dt__pss_key(s, key);
   const size_t len = k->K->len, n = dt_ps_key_state_floats(&s->o, k->K);
   if (dt_optim_state_floats(k->opt) != n - len || step < 0)
     return dt__seterr(DT_EINVAL, "ps server %d: key %d's record does not fit its optimizer",
@@ -442,243 +376,12 @@ int dt_ps_server_restore(dt_ps_server *s, int key, const float *src, int64_t ste
 
 /* Remote workers first: their replies travel while the local one is
  * handed over. */
-static int try_replies(dt_ps_server *s, skey *k) {
+int dt__pss_try_replies(dt_ps_server *s, skey *k) {
   for (int w = 0; w < s->N; w++)
     if (w != s->local && readable(s, k, w)) DT_CHECK(reply(s, k, w));
   if (s->local >= 0 && readable(s, k, s->local)) DT_CHECK(reply(s, k, s->local));
   return DT_OK;
 }
-
-/* g = a + b, one pass (the same bits as copying a, then adding b). */
-static void add2(float *restrict g, const float *restrict a, const float *restrict b, size_t n) {
-  for (size_t i = 0; i < n; i++) g[i] = a[i] + b[i];
-}
-static void add1(float *restrict g, const float *restrict x, size_t n) {
-  for (size_t i = 0; i < n; i++) g[i] += x[i];
-}
-
-/* ---- applying pushes ---------------------------------------------------------- */
-
-/* bsp_close of a key of rows: each row summed over the workers that pushed
- * it, in rank order, then the optimizer steps those rows only. */
-static int bsp_close_rows(dt_ps_server *s, skey *k) {
-  const size_t rl = k->K->rowlen;
-  size_t nt = 0;
-  float wsum = 0, lr = 0;
-  int first = 1;
-  for (int w = 0; w < s->N; w++) {
-    if (!k->arr[w]) continue;
-    const float *slot = k->pb + (size_t)w * k->stride;
-    const size_t n = (size_t)k->pcount[w];
-    const float *vals = slot + n;
-    for (size_t j = 0; j < n; j++) {
-      uint32_t r;
-      memcpy(&r, &slot[j], sizeof r);
-      float *dst = k->sum + (size_t)(k->mark[r] ? k->pos[r] : (k->pos[r] = (uint32_t)nt)) * rl;
-      if (!k->mark[r]) {
-        k->mark[r] = 1;
-        k->touched[nt++] = r;
-        memcpy(dst, vals + j * rl, rl * sizeof(float));
-      } else {
-        for (size_t d = 0; d < rl; d++) dst[d] += vals[j * rl + d];
-      }
-    }
-    if (first) lr = k->wlr[w], first = 0;
-    wsum += k->wweight[w];
-  }
-  if (k->narr < s->N && wsum > 0) {
-    float sc = 1.0f / wsum;
-    for (size_t i = 0; i < nt * rl; i++) k->sum[i] *= sc;
-  }
-  int rc = dt__optim_step_rows(k->opt, k->p, k->sum, lr, k->touched, nt, rl);
-  for (size_t j = 0; j < nt; j++) k->mark[k->touched[j]] = 0;
-  if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
-  memset(k->arr, 0, (size_t)s->N);
-  k->narr = 0;
-  k->version++;
-  s->st.clocks++;
-  return try_replies(s, k);
-}
-
-static int bsp_close(dt_ps_server *s, skey *k) {
-  if (k->rowmode == 1) return bsp_close_rows(s, k);
-  size_t len = k->K->len;
-  int N = s->N;
-  /* direct sends of the last version must be done before it changes */
-  if (s->o.backup_workers == 0)
-    for (int w = 0; w < N; w++) DT_CHECK(wait_sent(s, k, w));
-  float *g = k->sum;
-  const float *a = NULL;
-  int n = 0;
-  float lr = 0, wsum = 0;
-  /* in rank order: ((x0 + x1) + x2) + ... */
-  for (int w = 0; w < N; w++) {
-    if (!k->arr[w]) continue;
-    const float *x = k->wsrc[w];
-    if (n == 0) {
-      a = x;
-      lr = k->wlr[w];
-    } else if (n == 1) {
-      add2(g, a, x, len);
-    } else {
-      add1(g, x, len);
-    }
-    n++;
-    wsum += k->wweight[w];
-  }
-  if (n == 1) memcpy(g, a, len * sizeof(float));
-  /* backup workers: the pushes that came in stand for the whole batch */
-  if (k->narr < N && wsum > 0) {
-    float sc = 1.0f / wsum;
-    for (size_t i = 0; i < len; i++) g[i] *= sc;
-  }
-  int rc = dt_optim_step(k->opt, k->p, g, lr);
-  if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
-  memset(k->arr, 0, (size_t)N);
-  k->narr = 0;
-  k->version++;
-  s->st.clocks++;
-  return try_replies(s, k);
-}
-
-/* Where the payload of push m from worker w goes: bsp's per-worker slot, or
- * the scratch (async, and late pushes that are dropped). */
-static float *push_dest(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m) {
-  if (s->o.consistency == DT_PS_BSP && m->clock == k->version && !k->arr[w])
-    return k->pb + (size_t)w * k->stride;
-  return k->sum;
-}
-
-/* A sparse push (significance filter): count (index, value) pairs become a
- * dense gradient with zeros elsewhere, in dst. */
-static int scatter(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *pairs,
-                   float *dst) {
-  size_t len = k->K->len;
-  memset(dst, 0, len * sizeof(float));
-  for (uint64_t j = 0; j < m->count; j++) {
-    uint32_t i;
-    memcpy(&i, &pairs[2 * j], sizeof i);
-    if (i >= len)
-      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed index %u of key %d (the key "
-                        "has %zu floats)", s->index, w, i, m->key, len);
-    dst[i] += pairs[2 * j + 1];
-  }
-  return DT_OK;
-}
-
-/* A push of rows (DT_PS_F_ROWS): data = count row numbers, then their
- * values. */
-static int on_push_rows(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data) {
-  const size_t n = m->count, rl = k->K->rowlen;
-  for (size_t j = 0; j < n; j++) {
-    uint32_t r;
-    memcpy(&r, &data[j], sizeof r);
-    if (r >= k->nrows)
-      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed row %u of key %d (the key "
-                        "has %zu rows)", s->index, w, r, m->key, k->nrows);
-  }
-  if (s->o.consistency == DT_PS_BSP) {
-    if (m->clock > k->version)
-      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d before "
-                        "clock %lld closed", s->index, w, (long long)m->clock, m->key,
-                        (long long)k->version);
-    if (m->clock < k->version) {
-      s->st.dropped++;
-    } else {
-      float *slot = k->pb + (size_t)w * k->stride;
-      if (data != slot) memcpy(slot, data, n * (1 + rl) * sizeof(float));
-      k->pcount[w] = (int64_t)n;
-      k->arr[w] = 1;
-      k->wweight[w] = m->weight;
-      k->wlr[w] = m->lr;
-      k->narr++;
-    }
-    if (k->narr >= s->N - s->o.backup_workers) return bsp_close_rows(s, k);
-    return try_replies(s, k);
-  }
-  float lr = m->lr;
-  if (s->o.consistency == DT_PS_ASP) {
-    int64_t stale = k->version - (int64_t)m->aux;
-    if (stale > 1) lr /= (float)stale;
-  }
-  int rc = dt__optim_step_rows(k->opt, k->p, data + n, lr, (const uint32_t *)(const void *)data,
-                               n, rl);
-  if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
-  k->version++;
-  return try_replies(s, k);
-}
-
-static int on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data) {
-  size_t len = k->K->len;
-  s->st.pushes++;
-  if (k->nrows) {
-    int rows = (m->flags & DT_PS_F_ROWS) != 0;
-    if (k->rowmode >= 0 && k->rowmode != rows)
-      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed key %d %s, but it has been "
-                        "pushed %s", s->index, w, m->key, rows ? "by rows" : "whole",
-                        rows ? "whole" : "by rows");
-    k->rowmode = rows;
-  }
-  if (m->flags & DT_PS_F_ROWS) {
-    if (m->clock != k->wclock[w])
-      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d, "
-                        "expected clock %lld", s->index, w, (long long)m->clock, m->key,
-                        (long long)k->wclock[w]);
-    k->wclock[w]++;
-    return on_push_rows(s, k, w, m, data);
-  }
-  if (m->flags & DT_PS_F_SPARSE) {
-    float *dst = push_dest(s, k, w, m);
-    DT_CHECK(scatter(s, k, w, m, data, dst));
-    data = dst;
-  }
-  if (m->clock != k->wclock[w])
-    return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d, "
-                      "expected clock %lld", s->index, w, (long long)m->clock, m->key,
-                      (long long)k->wclock[w]);
-  k->wclock[w]++;
-  if (s->o.consistency == DT_PS_BSP) {
-    if (m->clock > k->version)
-      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d before "
-                        "clock %lld closed", s->index, w, (long long)m->clock, m->key,
-                        (long long)k->version);
-    if (m->clock < k->version) {
-      s->st.dropped++; /* a backup worker's late push */
-    } else {
-      float *dst = k->pb + (size_t)w * k->stride;
-      if (s->alias && w == s->local) {
-        /* the colocated worker's gradients stay put until this clock
-         * closes: it waits for the key's reply */
-        k->wsrc[w] = data;
-      } else {
-        if (data != dst) memcpy(dst, data, len * sizeof(float));
-        k->wsrc[w] = dst;
-      }
-      k->arr[w] = 1;
-      k->wweight[w] = m->weight;
-      k->wlr[w] = m->lr;
-      k->narr++;
-    }
-  } else {
-    /* applied on arrival; asp divides the rate by the staleness */
-    float lr = m->lr;
-    if (s->o.consistency == DT_PS_ASP) {
-      int64_t stale = k->version - (int64_t)m->aux;
-      if (stale > 1) lr /= (float)stale;
-    }
-    int rc = dt_optim_step(k->opt, k->p, data, lr);
-    if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
-    k->version++;
-  }
-  if (m->flags & DT_PS_F_PULL) {
-    k->want[w] = m->clock + 1;
-    k->wflags[w] = 0;
-  }
-  if (s->o.consistency == DT_PS_BSP && k->narr >= s->N - s->o.backup_workers)
-    return bsp_close(s, k);
-  return try_replies(s, k);
-}
-
 
 static int handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data) {
   switch (m->type) {
@@ -704,9 +407,9 @@ static int handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data)
     return DT_OK;
   }
   case DT_PS_PUSH:
-    return on_push(s, key_of(s, m->key), w, m, data);
+    return dt__pss_on_push(s, dt__pss_key(s, m->key), w, m, data);
   case DT_PS_PULL: {
-    skey *k = key_of(s, m->key);
+    skey *k = dt__pss_key(s, m->key);
     s->st.pulls++;
     if (m->flags & DT_PS_F_STATE) {
       s->extra = 1;
@@ -725,7 +428,7 @@ static int handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data)
     }
     k->want[w] = m->clock;
     k->wflags[w] = m->flags;
-    return try_replies(s, k);
+    return dt__pss_try_replies(s, k);
   }
   case DT_PS_BYE:
     if (m->clock > s->marks[w]) s->marks[w] = m->clock;
@@ -775,9 +478,9 @@ static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
   int rc = DT_OK;
   const float *data = NULL;
   if (m.type == DT_PS_PUSH || (m.type == DT_PS_PULL && (m.flags & DT_PS_F_ROWS))) {
-    skey *k = key_of(s, m.key);
+    skey *k = dt__pss_key(s, m.key);
     int sparse = (m.flags & DT_PS_F_SPARSE) != 0, rows = (m.flags & DT_PS_F_ROWS) != 0;
-    float *dst = sparse || rows ? k->pairs : push_dest(s, k, w, &m);
+    float *dst = sparse || rows ? k->pairs : dt__pss_push_dest(s, k, w, &m);
     size_t bytes = (sparse ? 2 : 1) * m.count * sizeof(float);
     if (rows) bytes = m.count * (m.type == DT_PS_PUSH ? 1 + k->K->rowlen : 1) * sizeof(float);
     if (bytes) rc = dt_comm_recv(s->comm, srank(s, w), DT_PS_TAG_REQ_DATA, dst, bytes);
@@ -795,7 +498,7 @@ static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
  * it waits, parked, with that worker's later messages behind it. */
 static int must_park(dt_ps_server *s, const dt_ps_msg *m) {
   return s->map->replicas > 1 && s->o.consistency == DT_PS_BSP && m->type == DT_PS_PUSH &&
-         m->clock > key_of(s, m->key)->version;
+         m->clock > dt__pss_key(s, m->key)->version;
 }
 
 static int arrived(dt_ps_server *s, int w) {
@@ -855,7 +558,7 @@ static void backoff(int idle) {
 
 static int finish_sends(dt_ps_server *s) {
   for (int i = 0; i < s->nk; i++)
-    for (int w = 0; w < s->N; w++) DT_CHECK(wait_sent(s, &s->keys[i], w));
+    for (int w = 0; w < s->N; w++) DT_CHECK(dt__pss_wait_sent(s, &s->keys[i], w));
   return DT_OK;
 }
 

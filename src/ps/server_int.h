@@ -1,0 +1,87 @@
+/*
+ * server_int.h — a parameter server's insides, shared by server.c (state,
+ * messages, replies, the serving loops) and server_apply.c (how pushes are
+ * aggregated and applied under each consistency mode). Nothing outside
+ * src/ps/server*.c includes it.
+ */
+#ifndef DT_PS_SERVER_INT_H
+#define DT_PS_SERVER_INT_H
+
+#include "ps/ps.h"
+
+typedef struct skey {
+  const dt_ps_key *K;
+  int idx;
+  float *p;          /* the key's parameters (into s->params) */
+  dt_optim *opt;
+  int64_t version;   /* bsp: clocks closed; ssp/asp: pushes applied */
+  int64_t *wclock;   /* per worker: pushes received (its next clock) */
+  /* bsp */
+  int narr;
+  uint8_t *arr;      /* per worker: clock `version` push is in */
+  float *wweight, *wlr;
+  float *pb;         /* per worker: its push (N x len) */
+  const float **wsrc; /* per worker: where its push of this clock is (its pb slot,
+                       * or the colocated worker's own gradients: zero copy) */
+  float *sum;        /* len; also the scratch for async pushes */
+  /* replies */
+  int64_t *want;     /* per worker: clock of a pending read, -1 none */
+  uint32_t *wflags;
+  dt_comm_req *sreq; /* per worker: header + payload sends */
+  uint8_t *sent;     /* per worker: sreq in flight */
+  uint8_t *shdr;     /* per worker: 64-byte header */
+  float *snap;       /* per worker: payload copy (async, backups) */
+  float *pairs;      /* 2 x len: a sparse push or a push/pull of rows as it arrived */
+  /* keys of rows (K->rowlen > 1) */
+  size_t nrows;      /* len / rowlen; 0: a dense key */
+  size_t stride;     /* floats of a worker's bsp slot in pb: len (+ nrows) */
+  int64_t *pcount;   /* per worker: rows in its bsp slot, -1 dense */
+  uint32_t *wrows;   /* per worker: the rows of its pending pull (N x nrows) */
+  uint64_t *wnrows;
+  uint8_t *mark;     /* per row: in this clock's sum */
+  uint32_t *pos, *touched; /* per row: its place in sum; the rows summed */
+  int rowmode;       /* -1 not yet, 0 dense pushes, 1 row pushes (never mixed) */
+  float *rec;        /* a checkpoint record (parameters + optimizer state), on demand */
+} skey;
+
+struct dt_ps_server {
+  const dt_ps_map *map;
+  dt_ps_opts o;
+  int index, N;
+  dt_comm *comm;
+  float *params;     /* the server's range */
+  float *alias;      /* zero copy: the colocated worker's parameters (whole model) */
+  int nk;
+  skey *keys;        /* the keys held: its own range's, then its replicas' */
+  int *kpos;         /* per key of the map: its place in keys, -1 not held */
+  /* remote workers */
+  uint8_t *hdr;      /* N x 64 */
+  dt_comm_req *req;  /* N */
+  uint8_t *posted;
+  int rr;            /* blocking mode: the worker waited on next */
+  int *bye;          /* per worker: final bye */
+  uint8_t *parked;   /* per worker: a push waiting for its clock (replicas, bsp) */
+  dt_ps_msg *pmsg;   /* ... that push */
+  int64_t *marks;    /* per worker: marks seen */
+  int nbye;
+  uint8_t welcome[DT_PS_HDR_BYTES];
+  dt_comm_req wreq[1];
+  /* the colocated worker */
+  int local;         /* its index, -1 none */
+  dt_ps_local_reply local_fn;
+  void *local_ud;
+  dt_ps_server_stats st;
+  int failed;
+  int extra;         /* the last message was a checkpoint pull: not a turn of its worker */
+};
+
+static inline skey *dt__pss_key(dt_ps_server *s, int idx) { return &s->keys[s->kpos[idx]]; }
+
+/* server.c */
+int dt__pss_try_replies(dt_ps_server *s, skey *k);
+int dt__pss_wait_sent(dt_ps_server *s, skey *k, int w);
+/* server_apply.c */
+int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data);
+float *dt__pss_push_dest(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m);
+
+#endif /* DT_PS_SERVER_INT_H */
