@@ -126,7 +126,7 @@ static const key keys[] = {
     {"dist", "qsgd_levels", K_INT, OFF(qsgd_levels), 1, 127, 0, NULL},
     {"dist", "powersgd_rank", K_INT, OFF(powersgd_rank), 1, 64, 0, NULL},
     {"dist", "compress_warmup_epochs", K_INT, OFF(compress_warmup_epochs), 0, 1000000, 0, NULL},
-    {"dist", "compress_start_step", K_I64, OFF(compress_start_step), 0, BIG, 0, NULL},
+    {"dist", "compress_start_step", K_I64, OFF(compress_start_step), -1, BIG, 0, NULL},
     {"dist", "compress_clip", K_FLOAT, OFF(compress_clip), 0, 1e30, 0, NULL},
     {"dist", "compress_momentum", K_FLOAT, OFF(compress_momentum), 0, 1, R_HI_OPEN, NULL},
     {"dist", "compress_force", K_BOOL, OFF(compress_force), 0, 1, 0, NULL},

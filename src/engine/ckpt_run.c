@@ -24,9 +24,11 @@
  * from the step count — ckpt.every_steps and the ends of epochs — every
  * rank sends its blob to rank 0 first, and the checkpoint holds one file
  * per worker (worker-R.safetensors, owner "worker-R", as a parameter
- * server's shards). A checkpoint rank 0 takes alone (ckpt.every_seconds,
- * a signal) has no such files; resuming from it starts that state at zero
- * with a warning (docs/checkpoint.md).
+ * server's shards). A checkpoint only rank 0 can decide (ckpt.every_seconds,
+ * a signal) is announced instead: at the start of a step rank 0 sets a note
+ * that rides with that step's compressed gradients (strategy.h
+ * ckpt_notes), and at its end every rank knows and sends its state. A
+ * signal is thus answered one step later than without per-rank state.
  *
  * Strategies whose state is split over ranks (pipeline stages: state_sharded
  * with a state_gather op) checkpoint collectively: at every step boundary
@@ -115,6 +117,7 @@ static int rank_state_start(dt_engine *e) {
   if (!k->rs_buf) return dt__seterr(DT_ENOMEM, "checkpoints: out of memory for per-worker state");
   k->rs_len = len;
   k->gather = 1;
+  S->ckpt_notes = 1;
   return DT_OK;
 }
 
@@ -151,6 +154,19 @@ static int agreed_after_step(const dt_engine *e, const dt_ckpt_pos *p) {
 static int agreed_epoch_end(const dt_engine *e) {
   const int64_t n = e->cfg.ckpt_every_steps;
   return e->cfg.ckpt_epoch_end || (n > 0 && e->strat.step % n == 0);
+}
+
+void dt__ckpt_before_step(dt_engine *e) {
+  dt_ckpt_run *k = &e->ck;
+  if (!k->gather) return;
+  k->announced = 0;
+  if (e->rank == 0 && k->on) {
+    const dt_run_cfg *c = &e->cfg;
+    int sig = k->stop && *k->stop && c->ckpt_on_signal;
+    int timer = c->ckpt_every_seconds > 0 && dt_now() - k->last_t >= c->ckpt_every_seconds;
+    k->announced = sig || timer;
+  }
+  e->strat.ckpt_note_out = k->announced;
 }
 
 /* ---- taking a checkpoint --------------------------------------------------------- */
@@ -251,7 +267,8 @@ int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos) {
 int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *p) {
   dt_ckpt_run *k = &e->ck;
   k->at = *p;
-  if (k->gather && agreed_after_step(e, p)) DT_CHECK(rank_state_gather(e));
+  if (k->gather && (agreed_after_step(e, p) || e->strat.ckpt_note_in))
+    DT_CHECK(rank_state_gather(e));
   const int coll = collective(e);
   if (e->rank != 0 && !coll) return DT_OK;
   if (e->rank == 0 && !k->on && k->root[0] && !k->finished && become_writer(e) < 0) {
@@ -264,10 +281,14 @@ int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *p) {
   int32_t f = 0;
   if (e->rank == 0) {
     if (k->stop && *k->stop) {
+      /* per-rank state: the checkpoint comes after the step that announced
+       * it (never with coll: only ddp has per-rank state) */
+      if (k->gather && k->on && c->ckpt_on_signal && !k->announced) return DT_OK;
       f = CK_STOP | (k->on && c->ckpt_on_signal ? CK_TAKE : 0);
     } else if (k->on && step != k->last_step &&
                ((c->ckpt_every_steps > 0 && step % c->ckpt_every_steps == 0) ||
-                (c->ckpt_every_seconds > 0 && dt_now() - k->last_t >= c->ckpt_every_seconds))) {
+                (c->ckpt_every_seconds > 0 &&
+                 (k->gather ? k->announced : dt_now() - k->last_t >= c->ckpt_every_seconds)))) {
       /* the epoch's last step: the epoch-end checkpoint follows its records */
       f = p->k >= e->steps_per_epoch ? CK_PENDING : CK_TAKE;
     }

@@ -545,8 +545,8 @@ static int load_rank_state(dt_engine *e, dt_ckpt_resume *r, const dt_state_reade
   }
   if (!has) {
     if (talk)
-      DT_LOG_WARN("checkpoint '%s' holds no per-worker compression state (taken by "
-                  "ckpt.every_seconds or a signal, or by a run without compression): "
+      DT_LOG_WARN("checkpoint '%s' holds no per-worker compression state (written by a run "
+                  "without compression, an elastic run or a dtrain before 2026-11-27): "
                   "error-feedback residuals and worker momentum start at zero", dir);
     return DT_OK;
   }

@@ -70,6 +70,7 @@ typedef struct dt_ckpt_run {
   size_t rs_len;                     /* one rank's blob */
   uint8_t *rs_buf;                   /* rank 0: every rank's blob; others: its own */
   int64_t rs_step;                   /* the step rs_buf holds (-1: none) */
+  int announced;                     /* rank 0: this step carries a checkpoint note */
 } dt_ckpt_run;
 
 struct dt_engine {
@@ -122,6 +123,9 @@ int dt__ckpt_check_root(dt_engine *e, const char *out_dir);
 /* Start of a run, after the strategy's setup: the writer (rank 0) and a
  * resumed checkpoint's state; *pos is where the loop starts. */
 int dt__ckpt_start(dt_engine *e, const char *out_dir, dt_ckpt_pos *pos);
+/* Before every step: with per-rank state, rank 0 announces a checkpoint
+ * it alone decides (a timer, a signal) with the step's gradients. */
+void dt__ckpt_before_step(dt_engine *e);
 /* After every step (pos: the next step). Rank 0 takes a checkpoint when
  * due; when the stop flag is up it writes one and returns DT_EABORTED. */
 int dt__ckpt_after_step(dt_engine *e, const dt_ckpt_pos *pos);

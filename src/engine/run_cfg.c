@@ -78,7 +78,7 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->qsgd_levels = 15;
   c->powersgd_rank = 2;
   c->compress_warmup_epochs = 0;
-  c->compress_start_step = 0;
+  c->compress_start_step = -1; /* the codec's own (docs/compress.md) */
   c->compress_clip = 0;
   c->compress_momentum = 0;
   c->compress_force = 0;

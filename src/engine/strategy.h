@@ -80,6 +80,12 @@ typedef struct dt_strategy {
    * call and builds nothing over s->comm; membership_change follows at
    * once and brings the job's state. */
   int joining;
+  /* Checkpoint notes (ckpt_run.c), for strategies with rank_state_save:
+   * with ckpt_notes set, step_begin sends rank 0's ckpt_note_out along
+   * with the step's gradients and step_finish sets ckpt_note_in to rank
+   * 0's flag on every rank — how the others learn of a checkpoint only
+   * rank 0 decided (a timer, a signal) without a collective of its own. */
+  int ckpt_notes, ckpt_note_out, ckpt_note_in;
 } dt_strategy;
 
 /* Named blobs of a strategy's state, for checkpoints. put copies len bytes

@@ -186,6 +186,18 @@ static int compress_cfg(dt_strategy *s, dt_compress_cfg *cz) {
   cz->rank = c->powersgd_rank;
   cz->warmup_epochs = c->compress_warmup_epochs;
   cz->start_step = c->compress_start_step;
+  /* -1: dense epochs first for the codecs that otherwise end more than
+   * half a point below dense (bench/RESULTS.md 2026-11-27, 3 seeds):
+   * powersgd one; sign and topk with the optimizer's momentum after the
+   * codec two (with dist.compress_momentum none: it is their fast recipe) */
+  if (c->compress_start_step < 0) {
+    int64_t epochs = 0;
+    if (c->compress == DT_CODEC_POWERSGD) epochs = 1;
+    else if ((c->compress == DT_CODEC_SIGN || c->compress == DT_CODEC_TOPK) &&
+             c->compress_momentum == 0)
+      epochs = 2;
+    cz->start_step = epochs * s->steps_per_epoch;
+  }
   cz->clip = c->compress_clip;
   cz->momentum = c->compress_momentum;
   cz->seed = c->seed;
@@ -237,6 +249,11 @@ static int ddp_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   dt__balance_step_begin(d->bal);
   dt_ddp_set_step(d->ddp, s->step,
                   s->steps_per_epoch > 0 ? (int)(s->step / s->steps_per_epoch) : 0);
+  dt_compress *z = dt_ddp_compressor(d->ddp);
+  if (s->ckpt_notes && z) {
+    dt_compress_note_enable(z);
+    dt_compress_note_set(z, s->ckpt_note_out);
+  }
   /* avg: scale by n / global, so the sum is the global-batch mean; sum:
    * every worker's own mean, summed */
   if (s->cfg->reduce == DT_DIST_SUM) dt_ddp_begin_step(d->ddp, plan->n_local > 0, 1);
@@ -252,6 +269,8 @@ static int ddp_step_finish(dt_strategy *s, float lr) {
     dt_ddp_all_ready(d->ddp);
   }
   DT_CHECK(dt__ddp_exchange(s, d->ddp, d->bal, &d->plan));
+  dt_compress *z = dt_ddp_compressor(d->ddp);
+  s->ckpt_note_in = s->ckpt_notes && z ? dt_compress_note_get(z) : 0;
   DT_CHECK(dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr));
   s->step++;
   return dt__ddp_replan(s, d->ddp, d->bal);

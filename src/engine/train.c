@@ -322,6 +322,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
       lr = dt_sched_lr(&e->sched, S->step);
       if (e->elastic) dt__elastic_step_begin(e);
       DT_CHECK_GOTO(src->ops->plan(src, k, &plan), rc, step_failed);
+      dt__ckpt_before_step(e);
       DT_CHECK_GOTO(S->ops->step_begin(S, &plan), rc, step_failed);
       if (S->ops->run_pieces) DT_CHECK_GOTO(S->ops->run_pieces(S, src, &plan, &st), rc, step_failed);
       for (int i = 0; !S->ops->run_pieces && i < plan.pieces; i++) {

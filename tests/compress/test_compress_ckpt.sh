@@ -10,7 +10,10 @@
 #     needs the residuals, the velocities and PowerSGD's Q of both workers;
 #  2. one real SIGKILL of every process after a checkpoint, then --resume;
 #  3. resuming with another codec or worker count goes on, with one warning
-#     line saying the compression state starts at zero.
+#     line saying the compression state starts at zero;
+#  4. checkpoints only rank 0 decides — ckpt.every_seconds and SIGTERM —
+#     are announced with a step's gradients, hold every worker's state and
+#     resume exactly too.
 # Every process is bounded by a deadline and stopped by pid.
 . "$(dirname "$0")/../cli/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -19,7 +22,8 @@ CFG="$SRC/examples/fashion_mlp.ini"
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 # 3 epochs of 16 steps (batch 64, 1000 samples)
 S=(--set train.epochs=3 --set data.limit_train=1000 --set data.limit_test=300 --set ckpt.keep=0
-  --set ckpt.every_steps=7 --set dist.transport=tcp --set dist.compress_force=true)
+  --set ckpt.every_steps=7 --set dist.transport=tcp --set dist.compress_force=true
+  --set dist.compress_start_step=0)
 sha() { json_str "$1/summary.json" params_sha256; }
 
 # train NAME WORKERS CODEC [more args]
@@ -80,4 +84,42 @@ train other_count 3 int8 --out "$T/other_count" --resume "$ck" || fail "other_co
 grep -q "was written by 2 workers, this run has 3: error-feedback residuals and worker momentum start at zero" \
   "$T/other_count.err" && pass || fail "other_count: no warning: $(cat "$T/other_count.err")"
 [ "$(grep -c 'start at zero\|starts at zero' "$T/other_count.err")" = 1 ] && pass || fail "other_count: not one line"
+# ---- 4: a timer and a signal ------------------------------------------------------------
+H=$(sha "$T/int8")
+train timer 2 int8 --set ckpt.every_steps=0 --set ckpt.every_seconds=0.05 --out "$T/timer" ||
+  fail "timer: $(tail -2 "$T/timer.err")"
+tck=""
+for d in "$T"/timer/ckpt/step-*; do
+  n=$((10#${d##*step-}))
+  [ $((n % 16)) != 0 ] && tck=$d && break
+done
+if [ -z "$tck" ]; then
+  skip_part timer "the run ended before a timer checkpoint: $(ls "$T/timer/ckpt")"
+else
+  [ -s "$tck/worker-1.safetensors" ] && pass || fail "timer: no worker files in $tck"
+  train timer.r 2 int8 --out "$T/timer.r" --resume "$tck" || fail "timer.r: $(tail -2 "$T/timer.r.err")"
+  [ "$(sha "$T/timer.r")" = "$H" ] && pass || fail "timer: resumed from $tck: $(sha "$T/timer.r") != $H"
+fi
+"$DTRAIN" train "$CFG" --workers 2 "${S[@]}" --set train.epochs=30 --set ckpt.every_steps=0 \
+  --set dist.compress=int8 --out "$T/term" >"$T/term.out" 2>"$T/term.err" </dev/null &
+BG=$!
+PIDS="$PIDS $BG"
+t0=$(now)
+while [ ! -e "$T/term/ckpt/step-00000016" ] && kill -0 "$BG" 2>/dev/null && elapsed_ok "$t0" "$(now)" 60; do sleep 0.02; done
+kill -TERM "$BG"
+wait "$BG"
+rc=$?
+if [ -e "$T/term/summary.json" ]; then
+  skip_part sigterm "the run ended before the signal"
+else
+  [ $rc = 143 ] && pass || fail "SIGTERM: exit $rc, want 143: $(tail -3 "$T/term.err")"
+  last=$(cat "$T/term/ckpt/latest" 2>/dev/null)
+  [ -n "$last" ] && [ "$last" != step-00000016 ] && [ -s "$T/term/ckpt/$last/worker-1.safetensors" ] && pass ||
+    fail "SIGTERM: latest '$last' has no worker files: $(ls "$T/term/ckpt/$last" 2>&1)"
+  run_bounded 300 "$DTRAIN" train "$CFG" --workers 2 "${S[@]}" --set train.epochs=30 --set ckpt.every_steps=0 \
+    --set dist.compress=int8 --out "$T/term" --resume >"$T/term.r.out" 2>"$T/term.r.err" </dev/null ||
+    fail "SIGTERM: resume: $(tail -2 "$T/term.r.err")"
+  [ -n "$(sha "$T/term")" ] && [ "$(sha "$T/term")" = "$(sha "$T/kill.ref")" ] && pass ||
+    fail "SIGTERM: resumed params_sha256 $(sha "$T/term") != uninterrupted $(sha "$T/kill.ref")"
+fi
 finish

@@ -24,8 +24,10 @@ above() { awk -v a="$1" -v b="$2" 'BEGIN{exit !(a != "" && a + 0 > b + 0)}'; }
 train() {
   local name=$1 w=$2 tr=$3 codec=$4
   shift 4
+  # compress_start_step=0: compressed from the first step (the default keeps
+  # powersgd and sign dense for the first epoch, all of these short runs)
   run_bounded 120 "$DTRAIN" train "$CFG" --workers "$w" "${SHORT[@]}" --set dist.transport="$tr" \
-    --set dist.compress="$codec" "$@" --out "$T/$name" >"$T/$name.out" 2>"$T/$name.err" </dev/null
+    --set dist.compress="$codec" --set dist.compress_start_step=0 "$@" --out "$T/$name" >"$T/$name.out" 2>"$T/$name.err" </dev/null
 }
 
 # ---- 1 -------------------------------------------------------------------------
@@ -82,7 +84,8 @@ else
     mkdir -p "$rdir"
     run_bounded 120 env DTRAIN_RDZV_DIR="$rdir" mpirun --allow-run-as-root --oversubscribe \
       -x DTRAIN_RDZV_DIR -n 2 "$DTRAIN" train "$CFG" --set dist.transport=mpi "${SHORT[@]}" \
-      --set dist.compress=$codec --set dist.compress_force=true --out "$T/mpi_$codec" \
+      --set dist.compress=$codec --set dist.compress_force=true --set dist.compress_start_step=0 \
+      --out "$T/mpi_$codec" \
       >"$T/mpi_$codec.out" 2>"$T/mpi_$codec.err" </dev/null
     rc=$?
     if grep -q "transport 'mpi' unknown or not built" "$T/mpi_$codec.err"; then

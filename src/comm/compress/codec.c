@@ -172,7 +172,7 @@ int dt__cz_check_hdr(int codec, const void *frame, size_t bytes, size_t n, dt_cz
     return dt__seterr(DT_ECORRUPT, "compressed frame: codec %u ('%s'), expected '%s'", h->codec,
                       h->codec < DT_CODEC_COUNT ? dt__codec_names[h->codec] : "?",
                       codec >= 0 && codec < DT_CODEC_COUNT ? dt__codec_names[codec] : "?");
-  if ((h->flags & ~DT_CZ_FLAG_NONFINITE) || h->reserved)
+  if ((h->flags & ~(DT_CZ_FLAG_NONFINITE | DT_CZ_FLAG_NOTE)) || h->reserved)
     return dt__seterr(DT_ECORRUPT, "compressed frame: unknown flags 0x%02x / reserved 0x%x",
                       h->flags, h->reserved);
   if (h->n != n)

@@ -139,6 +139,20 @@ void dt_compress_begin_step(dt_compress *z, int64_t step, int epoch);
  * order on every rank. One caller thread at a time. */
 int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n, float scale);
 
+/* Checkpoint notes (engine/ckpt_run.c): one flag rank 0 sends along with a
+ * step's compressed gradients — a bit in its frames' header, one extra
+ * element of the fp16/bf16 or PowerSGD allreduce — so every rank learns
+ * of a checkpoint only rank 0 decided (a timer, a signal) without a
+ * collective of its own. Steps before dist.compress_start_step send their
+ * gradients dense: with notes enabled one 4-byte broadcast per step
+ * carries the flag then. _enable: every rank alike, before a step. _set:
+ * after dt_compress_begin_step, this rank's flag for the step (only rank
+ * 0's counts). _get: after the step's reductions, rank 0's flag (0 when
+ * the step reduced nothing). */
+void dt_compress_note_enable(dt_compress *z);
+void dt_compress_note_set(dt_compress *z, int note);
+int dt_compress_note_get(const dt_compress *z);
+
 /* The residual error feedback keeps (nparams floats; NULL without EF). */
 const float *dt_compress_residual(const dt_compress *z);
 

@@ -10,6 +10,7 @@
 #include "comm/compress/compress.h"
 
 #define DT_CZ_FLAG_NONFINITE 1 /* the encoded input held Inf/NaN: decode adds NaN */
+#define DT_CZ_FLAG_NOTE 2      /* rank 0's checkpoint note (dt_compress_note_set) */
 
 void dt__cz_put_hdr(void *frame, int codec, int levels, int flags, size_t n, size_t k, float scale);
 int dt__cz_check_hdr(int codec, const void *frame, size_t bytes, size_t n, dt_cz_hdr *h);
@@ -45,6 +46,11 @@ struct dt_compress {
   int64_t step;
   int epoch;
   dt_compress_stats st;
+  /* checkpoint notes: rank 0's flag rides with the step's collectives */
+  int note_on;           /* dense steps: a broadcast carries it */
+  int note_out;          /* this rank's flag for the step (0 but on rank 0) */
+  int note_in;           /* rank 0's flag, once a reduction of the step ran */
+  int note_dense_done;   /* the dense broadcast of this step ran */
 };
 
 int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n);

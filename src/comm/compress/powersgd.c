@@ -107,14 +107,15 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     m1++;
   }
   size_t dense = n - inmat;
-  size_t need = (plen + dense + qlen) * sizeof(float);
+  /* P, the dense rest, rank 0's checkpoint note (one float), Q */
+  size_t need = (plen + dense + 1 + qlen) * sizeof(float);
   if (z->pq_cap < need) {
     float *q = realloc(z->pq, need);
     if (!q) return dt__seterr(DT_ENOMEM, "powersgd: out of memory for %zu bytes", need);
     z->pq = q;
     z->pq_cap = need;
   }
-  float *pbuf = z->pq, *dbuf = z->pq + plen, *qbuf = z->pq + plen + dense;
+  float *pbuf = z->pq, *dbuf = z->pq + plen, *note = z->pq + plen + dense, *qbuf = note + 1;
   /* P = M Q for each matrix; the rest of the span into dbuf, in order */
   size_t at = 0, pat = 0, dat = 0;
   for (int i = m0; i < m1; i++) {
@@ -133,8 +134,10 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     at = lo + (size_t)mt->rows * mt->cols;
   }
   memcpy(dbuf + dat, w + at, (n - at) * sizeof *w);
-  int rc = dt_comm_allreduce(c, z->pq, z->pq, plen + dense, DT_F32, DT_OP_SUM);
+  *note = z->note_out ? 1.0f : 0.0f;
+  int rc = dt_comm_allreduce(c, z->pq, z->pq, plen + dense + 1, DT_F32, DT_OP_SUM);
   if (rc < 0) return dt__seterr(rc, "powersgd P: %s", dt_comm_errmsg(c));
+  if (*note != 0.0f) z->note_in = 1;
   /* Q = M^T P (P orthonormal); the local share's error feeds back */
   pat = 0;
   size_t qat = 0;
@@ -164,7 +167,7 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     rc = dt_comm_allreduce(c, qbuf, qbuf, qlen, DT_F32, DT_OP_SUM);
     if (rc < 0) return dt__seterr(rc, "powersgd Q: %s", dt_comm_errmsg(c));
   }
-  z->st.bytes_sent += (plen + dense + qlen) * sizeof(float);
+  z->st.bytes_sent += (plen + dense + 1 + qlen) * sizeof(float);
   /* the sum: P Q_sum^T in the matrices, the dense values elsewhere; the
    * dense part was sent exactly, so its residual is 0 */
   at = dat = pat = qat = 0;

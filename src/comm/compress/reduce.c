@@ -19,6 +19,7 @@
  * (parallel/ddp.c).
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -121,7 +122,12 @@ void dt_compress_destroy(dt_compress *z) {
 void dt_compress_begin_step(dt_compress *z, int64_t step, int epoch) {
   z->step = step;
   z->epoch = epoch;
+  z->note_out = z->note_in = z->note_dense_done = 0;
 }
+
+void dt_compress_note_enable(dt_compress *z) { z->note_on = 1; }
+void dt_compress_note_set(dt_compress *z, int note) { z->note_out = note != 0 && z->rank == 0; }
+int dt_compress_note_get(const dt_compress *z) { return z->note_in; }
 
 const float *dt_compress_residual(const dt_compress *z) { return z ? z->resid : NULL; }
 
@@ -162,6 +168,7 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
   dt_cz_rng rng = {z->cfg.seed, (uint64_t)z->step, ((uint64_t)z->rank << 32) | (uint32_t)off};
   float *resid = z->resid ? z->resid + off : NULL;
   DT_CHECK(dt_cz_encode(codec, w, n, k, z->cfg.qsgd_levels, rng, mine, resid));
+  if (z->note_out) mine[offsetof(dt_cz_hdr, flags)] |= DT_CZ_FLAG_NOTE;
   if (z->mom && z->resid && codec == DT_CODEC_TOPK) {
     /* DGC momentum factor masking: what was sent leaves the velocity too */
     float *u = z->mom + off;
@@ -175,6 +182,7 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
   int rc = dt_comm_allgather(c, mine, z->frames, fb, DT_U8);
   if (rc < 0) return comm_err(c, rc, "compressed gradients (allgather)");
   z->st.bytes_sent += fb;
+  if (z->frames[offsetof(dt_cz_hdr, flags)] & DT_CZ_FLAG_NOTE) z->note_in = 1; /* rank 0's */
   memset(g, 0, n * sizeof *g);
   for (int r = 0; r < z->nranks; r++) {
     rc = dt_cz_decode_add(codec, z->frames + fb * (size_t)r, fb, n, g);
@@ -184,14 +192,17 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
 }
 
 static int reduce_half(dt_compress *z, dt_comm *c, float *g, float *w, size_t off, size_t n) {
-  DT_CHECK(grow((void **)&z->half, &z->half_cap, n * sizeof *z->half));
+  DT_CHECK(grow((void **)&z->half, &z->half_cap, (n + 1) * sizeof *z->half));
   float *resid = z->resid ? z->resid + off : NULL;
   int bf = z->cfg.codec == DT_CODEC_BF16;
   if (bf) dt__cz_to_bf16(w, z->half, resid, n);
   else dt__cz_to_f16(w, z->half, resid, n);
-  int rc = dt_comm_allreduce(c, z->half, z->half, n, bf ? DT_BF16 : DT_F16, DT_OP_SUM);
+  /* one more element: rank 0's note, 1.0 (exact in both) or 0 */
+  z->half[n] = z->note_out ? (bf ? 0x3f80 : 0x3c00) : 0;
+  int rc = dt_comm_allreduce(c, z->half, z->half, n + 1, bf ? DT_BF16 : DT_F16, DT_OP_SUM);
   if (rc < 0) return comm_err(c, rc, "compressed gradients (allreduce)");
-  z->st.bytes_sent += 2 * n;
+  if (z->half[n]) z->note_in = 1;
+  z->st.bytes_sent += 2 * (n + 1);
   if (bf) dt__cz_from_bf16(z->half, g, n, 0);
   else dt__cz_from_f16(z->half, g, n, 0);
   return DT_OK;
@@ -211,6 +222,13 @@ int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t 
     int rc = dt_comm_allreduce(c, g, g, n, DT_F32, DT_OP_SUM);
     if (rc < 0) return comm_err(c, rc, "gradients (allreduce)");
     z->st.bytes_sent += 4 * n;
+    if (z->note_on && !z->note_dense_done) {
+      int32_t v = z->note_out;
+      rc = dt_comm_broadcast(c, &v, 1, DT_I32, 0);
+      if (rc < 0) return comm_err(c, rc, "checkpoint note (broadcast)");
+      z->note_dense_done = 1;
+      z->note_in = v != 0;
+    }
     return DT_OK;
   }
   float *restrict w = z->work + off;
