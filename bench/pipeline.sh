@@ -14,7 +14,7 @@
 # steps (training time only, from summary.json). The machine has 2 cores
 # and is shared: re-run before believing a single number.
 # Env: BUILD (default build/release), DT_BENCH_STEPS (30), DT_BENCH_REPS (3),
-#      DT_BENCH_ONLY (all, or one of speed bubble recompute torch rss; or accuracy,
+#      DT_BENCH_ONLY (all, or one of speed wpack breakdown bubble recompute torch rss; or accuracy,
 #      the two accuracy runs, ~30 minutes, not part of all).
 set -u
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,7 +28,9 @@ DT="$BUILD/dtrain"
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/dt_bench_pipe.XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
 CFG=examples/fashion_deep_mlp.ini
-BASE=(--set train.epochs=1 --set "data.limit_train=$((256 * STEPS))" --set data.limit_test=256)
+# no epoch-end checkpoint (150 MB of disk writes per run that time nothing)
+BASE=(--set train.epochs=1 --set "data.limit_train=$((256 * STEPS))" --set data.limit_test=256
+      --set ckpt.epoch_end=false)
 
 # run NAME ARGS... -> prints samples/s, bubble and peak RSS (MiB, max over ranks)
 run() {
@@ -83,6 +85,92 @@ awk '
     printf "same, weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0): %.1f samples/s; deferred: %.2fx of it\n", med(w, n), med(z, n)
   }' "$OUT/speed.txt"
 
+fi
+
+if want wpack; then
+# Packing a stage's forward weights once per step (DTRAIN_PIPE_WPACK=1)
+# against packing them per micro-batch inside the GEMM (0), 2 stages 1f1b
+# m=8, on three shapes: the bench's deep MLP at batch 256 (micro-batches of
+# 32 rows) and 128 (16 rows), and a 1024-wide one at batch 256. Paired
+# rounds (the order alternates), medians; CPU is both stages' CPU seconds
+# per 1000 samples (less sensitive to other load than samples/s).
+echo "== forward weights packed once per step (WPACK=1) vs per micro-batch (WPACK=0), 2 stages 1f1b m=8, $STEPS steps, $REPS paired rounds"
+P2=(--workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist.micro_batches=8)
+W1024="flatten linear(1024) relu linear(1024) relu dropout(0.2) linear(1024) relu linear(1024) relu dropout(0.2) linear(1024) relu linear(10)"
+cpu() { /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.3f' % (1000 * sum(w['cpu_seconds'] for w in d['per_worker']) / d['train_samples']))" "$OUT/$1/summary.json" 2>/dev/null || echo 0; }
+for shape in "deep-256|256|" "deep-128|128|" "w1024-256|256|$W1024"; do
+  IFS='|' read -r tag batch layers <<<"$shape"
+  X=(--set "train.batch=$batch" --set "data.limit_train=$((batch * STEPS))")
+  [ -n "$layers" ] && X+=(--set "model.layers=$layers")
+  for i in $(seq "$REPS"); do
+    if [ $((i % 2)) = 1 ]; then
+      a=$(DTRAIN_PIPE_WPACK=1 run "wp1$tag$i" "${P2[@]}" "${X[@]}"); ca=$(cpu "wp1$tag$i")
+      b=$(DTRAIN_PIPE_WPACK=0 run "wp0$tag$i" "${P2[@]}" "${X[@]}"); cb=$(cpu "wp0$tag$i")
+    else
+      b=$(DTRAIN_PIPE_WPACK=0 run "wp0$tag$i" "${P2[@]}" "${X[@]}"); cb=$(cpu "wp0$tag$i")
+      a=$(DTRAIN_PIPE_WPACK=1 run "wp1$tag$i" "${P2[@]}" "${X[@]}"); ca=$(cpu "wp1$tag$i")
+    fi
+    echo "${a%% *} $ca ${b%% *} $cb"
+  done > "$OUT/wpack_$tag.txt"
+  awk -v t="$tag" '
+    function med(v, n,   i, j, x) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { x = v[i]; v[i] = v[j]; v[j] = x }
+                                    return v[int((n + 1) / 2)] }
+    { n++; a[n] = $1; ca[n] = $2; b[n] = $3; cb[n] = $4; r[n] = $1 / $3; c[n] = $4 > 0 ? $2 / $4 : 0 }
+    END { printf "%-10s WPACK=1 %7.1f samples/s %6.3f CPU s/1000 | WPACK=0 %7.1f samples/s %6.3f CPU s/1000 | packed/unpacked: speed %.3fx, CPU %.3fx (paired medians of %d)\n",
+                 t, med(a, n), med(ca, n), med(b, n), med(cb, n), med(r, n), med(c, n), n }' "$OUT/wpack_$tag.txt"
+done
+fi
+
+if want breakdown; then
+# Where a step's time goes, per stage of 2 stages 1f1b m=8, next to one
+# process (plain training): each stage's step split into compute (its
+# forwards, backwards, weight packing and deferred weight gradients),
+# waiting for the neighbour (send/recv) and the rest (optimizer step on its
+# span, data, checkpoint decision); and its compute against its share of
+# the one process's step (the share of the model's
+# GEMM work: 3 products per linear parameter, 2 for the first layer, which
+# makes no input gradient; the stages' parameter counts are read from the
+# partition printed at start): above 1 is what small micro-batch GEMMs and
+# two processes sharing caches and memory cost.
+echo "== breakdown: ms per step, 2 stages 1f1b m=8 vs 1 process, $STEPS steps, $REPS paired rounds (medians)"
+for i in $(seq "$REPS"); do
+  run "bd1_$i" --set dist.micro_batches=1 >/dev/null
+  run "bd2_$i" --workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist.micro_batches=8 >/dev/null
+done
+/usr/bin/python3 - "$OUT" "$REPS" "$STEPS" <<'PY'
+import json, re, statistics as st, sys
+out, reps, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+one, rows, ratio = [], [[], []], []
+for i in range(1, reps + 1):
+    try:
+        a = json.load(open(f"{out}/bd1_{i}/summary.json"))
+        b = json.load(open(f"{out}/bd2_{i}/summary.json"))
+    except OSError:
+        continue
+    t1 = 1000 * a["train_seconds"] / a["steps"]
+    # GEMM units per stage: 3 per parameter, the first layer's (784 x 2048 + 2048) 2
+    cost = [3e6 * float(x) for x in re.findall(r"stage \d+: layers .*?, ([0-9.]+)M params", open(f"{out}/bd2_{i}.log").read())]
+    if cost:
+        cost[0] -= 784 * 2048 + 2048
+    one.append(t1)
+    ratio.append(a["train_seconds"] / b["train_seconds"])
+    for w in b["per_worker"]:
+        r, n = w["rank"], b["steps"]
+        share = cost[r] / sum(cost) if len(cost) == 2 else 0.5
+        t, c, q = (1000 * w[k] / n for k in ("train_seconds", "compute_seconds", "comm_seconds"))
+        rows[r].append((t, c, q, t - c - q, share, c / (share * t1)))
+if not one or not rows[0] or not rows[1]:
+    sys.exit("breakdown: no complete round")
+print(f"1 process: {st.median(one):.1f} ms per step (plain training, batch 256)")
+for r in (0, 1):
+    if not rows[r]:
+        continue
+    m = [st.median(x[k] for x in rows[r]) for k in range(6)]
+    print(f"stage {r}: {m[0]:.1f} ms per step = compute {m[1]:.1f} + waiting {m[2]:.1f} + other {m[0] - m[1] - m[2]:.1f}; "
+          f"share of the model {m[4]:.3f}: compute / (share x 1 process) = {m[5]:.2f}")
+print(f"speed-up {st.median(ratio):.2f}x (median of {len(ratio)} paired rounds); the slowest stage's "
+      f"compute alone bounds it at {st.median(one) / max(st.median(x[1] for x in rows[r]) for r in (0, 1)):.2f}x")
+PY
 fi
 
 if want bubble; then
