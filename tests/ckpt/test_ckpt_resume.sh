@@ -18,7 +18,6 @@ MLP="$SRC/examples/fashion_mlp.ini"
 # small and quick: 4 epochs of 32 steps
 S=(--set train.epochs=4 --set data.limit_train=2000 --set data.limit_test=500 --set ckpt.keep=0)
 sha() { json_str "$1/summary.json" params_sha256; }
-before() { awk -v a="$1" -v b="$(now)" -v lim="$2" 'BEGIN{exit !(b - a <= lim)}'; }
 
 # run_bg NAME ARGS... — dtrain train in the background; sets BG to its pid
 run_bg() {
@@ -27,18 +26,6 @@ run_bg() {
   "$DTRAIN" train "$MLP" "${S[@]}" "$@" >"$T/$name.out" 2>"$T/$name.err" </dev/null &
   BG=$!
   PIDS="$PIDS $BG"
-}
-
-# wait_file PATH SECONDS PID — until PATH exists (0) or PID ended / time ran out (1)
-wait_file() {
-  local t0
-  t0=$(now)
-  while before "$t0" "$2"; do
-    [ -e "$1" ] && return 0
-    kill -0 "$3" 2>/dev/null || return 1
-    sleep 0.01
-  done
-  return 1
 }
 
 # kill_all NAME PID — SIGKILL dtrain and every worker it printed

@@ -22,6 +22,18 @@ pass() { PASSES=$((PASSES + 1)); }
 # now — wall-clock seconds; elapsed_ok T0 T1 LIMIT — true when T1 - T0 <= LIMIT.
 now() { date +%s.%N; }
 elapsed_ok() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN{exit !(b - a <= lim)}'; }
+# wait_file PATH SECONDS PID — until PATH exists (0), or PID ended or SECONDS
+# passed (1): a background run's first checkpoint, a file a server writes.
+wait_file() {
+  local t0
+  t0=$(now)
+  while elapsed_ok "$t0" "$(now)" "$2"; do
+    [ -e "$1" ] && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.01
+  done
+  return 1
+}
 # run_bounded SECS CMD... — runs CMD in the background (its pid joins PIDS)
 # and waits; past SECS it is stopped (TERM, 2 s, KILL) and 124 returned.
 run_bounded() { # seconds cmd...

@@ -81,17 +81,6 @@ done
 LONG=(--set train.epochs=6 --set data.limit_train=1200)
 train lref "${DET[@]}" "${LONG[@]}" || exit 1
 HL=$(sha "$T/lref")
-before() { awk -v a="$1" -v b="$(now)" -v lim="$2" 'BEGIN{exit !(b - a <= lim)}'; }
-wait_file() { # PATH SECONDS PID
-  local t0
-  t0=$(now)
-  while before "$t0" "$2"; do
-    [ -e "$1" ] && return 0
-    kill -0 "$3" 2>/dev/null || return 1
-    sleep 0.01
-  done
-  return 1
-}
 workers_of() { grep -m1 '^workers:' "$1" 2>/dev/null | grep -Eo 'pid [0-9]+' | awk '{print $2}'; }
 for what in kill term; do
   # a checkpoint every step keeps the run busy long enough to be signalled
