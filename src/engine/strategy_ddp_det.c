@@ -33,6 +33,7 @@
 #include "engine/strategy.h"
 #include "tensor/tensor.h"
 #include "comm/compress/compress.h"
+#include "nn/nn.h"
 #include "parallel/ddp.h"
 #include "parallel/steal.h"
 
@@ -45,6 +46,8 @@ typedef struct det_impl {
   int backup;          /* the current micro-shard is a backup copy */
   int last_n;          /* its samples */
   dt_steal_stats st0;  /* the queue's counts when the balance record began */
+  dt__wpack *wpk;      /* forward weights packed once per step (DTRAIN_DET_WPACK) */
+  int wpack_tried;
   uint64_t sent0, recv0;
 } det_impl;
 
@@ -120,8 +123,27 @@ static int det_setup(dt_strategy *s) {
   return DT_OK;
 }
 
+/* Every micro-shard's forward multiplies by the same weights: pack them
+ * once (per step, and before an evaluation), not once per micro-shard.
+ * The packed panels are the ones the products would pack (gemm_avx512.c),
+ * so the bits do not change; layers the AVX-512 kernels do not pack ahead
+ * (or a CPU without them) multiply as before. */
+static int det_wpack(dt_strategy *s) {
+  det_impl *d = s->impl;
+  if (!d->wpack_tried) {
+    d->wpack_tried = 1;
+    if (dt_param(DT_PARAM_DET_WPACK)) {
+      DT_CHECK(dt__wpack_create(&d->wpk, s->model));
+      dt__model_set_wpack(s->model, d->wpk);
+    }
+  }
+  dt__wpack_refresh(d->wpk, s->model);
+  return DT_OK;
+}
+
 static int det_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   det_impl *d = s->impl;
+  DT_CHECK(det_wpack(s));
   d->plan = *plan;
   dt__balance_step_begin(d->bal);
   d->taken = d->samples = 0;
@@ -152,8 +174,8 @@ static int det_backward_begin(dt_strategy *s, const dt_batch *b, int index, int 
   d->last_n = b->n;
   dt__balance_piece(d->bal, b->n);
   /* stealing: nobody knows which micro-shard is this worker's last, so
-   * every bucket is reduced after the step's pieces */
-  dt_ddp_det_shard(d->ddp, b->n, !d->steal && index == count - 1);
+   * every bucket is reduced after the step's pieces (-1) */
+  dt_ddp_det_shard(d->ddp, b->n, d->steal ? -1 : index == count - 1);
   /* another copy already counted: this one's backward would be wasted */
   if (d->steal && dt_steal_lost(dt_ddp_steal(d->ddp))) return !det_piece_done(s);
   return 0;
@@ -173,6 +195,7 @@ static int det_step_finish(dt_strategy *s, float lr) {
  * Batch-norm buffers need no averaging: deterministic steps leave them
  * bit-identical on every rank. */
 static int det_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
+  DT_CHECK(det_wpack(s));
   const int64_t C = (n + chunk - 1) / chunk;
   *lo = C * s->rank / s->nranks * chunk;
   *hi = C * (s->rank + 1) / s->nranks * chunk;
@@ -242,6 +265,8 @@ static void det_teardown(dt_strategy *s) {
   if (d) {
     dt_ddp_destroy(d->ddp);
     dt__ddp_balance_destroy(s, d->bal);
+    if (d->wpk) dt__model_set_wpack(s->model, NULL);
+    dt__wpack_destroy(d->wpk);
   }
   free(d);
   s->impl = s->grad_ud = NULL;

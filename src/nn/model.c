@@ -425,6 +425,24 @@ void dt_model_set_grads(dt_model *m, float *grads) {
   }
   m->grads = grads;
 }
+void dt__model_point_grads(dt_model *m, float *grads) {
+  if (!grads || grads == m->grads) return;
+  for (int i = 0; i < m->n; i++) {
+    layer *l = &m->L[i];
+    if (!l->s.info.nparams) continue;
+    l->db = grads + (l->db - m->grads);
+    l->dw = grads + (l->dw - m->grads);
+  }
+  m->grads = grads;
+}
+
+int dt__model_grads_rewritten(const dt_model *m) {
+  if (!m || m->accum || m->sparse_grads || m->wst || m->shared) return 0;
+  for (int i = 0; i < m->n; i++)
+    if (m->L[i].s.info.kind == DT_L_EMBEDDING) return 0;
+  return 1;
+}
+
 void dt_model_set_gemm_flags(dt_model *m, int flags) {
   if (!m) return;
   m->gemm_flags = flags;

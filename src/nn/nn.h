@@ -89,6 +89,15 @@ int dt__model_create_range(dt_model **out, const char *spec, int c, int h, int w
  * place. owner and grads must outlive m. */
 void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_off,
                      float *grads);
+/* Points the model's gradients at grads (same layout) without copying
+ * anything (dt_model_set_grads copies): the next backward writes there.
+ * Only for a model whose backward rewrites every gradient value
+ * (dt__model_grads_rewritten); grads must outlive its use. */
+void dt__model_point_grads(dt_model *m, float *grads);
+/* 1 if backward overwrites every parameter gradient (no accumulation, no
+ * sparse rows, no deferred weight gradients, not sharing another model's),
+ * so gradients may go to a different buffer each backward. */
+int dt__model_grads_rewritten(const dt_model *m);
 /* Frees the model's own gradient buffer (a whole model whose stages keep
  * their own): dt_model_grads is NULL after; backward must not run again. */
 void dt__model_drop_grads(dt_model *m);

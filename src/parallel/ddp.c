@@ -52,6 +52,7 @@
 #include "comm/compress/compress.h"
 #include "comm/window.h"
 #include "core/core.h"
+#include "nn/nn.h"
 #include "parallel/ddp.h"
 #include "parallel/fixsum.h"
 #include "parallel/steal.h"
@@ -90,12 +91,24 @@ struct dt_ddp {
   int64_t *acc;                /* head, then nparams gradient sums */
   int acc_in_win;              /* acc is the shared window's memory (one host) */
   /* work stealing (parallel/steal.h): the queue in rank 0's window, after
-   * its accumulator; what the current micro-shard added, to undo it when
-   * a backup copy of it counts instead (dt_ddp_det_drop) */
+   * its accumulator */
   dt_steal *steal;
-  size_t *spans;               /* [lo, hi) gradient spans added, 2 x maxspans */
-  int nspans, maxspans, skip;  /* skip: another copy counted, add no more */
   size_t reported0, nbad0;     /* at the current micro-shard's start */
+  /* Gradient slots: each micro-shard's backward writes its float gradients
+   * to the next slot (slot[0] is the model's own buffer), and the filled
+   * slots are turned into fixed point together (dt_fix_add_slots: the
+   * int64 sums read and written once for all of them, not once per
+   * micro-shard) during the backward of the worker's last micro-shard or
+   * of the one that fills the last slot (layer by layer, so buckets still
+   * overlap backward); under stealing (the last micro-shard is not known)
+   * between micro-shards and before the reduction, so a micro-shard whose
+   * backup copy counted first is simply forgotten. */
+  int nslots, nfill;           /* DTRAIN_DET_SLOTS (1 if the model cannot) / filled */
+  float **slot;
+  double *slot_w;              /* each slot's weight */
+  int flushing;                /* this backward converts every filled slot */
+  int fstore;                  /* that conversion stores (the step's first) */
+  int gstored;                 /* the step's gradient sums were stored once */
   double wbufs;                /* weight of its buffer terms */
   float *bufs, *bufs0;         /* the model's buffers; their value at step start */
   float *bufs_last;            /* stealing: the current micro-shard's buffer terms */
@@ -125,6 +138,46 @@ static void det_add(dt_ddp *d, int64_t *acc, const float *x, size_t n, double w,
     }
     d->nbad += bad;
   }
+}
+
+/* The filled slots' span [off, off + n) into the accumulator. */
+static void slots_add(dt_ddp *d, size_t off, size_t n, int store) {
+  const float *xs[64];
+  for (int j = 0; j < d->nfill; j++) xs[j] = d->slot[j] + off;
+  size_t first = 0;
+  float val = 0;
+  size_t bad = dt_fix_add_slots(d->acc + d->head + off, xs, d->slot_w, d->nfill, n, d->bound,
+                                store, &first, &val);
+  if (bad) {
+    if (!d->nbad) {
+      d->bad_index = off + first;
+      d->bad_value = val;
+    }
+    d->nbad += bad;
+  }
+}
+
+/* Every filled slot, whole, into the accumulator; the slots are free
+ * again. Compute thread only. */
+static void slots_flush(dt_ddp *d) {
+  if (d->flushing) { /* the last backward converted them span by span */
+    d->flushing = 0;
+    d->nfill = 0;
+    d->gstored = 1;
+    return;
+  }
+  if (!d->nfill) return;
+  slots_add(d, 0, d->nparams, !d->gstored);
+  d->gstored = 1;
+  d->nfill = 0;
+}
+
+/* Before the reduction: every micro-shard converted, and the model's
+ * gradients back in its own buffer (the optimizer reads them there). */
+static void slots_settle(dt_ddp *d) {
+  if (!d->det) return;
+  slots_flush(d);
+  if (d->nslots > 1) dt__model_point_grads(d->model, d->slot[0]);
 }
 
 static int reduce_bucket_now(dt_ddp *d, int i, float scale);
@@ -270,6 +323,7 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
   d->b = calloc((size_t)nl + 1, sizeof *d->b);
   d->queue = calloc((size_t)nl + 1, sizeof *d->queue);
   d->det = det;
+  int nsl = 0; /* slots allocated */
   if (det) {
     d->nparams = dt_model_nparams(m);
     d->nbufs = dt_model_nbufs(m);
@@ -277,12 +331,30 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
     d->bufs = dt_model_bufs(m);
     d->acc = calloc(d->head + d->nparams, sizeof *d->acc);
     d->bufs0 = malloc((d->nbufs ? d->nbufs : 1) * sizeof *d->bufs0);
+    d->bufs_last = malloc((d->nbufs ? d->nbufs : 1) * sizeof *d->bufs_last);
+    /* slots beyond the model's own buffer: at most 256 MiB of them */
+    int64_t ns = dt__model_grads_rewritten(m) ? dt_param(DT_PARAM_DET_SLOTS) : 1;
+    size_t pb = (d->nparams ? d->nparams : 1) * sizeof(float);
+    while (ns > 1 && (size_t)(ns - 1) * pb > ((size_t)256 << 20)) ns--;
+    d->nslots = nsl = (int)ns;
+    d->slot = calloc((size_t)ns, sizeof *d->slot);
+    d->slot_w = calloc((size_t)ns, sizeof *d->slot_w);
+    if (d->slot) {
+      d->slot[0] = d->grads;
+      for (int j = 1; j < ns; j++)
+        if (!(d->slot[j] = dt_alloc(pb))) d->nslots = 0;
+    }
   }
-  if (!d->b || !d->queue || (det && (!d->acc || !d->bufs0))) {
+  if (!d->b || !d->queue ||
+      (det && (!d->acc || !d->bufs0 || !d->bufs_last || !d->slot || !d->slot_w || !d->nslots))) {
     free(d->b);
     free(d->queue);
     free(d->acc);
     free(d->bufs0);
+    free(d->bufs_last);
+    for (int j = 1; d->slot && j < nsl; j++) dt_free(d->slot[j]);
+    free(d->slot);
+    free(d->slot_w);
     free(d);
     return dt__seterr(DT_ENOMEM, "ddp: out of memory");
   }
@@ -325,12 +397,7 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
       free(d->acc);
       d->acc = dt_comm_window_base(d->win);
       d->acc_in_win = 1;
-      d->maxspans = nl + 1;
-      d->spans = malloc(2 * (size_t)d->maxspans * sizeof *d->spans);
-      d->bufs_last = malloc((d->nbufs ? d->nbufs : 1) * sizeof *d->bufs_last);
-      rc = d->spans && d->bufs_last ? DT_OK : dt__seterr(DT_ENOMEM, "ddp: out of memory");
-      if (rc == DT_OK)
-        rc = dt_steal_create(&d->steal, (char *)dt_comm_window_peer(d->win, 0) + acc_bytes,
+      rc = dt_steal_create(&d->steal, (char *)dt_comm_window_peer(d->win, 0) + acc_bytes,
                              dt_comm_rank(c), nr);
       if (rc < 0) {
         dt_ddp_destroy(d);
@@ -430,7 +497,12 @@ void dt_ddp_destroy(dt_ddp *d) {
   if (!d->acc_in_win) free(d->acc);
   free(d->bufs0);
   free(d->bufs_last);
-  free(d->spans);
+  if (d->slot) {
+    if (d->nslots > 1) dt__model_point_grads(d->model, d->slot[0]);
+    for (int j = 1; j < d->nslots; j++) dt_free(d->slot[j]);
+  }
+  free(d->slot);
+  free(d->slot_w);
   dt_steal_destroy(d->steal);
   free(d);
 }
@@ -463,15 +535,18 @@ void dt_ddp_begin_step_det(dt_ddp *d, int64_t n_global, int64_t shards_global, i
   d->nbad = d->bad_index = d->reported = 0;
   d->bad_value = 0;
   d->overflow_total = 0;
+  d->nfill = d->flushing = d->fstore = d->gstored = 0;
+  if (d->nslots > 1) dt__model_point_grads(d->model, d->slot[0]);
   if (d->nbufs) memcpy(d->bufs0, d->bufs, d->nbufs * sizeof *d->bufs);
   pthread_mutex_unlock(&d->mu);
 }
 
 void dt_ddp_det_shard(dt_ddp *d, int n, int last) {
+  /* the slots the last backward converted, or all of them if full */
+  if (d->flushing || d->nfill == d->nslots) slots_flush(d);
   d->first = d->shard++ == 0;
   d->reported0 = d->reported;
   d->nbad0 = d->nbad;
-  d->nspans = d->skip = 0;
   d->wbufs = (double)n;
   if (d->nbufs) {
     /* this micro-shard's forward moved the running statistics from bufs0:
@@ -482,27 +557,16 @@ void dt_ddp_det_shard(dt_ddp *d, int n, int last) {
     memcpy(d->bufs, d->bufs0, d->nbufs * sizeof *d->bufs);
   }
   d->w = d->gw != 0 ? d->gw : (double)n;
-  d->last = last;
-}
-
-/* Stealing: the gradient span [off, off + n) of the current micro-shard is
- * being added. Layers lie in order and backward reports them from the
- * last, so spans join into a few; a full list widens its last entry. */
-static void note_span(dt_ddp *d, size_t off, size_t n) {
-  size_t *sp = d->spans;
-  if (d->nspans && sp[2 * d->nspans - 2] == off + n) {
-    sp[2 * d->nspans - 2] = off;
-    return;
-  }
-  if (d->nspans == d->maxspans) {
-    size_t *l = sp + 2 * d->nspans - 2;
-    if (off < l[0]) l[0] = off;
-    if (off + n > l[1]) l[1] = off + n;
-    return;
-  }
-  sp[2 * d->nspans] = off;
-  sp[2 * d->nspans + 1] = off + n;
-  d->nspans++;
+  d->last = last > 0;
+  /* this micro-shard's gradients go to the next free slot */
+  int j = d->nfill++;
+  d->slot_w[j] = d->w;
+  if (d->nslots > 1) dt__model_point_grads(d->model, d->slot[j]);
+  /* its backward converts every filled slot, layer by layer, when it is
+   * the worker's last (known: not stealing) or fills the last slot; under
+   * stealing only between micro-shards (a dropped one is then forgotten) */
+  d->flushing = last >= 0 && (last > 0 || d->nfill == d->nslots);
+  d->fstore = !d->gstored;
 }
 
 void dt_ddp_grad_ready(void *ud, size_t off, size_t n) {
@@ -510,12 +574,8 @@ void dt_ddp_grad_ready(void *ud, size_t off, size_t n) {
   if (!n) return;
   if (d->det) {
     d->reported += n;
-    if (d->steal) {
-      /* a backup copy of this micro-shard counted: add no more of it */
-      if (d->skip || (d->skip = dt_steal_lost(d->steal))) return;
-      note_span(d, off, n);
-    }
-    det_add(d, d->acc + d->head + off, d->grads + off, n, d->w, off);
+    if (!d->flushing) return; /* kept in its slot for now */
+    slots_add(d, off, n, d->fstore);
     if (!d->last) return;
   }
   if (!d->overlap) return;
@@ -533,6 +593,7 @@ void dt_ddp_grad_ready(void *ud, size_t off, size_t n) {
 void dt_ddp_all_ready(dt_ddp *d) {
   /* deterministic: no micro-shard here, so this worker adds zeros */
   if (d->det && d->shard == 0) memset(d->acc, 0, (d->head + d->nparams) * sizeof *d->acc);
+  slots_settle(d);
   if (!d->overlap) return;
   pthread_mutex_lock(&d->mu);
   for (int i = 0; i < d->nb; i++) enqueue_locked(d, i);
@@ -566,6 +627,7 @@ static int det_verdict(dt_ddp *d) {
 static int finish_inline(dt_ddp *d) {
   double t0 = dt_now();
   int rc = DT_OK;
+  slots_settle(d);
   if (d->det) d->acc[d->nbufs] = (int64_t)d->nbad;
   for (int i = 0; i < d->nb && rc == DT_OK; i++) rc = reduce_bucket(d, i, d->scale, 0);
   double dt = dt_now() - t0;
@@ -586,6 +648,7 @@ static int finish_inline(dt_ddp *d) {
 
 int dt_ddp_finish_step(dt_ddp *d) {
   if (!d->overlap) return finish_inline(d);
+  slots_settle(d);
   double t0 = dt_now();
   pthread_mutex_lock(&d->mu);
   for (int i = 0; i < d->nb; i++) enqueue_locked(d, i);
@@ -607,18 +670,16 @@ dt_steal *dt_ddp_steal(dt_ddp *d) { return d->det ? d->steal : NULL; }
 void dt_ddp_det_drop(dt_ddp *d) {
   if (!d->det || !d->shard) return;
   if (d->first) {
-    /* it stored rather than added: the next micro-shard stores afresh, or
-     * dt_ddp_all_ready zeroes the sums */
+    /* its buffer terms were stored rather than added: the next micro-shard
+     * stores afresh, or dt_ddp_all_ready zeroes the sums */
     d->shard = 0;
   } else {
     if (d->nbufs) dt_fix_sub(d->acc, d->bufs_last, d->nbufs, d->wbufs, d->bound);
-    for (int i = 0; i < d->nspans; i++) {
-      size_t lo = d->spans[2 * i], hi = d->spans[2 * i + 1];
-      dt_fix_sub(d->acc + d->head + lo, d->grads + lo, hi - lo, d->w, d->bound);
-    }
     d->shard--;
   }
-  d->nspans = 0;
+  /* its gradients are still in their slot (stealing converts between
+   * micro-shards): forget them */
+  if (d->nfill > 0 && !d->flushing) d->nfill--;
   d->reported = d->reported0;
   d->nbad = d->nbad0;
 }

@@ -115,8 +115,14 @@ int dt_ddp_create_det(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_byte
 void dt_ddp_begin_step_det(dt_ddp *d, int64_t n_global, int64_t shards_global, int sum);
 /* After the forward of a micro-shard of n samples, before its backward:
  * adds the running statistics that forward produced (weight n) and restores
- * the saved buffers; last != 0 on this worker's last micro-shard of the step
- * (its backward hands buckets to the communication thread). */
+ * the saved buffers; last > 0 on this worker's last micro-shard of the step
+ * (its backward hands buckets to the communication thread), 0 before it,
+ * < 0 when the worker cannot know (stealing: every bucket is reduced in
+ * dt_ddp_finish_step). The micro-shard's backward writes its gradients to
+ * a slot of ddp's (the model's gradient buffer is pointed there:
+ * DTRAIN_DET_SLOTS, docs/ddp.md "Cost"); they turn into fixed point
+ * together with the other filled slots' later, and the model's own buffer
+ * is back in place after dt_ddp_finish_step. */
 void dt_ddp_det_shard(dt_ddp *d, int n, int last);
 /* dt_ddp_finish_step returns DT_ERANGE on every rank when any rank had a
  * value beyond the fixed-point range (dt_fix_bound) or not finite. */
@@ -126,11 +132,10 @@ void dt_ddp_det_shard(dt_ddp *d, int n, int last);
  * only when every rank is on one host: dt_ddp_steal returns NULL
  * otherwise). Every rank calls dt_steal_begin(shards of the global batch)
  * at the start of every step, then dt_steal_take until it returns -1; for
- * each shard taken, dt_ddp_det_shard(n, 0) and its backward (no overlap:
+ * each shard taken, dt_ddp_det_shard(n, -1) and its backward (no overlap:
  * every bucket is reduced in dt_ddp_finish_step), then dt_steal_commit;
  * when that says another copy counted (a backup finished first),
- * dt_ddp_det_drop. While a shard is computed, the grad-ready callback
- * stops adding it as soon as another copy is committed. */
+ * dt_ddp_det_drop (its gradients are still in their slot: forgotten). */
 struct dt_steal;
 struct dt_steal *dt_ddp_steal(dt_ddp *d);
 /* Undoes this worker's current micro-shard (begun by dt_ddp_det_shard, its

@@ -14,6 +14,8 @@
  * one.
  */
 #include <math.h>
+#include <stdatomic.h>
+#include <string.h>
 
 #include "parallel/fixsum.h"
 
@@ -48,6 +50,128 @@ size_t dt_fix_add(int64_t *restrict acc, const float *restrict x, size_t n, doub
       }
   }
   return bad;
+}
+
+/* The portable form: dt_fix_add slot by slot over chunks that stay in L1. */
+static size_t add_slots_c(int64_t *restrict acc, const float *const *xs, const double *ws, int k,
+                          size_t n, double bound, int store, size_t *first_bad, float *bad_value) {
+  enum { CH = 1024 };
+  size_t bad = 0;
+  for (size_t c = 0; c < n; c += CH) {
+    size_t len = n - c < CH ? n - c : CH;
+    for (int j = 0; j < k; j++) {
+      size_t fb = 0;
+      size_t b = dt_fix_add(acc + c, xs[j] + c, len, ws[j], bound, store && j == 0, &fb);
+      if (b && !bad) {
+        if (first_bad) *first_bad = c + fb;
+        if (bad_value) *bad_value = xs[j][c + fb];
+      }
+      bad += b;
+    }
+  }
+  return bad;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define AVX512 __attribute__((target("avx512f,avx512dq,avx512vl")))
+
+/* 16 values at a time, every slot added to two int64 registers, the sums
+ * loaded and stored once. A slot whose scale w * 2^32 is a power of two
+ * (micro-shards of a power-of-two size, or dist.reduce = sum) is scaled in
+ * float — exact: a float times a power of two is a float, barring overflow
+ * to inf, which the bound rejects as it would the double — compared with
+ * the largest float not above the bound (the same verdict for a float) and
+ * converted to int64 in one instruction; the others go through double as
+ * dt_fix_add does. Both round in the current mode (nearest, ties to even,
+ * like rint), so every term has dt_fix_add's bits. */
+AVX512 static size_t add_slots_avx512(int64_t *restrict acc, const float *const *xs,
+                                      const double *ws, int k, size_t n, double bound, int store) {
+  float sf[64], boundf = (float)bound;
+  double sd[64];
+  int pow2[64];
+  if ((double)boundf > bound) boundf = nextafterf(boundf, 0.0f);
+  for (int j = 0; j < k; j++) {
+    int e;
+    sd[j] = ws[j] * ldexp(1.0, DT_FIX_BITS);
+    pow2[j] = frexp(sd[j], &e) == 0.5 && sd[j] < 0x1p100;
+    sf[j] = (float)sd[j];
+  }
+  const __m512 absf = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512d absd = _mm512_castsi512_pd(_mm512_set1_epi64(0x7fffffffffffffffLL));
+  const __m512 vbf = _mm512_set1_ps(boundf);
+  const __m512d vbd = _mm512_set1_pd(bound);
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i += 16) {
+    size_t left = n - i;
+    __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    __mmask8 mlo = (__mmask8)m, mhi = (__mmask8)(m >> 8);
+    __m512i lo = store ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi64(mlo, acc + i);
+    __m512i hi = store ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi64(mhi, acc + i + 8);
+    for (int j = 0; j < k; j++) {
+      __m512 x = _mm512_maskz_loadu_ps(m, xs[j] + i);
+      if (pow2[j]) {
+        __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(sf[j]));
+        __mmask16 ok = _mm512_cmp_ps_mask(_mm512_and_ps(y, absf), vbf, _CMP_LE_OQ);
+        bad += (size_t)__builtin_popcount((unsigned)(m & ~ok));
+        lo = _mm512_add_epi64(lo, _mm512_maskz_cvtps_epi64((__mmask8)ok, _mm512_castps512_ps256(y)));
+        hi = _mm512_add_epi64(
+            hi, _mm512_maskz_cvtps_epi64((__mmask8)(ok >> 8),
+                                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1))));
+      } else {
+        __m512d s = _mm512_set1_pd(sd[j]);
+        __m512d ylo = _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), s);
+        __m512d yhi = _mm512_mul_pd(
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))), s);
+        __mmask8 oklo = _mm512_cmp_pd_mask(_mm512_and_pd(ylo, absd), vbd, _CMP_LE_OQ);
+        __mmask8 okhi = _mm512_cmp_pd_mask(_mm512_and_pd(yhi, absd), vbd, _CMP_LE_OQ);
+        bad += (size_t)__builtin_popcount((unsigned)(mlo & ~oklo)) +
+               (size_t)__builtin_popcount((unsigned)(mhi & ~okhi));
+        lo = _mm512_add_epi64(lo, _mm512_maskz_cvtpd_epi64(oklo, ylo));
+        hi = _mm512_add_epi64(hi, _mm512_maskz_cvtpd_epi64(okhi, yhi));
+      }
+    }
+    _mm512_mask_storeu_epi64(acc + i, mlo, lo);
+    _mm512_mask_storeu_epi64(acc + i + 8, mhi, hi);
+  }
+  return bad;
+}
+
+static int avx512_ok(void) {
+  static _Atomic int ok = -1; /* resolved once (every thread finds the same) */
+  int v = atomic_load_explicit(&ok, memory_order_relaxed);
+  if (v < 0) {
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl");
+    atomic_store_explicit(&ok, v, memory_order_relaxed);
+  }
+  return v;
+}
+#endif
+
+size_t dt_fix_add_slots(int64_t *restrict acc, const float *const *xs, const double *ws, int k,
+                        size_t n, double bound, int store, size_t *first_bad, float *bad_value) {
+  if (k < 1) {
+    if (store) memset(acc, 0, n * sizeof *acc);
+    return 0;
+  }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (k <= 64 && avx512_ok()) {
+    size_t bad = add_slots_avx512(acc, xs, ws, k, n, bound, store);
+    if (bad) { /* the first bad value, for the message: index order, then slot order */
+      for (size_t i = 0; i < n; i++)
+        for (int j = 0; j < k; j++)
+          if (!(fabs((double)xs[j][i] * (ws[j] * ldexp(1.0, DT_FIX_BITS))) <= bound)) {
+            if (first_bad) *first_bad = i;
+            if (bad_value) *bad_value = xs[j][i];
+            return bad;
+          }
+    }
+    return bad;
+  }
+#endif
+  return add_slots_c(acc, xs, ws, k, n, bound, store, first_bad, bad_value);
 }
 
 void dt_fix_sub(int64_t *restrict acc, const float *restrict x, size_t n, double w,

@@ -39,6 +39,16 @@ double dt_fix_bound(int64_t terms);
 size_t dt_fix_add(int64_t *restrict acc, const float *restrict x, size_t n, double w,
                   double bound, int store, size_t *first_bad);
 
+/* acc[i] (+)= sum over j < k of round(xs[j][i] * ws[j] * 2^DT_FIX_BITS),
+ * the terms of dt_fix_add one by one (so the same int64 sums), computed in
+ * chunks that stay in cache: the accumulator is read and written once for
+ * all k vectors instead of once per vector. store != 0 overwrites acc (k = 0
+ * then zeroes it). Returns the number of values out of range (counted once
+ * per vector); *first_bad and *bad_value (may be NULL) get the index and
+ * value of the first one met. */
+size_t dt_fix_add_slots(int64_t *restrict acc, const float *const *xs, const double *ws, int k,
+                        size_t n, double bound, int store, size_t *first_bad, float *bad_value);
+
 /* acc[i] -= round(x[i] * w * 2^DT_FIX_BITS) for i < n, with dt_fix_add's
  * rounding and bound (a value it added 0 for subtracts 0): exactly undoes a
  * dt_fix_add of the same x, w and bound (a micro-shard whose backup copy

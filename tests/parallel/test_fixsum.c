@@ -406,6 +406,63 @@ static void test_ddp_step_erange(void **state) {
   dt_model_destroy(m);
 }
 
+/* dt_fix_add_slots (the AVX-512 form where the CPU has it) gives exactly
+ * the sums of dt_fix_add slot by slot: weights that make the scale a power
+ * of two (the float path) and others (the double path), ties, values at
+ * and past the bound, NaN and infinities, store and add, lengths with a
+ * tail, and the same count and first bad value. */
+static void test_slots_match_one_by_one(void **state) {
+  (void)state;
+  enum { N = 1000 + 13, K = 5 };
+  static float x[K][N];
+  const double wsets[3][K] = {{8, 8, 8, 8, 8}, {8, 5, 1, 16, 3}, {1, 1, 1, 1, 1}};
+  const double bound = dt_fix_bound(8);
+  for (int j = 0; j < K; j++) make_terms(x[j], N, 100 + (uint64_t)j);
+  /* ties at 2^-33 and 2^-36, the bound and its neighbours, specials */
+  x[0][3] = (float)ldexp(1.0, -33);
+  x[0][4] = (float)ldexp(3.0, -36);
+  x[1][5] = (float)(bound / 8 / TWO32);
+  x[2][6] = nextafterf((float)(bound / 8 / TWO32), INFINITY);
+  x[3][7] = NAN;
+  x[4][8] = -INFINITY;
+  x[1][N - 1] = 1e30f;
+  const float *xs[K];
+  for (int j = 0; j < K; j++) xs[j] = x[j];
+  for (int w = 0; w < 3; w++)
+    for (int store = 0; store < 2; store++)
+      for (size_t n = N - 3; n <= N; n++) {
+        static int64_t a[N], b[N];
+        for (size_t i = 0; i < N; i++) a[i] = b[i] = (int64_t)(i * 7919) - 4000;
+        size_t bad_ref = 0, first_ref = 0, first = 0, fb = 0;
+        float v_ref = 0, v = 0;
+        for (int j = 0; j < K; j++) {
+          size_t c = dt_fix_add(b, x[j], n, wsets[w][j], bound, store && j == 0, &fb);
+          if (c && !bad_ref) first_ref = fb;
+          bad_ref += c;
+        }
+        size_t bad = dt_fix_add_slots(a, xs, wsets[w], K, n, bound, store, &first, &v);
+        assert_int_equal(bad, bad_ref);
+        assert_memory_equal(a, b, sizeof a);
+        (void)v_ref;
+        (void)first_ref;
+        if (bad) { /* the first bad value met is one of some slot at that index */
+          int found = 0;
+          assert_true(first < n);
+          for (int j = 0; j < K; j++)
+            found |= !(fabs((double)x[j][first] * wsets[w][j] * TWO32) <= bound) &&
+                     (isnan(v) ? isnan(x[j][first]) : x[j][first] == v);
+          assert_true(found);
+        }
+      }
+  /* no slots: store zeroes, add leaves */
+  int64_t z[4] = {1, 2, 3, 4};
+  assert_int_equal(dt_fix_add_slots(z, xs, wsets[0], 0, 4, bound, 0, NULL, NULL), 0);
+  assert_int_equal(z[3], 4);
+  dt_fix_add_slots(z, xs, wsets[0], 0, 4, bound, 1, NULL, NULL);
+  assert_int_equal(z[0], 0);
+  assert_int_equal(z[3], 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_any_order_any_grouping),
@@ -417,6 +474,7 @@ int main(void) {
       cmocka_unit_test(test_many_terms_at_the_bound),
       cmocka_unit_test(test_sub_undoes_add),
       cmocka_unit_test(test_ddp_step_erange),
+      cmocka_unit_test(test_slots_match_one_by_one),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
