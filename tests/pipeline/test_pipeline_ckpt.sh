@@ -7,8 +7,9 @@
 #    resumed from a mid-run checkpoint ends with the uninterrupted run's
 #    params_sha256 (which is one ddp_det worker's);
 #  - re-partitioning: that checkpoint resumed with 3 stages, 1 process,
-#    hybrid 2 x 2 and plain ddp_det, and a ddp_det checkpoint resumed by 2
-#    stages, all end with the same hash;
+#    hybrid 2 x 2 and plain ddp_det, a ddp_det checkpoint resumed by 2
+#    stages, a hybrid 2 x 2 job's checkpoint resumed by 3 stages: all end
+#    with the same hash;
 #  - normal mode, 2 stages, gpipe and 1f1b: resumed == uninterrupted;
 #  - SIGKILL of every process after a checkpoint, then --resume; SIGTERM to
 #    the job: exit 143, every rank stops after rank 0 wrote, resume exact;
@@ -62,6 +63,13 @@ train rp22 "${DET[@]}" --workers 4 --set dist.pipeline_stages=2 --set dist.sched
 # shellcheck disable=SC2046
 train ddp2p "${DET[@]}" $(p2 1f1b) --resume "$T/ref/ckpt/step-00000010" \
   && { [ "$(sha "$T/ddp2p")" = "$H" ] && pass || fail "ddp_det -> 2 stages: $(sha "$T/ddp2p") != $H"; }
+
+# a hybrid 2 x 2 job writes (replica 0's stages gather), 3 stages resume
+if train w22 "${DET[@]}" --workers 4 --set dist.pipeline_stages=2 --set ckpt.every_steps=5; then
+  [ "$(sha "$T/w22")" = "$H" ] && pass || fail "2 x 2 writing checkpoints: $(sha "$T/w22") != $H"
+  train w22r "${DET[@]}" --workers 3 --set dist.pipeline_stages=3 --resume "$T/w22/ckpt/step-00000010" \
+    && { [ "$(sha "$T/w22r")" = "$H" ] && pass || fail "2 x 2 -> 3 stages: $(sha "$T/w22r") != $H"; }
+fi
 
 # --- export: the whole model, the same bytes as a one-process checkpoint's ----
 "$DTRAIN" export "$C" --out "$T/pipe.safetensors" >/dev/null 2>"$T/exp.err" || fail "export: $(cat "$T/exp.err")"
