@@ -16,6 +16,8 @@
 #  4b. the standby copy: the same on a wide MLP, spares with the copy
 #     refreshed every 10 steps vs none (broadcast), interleaved, SB_KILLS
 #     each (default 5): both medians and their ratio;
+#  4c. with REFCOST_PAIRS=N: what refreshing the copy costs while nothing
+#     fails (wide MLP, refresh every 10 steps vs none, paired);
 #  5. a joiner started by hand: `dtrain launch --join` into a running
 #     3-worker job with room for a 4th; from the joiner's start (the
 #     process, loading its data included) to its first completed step;
@@ -41,6 +43,20 @@ T=$(mktemp -d /tmp/dtrain_bench_elastic.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 export OPENBLAS_NUM_THREADS=1
 now() { date +%s.%N; }
+# kill_rank2 DIR TRIES — once DIR/log names rank 2's pid and DIR/out has its
+# first epoch recorded, waits a moment unrelated to step boundaries and
+# SIGKILLs it; sets tk (the kill's wall clock)
+kill_rank2() {
+  local victim=""
+  for _ in $(seq 1 "$2"); do
+    victim=$(grep -o 'rank 2 pid [0-9]*' "$1/log" | awk '{print $4}')
+    [ -n "$victim" ] && [ -s "$1/out/events.jsonl" ] && break
+    sleep 0.02
+  done
+  sleep "0.$((RANDOM % 40 + 10))"
+  tk=$(now)
+  kill -9 "$victim"
+}
 
 rec=()
 lost=()
@@ -51,16 +67,7 @@ for i in $(seq 1 "$KILLS"); do
     --set dist.min_workers=2 --set train.epochs=3 --set data.limit_train=6400 \
     --set data.limit_test=1000 --out "$d/out" >"$d/log" 2>&1 </dev/null &
   job=$!
-  victim=""
-  for _ in $(seq 1 600); do
-    victim=$(grep -o 'rank 2 pid [0-9]*' "$d/log" | awk '{print $4}')
-    [ -n "$victim" ] && [ -s "$d/out/events.jsonl" ] && break
-    sleep 0.02
-  done
-  # a moment into the second epoch, at a time unrelated to step boundaries
-  sleep "0.$((RANDOM % 40 + 10))"
-  tk=$(now)
-  kill -9 "$victim"
+  kill_rank2 "$d" 600 # a moment into the second epoch
   wait $job
   rc=$?
   first=$(grep -o 'first step of generation 1 done at wall clock [0-9.]*' "$d/log" | awk '{print $NF}' | sort -n | head -1)
@@ -83,24 +90,46 @@ echo "recovery time: median $(med "${rec[@]}") s over ${#rec[@]} kills (min $(me
 echo "completed steps lost per failure: max $(printf '%s\n' "${lost[@]}" | sort -n | tail -1) (the interrupted step is redone)"
 fi
 
-# throughput, nothing failing: elastic on vs off, paired
-sps() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['samples_per_second'])" "$1"; }
-ratios=()
+# throughput, nothing failing: elastic on vs off, paired; per run also each
+# worker's wait in the gradient exchange and its CPU seconds (medians), and
+# with WAKER=1 a third arm: off while an outside process wakes every 25 ms
+# (does a periodic wake-up anywhere on the machine make plain ddp faster?)
+sps() { python3 -c "
+import json,sys; s=json.load(open(sys.argv[1])); w=s['per_worker']
+print('%.0f %.3f %.3f' % (s['samples_per_second'], sum(x['wait_seconds'] for x in w)/len(w), sum(x['cpu_seconds'] for x in w)/len(w)))" "$1"; }
+ratios=(); wratios=(); declare -A waits cpus
+arms="off on"; [ "${WAKER:-0}" = 1 ] && arms="off on waker"
 for i in $(seq 1 "$ROUNDS"); do
-  order="off on"
-  [ $((i % 2)) = 0 ] && order="on off" # alternate which runs first
+  order=$arms
+  [ $((i % 2)) = 0 ] && order=$(echo $arms | tr ' ' '\n' | tac | tr '\n' ' ') # alternate which runs first
   for mode in $order; do
-    extra=()
+    extra=(); wk=""
     [ $mode = on ] && extra=(--set dist.min_workers=1)
+    if [ $mode = waker ]; then python3 -c 'import time
+while True: time.sleep(0.025)' & wk=$!; fi
     "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=1 \
       --set train.batch=64 "${extra[@]}" --out "$T/t_$mode" >/dev/null 2>&1 </dev/null
-    eval "v_$mode=$(sps "$T/t_$mode/summary.json")"
+    [ -n "$wk" ] && { kill "$wk"; wait "$wk" 2>/dev/null; }
+    set -- $(sps "$T/t_$mode/summary.json")
+    eval "v_$mode=$1"
+    waits[$mode]="${waits[$mode]:-} $2"; cpus[$mode]="${cpus[$mode]:-} $3"
   done
   r=$(awk -v a="$v_off" -v b="$v_on" 'BEGIN{printf "%.3f", b / a}')
   ratios+=("$r")
-  echo "round $i: off $v_off samples/s, on $v_on samples/s, on/off $r"
+  line="round $i: off $v_off samples/s, on $v_on samples/s, on/off $r"
+  if [ "${WAKER:-0}" = 1 ]; then
+    rw=$(awk -v a="$v_off" -v b="$v_waker" 'BEGIN{printf "%.3f", b / a}')
+    wratios+=("$rw"); line="$line; off with an outside waker $v_waker, waker/off $rw"
+  fi
+  echo "$line"
 done
-[ "$ROUNDS" -gt 0 ] && echo "throughput with nothing failing, elastic on / off (2 workers, MLP, 1 epoch): paired median $(med "${ratios[@]}") over $ROUNDS rounds; target >= 0.98"
+if [ "$ROUNDS" -gt 0 ]; then
+  echo "throughput with nothing failing, elastic on / off (2 workers, MLP, 1 epoch): paired median $(med "${ratios[@]}") over $ROUNDS rounds; target >= 0.98; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  [ ${#wratios[@]} -gt 0 ] && echo "plain ddp with an outside process waking every 25 ms / without: paired median $(med "${wratios[@]}")"
+  for mode in $arms; do
+    echo "  $mode: per worker, median wait in the exchange $(med ${waits[$mode]}) s, CPU $(med ${cpus[$mode]}) s per epoch"
+  done
+fi
 
 # 4. a replacement from standby: kill -> the spare's first completed step
 rep_t=()
@@ -111,15 +140,7 @@ for i in $(seq 1 "$JOINS"); do
     --set dist.min_workers=2 --set train.epochs=3 --set data.limit_train=6400 \
     --set data.limit_test=1000 --out "$d/out" >"$d/log" 2>&1 </dev/null &
   job=$!
-  victim=""
-  for _ in $(seq 1 600); do
-    victim=$(grep -o 'rank 2 pid [0-9]*' "$d/log" | awk '{print $4}')
-    [ -n "$victim" ] && [ -s "$d/out/events.jsonl" ] && break
-    sleep 0.02
-  done
-  sleep "0.$((RANDOM % 40 + 10))"
-  tk=$(now)
-  kill -9 "$victim"
+  kill_rank2 "$d" 600
   wait $job
   rc=$?
   first=$(grep -o 'member 3: first step of generation [0-9]* done at wall clock [0-9.]*' "$d/log" | awk '{print $NF}' | head -1)
@@ -146,37 +167,54 @@ sb_kill() { # MODE REFRESH -> echoes the seconds from the kill to the spare's fi
     --set "model.layers=$SB_LAYERS" --set dist.min_workers=2 --set dist.standby_refresh_steps=$2 \
     --set train.epochs=2 --set data.limit_train=3200 --set data.limit_test=500 \
     --out "$d/out" >"$d/log" 2>&1 </dev/null &
-  local job=$! victim="" tk first
-  for _ in $(seq 1 1500); do
-    victim=$(grep -o 'rank 2 pid [0-9]*' "$d/log" | awk '{print $4}')
-    [ -n "$victim" ] && [ -s "$d/out/events.jsonl" ] && break
-    sleep 0.02
-  done
-  sleep "0.$((RANDOM % 40 + 10))"
-  tk=$(now)
-  kill -9 "$victim"
+  local job=$! first
+  kill_rank2 "$d" 1500
   wait $job
   first=$(grep -o 'member 3: first step of generation [0-9]* done at wall clock [0-9.]*' "$d/log" | awk '{print $NF}' | head -1)
   [ -n "$first" ] && awk -v a="$tk" -v b="$first" 'BEGIN{printf "%.3f", b - a}'
+  # the spare's admission: finding who holds the state + the membership change
+  grep -o 'member 3: generation [0-9]*: state [a-z ]* in [0-9.]* s, membership change ([^)]*) [0-9.]* s' "$d/log" |
+    tail -1 | sed -E 's/.* in ([0-9.]+) s, membership change \([^)]*\) ([0-9.]+) s/\1 \2/' |
+    awk '{printf " %.3f", $1 + $2}'
   grep -q 'taken from the standby copy' "$d/log" && printf ' copy'
 }
-with_t=(); without_t=()
+with_t=(); without_t=(); with_a=(); without_a=()
 for i in $(seq 1 "${SB_KILLS:-5}"); do
   order="with without"
   [ $((i % 2)) = 0 ] && order="without with"
   for mode in $order; do
     k=10; [ $mode = without ] && k=0
-    out=$(sb_kill $mode $k)
-    r=${out%% *}
+    set -- $(sb_kill $mode $k)
+    r=${1:-}; a=${2:-}
     if [ -z "$r" ]; then echo "standby copy $mode $i: no first step of the spare"; continue; fi
-    if [ $mode = with ]; then with_t+=("$r"); else without_t+=("$r"); fi
-    echo "standby $mode copy, kill $i: the spare's first step $r s after the kill$([ "${out#* }" = copy ] && echo ' (state from the copy)')"
+    if [ $mode = with ]; then with_t+=("$r"); with_a+=("$a"); else without_t+=("$r"); without_a+=("$a"); fi
+    echo "standby $mode copy, kill $i: the spare's first step $r s after the kill, its admission (state + membership change) $a s$([ "${3:-}" = copy ] && echo ' (state from the copy)')"
   done
 done
 if [ ${#with_t[@]} -gt 0 ] && [ ${#without_t[@]} -gt 0 ]; then
   mw=$(med "${with_t[@]}"); mo=$(med "${without_t[@]}")
   echo "replacement from standby, wide MLP ($SB_LAYERS), kill to the spare's first step: with the copy (refreshed every 10 steps) median $mw s, without (broadcast) median $mo s over ${#with_t[@]}/${#without_t[@]} kills; without/with $(awk -v a="$mo" -v b="$mw" 'BEGIN{printf "%.2f", a / b}'); load $(cut -d' ' -f1-3 /proc/loadavg); target <= 1 s"
+  aw=$(med "${with_a[@]}"); ao=$(med "${without_a[@]}")
+  echo "  the spare's admission (state + membership change): with the copy median $aw s, without $ao s; without/with $(awk -v a="$ao" -v b="$aw" 'BEGIN{printf "%.2f", a / b}')"
 fi
+
+# 4c. what the refresh costs while nothing fails: the same wide MLP job
+#     (3 workers + 1 spare, 1 epoch of 6400), copy refreshed every 10
+#     steps vs no copy, REFCOST_PAIRS paired runs (default 0: skipped)
+rc_r=()
+for i in $(seq 1 "${REFCOST_PAIRS:-0}"); do
+  for k in 10 0; do
+    "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 3 --standby 1 \
+      --set "model.layers=$SB_LAYERS" --set dist.min_workers=2 --set dist.standby_refresh_steps=$k \
+      --set train.epochs=1 --set data.limit_train=6400 --set data.limit_test=500 \
+      --out "$T/rc$k" >/dev/null 2>&1 </dev/null
+    eval "rc_v$k=$(sps "$T/rc$k/summary.json" | awk '{print $1}')"
+  done
+  r=$(awk -v a="$rc_v0" -v b="$rc_v10" 'BEGIN{printf "%.3f", b / a}')
+  rc_r+=("$r")
+  echo "refresh cost, pair $i: copy refreshed every 10 steps $rc_v10 samples/s, no copy $rc_v0, ratio $r"
+done
+[ ${#rc_r[@]} -gt 0 ] && echo "throughput with the standby copy refreshed every 10 steps / without (wide MLP, nothing failing): paired median $(med "${rc_r[@]}") over ${#rc_r[@]} pairs; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # 5. dtrain launch --join: the joiner's start -> its first completed step
 export DTRAIN_JOB_TOKEN=${DTRAIN_JOB_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}

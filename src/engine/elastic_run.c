@@ -347,8 +347,10 @@ static int adopt(dt_engine *e, const dt_elastic_gen *g) {
   double tb = dt_now();
   dt_membership m = {g->comm, g->rank, g->size, g->source, have};
   if (rc == DT_OK) rc = S->ops->membership_change(S, &m);
-  DT_LOG_DEBUG("elastic: member %d: admission %.3f s (state %s), membership change %.3f s",
-               e->el_id, tb - ta, have ? "held already" : "by broadcast", dt_now() - tb);
+  DT_LOG_INFO("elastic: member %d: generation %d: state %s in %.3f s, membership change (state "
+              "broadcast, gradient synchroniser) %.3f s", e->el_id, g->gen,
+              have ? "held or from the standby copy" : "to come by broadcast", tb - ta,
+              dt_now() - tb);
   S->joining = 0;
   if (rc < 0) {
     if (g->rank != g->source) e->el_partial = 1;
