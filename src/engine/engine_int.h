@@ -218,6 +218,9 @@ int dt__standby_write(dt_engine *e, int periodic);
  * (*pos, *gen) if it was consistent, else 0 (the model then holds a torn
  * mix: e->el_partial stays set). */
 int dt__standby_load(dt_engine *e, int64_t *pos, int64_t *gen);
+/* Tests: sets the writer lock to lock_pid and, with make_odd, leaves the
+ * copy as a writer killed mid-write does (sequence counter odd). */
+void dt__standby_poke(dt_engine *e, int lock_pid, int make_odd);
 /* Its refresh counters, for a log line. */
 void dt__standby_describe(const dt_engine *e, char *buf, size_t cap);
 

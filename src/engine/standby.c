@@ -171,6 +171,13 @@ int dt__standby_load(dt_engine *e, int64_t *pos, int64_t *gen) {
   return 1;
 }
 
+void dt__standby_poke(dt_engine *e, int lock_pid, int make_odd) {
+  sb_hdr *h = e->sb;
+  if (!h) return;
+  atomic_store(&h->lock, lock_pid);
+  if (make_odd && !(atomic_load(&h->seq) & 1)) atomic_fetch_add(&h->seq, 1);
+}
+
 void dt__standby_describe(const dt_engine *e, char *buf, size_t cap) {
   const sb_hdr *h = e->sb;
   if (!h) {
