@@ -7,7 +7,9 @@ the default dist.micro_batch), the same settings as bench/straggler.py
 (batch 64, SGD momentum 0.9, constant rate, one epoch; the CNN on
 --limit images). Prints each side's median samples/s, normal / det as a
 ratio of the medians and as the median of every round's own ratio
-("paired": the number to quote on a shared machine), and checks that every
+("paired": the number to quote on a shared machine), the same for the
+workers' training CPU per sample (summary.json per_worker cpu_seconds: the
+work itself, which a loaded machine distorts less), and checks that every
 deterministic run of a model ends with the same params_sha256 whatever the
 worker count. --base OLD/dtrain adds the deterministic runs of another
 binary (paired speed-up new / old, and its hash must be the same). --env
@@ -57,7 +59,10 @@ def run(binary, model, workers, det):
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(os.path.join(out, "summary.json")) as f:
             s = json.load(f)
-    return s["samples_per_second"], s["params_sha256"]
+    # training CPU of every worker per sample (summary per_worker cpu_seconds):
+    # what the work costs, less sensitive to a loaded machine than the wall clock
+    cpu = sum(w.get("cpu_seconds", 0) for w in s.get("per_worker", [])) / max(s["train_samples"], 1)
+    return s["samples_per_second"], s["params_sha256"], cpu * 1e6
 
 
 load = os.getloadavg()[0]
@@ -73,8 +78,9 @@ for r in range(a.reps):
             order = sides if r % 2 == 0 else sides[::-1]
             for side in order:
                 binary = a.base if side == "base" else dtrain
-                sps, sha = run(binary, model, w, side != "normal")
+                sps, sha, cpu = run(binary, model, w, side != "normal")
                 res.setdefault((model, w, side), []).append(sps)
+                res.setdefault((model, w, side, "cpu"), []).append(cpu)
                 if side != "normal":
                     shas.setdefault(model, set()).add(sha)
             line = "  ".join(f"{s} {res[(model, w, s)][-1]:8.0f}" for s in sides)
@@ -91,6 +97,12 @@ for model in models:
             b = res[(model, w, "base")]
             line += (f"; base det {med(b):.0f}: new/base {med(d) / med(b):.2f}x "
                      f"(paired {med([y / x for x, y in zip(b, d)]):.2f}x)")
+        nc, dc = res[(model, w, "normal", "cpu")], res[(model, w, "det", "cpu")]
+        if min(nc) > 0 and min(dc) > 0:  # 1 worker: no per_worker record
+            line += (f"; CPU per sample normal {med(nc):.2f} us, det {med(dc):.2f} us: "
+                     f"{med(dc) / med(nc):.2f}x (paired {med([y / x for x, y in zip(nc, dc)]):.2f}x)")
+            if a.base:
+                line += f", base det {med(res[(model, w, 'base', 'cpu')]):.2f} us"
         print(line)
     same = len(shas[model]) == 1
     ok &= same

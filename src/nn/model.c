@@ -417,14 +417,9 @@ void dt_model_set_grads(dt_model *m, float *grads) {
   if (!grads) grads = m->own_grads;
   if (grads == m->grads) return;
   memcpy(grads, m->grads, m->nparams * sizeof(float));
-  for (int i = 0; i < m->n; i++) {
-    layer *l = &m->L[i];
-    if (!l->s.info.nparams) continue;
-    l->db = grads + (l->db - m->grads);
-    l->dw = grads + (l->dw - m->grads);
-  }
-  m->grads = grads;
+  dt__model_point_grads(m, grads);
 }
+
 void dt__model_point_grads(dt_model *m, float *grads) {
   if (!grads || grads == m->grads) return;
   for (int i = 0; i < m->n; i++) {
