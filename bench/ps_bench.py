@@ -4,8 +4,9 @@
 Parts (--parts, default speed,rpc,straggler,sparse):
   speed      MLP and CNN, 2 workers, global batch 64, one epoch (the CNN on the
              first CNN_LIMIT training samples): dtrain data parallelism (ddp)
-             against ps bsp and ps asp with colocated servers, and bsp with one
-             separate server; REPS rounds alternating, medians and ratios.
+             against ps bsp and ps asp with colocated servers (asp also with
+             lazy replies, DTRAIN_PS_LAZY=1), and bsp with one separate
+             server; REPS rounds alternating, medians and ratios.
   rpc        the same MLP against PyTorch 1.13's RPC parameter server
              (bench/peers/fmnist_rpc_ps.py: the structure of PyTorch's
              tutorial, 1 server, 2 trainers, batch 32 each) and dtrain with 1
@@ -28,6 +29,10 @@ Parts (--parts, default speed,rpc,straggler,sparse):
              against the generator's floor (target: within 5%). At ~100
              ratings per user the error of estimating each user's 8 numbers
              alone is several percent of the floor (docs/ps.md).
+  breakdown  (not in the default list) one traced epoch of the MLP per mode
+             (ddp, bsp, asp, asp lazy; colocated): each span's mean per step
+             and rank (forward, backward, push per key, the wait for
+             parameters), to see where a ps step's time goes.
   failover   2 workers, 2 separate servers, ps.replicas = 2, bsp, the MLP
              (--failover-epochs of 3200 samples): server 0 SIGKILLed after the
              first epoch record, REPS times (--failover-reps); the time from
@@ -60,12 +65,15 @@ common = ["--set", "optim.name=sgd", "--set", "optim.lr=0.05", "--set", "optim.m
           "--set", "train.batch=64"]
 
 def dtrain_run(model, extra, epochs=1, limit=0):
+    # an extra argument KEY=VALUE without a leading "--" is an environment variable
+    xenv = dict(env, **dict(x.split("=", 1) for x in extra if x.startswith("DTRAIN_")))
+    extra = [x for x in extra if not x.startswith("DTRAIN_")]
     args = [dtrain, "train", f"examples/fashion_{model}.ini", *common,
             "--set", f"train.epochs={epochs}", *extra]
     if limit:
         args += ["--set", f"data.limit_train={limit}"]
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run(args + ["--out", out], env=env, check=True, stdout=subprocess.DEVNULL,
+        subprocess.run(args + ["--out", out], env=xenv, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         with open(os.path.join(out, "summary.json")) as f:
             return json.load(f)
@@ -74,6 +82,8 @@ MODES = {
     "ddp": ["--workers", "2"],
     "ps bsp colocated": ["--workers", "2", "--set", "ps.colocate=true"],
     "ps asp colocated": ["--workers", "2", "--set", "ps.colocate=true", "--set", "ps.consistency=asp"],
+    "ps asp coloc. lazy": ["--workers", "2", "--set", "ps.colocate=true", "--set", "ps.consistency=asp",
+                           "DTRAIN_PS_LAZY=1"],
     "ps bsp 1 server": ["--workers", "2", "--servers", "1"],
 }
 
@@ -90,7 +100,7 @@ def speed():
                 line += f"  {m} {s['samples_per_second']:.0f}"
             print(line, flush=True)
         base = statistics.median(res["ddp"])
-        targets = {"ps bsp colocated": 0.8, "ps asp colocated": 1.0}
+        targets = {"ps bsp colocated": 0.8, "ps asp colocated": 1.0, "ps asp coloc. lazy": 1.0}
         for m in MODES:
             med = statistics.median(res[m])
             t = targets.get(m)
@@ -278,7 +288,46 @@ def failover():
               f"{'met' if med <= 2 else 'missed'}); params_sha256 unchanged in {same} of "
               f"{a.failover_reps} runs")
 
+def breakdown():
+    """Where a step's time goes: one traced epoch of the MLP per mode (2 workers,
+    global batch 64), the mean of each span per step and rank: forward,
+    backward (which includes the pushes made during it), push per key (the
+    local key's includes its server's aggregation, optimizer step and
+    replies), and the wait for parameters at the step's end."""
+    print("== breakdown: MLP, 2 workers, global batch 64, 1 epoch traced (us per step, per rank)")
+    for label, extra in (("ddp", MODES["ddp"]), ("ps bsp colocated", MODES["ps bsp colocated"]),
+                         ("ps asp colocated", MODES["ps asp colocated"]),
+                         ("ps asp coloc. lazy", MODES["ps asp coloc. lazy"])):
+        xenv = dict(env, **dict(x.split("=", 1) for x in extra if x.startswith("DTRAIN_")))
+        args = [x for x in extra if not x.startswith("DTRAIN_")]
+        with tempfile.TemporaryDirectory() as out:
+            subprocess.run([dtrain, "train", "examples/fashion_mlp.ini", *common, "--set",
+                            "train.epochs=1", *args, "--set", "obs.trace=true", "--out", out],
+                           env=xenv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with open(os.path.join(out, "trace.json")) as f:
+                t = json.load(f)
+            with open(os.path.join(out, "summary.json")) as f:
+                sps = json.load(f)["samples_per_second"]
+        ev = t["traceEvents"] if isinstance(t, dict) else t
+        tot, cnt = {}, {}
+        for e in ev:
+            if e.get("ph") != "X":
+                continue
+            name = e["name"]
+            if name == "push":
+                name = f"push key {e.get('args', {}).get('n', '?')}"
+            k = (e["pid"], name)
+            tot[k] = tot.get(k, 0.0) + e["dur"]
+            cnt[k] = cnt.get(k, 0) + 1
+        print(f"  {label}: {sps:.0f} samples/s")
+        for rank in sorted({k[0] for k in tot}):
+            steps = cnt.get((rank, "step"), 1)
+            parts = [(n, tot[(r, n)] / steps) for (r, n) in sorted(tot) if r == rank and
+                     n in ("step", "forward", "backward", "pull", "reduce+update", "allreduce") or
+                     (r == rank and n.startswith("push key"))]
+            print(f"    rank {rank}: " + ", ".join(f"{n} {v:.0f}" for n, v in parts))
+
 for part in a.parts.split(","):
     {"speed": speed, "rpc": rpc, "straggler": straggler, "sparse": sparse,
-     "failover": failover}[part]()
+     "failover": failover, "breakdown": breakdown}[part]()
     print(flush=True)

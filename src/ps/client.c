@@ -81,7 +81,7 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
   c->nreq = calloc((size_t)c->nk, 1);
   c->kver = calloc((size_t)c->nk, sizeof *c->kver);
   c->kfwd = calloc((size_t)c->nk, sizeof *c->kfwd);
-  c->lazy = local && opts->consistency == DT_PS_ASP && c->R == 1;
+  c->lazy = local && opts->consistency == DT_PS_ASP && c->R == 1 && dt_param(DT_PARAM_PS_LAZY);
   if (c->lazy) c->stage = dt_alloc(map->nparams * sizeof(float));
   if (opts->significance > 0) {
     c->resid = dt_alloc(map->nparams * sizeof(float));
@@ -350,6 +350,8 @@ static int rows_impl(dt_ps_client *c, int layer, const int32_t *rows, int n) {
 }
 
 static int export_impl(dt_ps_client *c, float *buf, int64_t *steps) {
+  /* lazy: the last pushes' replies first (their request slots are reused) */
+  if (c->lazy) DT_CHECK(dt__psc_wait_all(c));
   size_t *off = malloc(((size_t)c->nk + 1) * sizeof *off);
   if (!off) return dt__seterr(DT_ENOMEM, "ps worker %d: out of memory", c->me);
   off[0] = 0;
@@ -493,6 +495,7 @@ static int finish_impl(dt_ps_client *c) {
 }
 
 static int sync_impl(dt_ps_client *c) {
+  if (c->lazy) DT_CHECK(dt__psc_wait_all(c));
   for (int k = 0; k < c->nk; k++) {
     dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .flags = DT_PS_F_FINAL,
                    .clock = c->clock};

@@ -7,7 +7,8 @@
  *     servers, end 50 steps with the parameters of 1 worker training alone
  *     to 1e-5 relative, every worker holding the same bytes;
  *   - determinism: the same BSP job twice gives the same bytes;
- *   - ssp (s = 2) and asp, separate or colocated (server threads), finish
+ *   - ssp (s = 2) and asp, separate or colocated (server threads; asp also
+ *     with lazy replies, DTRAIN_PS_LAZY=1), finish
  *     with every worker holding the same parameters and learn the task as
  *     well as bsp (within 5 points);
  *   - AdamW on the servers matches 1-worker AdamW too;
@@ -232,6 +233,14 @@ static void test_ssp_asp(void **state) {
   p = ps_job("aspc", 2, 0, 2, 0, DT_OPT_SGD, &n);
   double c = read_acc("aspc", 0);
   free(p);
+  /* the same with lazy replies (taken at the next step's begin) */
+  setenv("DTRAIN_PS_LAZY", "1", 1);
+  dt__param_reload();
+  p = ps_job("aspl", 2, 0, 2, 0, DT_OPT_SGD, &n);
+  double cl = read_acc("aspl", 0);
+  free(p);
+  unsetenv("DTRAIN_PS_LAZY");
+  dt__param_reload();
   /* colocated ssp and asp run their servers on threads of their own */
   p = ps_job("sspc", 2, 0, 1, 2, DT_OPT_SGD, &n);
   double sc = read_acc("sspc", 0);
@@ -239,11 +248,12 @@ static void test_ssp_asp(void **state) {
   p = ps_job("bspacc", 2, 1, 0, 0, DT_OPT_SGD, &n);
   double ref = read_acc("bspacc", 0);
   free(p);
-  printf("# accuracy: bsp %.3f, ssp(2) %.3f, asp %.3f, asp colocated %.3f, ssp(2) colocated "
-         "%.3f\n", ref, a, b, c, sc);
+  printf("# accuracy: bsp %.3f, ssp(2) %.3f, asp %.3f, asp colocated %.3f (lazy %.3f), ssp(2) "
+         "colocated %.3f\n", ref, a, b, c, cl, sc);
   /* three classes (chance 1/3): within a few points of bsp after one epoch */
   assert_true(ref > 0.6);
-  assert_true(a > ref - 0.05 && b > ref - 0.05 && c > ref - 0.05 && sc > ref - 0.05);
+  assert_true(a > ref - 0.05 && b > ref - 0.05 && c > ref - 0.05 && cl > ref - 0.05 &&
+              sc > ref - 0.05);
 }
 
 /* Ratings: label = a star 1..5, then a user id (0..599) and an item id
