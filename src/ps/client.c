@@ -265,7 +265,7 @@ int dt_ps_client_start(dt_ps_client *c) {
         int busy = 0;
         rc = dt__psc_poll_local(c, &busy);
         idle = busy ? 0 : idle + 1;
-        dt__psc_backoff(idle);
+        dt__ps_backoff(idle);
       }
     } else if (rc == DT_OK) {
       rc = dt_comm_waitall(c->comm, r, 2);

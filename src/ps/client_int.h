@@ -86,7 +86,6 @@ int dt__psc_comm_fail(dt_ps_client *c, int rc, const char *what);
 int dt__psc_holder(const dt_ps_client *c, int k);
 int dt__psc_survivable(dt_ps_client *c, int rc, int srv);
 int dt__psc_poll_local(dt_ps_client *c, int *busy);
-void dt__psc_backoff(int idle);
 int dt__psc_reap(dt_ps_client *c, int k0, int block);
 int dt__psc_wait_all(dt_ps_client *c);
 int dt__psc_mark(dt_ps_client *c, uint32_t flags);

@@ -125,15 +125,6 @@ int dt__psc_survivable(dt_ps_client *c, int rc, int srv) {
   return 1;
 }
 
-void dt__psc_backoff(int idle) {
-  if (idle < 64) return;
-  if (idle < 256) {
-    sched_yield();
-    return;
-  }
-  struct timespec ts = {0, idle < 2048 ? 20000 : 100000};
-  nanosleep(&ts, NULL);
-}
 
 /* Key k's reply was to come from a server now lost: the same read (clock,
  * flags, rows) from the next holder, which has every push the lost one had
@@ -208,7 +199,7 @@ int dt__psc_reap(dt_ps_client *c, int k0, int block) {
       int busy = 0;
       DT_CHECK(dt__psc_poll_local(c, &busy));
       idle = busy ? 0 : idle + 1;
-      dt__psc_backoff(idle);
+      dt__ps_backoff(idle);
     }
   }
   return DT_OK;
@@ -263,7 +254,7 @@ int dt__psc_wait_all(dt_ps_client *c) {
       if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
       progressed |= busy;
       idle = progressed ? 0 : idle + 1;
-      dt__psc_backoff(idle);
+      dt__ps_backoff(idle);
     }
     for (int k = 0; k < c->nk; k++) c->nreq[k] = 0;
   }
@@ -298,7 +289,7 @@ int dt__psc_mark(dt_ps_client *c, uint32_t flags) {
         int busy = 0;
         rc = dt__psc_poll_local(c, &busy);
         idle = busy ? 0 : idle + 1;
-        dt__psc_backoff(idle);
+        dt__ps_backoff(idle);
       } else if (rc == DT_OK && !done) {
         rc = dt_comm_waitall(c->comm, &r, 1);
         done = rc == DT_OK;
@@ -314,7 +305,7 @@ int dt__psc_mark(dt_ps_client *c, uint32_t flags) {
     int rc = dt__psc_poll_local(c, &busy);
     if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
     idle = busy ? 0 : idle + 1;
-    dt__psc_backoff(idle);
+    dt__ps_backoff(idle);
   }
   /* a server thread parks now: a collective on the communicator follows */
   c->park = c->threaded;

@@ -234,6 +234,9 @@ int dt_ps_server_local(dt_ps_server *s, const dt_ps_msg *m, const float *payload
  * worker's dense pushes are summed straight from the buffer it pushed
  * (which must not change until the key's reply). DT_EINVAL otherwise. */
 int dt__ps_server_zero_copy(dt_ps_server *s, float *params);
+/* A poll loop's wait after `idle` rounds with nothing done: none at first,
+ * then yields, then short sleeps (server.c; the client's waits use it too). */
+void dt__ps_backoff(int idle);
 
 /* ---- worker client (client.c) -------------------------------------------- */
 

@@ -546,7 +546,8 @@ int dt_ps_server_poll(dt_ps_server *s, int *busy) {
   return rc < 0 ? fail(s, rc) : DT_OK;
 }
 
-static void backoff(int idle) {
+/* How a poll loop that found nothing to do waits (client and server). */
+void dt__ps_backoff(int idle) {
   if (idle < 64) return;
   if (idle < 256) {
     sched_yield();
@@ -590,7 +591,7 @@ int dt_ps_server_run(dt_ps_server *s) {
     int busy = 0;
     if ((rc = dt_ps_server_poll(s, &busy)) < 0) return rc;
     idle = busy ? 0 : idle + 1;
-    backoff(idle);
+    dt__ps_backoff(idle);
   }
   if (rc == DT_OK) rc = finish_sends(s);
   return rc < 0 ? fail(s, rc) : DT_OK;

@@ -130,6 +130,12 @@ static int scatter(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const fl
   return DT_OK;
 }
 
+/* bsp: a push of a clock after the one open (a protocol error). */
+static int ahead(const dt_ps_server *s, const skey *k, int w, const dt_ps_msg *m) {
+  return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d before clock "
+                    "%lld closed", s->index, w, (long long)m->clock, m->key, (long long)k->version);
+}
+
 /* A push of rows (DT_PS_F_ROWS): data = count row numbers, then their
  * values. */
 static int on_push_rows(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data) {
@@ -142,10 +148,7 @@ static int on_push_rows(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, con
                         "has %zu rows)", s->index, w, r, m->key, k->nrows);
   }
   if (s->o.consistency == DT_PS_BSP) {
-    if (m->clock > k->version)
-      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d before "
-                        "clock %lld closed", s->index, w, (long long)m->clock, m->key,
-                        (long long)k->version);
+    if (m->clock > k->version) return ahead(s, k, w, m);
     if (m->clock < k->version) {
       s->st.dropped++;
     } else {
@@ -202,10 +205,7 @@ int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const f
                       (long long)k->wclock[w]);
   k->wclock[w]++;
   if (s->o.consistency == DT_PS_BSP) {
-    if (m->clock > k->version)
-      return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d before "
-                        "clock %lld closed", s->index, w, (long long)m->clock, m->key,
-                        (long long)k->version);
+    if (m->clock > k->version) return ahead(s, k, w, m);
     if (m->clock < k->version) {
       s->st.dropped++; /* a backup worker's late push */
     } else {
