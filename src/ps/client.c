@@ -449,6 +449,18 @@ static int push_timed(dt_ps_client *c, int k) {
   return rc;
 }
 
+/* Pushes the keys (lo, next_key], all final now: those of other servers
+ * first, then this worker's own server's (whose push, in bsp, may close the
+ * clock and step the optimizer right here), so the others' servers get
+ * their work as early as possible. */
+static int push_ready(dt_ps_client *c, int lo) {
+  for (int pass = 0; pass < 2; pass++)
+    for (int k = c->next_key; k > lo; k--)
+      if ((c->map->keys[k].server == c->local_idx) == pass) DT_CHECK(push_timed(c, k));
+  c->next_key = lo;
+  return DT_OK;
+}
+
 static void ready_impl(dt_ps_client *c, size_t off, size_t n) {
   if (c->err) return;
   if (c->local && !c->threaded) {
@@ -463,20 +475,18 @@ static void ready_impl(dt_ps_client *c, size_t off, size_t n) {
     }
   }
   if (off < c->ready_lo && off + n >= c->ready_lo) c->ready_lo = off;
-  while (c->next_key >= 0 && c->map->keys[c->next_key].off >= c->ready_lo) {
-    int rc = push_timed(c, c->next_key);
-    if (rc < 0) {
-      c->err = rc; /* reported by finish */
-      snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
-      return;
-    }
-    c->next_key--;
+  int lo = c->next_key;
+  while (lo >= 0 && c->map->keys[lo].off >= c->ready_lo) lo--;
+  int rc = push_ready(c, lo);
+  if (rc < 0) {
+    c->err = rc; /* reported by finish */
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
   }
 }
 
 static int finish_impl(dt_ps_client *c) {
   if (c->err) return dt__seterr(c->err, "ps worker %d: during backward: %s", c->me, c->errmsg);
-  for (; c->next_key >= 0; c->next_key--) DT_CHECK(push_timed(c, c->next_key));
+  DT_CHECK(push_ready(c, -1));
   /* lazy (asp): the replies are taken at the next step's begin */
   if (!c->lazy) DT_CHECK(dt__psc_wait_all(c));
   c->clock++;
