@@ -8,7 +8,7 @@
 #   make bench-ckpt  checkpoint cost, write speed vs dd and torch.save, resume time, kills
 #   make bench-ps  parameter server vs ddp, PyTorch RPC PS, a straggler
 #   make bench-obs  observability: overhead, scrape time, trace size
-#   make bench-compress  gradient codecs: speed, one host, 3 emulated hosts at 100 Mbit/1 Gbit vs PyTorch hooks
+#   make bench-compress  gradient codecs: speed, one host, 3 emulated hosts at 100 Mbit/1 Gbit vs PyTorch hooks, accuracy with/without EF
 #   make bench-elastic  elastic training: recovery time of 10 kills (one host and across 3 namespaces), steps lost, cost when nothing fails, standby replacement, launch --join
 #   make install [PREFIX=/usr/local]  the dtrain binary, libdtrain (.a, .so),
 #                headers, dtrain.pc and the CMake package under PREFIX
@@ -95,9 +95,11 @@ bench-obs: deps-bench build
 	BUILD=$(BUILD) bench/obs.sh
 
 # gradient compression: codec speed, one host, 3 network namespaces with
-# tc tbf at 100 Mbit/s and 1 Gbit/s, PyTorch DDP hooks (docs/compress.md)
+# tc tbf at 100 Mbit/s and 1 Gbit/s, PyTorch DDP hooks, then the final
+# accuracy of every codec with and without error feedback (docs/compress.md)
 bench-compress: deps-bench build
 	BUILD=$(BUILD) bench/compress.sh
+	BUILD=$(BUILD) bench/compress_acc.sh
 
 clean:
 	rm -rf build

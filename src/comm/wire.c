@@ -15,34 +15,23 @@
 
 /* ---- transport frames ---------------------------------------------------- */
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
-
 void dt__frame_encode(const struct dt_frame_hdr *h, uint8_t out[DT_FRAME_HDR_LEN]) {
-  put32(out, h->magic);
+  dt_put_le32(out, h->magic);
   out[4] = h->version;
   out[5] = h->type;
   out[6] = (uint8_t)h->flags;
   out[7] = (uint8_t)(h->flags >> 8);
-  put64(out + 8, h->tag);
-  put64(out + 16, h->len);
+  dt_put_le64(out + 8, h->tag);
+  dt_put_le64(out + 16, h->len);
 }
 
 int dt__frame_decode(const uint8_t in[DT_FRAME_HDR_LEN], struct dt_frame_hdr *h, char *why) {
-  h->magic = get32(in);
+  h->magic = dt_get_le32(in);
   h->version = in[4];
   h->type = in[5];
   h->flags = (uint16_t)(in[6] | in[7] << 8);
-  h->tag = get64(in + 8);
-  h->len = get64(in + 16);
+  h->tag = dt_get_le64(in + 8);
+  h->len = dt_get_le64(in + 16);
   if (h->magic != DT_FRAME_MAGIC) {
     snprintf(why, 128, "bad frame magic 0x%08x", h->magic);
     return DT_EPROTO;
@@ -73,21 +62,21 @@ int dt__frame_decode(const uint8_t in[DT_FRAME_HDR_LEN], struct dt_frame_hdr *h,
 
 void dt__kv_encode_hdr(uint8_t out[DT_KV_HDR], uint8_t op, uint32_t klen, uint32_t vlen,
                        uint32_t v2len, uint32_t timeout_ms) {
-  put32(out, DT_KV_MAGIC);
+  dt_put_le32(out, DT_KV_MAGIC);
   out[4] = DT_KV_VERSION;
   out[5] = op;
   out[6] = out[7] = 0;
-  put32(out + 8, klen);
-  put32(out + 12, vlen);
-  put32(out + 16, v2len);
-  put32(out + 20, timeout_ms);
+  dt_put_le32(out + 8, klen);
+  dt_put_le32(out + 12, vlen);
+  dt_put_le32(out + 16, v2len);
+  dt_put_le32(out + 20, timeout_ms);
 }
 
 int dt__kv_parse(const uint8_t *buf, size_t len, bool reply, struct dt_kv_msg *m, size_t *used,
                  char *why) {
   if (len < DT_KV_HDR) return DT_EAGAIN;
-  if (get32(buf) != DT_KV_MAGIC) {
-    snprintf(why, 128, "bad store magic 0x%08x", get32(buf));
+  if (dt_get_le32(buf) != DT_KV_MAGIC) {
+    snprintf(why, 128, "bad store magic 0x%08x", dt_get_le32(buf));
     return DT_EPROTO;
   }
   if (buf[4] != DT_KV_VERSION) {
@@ -103,10 +92,10 @@ int dt__kv_parse(const uint8_t *buf, size_t len, bool reply, struct dt_kv_msg *m
     snprintf(why, 128, "unknown store op %u", m->op);
     return DT_EPROTO;
   }
-  m->klen = get32(buf + 8);
-  m->vlen = get32(buf + 12);
-  m->v2len = get32(buf + 16);
-  m->timeout_ms = get32(buf + 20);
+  m->klen = dt_get_le32(buf + 8);
+  m->vlen = dt_get_le32(buf + 12);
+  m->v2len = dt_get_le32(buf + 16);
+  m->timeout_ms = dt_get_le32(buf + 20);
   if ((!reply && (m->klen == 0 || m->klen > DT_STORE_KEY_MAX)) || (reply && m->klen)) {
     snprintf(why, 128, "store key length %u out of range", m->klen);
     return DT_EPROTO;

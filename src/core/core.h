@@ -211,6 +211,21 @@ void dt_rng_uniform(float *out, size_t n, float lo, float hi, uint64_t seed,
 /* Fisher-Yates permutation of 0..n-1 as a pure function of (seed, stream, a). */
 void dt_rng_permutation(int64_t *perm, int64_t n, uint64_t seed, uint32_t stream, uint64_t a);
 
+/* ---- little-endian fields of wire and file formats --------------------- */
+
+static inline void dt_put_le32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void dt_put_le64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t dt_get_le32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t dt_get_le64(const uint8_t *p) {
+  return (uint64_t)dt_get_le32(p) | (uint64_t)dt_get_le32(p + 4) << 32;
+}
+
 /* ---- checksums --------------------------------------------------------- */
 
 uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t len);

@@ -64,48 +64,31 @@ size_t dt_compress_state_bytes(const dt_compress *z) {
   return parts ? STATE_HDR + body_floats(z, parts) * sizeof(float) : 0;
 }
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
-
 static void put_hdr(uint8_t *p, const state_hdr *h) {
   memset(p, 0, STATE_HDR);
-  put32(p, h->magic);
-  put32(p + 4, h->version);
-  put32(p + 8, h->codec);
-  put32(p + 12, h->parts);
-  put64(p + 16, h->nparams);
-  put32(p + 24, h->rank);
-  put32(p + 28, h->nranks);
-  put32(p + 32, h->nmats);
-  put32(p + 36, h->qrank);
-  put64(p + 40, (uint64_t)h->step);
+  dt_put_le32(p, h->magic);
+  dt_put_le32(p + 4, h->version);
+  dt_put_le32(p + 8, h->codec);
+  dt_put_le32(p + 12, h->parts);
+  dt_put_le64(p + 16, h->nparams);
+  dt_put_le32(p + 24, h->rank);
+  dt_put_le32(p + 28, h->nranks);
+  dt_put_le32(p + 32, h->nmats);
+  dt_put_le32(p + 36, h->qrank);
+  dt_put_le64(p + 40, (uint64_t)h->step);
 }
 
 static void get_hdr(const uint8_t *p, state_hdr *h) {
-  h->magic = get32(p);
-  h->version = get32(p + 4);
-  h->codec = get32(p + 8);
-  h->parts = get32(p + 12);
-  h->nparams = get64(p + 16);
-  h->rank = get32(p + 24);
-  h->nranks = get32(p + 28);
-  h->nmats = get32(p + 32);
-  h->qrank = get32(p + 36);
-  h->step = (int64_t)get64(p + 40);
+  h->magic = dt_get_le32(p);
+  h->version = dt_get_le32(p + 4);
+  h->codec = dt_get_le32(p + 8);
+  h->parts = dt_get_le32(p + 12);
+  h->nparams = dt_get_le64(p + 16);
+  h->rank = dt_get_le32(p + 24);
+  h->nranks = dt_get_le32(p + 28);
+  h->nmats = dt_get_le32(p + 32);
+  h->qrank = dt_get_le32(p + 36);
+  h->step = (int64_t)dt_get_le64(p + 40);
 }
 
 static uint8_t *put_floats(uint8_t *p, const float *x, size_t n) {
