@@ -109,10 +109,13 @@ static int job_child(void *arg, int r) {
 }
 
 /* One forked worker per config; status[r] as fork_workers reports it. */
+/* How long run_job waits for a job's workers before it kills them. */
+static double job_deadline_s = 50;
+
 __attribute__((unused)) static void run_job(const dt_run_cfg *cfgs, int n, const char *tag,
                                             int *status) {
   struct job_arg a = {cfgs, tag};
-  fork_workers(n, job_child, &a, 50, tag, status);
+  fork_workers(n, job_child, &a, job_deadline_s, tag, status);
 }
 
 __attribute__((unused)) static float *read_params(const char *tag, int rank, size_t *n) {
