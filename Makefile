@@ -96,10 +96,12 @@ bench-obs: deps-bench build
 
 # gradient compression: codec speed, one host, 3 network namespaces with
 # tc tbf at 100 Mbit/s and 1 Gbit/s, PyTorch DDP hooks, then the final
-# accuracy of every codec with and without error feedback (docs/compress.md)
+# accuracy of every codec with and without error feedback, then int8 against
+# dense at 100 Mbit/s over 3 rounds with medians (docs/compress.md)
 bench-compress: deps-bench build
 	BUILD=$(BUILD) bench/compress.sh
 	BUILD=$(BUILD) bench/compress_acc.sh
+	BUILD=$(BUILD) bench/compress_int8.sh
 
 clean:
 	rm -rf build

@@ -430,6 +430,100 @@ static void test_state(void **st) {
   dt_compress_destroy(b);
 }
 
+/* The int8 ring's frames (a step per block of DT_CZ_I8_BLOCK): decoded +
+ * residual = x, each value within its own block's step (a quiet block next
+ * to a loud one keeps its precision), n = 0 is a bare header, Inf/NaN
+ * decodes to NaN, stochastic rounding is unbiased, and malformed frames
+ * are DT_ECORRUPT with the output untouched. */
+static void test_int8_blocks(void **st) {
+  (void)st;
+  size_t ns[] = {0, 1, 7, 255, 256, 257, 1000, 4099};
+  for (size_t t = 0; t < sizeof ns / sizeof *ns; t++) {
+    size_t n = ns[t], fb = dt__cz_i8b_bytes(n);
+    assert_true(fb % 8 == 0 && fb >= DT_CZ_HDR_LEN + n);
+    float *x = malloc((n + 1) * sizeof *x), *dec = calloc(n + 1, sizeof *dec),
+          *res = malloc((n + 1) * sizeof *res);
+    fill(x, n, 11 + n);
+    for (size_t i = 0; i < n; i++)
+      if ((i / DT_CZ_I8_BLOCK) % 2) x[i] *= 1e-4f;
+    uint8_t *f = aligned_alloc(8, fb);
+    dt__cz_i8b_encode(x, n, RNG0, f, res, 0);
+    int fl = -1;
+    assert_int_equal(dt__cz_i8b_decode_add(f, fb, n, dec, &fl), DT_OK);
+    assert_int_equal(fl, DT_CZ_FLAG_BLOCKS);
+    for (size_t i = 0; i < n; i++) {
+      assert_float_equal(dec[i] + res[i], x[i], 1e-9);
+      float scale = (i / DT_CZ_I8_BLOCK) % 2 ? 1e-4f : 1.0f;
+      assert_true(fabs(dec[i] - x[i]) <= scale / 127 * 1.0001);
+    }
+    free(x);
+    free(dec);
+    free(res);
+    free(f);
+  }
+  /* unbiased: the mean of many draws of one value is that value */
+  {
+    enum { M = 300, D = 2000 };
+    float x[M], acc[M] = {0}, one[M];
+    for (int i = 0; i < M; i++) x[i] = (float)(i % 17) / 17.0f - 0.4f;
+    x[0] = 1.0f; /* the step: 1/127 */
+    uint8_t *f = aligned_alloc(8, dt__cz_i8b_bytes(M));
+    for (int d = 0; d < D; d++) {
+      dt_cz_rng rng = {5, (uint64_t)d, 0};
+      memset(one, 0, sizeof one);
+      dt__cz_i8b_encode(x, M, rng, f, NULL, 0);
+      assert_int_equal(dt__cz_i8b_decode_add(f, dt__cz_i8b_bytes(M), M, one, NULL), DT_OK);
+      for (int i = 0; i < M; i++) acc[i] += one[i];
+    }
+    for (int i = 0; i < M; i++) assert_true(fabs(acc[i] / D - x[i]) < 4.0 / 127 / sqrt(D) + 1e-6);
+    free(f);
+  }
+  /* non-finite input: the sum becomes NaN */
+  {
+    float x[5] = {1, 2, INFINITY, 4, 5}, out[5] = {0};
+    uint8_t f[64];
+    dt__cz_i8b_encode(x, 5, RNG0, f, NULL, 0);
+    assert_int_equal(dt__cz_i8b_decode_add(f, dt__cz_i8b_bytes(5), 5, out, NULL), DT_OK);
+    assert_true(isnan(out[0]));
+  }
+  /* malformed */
+  enum { N = 600 };
+  float x[N], out[N];
+  fill(x, N, 3);
+  size_t fb = dt__cz_i8b_bytes(N);
+  uint8_t *good = aligned_alloc(8, fb), *f = aligned_alloc(8, fb);
+  dt__cz_i8b_encode(x, N, RNG0, good, NULL, 2 /* DT_CZ_FLAG_NOTE */);
+  memset(out, 0, sizeof out);
+  int fl = 0;
+  assert_int_equal(dt__cz_i8b_decode_add(good, fb, N, out, &fl), DT_OK);
+  assert_true(fl & 2);
+  struct { size_t at; uint8_t v; size_t len; size_t n; const char *why; } bad[] = {
+      {0, 0x00, 0, N, "bad magic"},
+      {5, 9, 0, N, "version"},
+      {4, DT_CODEC_QSGD, 0, N, "expected int8"},
+      {7, 0, 0, N, "flags"},     /* the blocks flag missing */
+      {7, 0x84, 0, N, "flags"},  /* an unknown flag */
+      {6, 3, 0, N, "levels"},
+      {0, 0x4c, 0, N - 1, "the chunk holds"}, /* (magic byte unchanged) another chunk size */
+      {0, 0x4c, fb - 8, N, "truncated"},
+      {DT_CZ_HDR_LEN + 7, 0xff, 0, N, "block 1"}, /* a NaN step */
+      {DT_CZ_HDR_LEN + 3, 0x80, 0, N, "block 0"}, /* a negative step (sign bit) */
+  };
+  for (size_t t = 0; t < sizeof bad / sizeof *bad; t++) {
+    memcpy(f, good, fb);
+    f[bad[t].at] = bad[t].v;
+    if (bad[t].at == DT_CZ_HDR_LEN + 7) f[DT_CZ_HDR_LEN + 6] = 0xc0;
+    memset(out, 0, sizeof out);
+    int rc = dt__cz_i8b_decode_add(f, bad[t].len ? bad[t].len : fb, bad[t].n, out, NULL);
+    if (rc != DT_ECORRUPT || !strstr(dt_errmsg(), bad[t].why))
+      fail_msg("malformed int8 ring frame %zu: rc %d, '%s' (want '%s')", t, rc, dt_errmsg(),
+               bad[t].why);
+    for (int i = 0; i < N; i++) assert_true(out[i] == 0);
+  }
+  free(good);
+  free(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trips),       cmocka_unit_test(test_exact_values),
@@ -437,7 +531,7 @@ int main(void) {
       cmocka_unit_test(test_uniform_counter_based), cmocka_unit_test(test_topk),
       cmocka_unit_test(test_topk_ties),         cmocka_unit_test(test_orthonormalize),
       cmocka_unit_test(test_malformed),         cmocka_unit_test(test_nonfinite),
-      cmocka_unit_test(test_state),
+      cmocka_unit_test(test_state),             cmocka_unit_test(test_int8_blocks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -181,6 +181,189 @@ static void test_tcp(void **st) {
   matrix("tcp", ns, 3);
 }
 
+/* ---- int8: the compressed ring ------------------------------------------
+ * dt_compress_reduce of int8 against a serial model of the ring built from
+ * the same frame functions (chunk c starts at rank c+1, each rank adds its
+ * value to the decoded partial sum and requantises, the owner quantises the
+ * full sum once more): the same bits (an exact reference), for world sizes
+ * 1..4 and spans of 0, 1, odd and large sizes; and the result within the
+ * quantisation bound of the exact sum. */
+typedef struct ring_job {
+  size_t n;
+  int ef;
+  float *out[MAXR];
+  float *resid[MAXR];
+} ring_job;
+
+static void ring_value(float *w, size_t n, int rank) {
+  dt_rng_uniform(w, n, -1.0f, 1.0f, 99, DT_RNG_USER + 2, (uint64_t)rank);
+  /* blocks of very different magnitudes: a step per block keeps the small ones */
+  for (size_t i = 0; i < n; i++) w[i] *= (i / 256) % 3 == 1 ? 1e-3f : (i / 256) % 3 == 2 ? 10.0f : 1.0f;
+}
+
+static int ring_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  ring_job *j = arg;
+  int r = dt_comm_rank(c), n = dt_comm_size(c);
+  dt_compress_cfg cfg = DT_COMPRESS_CFG_INIT;
+  cfg.codec = DT_CODEC_INT8;
+  cfg.error_feedback = j->ef;
+  dt_compress *z;
+  int rc = dt_compress_create(&z, &cfg, j->n, NULL, 0, r, n);
+  if (rc < 0) {
+    snprintf(fail, cap, "create: %s", dt_errmsg());
+    return rc;
+  }
+  float *g = j->out[r];
+  ring_value(g, j->n, r);
+  dt_compress_begin_step(z, 3, 0);
+  rc = dt_compress_reduce(z, c, g, 0, j->n, 1.0f);
+  if (rc < 0) snprintf(fail, cap, "reduce: %s", dt_errmsg());
+  const float *res = dt_compress_residual(z);
+  if (res && j->n) memcpy(j->resid[r], res, j->n * sizeof *res);
+  dt_compress_destroy(z);
+  return rc;
+}
+
+static void ring_reference(size_t n, int N, float *want) {
+  float *w = malloc((size_t)N * (n + 1) * sizeof *w);
+  uint8_t *f = malloc(dt__cz_i8b_bytes(n));
+  float *p = malloc((n + 1) * sizeof *p);
+  for (int r = 0; r < N; r++) ring_value(w + (size_t)r * (n + 1), n, r);
+  size_t base = n / (size_t)N, extra = n % (size_t)N;
+  for (int ch = 0; ch < N; ch++) {
+    size_t o = (size_t)ch * base + ((size_t)ch < extra ? (size_t)ch : extra);
+    size_t m = base + ((size_t)ch < extra);
+    int r = (ch + 1) % N; /* the first to send chunk ch */
+    memcpy(p, w + (size_t)r * (n + 1) + o, m * sizeof *p);
+    for (int hop = 1; hop <= N; hop++) {
+      dt_cz_rng rng = {42, 3, ((uint64_t)r << 32) | (uint32_t)o};
+      dt__cz_i8b_encode(p, m, rng, f, NULL, 0);
+      if (hop == N) break; /* r is the owner: its frame is the result */
+      r = (r + 1) % N;
+      memcpy(p, w + (size_t)r * (n + 1) + o, m * sizeof *p);
+      assert_int_equal(dt__cz_i8b_decode_add(f, dt__cz_i8b_bytes(m), m, p, NULL), DT_OK);
+    }
+    memset(want + o, 0, m * sizeof *want);
+    assert_int_equal(dt__cz_i8b_decode_add(f, dt__cz_i8b_bytes(m), m, want + o, NULL), DT_OK);
+  }
+  free(w);
+  free(f);
+  free(p);
+}
+
+static void ring_case(const char *tp, int N, size_t n, int ef) {
+  ring_job j = {n, ef, {0}, {0}};
+  for (int r = 0; r < N; r++) {
+    j.out[r] = malloc((n + 1) * sizeof(float));
+    j.resid[r] = calloc(n + 1, sizeof(float));
+  }
+  if (run_ranks(tp, N, 60, ring_body, &j, NULL, NULL))
+    fail_msg("int8 ring %s N=%d n=%zu: a rank failed", tp, N, n);
+  float *want = malloc((n + 1) * sizeof *want);
+  ring_reference(n, N, want);
+  if (n && memcmp(want, j.out[0], n * sizeof *want))
+    fail_msg("int8 ring %s N=%d n=%zu: differs from the serial reference", tp, N, n);
+  for (int r = 1; r < N; r++)
+    if (n && memcmp(j.out[0], j.out[r], n * sizeof(float)))
+      fail_msg("int8 ring %s N=%d n=%zu: rank %d's result differs from rank 0's", tp, N, n, r);
+  /* the bound: each of the N quantisations of a value errs by less than its
+   * block's step, at most (the block's largest partial sum) / 127 */
+  float *v = malloc((n + 1) * sizeof *v);
+  double *sum = calloc(n + 1, sizeof *sum), *abs = calloc(n + 1, sizeof *abs);
+  for (int r = 0; r < N; r++) {
+    ring_value(v, n, r);
+    for (size_t i = 0; i < n; i++) sum[i] += v[i], abs[i] += fabs(v[i]);
+  }
+  for (size_t b = 0; b < n; b += 256) {
+    size_t e = b + 256 < n ? b + 256 : n;
+    /* a chunk's blocks need not line up with these: look one block either side */
+    size_t lo = b >= 256 ? b - 256 : 0, hi = e + 256 < n ? e + 256 : n;
+    double amax = 0;
+    for (size_t i = lo; i < hi; i++) amax = abs[i] > amax ? abs[i] : amax;
+    double bound = N * 1.05 * amax / 127 + 1e-6;
+    for (size_t i = b; i < e; i++) {
+      if (fabs(j.out[0][i] - sum[i]) > bound)
+        fail_msg("int8 ring %s N=%d n=%zu: value %zu is %g, the sum %g (bound %g)", tp, N, n, i,
+                 (double)j.out[0][i], sum[i], bound);
+      if (ef) { /* the result plus every rank's residual is the sum */
+        double got = j.out[0][i];
+        for (int r = 0; r < N; r++) got += j.resid[r][i];
+        if (fabs(got - sum[i]) > 1e-5 * (1 + abs[i]))
+          fail_msg("int8 ring %s N=%d n=%zu: result + residuals %g, the sum %g", tp, N, n, got,
+                   sum[i]);
+      }
+    }
+  }
+  free(v);
+  free(sum);
+  free(abs);
+  free(want);
+  for (int r = 0; r < N; r++) {
+    free(j.out[r]);
+    free(j.resid[r]);
+  }
+}
+
+static void test_int8_ring(void **st) {
+  (void)st;
+  const size_t sizes[] = {0, 1, 2, 3, 257, 1001, 100003};
+  for (int N = 1; N <= 4; N++)
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) ring_case("inproc", N, sizes[k], k % 2);
+  ring_case("tcp", 3, 1001, 1);
+  ring_case("tcp", 4, 100003, 0);
+}
+
+/* A malformed frame from a peer is DT_ECORRUPT naming that peer, not a
+ * crash: rank 1 sends rank 0 a frame with a bad step in the ring's place. */
+static int bad_ring_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  (void)arg;
+  enum { N8 = 1000 };
+  int r = dt_comm_rank(c);
+  float *g = calloc(N8, sizeof *g);
+  int rc = DT_OK;
+  if (r == 0) {
+    dt_compress_cfg cfg = DT_COMPRESS_CFG_INIT;
+    cfg.codec = DT_CODEC_INT8;
+    dt_compress *z;
+    rc = dt_compress_create(&z, &cfg, N8, NULL, 0, 0, 2);
+    if (rc == DT_OK) {
+      ring_value(g, N8, 0);
+      dt_compress_begin_step(z, 0, 0);
+      rc = dt_compress_reduce(z, c, g, 0, N8, 1.0f);
+      dt_compress_destroy(z);
+      if (rc == DT_ECORRUPT && strstr(dt_errmsg(), "rank 1") && strstr(dt_errmsg(), "step"))
+        rc = DT_OK;
+      else {
+        snprintf(fail, cap, "rank 0 got %d (%s), want DT_ECORRUPT naming rank 1", rc, dt_errmsg());
+        rc = rc < 0 ? rc : DT_EINVAL;
+      }
+    }
+  } else {
+    size_t m = N8 / 2, fb = dt__cz_i8b_bytes(m);
+    uint8_t *in = malloc(fb), *out = malloc(fb);
+    ring_value(g, m, 1);
+    dt_cz_rng rng = {1, 0, 1};
+    dt__cz_i8b_encode(g, m, rng, out, NULL, 0);
+    float bad = -1.0f;
+    memcpy(out + DT_CZ_HDR_LEN + 4, &bad, 4); /* block 1's step */
+    rc = dt_comm_send(c, 0, DT_CZ_RING_TAG, out, fb);
+    if (rc == DT_OK) rc = dt_comm_recv(c, 0, DT_CZ_RING_TAG, in, fb);
+    if (rc < 0) snprintf(fail, cap, "rank 1: %s", dt_errmsg());
+    free(in);
+    free(out);
+  }
+  free(g);
+  return rc;
+}
+
+static void test_int8_ring_malformed(void **st) {
+  (void)st;
+  int rcs[2];
+  char msgs[2][512];
+  if (run_ranks("inproc", 2, 30, bad_ring_body, NULL, rcs, msgs))
+    fail_msg("malformed int8 ring frame: %s / %s", msgs[0], msgs[1]);
+}
+
 /* Bad settings are refused naming the key. */
 static void test_bad_cfg(void **st) {
   (void)st;
@@ -211,6 +394,8 @@ int main(void) {
       cmocka_unit_test(test_bad_cfg),
       cmocka_unit_test(test_inproc),
       cmocka_unit_test(test_tcp),
+      cmocka_unit_test(test_int8_ring),
+      cmocka_unit_test(test_int8_ring_malformed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /*
  * fuzz_comm_compress.c — libFuzzer target for compressed gradient frames
- * (dt_cz_decode_add, src/comm/compress/codec.c): the first byte picks the
- * codec, the next two the bucket size; the rest is the frame as it would
+ * (dt_cz_decode_add, src/comm/compress/codec.c) and the int8 ring's
+ * frames (dt__cz_i8b_decode_add): the first byte picks the codec (0xff:
+ * the int8 ring), the next two the bucket size; the rest is the frame as it would
  * arrive from a peer. A frame is either rejected (DT_ECORRUPT with a
  * message, the output untouched) or accepted and decoded without touching
  * memory outside the bucket (ASan); an accepted frame's header must hold
@@ -26,6 +27,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   float *out = calloc(n, sizeof *out);
   if (!f || !out) abort();
   memcpy(f, data, size);
+  if (data[-3] == 0xff) {
+    int fl = 0;
+    int rc = dt__cz_i8b_decode_add(f, size, n - 1, out, &fl); /* n - 1: chunks may be empty */
+    if (rc < 0) {
+      if (rc != DT_ECORRUPT || !dt_errmsg()[0]) abort();
+      for (size_t i = 0; i < n; i++)
+        if (out[i] != 0) abort();
+    } else {
+      dt_cz_hdr h;
+      memcpy(&h, f, sizeof h);
+      if (h.magic != DT_CZ_MAGIC || h.n != n - 1 || h.k != n - 1 || h.codec != DT_CODEC_INT8) abort();
+      if (!(fl & DT_CZ_FLAG_BLOCKS) || dt__cz_i8b_bytes(n - 1) > size) abort();
+    }
+    free(f);
+    free(out);
+    return 0;
+  }
   int rc = dt_cz_decode_add(codec, f, size, n, out);
   if (rc < 0) {
     if (rc != DT_ECORRUPT || !dt_errmsg()[0]) abort();

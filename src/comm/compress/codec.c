@@ -352,6 +352,85 @@ static void dequantize_add(const int8_t *restrict q, float *restrict out, size_t
   for (size_t i = 0; i < n; i++) out[i] += (float)q[i] * step;
 }
 
+/* ---- int8 with a step per block (the ring of dt_compress_reduce) ---------- */
+
+size_t dt__cz_i8b_bytes(size_t n) {
+  return (DT_CZ_HDR_LEN + 4 * ((n + DT_CZ_I8_BLOCK - 1) / DT_CZ_I8_BLOCK) + n + 7) & ~(size_t)7;
+}
+
+void dt__cz_i8b_encode(const float *x, size_t n, dt_cz_rng rng, void *frame, float *resid,
+                       int flags) {
+  size_t nb = (n + DT_CZ_I8_BLOCK - 1) / DT_CZ_I8_BLOCK;
+  if (n && nonfinite(x, n)) flags |= DT_CZ_FLAG_NONFINITE;
+  dt__cz_put_hdr(frame, DT_CODEC_INT8, 0, flags | DT_CZ_FLAG_BLOCKS, n, n, 1.0f);
+  uint8_t *p = (uint8_t *)frame + DT_CZ_HDR_LEN;
+  int8_t *q = (int8_t *)(p + 4 * nb);
+  for (size_t b = 0; b < nb; b++) {
+    size_t lo = b * DT_CZ_I8_BLOCK, m = n - lo < DT_CZ_I8_BLOCK ? n - lo : DT_CZ_I8_BLOCK;
+    float mx = flags & DT_CZ_FLAG_NONFINITE ? 0 : maxabs(x + lo, m);
+    float step = mx / 127.0f;
+    if (step > 0 && isfinite(127.0f / mx)) {
+      quantize(x + lo, q + lo, resid ? resid + lo : NULL, m, 127.0f / mx, step, 127.0f, rng,
+               lo / UBLOCK, 0);
+    } else {
+      step = 0;
+      memset(q + lo, 0, m);
+      if (resid && resid != x) memcpy(resid + lo, x + lo, m * sizeof *x);
+    }
+    memcpy(p + 4 * b, &step, 4);
+  }
+  size_t used = DT_CZ_HDR_LEN + 4 * nb + n, all = dt__cz_i8b_bytes(n);
+  memset((uint8_t *)frame + used, 0, all - used); /* padding: every byte on the wire defined */
+}
+
+int dt__cz_i8b_decode_add(const void *frame, size_t bytes, size_t n, float *out, int *flags) {
+  dt_cz_hdr h;
+  if (!frame || bytes < DT_CZ_HDR_LEN)
+    return dt__seterr(DT_ECORRUPT, "int8 ring frame: %zu bytes, shorter than its %d-byte header",
+                      bytes, DT_CZ_HDR_LEN);
+  memcpy(&h, frame, sizeof h);
+  if (h.magic != DT_CZ_MAGIC)
+    return dt__seterr(DT_ECORRUPT, "int8 ring frame: bad magic 0x%08x", h.magic);
+  if (h.version != DT_CZ_VERSION)
+    return dt__seterr(DT_ECORRUPT, "int8 ring frame: version %u, expected %d", h.version,
+                      DT_CZ_VERSION);
+  if (h.codec != DT_CODEC_INT8)
+    return dt__seterr(DT_ECORRUPT, "int8 ring frame: codec %u, expected int8", h.codec);
+  if (!(h.flags & DT_CZ_FLAG_BLOCKS) ||
+      (h.flags & ~(DT_CZ_FLAG_NONFINITE | DT_CZ_FLAG_NOTE | DT_CZ_FLAG_BLOCKS)) || h.reserved ||
+      h.levels)
+    return dt__seterr(DT_ECORRUPT, "int8 ring frame: flags 0x%02x / levels %u / reserved 0x%x",
+                      h.flags, h.levels, h.reserved);
+  if (h.n != n || h.k != n)
+    return dt__seterr(DT_ECORRUPT, "int8 ring frame: %u values / %u entries, the chunk holds %zu",
+                      h.n, h.k, n);
+  if (bytes < dt__cz_i8b_bytes(n))
+    return dt__seterr(DT_ECORRUPT, "int8 ring frame: %zu bytes, %zu values need %zu (truncated)",
+                      bytes, n, dt__cz_i8b_bytes(n));
+  const uint8_t *p = (const uint8_t *)frame + DT_CZ_HDR_LEN;
+  size_t nb = (n + DT_CZ_I8_BLOCK - 1) / DT_CZ_I8_BLOCK;
+  for (size_t b = 0; b < nb; b++) { /* checked before any is used */
+    float st;
+    memcpy(&st, p + 4 * b, 4);
+    if (!(st >= 0) || !isfinite(st))
+      return dt__seterr(DT_ECORRUPT, "int8 ring frame: block %zu has step %g (negative or not "
+                        "finite)", b, (double)st);
+  }
+  if (flags) *flags = h.flags;
+  if (h.flags & DT_CZ_FLAG_NONFINITE) {
+    for (size_t i = 0; i < n; i++) out[i] += NAN;
+    return DT_OK;
+  }
+  const int8_t *q = (const int8_t *)(p + 4 * nb);
+  for (size_t b = 0; b < nb; b++) {
+    size_t lo = b * DT_CZ_I8_BLOCK, m = n - lo < DT_CZ_I8_BLOCK ? n - lo : DT_CZ_I8_BLOCK;
+    float st;
+    memcpy(&st, p + 4 * b, 4);
+    dequantize_add(q + lo, out + lo, m, st);
+  }
+  return DT_OK;
+}
+
 /* ---- sign ---------------------------------------------------------------- */
 
 static void sign_pack(const float *restrict x, uint8_t *restrict bits, float *resid, size_t n,

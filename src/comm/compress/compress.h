@@ -9,8 +9,10 @@
  *   linear (allreduce):  fp16, bf16 (cast for the wire, summed by the
  *                        collective), powersgd (low rank: P = MQ and
  *                        Q = M^T P are allreduced in f32);
- *   framed (allgather):  int8 (per-bucket scale, stochastic rounding),
- *                        qsgd (norm-scaled levels, stochastic rounding),
+ *   int8 ring:           a ring allreduce whose hops carry int8 frames
+ *                        with a step per block, requantised at every hop
+ *                        (dt__cz_i8b_*, below);
+ *   framed (allgather):  qsgd (norm-scaled levels, stochastic rounding),
  *                        sign (scaled sign, 1 bit per value), topk
  *                        (DGC-style sparsification). Every rank sends one
  *                        fixed-size frame; every rank decodes all frames
@@ -111,6 +113,25 @@ int dt_cz_decode_add(int codec, const void *frame, size_t bytes, size_t n, float
 /* Counter-based uniform draws in [0,1) for stochastic rounding: u[i] for
  * element `first + i` of stream (rng). Exposed for tests. */
 void dt__cz_uniform(dt_cz_rng rng, size_t first, float *u, size_t n);
+
+/* ---- int8 frames of the compressed ring (exposed for tests and fuzzing) ----
+ * The int8 reduction is a ring allreduce whose every hop carries a chunk's
+ * partial sum as one of these frames: the header (codec int8, flag
+ * DT_CZ_FLAG_BLOCKS, n = k = the chunk's values, scale 1), then
+ * ceil(n/DT_CZ_I8_BLOCK) f32 steps (max |x| / 127 of each block), then n
+ * int8 (value = q x step); n may be 0. _bytes: the frame's size, rounded up
+ * to 8. _encode: stochastic rounding keyed by rng; resid (may be NULL or
+ * alias x) gets x - decoded; flags are added to the header's (the note).
+ * _decode_add validates the whole frame first (DT_ECORRUPT naming the
+ * field, out untouched) and returns the header's flags in *flags (may be
+ * NULL). */
+#define DT_CZ_FLAG_BLOCKS 4    /* int8 ring frame: a step per block */
+#define DT_CZ_I8_BLOCK 256     /* values per int8 ring step (a multiple of 128) */
+#define DT_CZ_RING_TAG 0x7c5a20 /* the ring's user tag on the workers' communicator */
+size_t dt__cz_i8b_bytes(size_t n);
+void dt__cz_i8b_encode(const float *x, size_t n, dt_cz_rng rng, void *frame, float *resid,
+                       int flags);
+int dt__cz_i8b_decode_add(const void *frame, size_t bytes, size_t n, float *out, int *flags);
 
 /* ---- PowerSGD pieces (exposed for tests) ---------------------------------- */
 /* Orthonormalises the r columns of p (m x r, row-major) in place: modified
