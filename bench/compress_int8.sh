@@ -9,8 +9,9 @@
 #
 # Env: BUILD (build/release), DT_CZ_ROUNDS, DT_CZ_CODECS ("none int8";
 # the first is the baseline), and whatever bench/compress.sh reads
-# (DT_CZ_EPOCHS, DT_CZ_TIMEOUT, DT_CZ_EXTRA, ...). Needs root for the
-# network namespaces (tools/netns.sh). About 4 min per round quiet.
+# (DT_CZ_EPOCHS, DT_CZ_TIMEOUT, DT_CZ_EXTRA, DT_CZ_MODEL=cnn for the CNN to
+# 0.91, ...). Needs root for the network namespaces (tools/netns.sh). The
+# MLP: about 2 min per round quiet (3 min at load 6-10).
 set -u
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$SRC" || exit 1
