@@ -678,6 +678,12 @@ int dt__wstash_create(dt__wstash **out, const dt_model *m, int max_rows) {
 
 size_t dt__wstash_bytes(const dt__wstash *s) { return s ? s->bytes : 0; }
 
+void dt__wstash_rows(const dt__wstash *s, int i, const float **x, const float **dy) {
+  int ok = s && i >= 0 && i < s->n;
+  *x = ok ? s->x[i] : NULL;
+  *dy = ok ? s->dy[i] : NULL;
+}
+
 void dt__model_set_wpack(dt_model *m, const dt__wpack *p) { m->wpk = p; }
 
 void dt__model_set_wstash(dt_model *m, dt__wstash *s, int row0) {

@@ -117,7 +117,9 @@ int dt__model_backward_dy(dt_model *m, const float *dy, int B, const float **dx,
  * linear layer's weight gradient in one product over the first `rows`
  * stashed rows (overwriting it): one pass over the weight gradient per step
  * instead of one per micro-batch. One stash serves every model of a stage
- * (the same layers). Not with deterministic mode or grad_ready callbacks. */
+ * (the same layers). Deterministic mode (parallel/ddp.c) uses it per gradient
+ * slot and makes the weight gradients itself, straight in fixed point
+ * (dt__wstash_rows). */
 typedef struct dt__wstash dt__wstash;
 int dt__wstash_create(dt__wstash **out, const dt_model *m, int max_rows);
 void dt__wstash_destroy(dt__wstash *s);
@@ -125,6 +127,9 @@ size_t dt__wstash_bytes(const dt__wstash *s);
 /* s NULL: backward makes weight gradients itself again. */
 void dt__model_set_wstash(dt_model *m, dt__wstash *s, int row0);
 void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows);
+/* Layer i's stashed inputs (rows x in) and output gradients (rows x out),
+ * row 0 first; NULL for a layer the stash does not hold (not linear). */
+void dt__wstash_rows(const dt__wstash *s, int i, const float **x, const float **dy);
 /* Packed forward weights (wpack.c): every linear layer's W packed for the
  * forward product once (dt__wpack_refresh, after W changed) and used by
  * every forward of the models it is set on (dt__model_set_wpack; NULL

@@ -56,6 +56,7 @@
 #include "parallel/ddp.h"
 #include "parallel/fixsum.h"
 #include "parallel/steal.h"
+#include "tensor/tensor.h"
 
 typedef struct bucket {
   size_t off, n;  /* span in the gradient buffer (floats) */
@@ -107,6 +108,16 @@ struct dt_ddp {
   float **slot;
   double *slot_w;              /* each slot's weight */
   int flushing;                /* this backward converts every filled slot */
+  /* Linear layers' weight gradients made straight in fixed point
+   * (DTRAIN_DET_FUSE, dt_fix_add_wgrad): the backward only stashes each
+   * micro-shard's inputs and output gradients (rows [j * srows, ...) of
+   * the stash for slot j), and the conversion multiplies them out per
+   * micro-shard, so no slot holds those gradients as floats. */
+  dt__wstash *wst;
+  int srows;                   /* stash rows per slot (the model's batch) */
+  int *slot_n;                 /* each slot's samples */
+  int nwl;
+  struct wlayer { size_t off; int oc, c, layer; } *wl; /* weight spans, in order */
   int fstore;                  /* that conversion stores (the step's first) */
   int gstored;                 /* the step's gradient sums were stored once */
   double wbufs;                /* weight of its buffer terms */
@@ -141,7 +152,7 @@ static void det_add(dt_ddp *d, int64_t *acc, const float *x, size_t n, double w,
 }
 
 /* The filled slots' span [off, off + n) into the accumulator. */
-static void slots_add(dt_ddp *d, size_t off, size_t n, int store) {
+static void slots_add_plain(dt_ddp *d, size_t off, size_t n, int store) {
   const float *xs[64];
   for (int j = 0; j < d->nfill; j++) xs[j] = d->slot[j] + off;
   size_t first = 0;
@@ -155,6 +166,67 @@ static void slots_add(dt_ddp *d, size_t off, size_t n, int store) {
     }
     d->nbad += bad;
   }
+}
+
+/* Linear layer l's weight gradients of every filled slot into the
+ * accumulator, from the stash. A micro-shard longer than the fused kernel
+ * takes has its gradient multiplied out into its slot first (the product
+ * backward would have made) and goes the plain way. */
+static void wgrad_add(dt_ddp *d, const struct wlayer *w, int store) {
+  const float *x, *dy;
+  dt__wstash_rows(d->wst, w->layer, &x, &dy);
+  dt_fix_wseg sg[64];
+  int fused = 1;
+  for (int j = 0; j < d->nfill; j++) {
+    size_t r0 = (size_t)j * d->srows;
+    sg[j] = (dt_fix_wseg){dy + r0 * w->oc, x + r0 * w->c, d->slot_n[j], d->slot_w[j]};
+    if (d->slot_n[j] < 1 || d->slot_n[j] > DT_FIX_WGRAD_MAXN) fused = 0;
+  }
+  size_t n = (size_t)w->oc * w->c;
+  if (!fused) {
+    for (int j = 0; j < d->nfill; j++)
+      dt_sgemm_f(DT_GEMM_FIXED, 1, 0, w->oc, w->c, sg[j].n, 1.0f, sg[j].dy, w->oc, sg[j].x, w->c,
+                 0.0f, d->slot[j] + w->off, w->c);
+    slots_add_plain(d, w->off, n, store);
+    return;
+  }
+  size_t first = 0;
+  float val = 0;
+  size_t bad = dt_fix_add_wgrad(d->acc + d->head + w->off, sg, d->nfill, w->oc, w->c, d->bound,
+                                store, &first, &val);
+  if (bad) {
+    if (!d->nbad) {
+      d->bad_index = w->off + first;
+      d->bad_value = val;
+    }
+    d->nbad += bad;
+  }
+}
+
+/* The span [off, off + n): stashed weight spans through wgrad_add, the
+ * rest from the slots. Backward reports whole layers (and a flush the
+ * whole model), so a weight span is inside or outside the span. */
+static void slots_add(dt_ddp *d, size_t off, size_t n, int store) {
+  size_t end = off + n;
+  for (int l = 0; l < d->nwl && off < end; l++) {
+    const struct wlayer *w = &d->wl[l];
+    size_t wend = w->off + (size_t)w->oc * w->c;
+    if (wend <= off || w->off >= end) continue;
+    if (w->off < off || wend > end) { /* not a whole span: multiply out, then plain */
+      for (int j = 0; j < d->nfill; j++) {
+        const float *x, *dy;
+        dt__wstash_rows(d->wst, w->layer, &x, &dy);
+        size_t r0 = (size_t)j * d->srows;
+        dt_sgemm_f(DT_GEMM_FIXED, 1, 0, w->oc, w->c, d->slot_n[j], 1.0f, dy + r0 * w->oc, w->oc,
+                   x + r0 * w->c, w->c, 0.0f, d->slot[j] + w->off, w->c);
+      }
+      continue;
+    }
+    if (w->off > off) slots_add_plain(d, off, w->off - off, store);
+    wgrad_add(d, w, store);
+    off = wend;
+  }
+  if (off < end) slots_add_plain(d, off, end - off, store);
 }
 
 /* Every filled slot, whole, into the accumulator; the slots are free
@@ -345,8 +417,31 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
         if (!(d->slot[j] = dt_alloc(pb))) d->nslots = 0;
     }
   }
+  if (det && d->nslots && dt_param(DT_PARAM_DET_FUSE) && dt_fix_wgrad_ok()) {
+    int nw = 0;
+    for (int i = 0; i < nl; i++) nw += dt_model_layer(m, i)->kind == DT_L_LINEAR;
+    d->srows = dt_model_max_batch(m);
+    d->slot_n = calloc((size_t)d->nslots, sizeof *d->slot_n);
+    d->wl = calloc((size_t)nw + 1, sizeof *d->wl);
+    if (!d->slot_n || !d->wl || dt__wstash_create(&d->wst, m, d->nslots * d->srows) < 0) {
+      dt__clearerr(); /* no stash: backward writes the weight gradients as before */
+      free(d->slot_n), free(d->wl);
+      d->slot_n = NULL, d->wl = NULL, d->wst = NULL;
+    }
+    for (int i = 0; d->wst && i < nl; i++) {
+      const dt_layer_info *li = dt_model_layer(m, i);
+      if (li->kind != DT_L_LINEAR) continue;
+      int C = li->in_c * li->in_h * li->in_w;
+      d->wl[d->nwl++] = (struct wlayer){li->param_off, li->out_c, C, i};
+    }
+    if (d->wst) dt__model_set_wstash(m, d->wst, 0);
+  }
   if (!d->b || !d->queue ||
       (det && (!d->acc || !d->bufs0 || !d->bufs_last || !d->slot || !d->slot_w || !d->nslots))) {
+    if (d->wst) dt__model_set_wstash(m, NULL, 0);
+    dt__wstash_destroy(d->wst);
+    free(d->slot_n);
+    free(d->wl);
     free(d->b);
     free(d->queue);
     free(d->acc);
@@ -497,6 +592,10 @@ void dt_ddp_destroy(dt_ddp *d) {
   if (!d->acc_in_win) free(d->acc);
   free(d->bufs0);
   free(d->bufs_last);
+  if (d->wst) dt__model_set_wstash(d->model, NULL, 0);
+  dt__wstash_destroy(d->wst);
+  free(d->slot_n);
+  free(d->wl);
   if (d->slot) {
     if (d->nslots > 1) dt__model_point_grads(d->model, d->slot[0]);
     for (int j = 1; j < d->nslots; j++) dt_free(d->slot[j]);
@@ -561,6 +660,10 @@ void dt_ddp_det_shard(dt_ddp *d, int n, int last) {
   /* this micro-shard's gradients go to the next free slot */
   int j = d->nfill++;
   d->slot_w[j] = d->w;
+  if (d->wst) {
+    d->slot_n[j] = n;
+    dt__model_set_wstash(d->model, d->wst, j * d->srows);
+  }
   if (d->nslots > 1) dt__model_point_grads(d->model, d->slot[j]);
   /* its backward converts every filled slot, layer by layer, when it is
    * the worker's last (known: not stealing) or fills the last slot; under
@@ -682,6 +785,14 @@ void dt_ddp_det_drop(dt_ddp *d) {
   if (d->nfill > 0 && !d->flushing) d->nfill--;
   d->reported = d->reported0;
   d->nbad = d->nbad0;
+}
+
+void dt__ddp_det_nofuse(dt_ddp *d) {
+  if (!d || !d->wst) return;
+  dt__model_set_wstash(d->model, NULL, 0);
+  dt__wstash_destroy(d->wst);
+  d->wst = NULL;
+  d->nwl = 0;
 }
 
 double dt_ddp_blocked_seconds(const dt_ddp *d) {

@@ -143,6 +143,12 @@ struct dt_steal *dt_ddp_steal(dt_ddp *d);
  * sums are as if it had never been taken. The model's buffers and the
  * gradient buffer must still hold what that shard left there. */
 void dt_ddp_det_drop(dt_ddp *d);
+/* Deterministic mode makes linear layers' weight gradients itself, from
+ * what the model's backward stashed (DTRAIN_DET_FUSE; parallel/fixsum.h
+ * dt_fix_add_wgrad), so the gradients come from dt_model_backward. A
+ * caller that writes the gradient buffer itself (tests) turns that off
+ * first, before the first step. */
+void dt__ddp_det_nofuse(dt_ddp *d);
 
 /* Collective: rank 0's parameters (and non-trainable buffers) are copied to
  * every worker, then every worker's SHA-256 of them is compared with rank

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "parallel/fixsum.h"
+#include "tensor/tensor.h"
 
 double dt_fix_bound(int64_t terms) {
   return ldexp(1.0, 62) / (double)(terms > 1 ? terms : 1);
@@ -148,6 +149,106 @@ static int avx512_ok(void) {
   }
   return v;
 }
+
+/* The scales of k segments: w * 2^32 in double and in float, and whether it
+ * is a power of two (then the float path of add_slots_avx512 is exact). */
+static void seg_scales(const dt_fix_wseg *sg, int k, double *sd, float *sf, int *pow2) {
+  for (int j = 0; j < k; j++) {
+    int e;
+    sd[j] = sg[j].w * ldexp(1.0, DT_FIX_BITS);
+    pow2[j] = frexp(sd[j], &e) == 0.5 && sd[j] < 0x1p100;
+    sf[j] = (float)sd[j];
+  }
+}
+
+/* Rows o0 .. o0 + R - 1 (R <= 8) of the weight gradient, columns c .. c +
+ * 15 (mask m), every segment: per segment a chain of FMAs over its rows
+ * (the GEMM micro-kernel's order: broadcast dy, times the row of x, into
+ * the accumulator; R independent chains keep both FMA ports busy), then
+ * each lane's term as add_slots_avx512 makes it, added to the sums in
+ * place (they stay in L1 across the segments). Returns the lanes out of
+ * range as a mask (any segment); the caller counts them exactly. */
+AVX512 static inline __attribute__((always_inline)) unsigned wgrad_tile(
+    int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC, int C, int o0, const int R,
+    int c, __mmask16 m, const double *sd, const float *sf, const int *pow2, double bound,
+    float boundf, int store) {
+  const __m512 absf = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512d absd = _mm512_castsi512_pd(_mm512_set1_epi64(0x7fffffffffffffffLL));
+  const __m512 vbf = _mm512_set1_ps(boundf);
+  const __m512d vbd = _mm512_set1_pd(bound);
+  __mmask8 mlo = (__mmask8)m, mhi = (__mmask8)(m >> 8);
+  unsigned badm = 0;
+  for (int j = 0; j < k; j++) {
+    __m512 f[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
+    const float *x = sg[j].x + c, *dy = sg[j].dy + o0;
+    for (int q = 0; q < sg[j].n; q++) {
+      __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)q * C);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        f[r] = _mm512_fmadd_ps(_mm512_set1_ps(dy[(size_t)q * OC + r]), xv, f[r]);
+    }
+    const int st = store && j == 0;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      int64_t *a = acc + (size_t)(o0 + r) * C + c;
+      __m512i lo, hi;
+      if (pow2[j]) {
+        __m512 y = _mm512_mul_ps(f[r], _mm512_set1_ps(sf[j]));
+        __mmask16 ok = _mm512_cmp_ps_mask(_mm512_and_ps(y, absf), vbf, _CMP_LE_OQ);
+        badm |= (unsigned)(m & ~ok);
+        lo = _mm512_maskz_cvtps_epi64((__mmask8)ok, _mm512_castps512_ps256(y));
+        hi = _mm512_maskz_cvtps_epi64((__mmask8)(ok >> 8),
+                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
+      } else {
+        __m512d s = _mm512_set1_pd(sd[j]);
+        __m512d ylo = _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(f[r])), s);
+        __m512d yhi = _mm512_mul_pd(
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f[r]), 1))), s);
+        __mmask8 oklo = _mm512_cmp_pd_mask(_mm512_and_pd(ylo, absd), vbd, _CMP_LE_OQ);
+        __mmask8 okhi = _mm512_cmp_pd_mask(_mm512_and_pd(yhi, absd), vbd, _CMP_LE_OQ);
+        badm |= (unsigned)(mlo & ~oklo) | ((unsigned)(mhi & ~okhi) << 8);
+        lo = _mm512_maskz_cvtpd_epi64(oklo, ylo);
+        hi = _mm512_maskz_cvtpd_epi64(okhi, yhi);
+      }
+      if (!st) {
+        lo = _mm512_add_epi64(lo, _mm512_maskz_loadu_epi64(mlo, a));
+        hi = _mm512_add_epi64(hi, _mm512_maskz_loadu_epi64(mhi, a + 8));
+      }
+      _mm512_mask_storeu_epi64(a, mlo, lo);
+      _mm512_mask_storeu_epi64(a + 8, mhi, hi);
+    }
+  }
+  return badm;
+}
+
+/* Columns in blocks of 128, so every segment's rows of x for the block
+ * (k x n x 512 bytes) stay in L1 while all rows of the gradient pass. */
+AVX512 static int add_wgrad_avx512(int64_t *restrict acc, const dt_fix_wseg *sg, int k,
+                                      int OC, int C, double bound, int store) {
+  float sf[64], boundf = (float)bound;
+  double sd[64];
+  int pow2[64];
+  if ((double)boundf > bound) boundf = nextafterf(boundf, 0.0f);
+  seg_scales(sg, k, sd, sf, pow2);
+  unsigned badm = 0;
+  for (int c0 = 0; c0 < C; c0 += 128) {
+    int c1 = C - c0 < 128 ? C : c0 + 128;
+    int o0 = 0;
+    for (; o0 + 8 <= OC; o0 += 8)
+      for (int c = c0; c < c1; c += 16) {
+        __mmask16 m = c1 - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c1 - c)) - 1);
+        badm |= wgrad_tile(acc, sg, k, OC, C, o0, 8, c, m, sd, sf, pow2, bound, boundf, store);
+      }
+    for (; o0 < OC; o0++)
+      for (int c = c0; c < c1; c += 16) {
+        __mmask16 m = c1 - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c1 - c)) - 1);
+        badm |= wgrad_tile(acc, sg, k, OC, C, o0, 1, c, m, sd, sf, pow2, bound, boundf, store);
+      }
+  }
+  return badm != 0;
+}
 #endif
 
 size_t dt_fix_add_slots(int64_t *restrict acc, const float *const *xs, const double *ws, int k,
@@ -172,6 +273,48 @@ size_t dt_fix_add_slots(int64_t *restrict acc, const float *const *xs, const dou
   }
 #endif
   return add_slots_c(acc, xs, ws, k, n, bound, store, first_bad, bad_value);
+}
+
+int dt_fix_wgrad_ok(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return avx512_ok() && dt__gemm_use_avx512();
+#else
+  return 0;
+#endif
+}
+
+size_t dt_fix_add_wgrad(int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC, int C,
+                        double bound, int store, size_t *first_bad, float *bad_value) {
+  if (k < 1 || k > 64) {
+    if (store) memset(acc, 0, (size_t)OC * C * sizeof *acc);
+    return 0;
+  }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  size_t bad = 0;
+  if (add_wgrad_avx512(acc, sg, k, OC, C, bound, store)) {
+    /* some term was out of range (rare): count them, and find the first
+     * for the message (index order, then segment order), from the same
+     * products (fmaf is the fused multiply-add of the chain) */
+    for (size_t i = 0; i < (size_t)OC * C; i++)
+      for (int j = 0; j < k; j++) {
+        size_t o = i / (size_t)C, c = i % (size_t)C;
+        float v = 0.0f;
+        for (int q = 0; q < sg[j].n; q++)
+          v = fmaf(sg[j].dy[(size_t)q * OC + o], sg[j].x[(size_t)q * C + c], v);
+        if (!(fabs((double)v * (sg[j].w * ldexp(1.0, DT_FIX_BITS))) <= bound)) {
+          if (!bad) {
+            if (first_bad) *first_bad = i;
+            if (bad_value) *bad_value = v;
+          }
+          bad++;
+        }
+      }
+  }
+  return bad;
+#else
+  (void)acc, (void)sg, (void)OC, (void)C, (void)bound, (void)store, (void)first_bad, (void)bad_value;
+  return 0;
+#endif
 }
 
 void dt_fix_sub(int64_t *restrict acc, const float *restrict x, size_t n, double w,

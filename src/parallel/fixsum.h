@@ -49,6 +49,35 @@ size_t dt_fix_add(int64_t *restrict acc, const float *restrict x, size_t n, doub
 size_t dt_fix_add_slots(int64_t *restrict acc, const float *const *xs, const double *ws, int k,
                         size_t n, double bound, int store, size_t *first_bad, float *bad_value);
 
+/* One micro-shard's rows for dt_fix_add_wgrad: its n output gradients dy
+ * (n x OC, row-major) and inputs x (n x C) of a linear layer, and the
+ * weight w of its terms. */
+typedef struct dt_fix_wseg {
+  const float *dy, *x;
+  int n;
+  double w;
+} dt_fix_wseg;
+
+/* The largest n dt_fix_add_wgrad takes: the GEMM (tensor/gemm_avx512.c)
+ * sums up to KC = 256 products per output in one chain. */
+#define DT_FIX_WGRAD_MAXN 256
+
+/* Nonzero when dt_fix_add_wgrad can run here (AVX-512 and the GEMM uses
+ * its AVX-512 kernels, whose bits it reproduces). */
+int dt_fix_wgrad_ok(void);
+
+/* A linear layer's weight gradients, made and turned into fixed point in
+ * one pass without writing them as floats: acc[o * C + c] (+)= sum over
+ * j < k of round(G_j[o][c] * w_j * 2^DT_FIX_BITS), where G_j = dy_j^T x_j
+ * is the product dt_sgemm_f(DT_GEMM_FIXED, 1, 0, OC, C, n_j, 1, dy_j, OC,
+ * x_j, C, 0, G, C) gives — the same float bits (a chain of fused
+ * multiply-adds over the n_j rows in row order, as the AVX-512 micro-kernel
+ * makes it for n_j <= DT_FIX_WGRAD_MAXN) — and each term is the one
+ * dt_fix_add would add for it. Requires dt_fix_wgrad_ok() and every n_j in
+ * [1, DT_FIX_WGRAD_MAXN]. Bad values as dt_fix_add_slots. */
+size_t dt_fix_add_wgrad(int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC, int C,
+                        double bound, int store, size_t *first_bad, float *bad_value);
+
 /* acc[i] -= round(x[i] * w * 2^DT_FIX_BITS) for i < n, with dt_fix_add's
  * rounding and bound (a value it added 0 for subtracts 0): exactly undoes a
  * dt_fix_add of the same x, w and bound (a micro-shard whose backup copy

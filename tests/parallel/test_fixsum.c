@@ -32,6 +32,7 @@
 #include "nn/nn.h"
 #include "parallel/ddp.h"
 #include "parallel/fixsum.h"
+#include "tensor/tensor.h"
 
 #define TWO32 4294967296.0 /* 2^32 */
 
@@ -371,6 +372,7 @@ static void test_ddp_step_erange(void **state) {
   size_t np = dt_model_nparams(m);
   dt_ddp *d = NULL;
   assert_int_equal(dt_ddp_create_det(&d, m, NULL, 0), DT_OK);
+  dt__ddp_det_nofuse(d); /* the gradients are written here, not by backward */
   float *g = dt_model_grads(m);
 
   /* a good step first: finite gradients, the mean comes back */
@@ -463,6 +465,101 @@ static void test_slots_match_one_by_one(void **state) {
   assert_int_equal(z[3], 0);
 }
 
+/* dt_fix_add_wgrad gives exactly the sums of the deterministic GEMM's
+ * weight gradient (dy^T x per segment) converted by dt_fix_add segment by
+ * segment: shapes with row and column tails (past one 128-column block),
+ * segment lengths 1 .. 33, power-of-two and other weights, store and add,
+ * and values past the bound counted alike. */
+static void test_wgrad_matches_gemm(void **state) {
+  (void)state;
+  if (!dt_fix_wgrad_ok()) skip();
+  const int shapes[][2] = {{1, 1}, {3, 17}, {4, 16}, {10, 128}, {9, 150}, {13, 300}};
+  const int lens[] = {8, 1, 3, 33, 8, 5};
+  const double wsets[3][6] = {{8, 8, 8, 8, 8, 8}, {8, 5, 1, 16, 3, 7}, {1, 1, 1, 1, 1, 1}};
+  enum { MAXO = 13, MAXC = 300, MAXN = 33, K = 6 };
+  static float dy[K][MAXN * MAXO], x[K][MAXN * MAXC], g[MAXO * MAXC];
+  static int64_t a[MAXO * MAXC], b[MAXO * MAXC];
+  for (int j = 0; j < K; j++) {
+    make_terms(dy[j], MAXN * MAXO, 300 + (uint64_t)j);
+    make_terms(x[j], MAXN * MAXC, 400 + (uint64_t)j);
+    /* magnitudes a gradient has: 1e-6 .. 1e1, so sums stay in range */
+    for (int i = 0; i < MAXN * MAXO; i++) dy[j][i] = (float)fmod((double)dy[j][i], 3.0) * 1e-3f;
+    for (int i = 0; i < MAXN * MAXC; i++) x[j][i] = (float)fmod((double)x[j][i], 5.0);
+  }
+  x[2][5] = 1e30f; /* one product past the bound in segment 2 */
+  const double bound = dt_fix_bound(16);
+  for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+    for (int k = 1; k <= K; k++)
+      for (int w = 0; w < 3; w++)
+        for (int store = 0; store < 2; store++) {
+          const int OC = shapes[sh][0], C = shapes[sh][1];
+          const size_t n = (size_t)OC * C;
+          dt_fix_wseg sg[K];
+          size_t bad_ref = 0;
+          for (size_t i = 0; i < n; i++) a[i] = b[i] = (int64_t)(i * 7919) - 4000;
+          for (int j = 0; j < k; j++) {
+            sg[j] = (dt_fix_wseg){dy[j], x[j], lens[j], wsets[w][j]};
+            dt_sgemm_f(DT_GEMM_FIXED, 1, 0, OC, C, lens[j], 1.0f, dy[j], OC, x[j], C, 0.0f, g, C);
+            bad_ref += dt_fix_add(b, g, n, wsets[w][j], bound, store && j == 0, NULL);
+          }
+          size_t first = 0;
+          float v = 0;
+          size_t bad = dt_fix_add_wgrad(a, sg, k, OC, C, bound, store, &first, &v);
+          assert_int_equal(bad, bad_ref);
+          assert_memory_equal(a, b, n * sizeof *a);
+          if (bad) assert_true(first < n && !(fabs((double)v) < 1e20));
+        }
+}
+
+/* A deterministic step through the model's backward: weight gradients made
+ * in fixed point from the stash (the default) end with the same bits as
+ * written to slots and converted (dt__ddp_det_nofuse), with micro-shards
+ * of 8, 8, 3 and 8 samples (a short one, more than the 4 slots). */
+static void test_ddp_fused_step_same_bits(void **state) {
+  (void)state;
+  enum { IN = 37, B = 27 };
+  static float xin[B * IN];
+  int32_t y[B];
+  make_terms(xin, B * IN, 77);
+  for (int i = 0; i < B * IN; i++) xin[i] = (float)fmod((double)xin[i], 2.0);
+  for (int i = 0; i < B; i++) y[i] = (i * 7) % 5;
+  const int shard[] = {8, 8, 3, 8};
+  float *res[2];
+  for (int v = 0; v < 2; v++) {
+    dt_model *m = NULL;
+    assert_int_equal(dt_model_create(&m, "linear(20) relu linear(17) relu linear(5)", IN, 1, 1, B), DT_OK);
+    dt_model_init(m, 3);
+    dt_model_set_gemm_flags(m, DT_GEMM_FIXED);
+    dt_ddp *d = NULL;
+    assert_int_equal(dt_ddp_create_det(&d, m, NULL, 0), DT_OK);
+    if (v) dt__ddp_det_nofuse(d);
+    for (int step = 0; step < 2; step++) {
+      dt_ddp_begin_step_det(d, B, 4, 0);
+      int r0 = 0;
+      for (int q = 0; q < 4; q++) {
+        dt_step_ctx ctx = {1, 1, (uint64_t)step, (uint64_t)r0};
+        assert_int_equal(dt_model_forward(m, xin + (size_t)r0 * IN, shard[q], &ctx), DT_OK);
+        dt_ddp_det_shard(d, shard[q], q == 3);
+        float l;
+        int c;
+        assert_int_equal(dt_model_backward(m, y + r0, shard[q], &l, &c, dt_ddp_grad_ready, d), DT_OK);
+        r0 += shard[q];
+      }
+      int rc = dt_ddp_finish_step(d);
+      if (rc) fprintf(stderr, "variant %d step %d: %s\n", v, step, dt_errmsg());
+      assert_int_equal(rc, DT_OK);
+    }
+    size_t np = dt_model_nparams(m);
+    res[v] = malloc(np * sizeof(float));
+    memcpy(res[v], dt_model_grads(m), np * sizeof(float));
+    if (v) assert_memory_equal(res[0], res[1], np * sizeof(float));
+    dt_ddp_destroy(d);
+    dt_model_destroy(m);
+  }
+  free(res[0]);
+  free(res[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_any_order_any_grouping),
@@ -475,6 +572,8 @@ int main(void) {
       cmocka_unit_test(test_sub_undoes_add),
       cmocka_unit_test(test_ddp_step_erange),
       cmocka_unit_test(test_slots_match_one_by_one),
+      cmocka_unit_test(test_wgrad_matches_gemm),
+      cmocka_unit_test(test_ddp_fused_step_same_bits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
