@@ -158,6 +158,7 @@ int dt__ddp_membership(dt_strategy *s, const dt_membership *m, dt_ddp **ddp, int
   s->step = steps[1];
   if (det) {
     rc = dt_ddp_create_det(ddp, md, c, s->cfg->bucket_bytes);
+    if (rc == DT_OK) rc = dt__ddp_det_rows(*ddp, s->cfg->micro_batch);
     if (rc < 0) return dt__preerr(rc, "rank %d: membership change", s->rank);
     s->grad_ud = *ddp;
   }

@@ -96,6 +96,7 @@ static int det_setup(dt_strategy *s) {
   det_impl *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
   int rc = dt_ddp_create_det(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes);
+  if (rc == DT_OK) rc = dt__ddp_det_rows(d->ddp, s->cfg->micro_batch);
   if (rc == DT_OK) rc = dt__ddp_balance_create(s, &d->bal);
   if (rc < 0) {
     dt_ddp_destroy(d->ddp);

@@ -420,10 +420,20 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
   if (det && d->nslots && dt_param(DT_PARAM_DET_FUSE) && dt_fix_wgrad_ok()) {
     int nw = 0;
     for (int i = 0; i < nl; i++) nw += dt_model_layer(m, i)->kind == DT_L_LINEAR;
+    /* rows per slot: the model's batch until dt__ddp_det_rows says the
+     * micro-shard size; a stash past 256 MiB is not worth it */
     d->srows = dt_model_max_batch(m);
+    size_t row_floats = 0;
+    for (int i = 0; i < nl; i++) {
+      const dt_layer_info *li = dt_model_layer(m, i);
+      if (li->kind == DT_L_LINEAR)
+        row_floats += (size_t)li->in_c * li->in_h * li->in_w + (size_t)li->out_c;
+    }
     d->slot_n = calloc((size_t)d->nslots, sizeof *d->slot_n);
     d->wl = calloc((size_t)nw + 1, sizeof *d->wl);
-    if (!d->slot_n || !d->wl || dt__wstash_create(&d->wst, m, d->nslots * d->srows) < 0) {
+    if (!d->slot_n || !d->wl ||
+        (size_t)d->nslots * d->srows * row_floats * sizeof(float) > ((size_t)256 << 20) ||
+        dt__wstash_create(&d->wst, m, d->nslots * d->srows) < 0) {
       dt__clearerr(); /* no stash: backward writes the weight gradients as before */
       free(d->slot_n), free(d->wl);
       d->slot_n = NULL, d->wl = NULL, d->wst = NULL;
@@ -658,6 +668,12 @@ void dt_ddp_det_shard(dt_ddp *d, int n, int last) {
   d->w = d->gw != 0 ? d->gw : (double)n;
   d->last = last > 0;
   /* this micro-shard's gradients go to the next free slot */
+  if (d->wst && n > d->srows) {
+    /* a micro-shard longer than the stash's rows (dt__ddp_det_rows was
+     * told less): the filled slots as they are, then no stash any more */
+    slots_flush(d);
+    dt__ddp_det_nofuse(d);
+  }
   int j = d->nfill++;
   d->slot_w[j] = d->w;
   if (d->wst) {
@@ -785,6 +801,20 @@ void dt_ddp_det_drop(dt_ddp *d) {
   if (d->nfill > 0 && !d->flushing) d->nfill--;
   d->reported = d->reported0;
   d->nbad = d->nbad0;
+}
+
+int dt__ddp_det_rows(dt_ddp *d, int rows) {
+  if (!d || !d->wst || rows < 1 || rows >= d->srows || d->nfill) return DT_OK;
+  dt__wstash *s = NULL;
+  if (dt__wstash_create(&s, d->model, d->nslots * rows) < 0) {
+    dt__clearerr(); /* keep the larger stash */
+    return DT_OK;
+  }
+  dt__wstash_destroy(d->wst);
+  d->wst = s;
+  d->srows = rows;
+  dt__model_set_wstash(d->model, d->wst, 0);
+  return DT_OK;
 }
 
 void dt__ddp_det_nofuse(dt_ddp *d) {

@@ -149,6 +149,10 @@ void dt_ddp_det_drop(dt_ddp *d);
  * caller that writes the gradient buffer itself (tests) turns that off
  * first, before the first step. */
 void dt__ddp_det_nofuse(dt_ddp *d);
+/* The longest micro-shard this ddp will see (dist.micro_batch): the stash
+ * keeps that many rows per slot instead of the model's batch. Before the
+ * first step; a longer micro-shard later turns the stash off. */
+int dt__ddp_det_rows(dt_ddp *d, int rows);
 
 /* Collective: rank 0's parameters (and non-trainable buffers) are copied to
  * every worker, then every worker's SHA-256 of them is compared with rank

@@ -514,7 +514,10 @@ static void test_wgrad_matches_gemm(void **state) {
 /* A deterministic step through the model's backward: weight gradients made
  * in fixed point from the stash (the default) end with the same bits as
  * written to slots and converted (dt__ddp_det_nofuse), with micro-shards
- * of 8, 8, 3 and 8 samples (a short one, more than the 4 slots). */
+ * of 3, 8, 8 and 8 samples (a short one, more than the 4 slots); also with
+ * the stash cut to 8 rows per slot (dt__ddp_det_rows), and to 3, where the
+ * second micro-shard no longer fits and the rest of the step goes through
+ * the slots. */
 static void test_ddp_fused_step_same_bits(void **state) {
   (void)state;
   enum { IN = 37, B = 27 };
@@ -523,16 +526,17 @@ static void test_ddp_fused_step_same_bits(void **state) {
   make_terms(xin, B * IN, 77);
   for (int i = 0; i < B * IN; i++) xin[i] = (float)fmod((double)xin[i], 2.0);
   for (int i = 0; i < B; i++) y[i] = (i * 7) % 5;
-  const int shard[] = {8, 8, 3, 8};
-  float *res[2];
-  for (int v = 0; v < 2; v++) {
+  const int shard[] = {3, 8, 8, 8};
+  float *res[4];
+  for (int v = 0; v < 4; v++) {
     dt_model *m = NULL;
     assert_int_equal(dt_model_create(&m, "linear(20) relu linear(17) relu linear(5)", IN, 1, 1, B), DT_OK);
     dt_model_init(m, 3);
     dt_model_set_gemm_flags(m, DT_GEMM_FIXED);
     dt_ddp *d = NULL;
     assert_int_equal(dt_ddp_create_det(&d, m, NULL, 0), DT_OK);
-    if (v) dt__ddp_det_nofuse(d);
+    if (v == 1) dt__ddp_det_nofuse(d);
+    if (v >= 2) assert_int_equal(dt__ddp_det_rows(d, v == 2 ? 8 : 3), DT_OK);
     for (int step = 0; step < 2; step++) {
       dt_ddp_begin_step_det(d, B, 4, 0);
       int r0 = 0;
@@ -552,12 +556,11 @@ static void test_ddp_fused_step_same_bits(void **state) {
     size_t np = dt_model_nparams(m);
     res[v] = malloc(np * sizeof(float));
     memcpy(res[v], dt_model_grads(m), np * sizeof(float));
-    if (v) assert_memory_equal(res[0], res[1], np * sizeof(float));
+    if (v) assert_memory_equal(res[0], res[v], np * sizeof(float));
     dt_ddp_destroy(d);
     dt_model_destroy(m);
   }
-  free(res[0]);
-  free(res[1]);
+  for (int v = 0; v < 4; v++) free(res[v]);
 }
 
 int main(void) {
