@@ -115,6 +115,9 @@ static int ps_setup(dt_strategy *s) {
     if (!d->rows) rc = dt__seterr(DT_ENOMEM, "ps: out of memory");
     dt__model_set_sparse_grads(s->model, 1);
   }
+  /* the first layer's gradient in the keys' pieces: its last pieces are
+   * pushed while backward makes the first ones */
+  dt__model_set_ready_piece(s->model, (size_t)dt_param(DT_PARAM_PS_PIECE));
   if (rc == DT_OK) rc = dt_ps_client_start(d->cl);
   if (rc < 0) {
     ps_teardown(s);
@@ -220,6 +223,7 @@ static void ps_teardown(dt_strategy *s) {
     dt_ps_map_free(&d->map);
     free(d->rows);
     dt__model_set_sparse_grads(s->model, 0);
+    dt__model_set_ready_piece(s->model, 0);
   }
   free(d);
   s->impl = s->grad_ud = NULL;

@@ -725,9 +725,25 @@ static int backward_layers(dt_model *m, float *d, int B, dt_grad_ready_fn on_rea
     size_t N = (size_t)B * l->out_el;
     float *gw = in->nparams ? gdst(m, l) : NULL;
     float *gb = in->nparams ? gw + (l->db - l->dw) : NULL;
+    int reported = 0;
     switch (in->kind) {
     case DT_L_LINEAR:
-      if (m->wst) {
+      if (!dinp && on_ready && m->ready_piece && !m->wst && !m->accum &&
+          in->nparams > m->ready_piece && l->db == l->dw + (size_t)s->oc * l->in_el) {
+        /* the first layer in pieces of rows, last rows first (the bias with
+         * them): each piece's floats are the same sums as in one product */
+        const int C = (int)l->in_el, OC = s->oc;
+        const int R = m->ready_piece / (size_t)C > 0 ? (int)(m->ready_piece / (size_t)C) : 1;
+        dt_linear_backward_f(m->gemm_flags, NULL, NULL, l->db, d, l->in, l->w, B, C, OC);
+        for (int o1 = OC; o1 > 0; o1 -= R) {
+          const int o0 = o1 > R ? o1 - R : 0;
+          dt_sgemm_f(m->gemm_flags, 1, 0, o1 - o0, C, B, 1.0f, d + o0, OC, l->in, C, 0.0f,
+                     l->dw + (size_t)o0 * C, C);
+          size_t n = (size_t)(o1 - o0) * C + (o1 == OC ? (size_t)OC : 0);
+          on_ready(ud, in->param_off + (size_t)o0 * C, n);
+        }
+        reported = 1;
+      } else if (m->wst) {
         DT_CHECK(stash_rows(m, i, d, B));
         if (m->accum)
           dt_linear_backward_acc_f(m->gemm_flags, dinp, NULL, l->db, d, l->in, l->w, B,
@@ -797,7 +813,7 @@ static int backward_layers(dt_model *m, float *d, int B, dt_grad_ready_fn on_rea
       add_grads(m, l);
       break;
     }
-    if (in->nparams && on_ready) on_ready(ud, in->param_off, in->nparams);
+    if (in->nparams && on_ready && !reported) on_ready(ud, in->param_off, in->nparams);
     d = dinp;
   }
   m->dx = d;

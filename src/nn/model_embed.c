@@ -15,6 +15,8 @@
 #include "core/core.h"
 #include "nn/model_int.h"
 
+void dt__model_set_ready_piece(dt_model *m, size_t floats) { m->ready_piece = floats; }
+
 void dt__model_set_sparse_grads(dt_model *m, int on) {
   m->sparse_grads = on;
   for (int i = 0; i < m->n; i++) m->L[i].nprev = -1;

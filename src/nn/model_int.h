@@ -73,6 +73,8 @@ struct dt_model {
   float gscale;           /* the loss gradient is multiplied by this */
   int loss;               /* enum dt__loss */
   int sparse_grads;       /* embeddings zero only the rows they wrote last */
+  size_t ready_piece;     /* > 0: the first layer's (linear) weight gradient is made and
+                          * reported ready in pieces of about this many floats */
   const float *dx;        /* input gradient of the last backward (need_dx) */
   float *gtmp;            /* accum: a non-linear layer's gradients before they are added */
   int shared;             /* params, grads and bufs are another model's */

@@ -43,6 +43,14 @@ int dt__model_set_loss(dt_model *m, int loss);
  * the whole table: only for a caller that writes no other rows of the
  * gradient buffer (the parameter-server worker). */
 void dt__model_set_sparse_grads(dt_model *m, int on);
+/* The first layer, when it is a linear layer whose input gradient backward
+ * does not need, makes its weight gradient in pieces of rows of about
+ * `floats` floats (0: at once), from the last rows to the first, and reports
+ * each ready (the first report with the bias) so a caller can send the
+ * layer's later pieces while backward makes its earlier ones (the
+ * parameter-server worker). Every gradient float is the same sum as
+ * without pieces. */
+void dt__model_set_ready_piece(dt_model *m, size_t floats);
 /* The sorted distinct rows the first layer, an embedding, reads for input
  * x of B samples (rows: B x ids-per-sample entries of room); 0 when the
  * first layer is not an embedding; DT_EINVAL for an id outside the table. */

@@ -81,8 +81,7 @@ int dt__psc_poll_local(dt_ps_client *c, int *busy) {
   if (c->spin++ < 16) {
     sched_yield();
   } else {
-    struct timespec ts = {0, 20000};
-    nanosleep(&ts, NULL);
+    dt__ps_sleep_ns(20000);
   }
   pthread_mutex_lock(&c->mu);
   if (c->err) return dt__seterr(c->err, "%s", c->errmsg);
@@ -346,8 +345,7 @@ static void *serve_main(void *arg) {
     pthread_mutex_unlock(&c->mu);
     idle = busy ? 0 : idle + 1;
     if (idle > 4) {
-      struct timespec ts = {0, idle < 64 ? 10000 : 50000};
-      nanosleep(&ts, NULL);
+      dt__ps_sleep_ns(idle < 64 ? 10000 : 50000);
     } else if (idle) {
       sched_yield();
     }

@@ -60,6 +60,11 @@ int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers
 
 int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
                          int nservers) {
+  return dt_ps_map_build_pieces(m, len, rowlen, nlayers, nservers, 0);
+}
+
+int dt_ps_map_build_pieces(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
+                           int nservers, uint64_t piece) {
   if (!m) return dt__seterr(DT_EINVAL, "ps map: NULL map");
   memset(m, 0, sizeof *m);
   if (nservers < 1) return dt__seterr(DT_EINVAL, "ps map: %d servers (need at least 1)", nservers);
@@ -88,8 +93,12 @@ int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowl
     m->srv_lo[s] = b;
   }
   m->srv_lo[nservers] = P;
-  /* keys: every nonempty intersection of a layer and a server range */
-  int cap = nlayers + nservers;
+  /* keys: every nonempty intersection of a layer and a server range, a
+   * dense one cut into near-equal pieces of at most `piece` floats */
+  uint64_t cap64 = (uint64_t)nlayers + (uint64_t)nservers;
+  if (piece)
+    for (int i = 0; i < nlayers; i++) cap64 += len[i] / piece + 1;
+  int cap = cap64 > DT_PS_MAX_KEYS ? DT_PS_MAX_KEYS + 1 : (int)cap64;
   m->keys = calloc((size_t)cap, sizeof *m->keys);
   if (!m->keys) goto oom;
   int nk = 0, srv = 0;
@@ -100,13 +109,17 @@ int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowl
     while (lo < hi) {
       while (srv < nservers - 1 && lo >= m->srv_lo[srv + 1]) srv++;
       uint64_t end = hi < m->srv_lo[srv + 1] ? hi : m->srv_lo[srv + 1];
-      if (nk == cap || nk == DT_PS_MAX_KEYS) {
-        dt_ps_map_free(m);
-        return dt__seterr(DT_EINVAL, "ps map: more than %d keys", DT_PS_MAX_KEYS);
-      }
       uint64_t r = rowlen && rowlen[i] > 1 && (end - lo) % rowlen[i] == 0 &&
                            (lo - (at - len[i])) % rowlen[i] == 0 ? rowlen[i] : 1;
-      m->keys[nk++] = (dt_ps_key){lo, end - lo, srv, i, r};
+      uint64_t np = r == 1 && piece ? (end - lo + piece - 1) / piece : 1;
+      for (uint64_t p = 0; p < np; p++) {
+        if (nk == cap || nk == DT_PS_MAX_KEYS) {
+          dt_ps_map_free(m);
+          return dt__seterr(DT_EINVAL, "ps map: more than %d keys", DT_PS_MAX_KEYS);
+        }
+        uint64_t a = lo + (end - lo) * p / np, b = lo + (end - lo) * (p + 1) / np;
+        m->keys[nk++] = (dt_ps_key){a, b - a, srv, i, r};
+      }
       lo = end;
     }
   }
@@ -159,7 +172,8 @@ int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers) {
                     ? (uint64_t)L->out_c / (uint64_t)((size_t)L->in_c * L->in_h * L->in_w)
                     : 1;
   }
-  int rc = dt_ps_map_build_rows(m, len, rowlen, n, nservers);
+  int rc = dt_ps_map_build_pieces(m, len, rowlen, n, nservers,
+                                  (uint64_t)dt_param(DT_PARAM_PS_PIECE));
   free(len);
   return rc;
 }
@@ -177,14 +191,21 @@ size_t dt_ps_map_describe(const dt_ps_map *m, const dt_model *model, char *buf, 
     uint64_t lo = m->srv_lo[s], hi = m->srv_lo[s + 1];
     PUT("ps: server %d: %llu floats (%.1f KiB) [%llu, %llu):", s, (unsigned long long)(hi - lo),
         (double)(hi - lo) * 4 / 1024, (unsigned long long)lo, (unsigned long long)hi);
-    for (int k = m->srv_key0[s]; k < m->srv_key0[s + 1]; k++) {
+    for (int k = m->srv_key0[s], e; k < m->srv_key0[s + 1]; k = e) {
       const dt_ps_key *K = &m->keys[k];
       const dt_layer_info *L = model ? dt_model_layer(model, K->layer) : NULL;
-      PUT(" key %d = layer %d%s%s%s [%llu, %llu)", k, K->layer + 1, L ? " '" : "",
-          L ? L->name : "", L ? "'" : "", (unsigned long long)K->off,
-          (unsigned long long)(K->off + K->len));
+      /* the pieces of one layer on this server: one entry */
+      for (e = k + 1; e < m->srv_key0[s + 1] && m->keys[e].layer == K->layer; e++) {}
+      if (e - k > 1)
+        PUT(" keys %d-%d = layer %d%s%s%s [%llu, %llu) (%d pieces)", k, e - 1, K->layer + 1,
+            L ? " '" : "", L ? L->name : "", L ? "'" : "", (unsigned long long)K->off,
+            (unsigned long long)(m->keys[e - 1].off + m->keys[e - 1].len), e - k);
+      else
+        PUT(" key %d = layer %d%s%s%s [%llu, %llu)", k, K->layer + 1, L ? " '" : "",
+            L ? L->name : "", L ? "'" : "", (unsigned long long)K->off,
+            (unsigned long long)(K->off + K->len));
       if (K->rowlen > 1) PUT(" (%llu rows)", (unsigned long long)(K->len / K->rowlen));
-      PUT("%s", k + 1 < m->srv_key0[s + 1] ? "," : "");
+      PUT("%s", e < m->srv_key0[s + 1] ? "," : "");
     }
     if (m->replicas > 1) {
       PUT("; replicas on server");

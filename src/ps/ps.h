@@ -72,7 +72,13 @@ int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers
  * 1), never cut inside a row; its keys carry rowlen. */
 int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
                          int nservers);
-/* The same from a model's layers. */
+/* The same with dense keys (rowlen 1) longer than piece floats cut into
+ * near-equal pieces of at most piece floats (0: no cut), so a large layer's
+ * pieces are summed, stepped and sent back one after another (pipelined)
+ * rather than as one message. */
+int dt_ps_map_build_pieces(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
+                           int nservers, uint64_t piece);
+/* The same from a model's layers, with DTRAIN_PS_PIECE as piece. */
 int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers);
 void dt_ps_map_free(dt_ps_map *m);
 /* Replicated shards: key range r (server r's) is also held by servers r+1,
@@ -237,6 +243,9 @@ int dt__ps_server_zero_copy(dt_ps_server *s, float *params);
 /* A poll loop's wait after `idle` rounds with nothing done: none at first,
  * then yields, then short sleeps (server.c; the client's waits use it too). */
 void dt__ps_backoff(int idle);
+/* Sleeps ns nanoseconds with this thread's timer slack set to 1 us (the
+ * default 50 us would make a 20 us sleep ~70 us). */
+void dt__ps_sleep_ns(long ns);
 
 /* ---- worker client (client.c) -------------------------------------------- */
 

@@ -4,7 +4,8 @@
  * layer it may keep whole), small layers kept whole, a large layer split
  * between servers, keys covering every float exactly once in order, the
  * same digest for the same input and a different one for another model or
- * server count, and refusals of impossible maps.
+ * server count, refusals of impossible maps, and dense keys cut into
+ * pieces (DTRAIN_PS_PIECE) with the same server ranges, rows never cut.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -108,6 +109,48 @@ static void test_digest(void **state) {
   dt_ps_map_free(&w);
 }
 
+static void test_pieces(void **state) {
+  (void)state;
+  /* the MLP over 2 servers, pieces of at most 32768 floats */
+  uint64_t len[] = {0, 200960, 0, 32896, 0, 1290};
+  dt_ps_map w, p;
+  assert_int_equal(dt_ps_map_build(&w, len, 6, 2), DT_OK);
+  assert_int_equal(dt_ps_map_build_pieces(&p, len, NULL, 6, 2, 32768), DT_OK);
+  check_cover(&p, len, 6);
+  assert_int_equal(p.srv_lo[1], w.srv_lo[1]); /* the same server ranges */
+  assert_memory_not_equal(p.sha, w.sha, 32);
+  /* layer 2 (floats [0, 200960)): 117573 on server 0 -> 4 pieces, 83387 on
+   * server 1 -> 3; layer 4: 2; layer 6: 1 */
+  assert_int_equal(p.nkeys, 10);
+  assert_int_equal(p.srv_key0[1], 4);
+  for (int k = 0; k < p.nkeys; k++) {
+    assert_true(p.keys[k].len <= 32768);
+    if (k + 1 < p.nkeys && p.keys[k + 1].layer == p.keys[k].layer &&
+        p.keys[k + 1].server == p.keys[k].server) { /* near-equal */
+      uint64_t a = p.keys[k].len, b = p.keys[k + 1].len;
+      assert_true(a + 1 >= b && b + 1 >= a);
+    }
+  }
+  char buf[1024];
+  dt_ps_map_describe(&p, NULL, buf, sizeof buf);
+  assert_non_null(strstr(buf, "keys 0-3 = layer 2 [0, 117573) (4 pieces)"));
+  /* piece 0: the map without pieces */
+  dt_ps_map z;
+  assert_int_equal(dt_ps_map_build_pieces(&z, len, NULL, 6, 2, 0), DT_OK);
+  assert_memory_equal(z.sha, w.sha, 32);
+  dt_ps_map_free(&z);
+  dt_ps_map_free(&p);
+  dt_ps_map_free(&w);
+  /* rows (an embedding of 1000 rows of 16) are never cut into pieces */
+  uint64_t el[] = {16000, 5000}, rl[] = {16, 1};
+  assert_int_equal(dt_ps_map_build_pieces(&p, el, rl, 2, 1, 1000), DT_OK);
+  check_cover(&p, el, 2);
+  assert_int_equal(p.nkeys, 6);
+  assert_int_equal(p.keys[0].len, 16000);
+  assert_int_equal(p.keys[0].rowlen, 16);
+  dt_ps_map_free(&p);
+}
+
 static void test_refusals(void **state) {
   (void)state;
   uint64_t a[] = {3, 0};
@@ -128,6 +171,7 @@ int main(void) {
       cmocka_unit_test(test_balanced),
       cmocka_unit_test(test_snaps_to_layers),
       cmocka_unit_test(test_digest),
+      cmocka_unit_test(test_pieces),
       cmocka_unit_test(test_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
