@@ -4,8 +4,10 @@
 Parts (--parts, default speed,rpc,straggler,sparse):
   speed      MLP and CNN, 2 workers, global batch 64, one epoch (the CNN on the
              first CNN_LIMIT training samples): dtrain data parallelism (ddp)
-             against ps bsp and ps asp with colocated servers (asp also with
-             lazy replies, DTRAIN_PS_LAZY=1), and bsp with one separate
+             against ps bsp and ps asp with colocated servers (each also
+             with the other choice of DTRAIN_PS_PIECE: bsp in pieces, asp
+             without; asp also with lazy replies, DTRAIN_PS_LAZY=1), and
+             bsp with one separate
              server; REPS rounds alternating, medians and ratios.
   rpc        the same MLP against PyTorch 1.13's RPC parameter server
              (bench/peers/fmnist_rpc_ps.py: the structure of PyTorch's
@@ -30,7 +32,7 @@ Parts (--parts, default speed,rpc,straggler,sparse):
              ratings per user the error of estimating each user's 8 numbers
              alone is several percent of the floor (docs/ps.md).
   breakdown  (not in the default list) one traced epoch of the MLP per mode
-             (ddp, bsp, asp, asp lazy; colocated): each span's mean per step
+             (ddp, bsp, bsp in pieces, asp, asp lazy; colocated): each span's mean per step
              and rank (forward, backward, push per key, the wait for
              parameters), to see where a ps step's time goes.
   failover   2 workers, 2 separate servers, ps.replicas = 2, bsp, the MLP
@@ -81,7 +83,11 @@ def dtrain_run(model, extra, epochs=1, limit=0):
 MODES = {
     "ddp": ["--workers", "2"],
     "ps bsp colocated": ["--workers", "2", "--set", "ps.colocate=true"],
+    # the other choice of DTRAIN_PS_PIECE (default: none for bsp, 32768 floats for asp)
+    "ps bsp coloc. pieces": ["--workers", "2", "--set", "ps.colocate=true", "DTRAIN_PS_PIECE=32768"],
     "ps asp colocated": ["--workers", "2", "--set", "ps.colocate=true", "--set", "ps.consistency=asp"],
+    "ps asp coloc. unpieced": ["--workers", "2", "--set", "ps.colocate=true", "--set",
+                               "ps.consistency=asp", "DTRAIN_PS_PIECE=0"],
     "ps asp coloc. lazy": ["--workers", "2", "--set", "ps.colocate=true", "--set", "ps.consistency=asp",
                            "DTRAIN_PS_LAZY=1"],
     "ps bsp 1 server": ["--workers", "2", "--servers", "1"],
@@ -100,12 +106,13 @@ def speed():
                 line += f"  {m} {s['samples_per_second']:.0f}"
             print(line, flush=True)
         base = statistics.median(res["ddp"])
-        targets = {"ps bsp colocated": 0.8, "ps asp colocated": 1.0, "ps asp coloc. lazy": 1.0}
+        targets = {"ps bsp colocated": 0.8, "ps bsp coloc. pieces": 0.8, "ps asp colocated": 1.0,
+                   "ps asp coloc. unpieced": 1.0, "ps asp coloc. lazy": 1.0}
         for m in MODES:
             med = statistics.median(res[m])
             t = targets.get(m)
             verdict = f"  (target >= {t}x: {'met' if med / base >= t else 'missed'})" if t else ""
-            print(f"  {model} median {m:18s} {med:9.0f} samples/s  {med / base:5.2f}x ddp{verdict}")
+            print(f"  {model} median {m:22s} {med:9.0f} samples/s  {med / base:5.2f}x ddp{verdict}")
 
 def rpc():
     print("== rpc: MLP, 1 server + 2 trainers, batch 32 per trainer")
@@ -296,6 +303,7 @@ def breakdown():
     replies), and the wait for parameters at the step's end."""
     print("== breakdown: MLP, 2 workers, global batch 64, 1 epoch traced (us per step, per rank)")
     for label, extra in (("ddp", MODES["ddp"]), ("ps bsp colocated", MODES["ps bsp colocated"]),
+                         ("ps bsp coloc. pieces", MODES["ps bsp coloc. pieces"]),
                          ("ps asp colocated", MODES["ps asp colocated"]),
                          ("ps asp coloc. lazy", MODES["ps asp coloc. lazy"])):
         xenv = dict(env, **dict(x.split("=", 1) for x in extra if x.startswith("DTRAIN_")))

@@ -80,7 +80,7 @@ void dt_log_set_json(int on);
   X(PIPE_WGRAD, INT, 1, NULL, 0, 1, "pipeline: each stage makes its linear layers' weight gradients in one product per step over every micro-batch (1) or per micro-batch (0); 0 always with train.recompute and dist.deterministic") \
   X(PIPE_WPACK, INT, 1, NULL, 0, 1, "pipeline: each stage packs its linear layers' weights for the forward product once per step (1) instead of once per micro-batch (0); not in deterministic mode") \
   X(PS_LAZY, INT, 0, NULL, 0, 1, "ps: colocated asp workers take each push's reply at the next step's begin instead of waiting for it at the step's end (1), or wait (0)") \
-  X(PS_PIECE, INT, 32768, NULL, 0, 1 << 30, "ps: dense keys longer than this many floats are cut into near-equal pieces, pushed, stepped and sent back one after another (0: one key per layer and server); part of the key map") \
+  X(PS_PIECE, INT, -1, NULL, -1, 1 << 30, "ps: dense keys longer than this many floats are cut into near-equal pieces, pushed, stepped and sent back one after another, and a first linear layer's weight gradient is made in such pieces (0: one key per layer and server; -1: 32768 for asp and ssp, 0 for bsp); part of the key map") \
   X(RDZV, STR, 0, NULL, 0, 0, "HOST:PORT of the rendezvous store (dtrain launch --rdzv; under mpirun/srun rank 0 serves it there)") \
   X(RDZV_BACKEND, STR, 0, "builtin", 0, 0, "dtrain launch --rdzv-backend: builtin (node 0 serves the store) or etcd (DTRAIN_RDZV names an etcd server)") \
   X(RDZV_DIR, STR, 0, "/tmp", 0, 0, "directory where ranks started by mpirun/srun without DTRAIN_RDZV meet through files") \

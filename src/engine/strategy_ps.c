@@ -98,7 +98,7 @@ static int ps_setup(dt_strategy *s) {
   s->impl = d;
   d->job = job;
   ps_opts(c, s->nranks, &d->o);
-  int rc = dt_ps_map_from_model(&d->map, s->model, d->o.nservers);
+  int rc = dt_ps_map_from_model(&d->map, s->model, d->o.nservers, d->o.consistency);
   if (rc == DT_OK) rc = dt_ps_map_set_replicas(&d->map, d->o.replicas);
   /* replicas: a lost server must not end the job (the workers read from
    * its replica instead) */
@@ -117,7 +117,7 @@ static int ps_setup(dt_strategy *s) {
   }
   /* the first layer's gradient in the keys' pieces: its last pieces are
    * pushed while backward makes the first ones */
-  dt__model_set_ready_piece(s->model, (size_t)dt_param(DT_PARAM_PS_PIECE));
+  dt__model_set_ready_piece(s->model, (size_t)dt_ps_piece(d->o.consistency));
   if (rc == DT_OK) rc = dt_ps_client_start(d->cl);
   if (rc < 0) {
     ps_teardown(s);
@@ -349,7 +349,7 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
   dt_ps_opts o;
   ps_opts(c, c->workers, &o);
   dt_ps_map map;
-  DT_CHECK(dt_ps_map_from_model(&map, e->model, o.nservers));
+  DT_CHECK(dt_ps_map_from_model(&map, e->model, o.nservers, o.consistency));
   dt_ps_server *srv = NULL;
   int rc = dt_ps_map_set_replicas(&map, o.replicas);
   if (rc == DT_OK && o.replicas > 1) rc = dt__comm_tolerate_loss(job);
@@ -373,8 +373,10 @@ int dt__engine_ps_describe(dt_engine *e, char **out) {
   *out = NULL;
   const dt_run_cfg *c = &e->cfg;
   int S = c->ps.colocate ? c->workers : c->ps.servers;
+  dt_ps_opts o;
+  ps_opts(c, c->workers, &o);
   dt_ps_map map;
-  DT_CHECK(dt_ps_map_from_model(&map, e->model, S));
+  DT_CHECK(dt_ps_map_from_model(&map, e->model, S, o.consistency));
   if (!c->ps.colocate && c->ps.replicas > 1 && dt_ps_map_set_replicas(&map, c->ps.replicas) < 0) {
     dt_ps_map_free(&map);
     return dt__preerr(DT_EINVAL, "ps");

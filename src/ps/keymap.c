@@ -159,7 +159,13 @@ int dt_ps_map_set_replicas(dt_ps_map *m, int replicas) {
   return DT_OK;
 }
 
-int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers) {
+uint64_t dt_ps_piece(int consistency) {
+  int64_t p = dt_param(DT_PARAM_PS_PIECE);
+  if (p < 0) return consistency == DT_PS_BSP ? 0 : 32768;
+  return (uint64_t)p;
+}
+
+int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers, int consistency) {
   int n = dt_model_nlayers(model);
   if (n <= 0) return dt__seterr(DT_EINVAL, "ps map: the model has no layers");
   uint64_t *len = calloc(2 * (size_t)n, sizeof *len), *rowlen = len + n;
@@ -172,8 +178,7 @@ int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers) {
                     ? (uint64_t)L->out_c / (uint64_t)((size_t)L->in_c * L->in_h * L->in_w)
                     : 1;
   }
-  int rc = dt_ps_map_build_pieces(m, len, rowlen, n, nservers,
-                                  (uint64_t)dt_param(DT_PARAM_PS_PIECE));
+  int rc = dt_ps_map_build_pieces(m, len, rowlen, n, nservers, dt_ps_piece(consistency));
   free(len);
   return rc;
 }

@@ -78,8 +78,13 @@ int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowl
  * rather than as one message. */
 int dt_ps_map_build_pieces(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
                            int nservers, uint64_t piece);
-/* The same from a model's layers, with DTRAIN_PS_PIECE as piece. */
-int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers);
+/* The piece of a map for consistency mode `consistency` (enum
+ * dt_ps_consistency): DTRAIN_PS_PIECE, whose default (-1) is 32768 floats
+ * for asp and ssp (whose servers step each push as it comes: measured
+ * faster) and 0 for bsp (measured slower in pieces, 2026-11-27). */
+uint64_t dt_ps_piece(int consistency);
+/* The same from a model's layers, with dt_ps_piece(consistency) as piece. */
+int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers, int consistency);
 void dt_ps_map_free(dt_ps_map *m);
 /* Replicated shards: key range r (server r's) is also held by servers r+1,
  * ..., r+R-1 (mod S), which apply the same pushes; the first live one
