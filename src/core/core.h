@@ -79,6 +79,7 @@ void dt_log_set_json(int on);
   X(NPROC_PER_NODE, STR, 0, NULL, 0, 0, "dtrain launch --nproc-per-node: workers on this node") \
   X(PIPE_WGRAD, INT, 1, NULL, 0, 1, "pipeline: each stage makes its linear layers' weight gradients in one product per step over every micro-batch (1) or per micro-batch (0); 0 always with train.recompute and dist.deterministic") \
   X(PIPE_WPACK, INT, 1, NULL, 0, 1, "pipeline: each stage packs its linear layers' weights for the forward product once per step (1) instead of once per micro-batch (0); not in deterministic mode") \
+  X(PS_EVEN_FIRST, INT, 1, NULL, 0, 1, "ps bsp: a first layer of at least (S-1)/S of the parameters is cut into S equal shares, one a server, the later layers on the last server (1), or every share balanced by bytes (0); part of the key map") \
   X(PS_LAZY, INT, 0, NULL, 0, 1, "ps: colocated asp workers take each push's reply at the next step's begin instead of waiting for it at the step's end (1), or wait (0)") \
   X(PS_PIECE, INT, -1, NULL, -1, 1 << 30, "ps: dense keys longer than this many floats are cut into near-equal pieces, pushed, stepped and sent back one after another, and a first linear layer's weight gradient is made in such pieces (0: one key per layer and server; -1: 32768 for asp and ssp, 0 for bsp); part of the key map") \
   X(RDZV, STR, 0, NULL, 0, 0, "HOST:PORT of the rendezvous store (dtrain launch --rdzv; under mpirun/srun rank 0 serves it there)") \

@@ -60,11 +60,11 @@ int dt_ps_map_build(dt_ps_map *m, const uint64_t *len, int nlayers, int nservers
 
 int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
                          int nservers) {
-  return dt_ps_map_build_pieces(m, len, rowlen, nlayers, nservers, 0);
+  return dt_ps_map_build_pieces(m, len, rowlen, nlayers, nservers, 0, 0);
 }
 
 int dt_ps_map_build_pieces(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
-                           int nservers, uint64_t piece) {
+                           int nservers, uint64_t piece, int even_first) {
   if (!m) return dt__seterr(DT_EINVAL, "ps map: NULL map");
   memset(m, 0, sizeof *m);
   if (nservers < 1) return dt__seterr(DT_EINVAL, "ps map: %d servers (need at least 1)", nservers);
@@ -93,6 +93,17 @@ int dt_ps_map_build_pieces(dt_ps_map *m, const uint64_t *len, const uint64_t *ro
     m->srv_lo[s] = b;
   }
   m->srv_lo[nservers] = P;
+  /* even_first: a dense first layer of at least (S-1)/S of the floats is
+   * cut evenly over the servers (the last one also takes the later
+   * layers): it is final last, so its equal shares end backward together */
+  int f = 0;
+  while (f < nlayers && len[f] == 0) f++;
+  if (even_first && nservers > 1 && f < nlayers && !(rowlen && rowlen[f] > 1) &&
+      len[f] * (uint64_t)nservers >= P * (uint64_t)(nservers - 1) && len[f] >= (uint64_t)nservers) {
+    uint64_t off = 0;
+    for (int i = 0; i < f; i++) off += len[i];
+    for (int s = 1; s < nservers; s++) m->srv_lo[s] = off + len[f] * (uint64_t)s / (uint64_t)nservers;
+  }
   /* keys: every nonempty intersection of a layer and a server range, a
    * dense one cut into near-equal pieces of at most `piece` floats */
   uint64_t cap64 = (uint64_t)nlayers + (uint64_t)nservers;
@@ -178,7 +189,8 @@ int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers, int 
                     ? (uint64_t)L->out_c / (uint64_t)((size_t)L->in_c * L->in_h * L->in_w)
                     : 1;
   }
-  int rc = dt_ps_map_build_pieces(m, len, rowlen, n, nservers, dt_ps_piece(consistency));
+  int rc = dt_ps_map_build_pieces(m, len, rowlen, n, nservers, dt_ps_piece(consistency),
+                                  consistency == DT_PS_BSP && dt_param(DT_PARAM_PS_EVEN_FIRST));
   free(len);
   return rc;
 }

@@ -75,15 +75,19 @@ int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowl
 /* The same with dense keys (rowlen 1) longer than piece floats cut into
  * near-equal pieces of at most piece floats (0: no cut), so a large layer's
  * pieces are summed, stepped and sent back one after another (pipelined)
- * rather than as one message. */
+ * rather than as one message. even_first: a dense first layer (the layer
+ * backward finishes last) of at least (S-1)/S of the floats is cut into S
+ * equal shares, one a server (the later layers go to the last server), so
+ * the servers' work after backward is equal (bsp). */
 int dt_ps_map_build_pieces(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
-                           int nservers, uint64_t piece);
+                           int nservers, uint64_t piece, int even_first);
 /* The piece of a map for consistency mode `consistency` (enum
  * dt_ps_consistency): DTRAIN_PS_PIECE, whose default (-1) is 32768 floats
  * for asp and ssp (whose servers step each push as it comes: measured
  * faster) and 0 for bsp (measured slower in pieces, 2026-11-27). */
 uint64_t dt_ps_piece(int consistency);
-/* The same from a model's layers, with dt_ps_piece(consistency) as piece. */
+/* The same from a model's layers, with dt_ps_piece(consistency) as piece and
+ * even_first in bsp. */
 int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers, int consistency);
 void dt_ps_map_free(dt_ps_map *m);
 /* Replicated shards: key range r (server r's) is also held by servers r+1,

@@ -5,7 +5,8 @@
  * between servers, keys covering every float exactly once in order, the
  * same digest for the same input and a different one for another model or
  * server count, refusals of impossible maps, and dense keys cut into
- * pieces (DTRAIN_PS_PIECE) with the same server ranges, rows never cut.
+ * pieces (DTRAIN_PS_PIECE) with the same server ranges, rows never cut,
+ * and a large first layer cut evenly over the servers (bsp's maps).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -115,7 +116,7 @@ static void test_pieces(void **state) {
   uint64_t len[] = {0, 200960, 0, 32896, 0, 1290};
   dt_ps_map w, p;
   assert_int_equal(dt_ps_map_build(&w, len, 6, 2), DT_OK);
-  assert_int_equal(dt_ps_map_build_pieces(&p, len, NULL, 6, 2, 32768), DT_OK);
+  assert_int_equal(dt_ps_map_build_pieces(&p, len, NULL, 6, 2, 32768, 0), DT_OK);
   check_cover(&p, len, 6);
   assert_int_equal(p.srv_lo[1], w.srv_lo[1]); /* the same server ranges */
   assert_memory_not_equal(p.sha, w.sha, 32);
@@ -136,19 +137,44 @@ static void test_pieces(void **state) {
   assert_non_null(strstr(buf, "keys 0-3 = layer 2 [0, 117573) (4 pieces)"));
   /* piece 0: the map without pieces */
   dt_ps_map z;
-  assert_int_equal(dt_ps_map_build_pieces(&z, len, NULL, 6, 2, 0), DT_OK);
+  assert_int_equal(dt_ps_map_build_pieces(&z, len, NULL, 6, 2, 0, 0), DT_OK);
   assert_memory_equal(z.sha, w.sha, 32);
   dt_ps_map_free(&z);
   dt_ps_map_free(&p);
   dt_ps_map_free(&w);
   /* rows (an embedding of 1000 rows of 16) are never cut into pieces */
   uint64_t el[] = {16000, 5000}, rl[] = {16, 1};
-  assert_int_equal(dt_ps_map_build_pieces(&p, el, rl, 2, 1, 1000), DT_OK);
+  assert_int_equal(dt_ps_map_build_pieces(&p, el, rl, 2, 1, 1000, 0), DT_OK);
   check_cover(&p, el, 2);
   assert_int_equal(p.nkeys, 6);
   assert_int_equal(p.keys[0].len, 16000);
   assert_int_equal(p.keys[0].rowlen, 16);
   dt_ps_map_free(&p);
+}
+
+static void test_even_first(void **state) {
+  (void)state;
+  /* the MLP: layer 2 (the first with floats, final last) cut evenly */
+  uint64_t len[] = {0, 200960, 0, 32896, 0, 1290};
+  dt_ps_map m;
+  assert_int_equal(dt_ps_map_build_pieces(&m, len, NULL, 6, 2, 0, 1), DT_OK);
+  check_cover(&m, len, 6);
+  assert_int_equal(m.srv_lo[1], 100480);
+  assert_int_equal(m.nkeys, 4);
+  dt_ps_map_free(&m);
+  assert_int_equal(dt_ps_map_build_pieces(&m, len, NULL, 6, 3, 0, 1), DT_OK);
+  check_cover(&m, len, 6);
+  assert_int_equal(m.srv_lo[1], 66986);
+  assert_int_equal(m.srv_lo[2], 133973);
+  dt_ps_map_free(&m);
+  /* a small first layer: balanced by bytes as without */
+  uint64_t cnn[] = {320, 0, 18496, 401536, 1290};
+  dt_ps_map a, b;
+  assert_int_equal(dt_ps_map_build_pieces(&a, cnn, NULL, 5, 2, 0, 1), DT_OK);
+  assert_int_equal(dt_ps_map_build(&b, cnn, 5, 2), DT_OK);
+  assert_memory_equal(a.sha, b.sha, 32);
+  dt_ps_map_free(&a);
+  dt_ps_map_free(&b);
 }
 
 static void test_refusals(void **state) {
@@ -172,6 +198,7 @@ int main(void) {
       cmocka_unit_test(test_snaps_to_layers),
       cmocka_unit_test(test_digest),
       cmocka_unit_test(test_pieces),
+      cmocka_unit_test(test_even_first),
       cmocka_unit_test(test_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
