@@ -20,6 +20,7 @@ ROUNDS="${DT_CZ_ROUNDS:-3}"
 RATE="${DT_CZ_RATES:-100mbit}"
 CODECS="${DT_CZ_CODECS:-none int8}"
 OUT="$SRC/$BUILD/bench-compress"
+mkdir -p "$OUT"
 ALL="$OUT/int8_rounds.txt"
 : >"$ALL"
 for r in $(seq "$ROUNDS"); do

@@ -37,6 +37,12 @@ set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 DTRAIN=${DTRAIN:-$SRC/build/rel/dtrain}
 KILLS=${KILLS:-10}
+# samples per epoch of the kill and standby runs: on a quiet machine 6400 (the old
+# figure) trained 3 epochs in ~0.4 s and 6 of 10 runs ended before the kill
+KILL_SAMPLES=${KILL_SAMPLES:-25600}
+# epochs of each throughput run: quiet, one epoch is ~0.6 s of training and
+# 8 quiet on/off pairs spread 0.66-1.0 (2026-11-27): a run must be longer
+EL_EPOCHS=${EL_EPOCHS:-3}
 ROUNDS=${ROUNDS:-5}
 JOINS=${JOINS:-5}
 T=$(mktemp -d /tmp/dtrain_bench_elastic.XXXXXX)
@@ -64,7 +70,7 @@ for i in $(seq 1 "$KILLS"); do
   d="$T/k$i"
   mkdir -p "$d"
   DTRAIN_LOG_LEVEL=info "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 3 \
-    --set dist.min_workers=2 --set train.epochs=3 --set data.limit_train=6400 \
+    --set dist.min_workers=2 --set train.epochs=3 --set data.limit_train=$KILL_SAMPLES \
     --set data.limit_test=1000 --out "$d/out" >"$d/log" 2>&1 </dev/null &
   job=$!
   kill_rank2 "$d" 600 # a moment into the second epoch
@@ -76,7 +82,7 @@ for i in $(seq 1 "$KILLS"); do
   fi
   r=$(awk -v a="$tk" -v b="$first" 'BEGIN{printf "%.3f", b - a}')
   at=$(grep -o 'member [0-9]* (rank [0-9]*) at step [0-9]*' "$d/log" | awk '{print $NF}' | sort -n | tail -1)
-  spe=100 # 6400 / 64
+  spe=$((KILL_SAMPLES / 64)) # steps per epoch
   ep=$(grep -o 'going on at epoch [0-9]* step [0-9]*' "$d/log" | head -1 | awk '{print $5, $7}')
   from=$(echo "$ep" | awk -v s=$spe '{print ($1 - 1) * s + $2}')
   l=$((at - from))
@@ -107,7 +113,7 @@ for i in $(seq 1 "$ROUNDS"); do
     [ $mode = on ] && extra=(--set dist.min_workers=1)
     if [ $mode = waker ]; then python3 -c 'import time
 while True: time.sleep(0.025)' & wk=$!; fi
-    "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=1 \
+    "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs=$EL_EPOCHS \
       --set train.batch=64 "${extra[@]}" --out "$T/t_$mode" >/dev/null 2>&1 </dev/null
     [ -n "$wk" ] && { kill "$wk"; wait "$wk" 2>/dev/null; }
     set -- $(sps "$T/t_$mode/summary.json")
@@ -124,10 +130,10 @@ while True: time.sleep(0.025)' & wk=$!; fi
   echo "$line"
 done
 if [ "$ROUNDS" -gt 0 ]; then
-  echo "throughput with nothing failing, elastic on / off (2 workers, MLP, 1 epoch): paired median $(med "${ratios[@]}") over $ROUNDS rounds; target >= 0.98; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "throughput with nothing failing, elastic on / off (2 workers, MLP, $EL_EPOCHS epochs): paired median $(med "${ratios[@]}") over $ROUNDS rounds; target >= 0.98; load $(cut -d' ' -f1-3 /proc/loadavg)"
   [ ${#wratios[@]} -gt 0 ] && echo "plain ddp with an outside process waking every 25 ms / without: paired median $(med "${wratios[@]}")"
   for mode in $arms; do
-    echo "  $mode: per worker, median wait in the exchange $(med ${waits[$mode]}) s, CPU $(med ${cpus[$mode]}) s per epoch"
+    echo "  $mode: per worker, median wait in the exchange $(med ${waits[$mode]}) s, CPU $(med ${cpus[$mode]}) s per run"
   done
 fi
 
@@ -137,7 +143,7 @@ for i in $(seq 1 "$JOINS"); do
   d="$T/s$i"
   mkdir -p "$d"
   DTRAIN_LOG_LEVEL=info "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 3 --standby 1 \
-    --set dist.min_workers=2 --set train.epochs=3 --set data.limit_train=6400 \
+    --set dist.min_workers=2 --set train.epochs=3 --set data.limit_train=$KILL_SAMPLES \
     --set data.limit_test=1000 --out "$d/out" >"$d/log" 2>&1 </dev/null &
   job=$!
   kill_rank2 "$d" 600
