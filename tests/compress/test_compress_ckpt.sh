@@ -60,8 +60,7 @@ done
   --out "$T/kill" >"$T/kill.out" 2>"$T/kill.err" </dev/null &
 BG=$!
 PIDS="$PIDS $BG"
-t0=$(now)
-while [ ! -e "$T/kill/ckpt/step-00000021" ] && kill -0 "$BG" 2>/dev/null && elapsed_ok "$t0" "$(now)" 60; do sleep 0.02; done
+wait_file "$T/kill/ckpt/step-00000021" 60 "$BG" || true # checked below
 w=$(grep -m1 '^workers:' "$T/kill.out" 2>/dev/null | grep -Eo 'pid [0-9]+' | awk '{print $2}')
 kill -9 "$BG" $w 2>/dev/null
 wait "$BG" 2>/dev/null
@@ -104,8 +103,7 @@ fi
   --set dist.compress=int8 --out "$T/term" >"$T/term.out" 2>"$T/term.err" </dev/null &
 BG=$!
 PIDS="$PIDS $BG"
-t0=$(now)
-while [ ! -e "$T/term/ckpt/step-00000016" ] && kill -0 "$BG" 2>/dev/null && elapsed_ok "$t0" "$(now)" 60; do sleep 0.02; done
+wait_file "$T/term/ckpt/step-00000016" 60 "$BG" || true # the run's end is checked below
 kill -TERM "$BG"
 wait "$BG"
 rc=$?
