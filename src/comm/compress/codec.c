@@ -38,40 +38,54 @@ int dt_codec_is_linear(int codec) {
 /* Philox4x32-10 of 16 counters at once (c0 varies, c1..c3 shared); plain
  * lane loops so the 32x32->64 multiplies vectorise. */
 #if defined(__AVX512F__)
-/* 16 32x32->64 products at once: the even lanes' and the odd lanes'
- * products, split into low and high words (gcc does not vectorise the
- * plain loop below: it keeps the 64-bit products scalar). */
-static inline void mulhilo16(__m512i a, __m512i m, __m512i *lo, __m512i *hi) {
-  __m512i pe = _mm512_mul_epu32(a, m);
-  __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
-  *lo = _mm512_mask_blend_epi32(0xAAAA, pe, _mm512_slli_epi64(po, 32));
-  *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);
-}
+/* The 16 lanes as two registers of 8 (lanes 0-7, 8-15), one lane in the
+ * low word of each 64-bit slot: vpmuludq then gives a lane's whole
+ * 32x32->64 product in its slot (low word = lo, high word shifted down =
+ * hi) and the high words are never read (the multiply ignores them), so a
+ * round is 2 multiplies, 2 shifts and 2 three-way xors (vpternlogd) per
+ * register, without the blends that splitting the products of 16 packed
+ * lanes needs. The same bits as the portable loop. */
+#define PHX_ROUND(a0, a1, a2, a3, K0, K1)                                          \
+  do {                                                                             \
+    __m512i p0_ = _mm512_mul_epu32(a0, m0), p2_ = _mm512_mul_epu32(a2, m1);        \
+    a0 = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p2_, 32), a1, K0, 0x96);       \
+    a2 = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p0_, 32), a3, K1, 0x96);       \
+    a1 = p2_;                                                                      \
+    a3 = p0_;                                                                      \
+  } while (0)
 
-static void philox16(uint32_t k0, uint32_t k1, uint32_t c0base, uint32_t c1, uint32_t c2,
-                     uint32_t c3, uint32_t out[4][LANES]) {
-  __m512i x0 = _mm512_add_epi32(_mm512_set1_epi32((int)c0base),
-                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  __m512i x1 = _mm512_set1_epi32((int)c1), x2 = _mm512_set1_epi32((int)c2),
-          x3 = _mm512_set1_epi32((int)c3);
-  const __m512i m0 = _mm512_set1_epi32((int)0xD2511F53u), m1 = _mm512_set1_epi32((int)0xCD9E8D57u);
+static inline __attribute__((always_inline)) void philox16v(uint32_t k0, uint32_t k1,
+                                                            uint32_t c0base, uint32_t c1,
+                                                            uint32_t c2, uint32_t c3,
+                                                            __m512i o[4]) {
+  const __m512i base = _mm512_set1_epi64((long long)c0base);
+  __m512i a0 = _mm512_add_epi32(base, _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+  __m512i b0 = _mm512_add_epi32(base, _mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15));
+  __m512i a1 = _mm512_set1_epi32((int)c1), a2 = _mm512_set1_epi32((int)c2),
+          a3 = _mm512_set1_epi32((int)c3);
+  __m512i b1 = a1, b2 = a2, b3 = a3;
+  const __m512i m0 = _mm512_set1_epi64(0xD2511F53), m1 = _mm512_set1_epi64(0xCD9E8D57);
   for (int r = 0; r < 10; r++) {
-    __m512i lo0, hi0, lo1, hi1;
-    mulhilo16(x0, m0, &lo0, &hi0);
-    mulhilo16(x2, m1, &lo1, &hi1);
-    __m512i y0 = _mm512_xor_si512(_mm512_xor_si512(hi1, x1), _mm512_set1_epi32((int)k0));
-    __m512i y2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x3), _mm512_set1_epi32((int)k1));
-    x1 = lo1;
-    x3 = lo0;
-    x0 = y0;
-    x2 = y2;
+    const __m512i K0 = _mm512_set1_epi32((int)k0), K1 = _mm512_set1_epi32((int)k1);
+    PHX_ROUND(a0, a1, a2, a3, K0, K1);
+    PHX_ROUND(b0, b1, b2, b3, K0, K1);
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  _mm512_storeu_si512(out[0], x0);
-  _mm512_storeu_si512(out[1], x1);
-  _mm512_storeu_si512(out[2], x2);
-  _mm512_storeu_si512(out[3], x3);
+  /* the low words of the slots of a and b: lanes 0-15 of each word */
+  const __m512i lows = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  o[0] = _mm512_permutex2var_epi32(a0, lows, b0);
+  o[1] = _mm512_permutex2var_epi32(a1, lows, b1);
+  o[2] = _mm512_permutex2var_epi32(a2, lows, b2);
+  o[3] = _mm512_permutex2var_epi32(a3, lows, b3);
+}
+#undef PHX_ROUND
+
+static void philox16(uint32_t k0, uint32_t k1, uint32_t c0base, uint32_t c1, uint32_t c2,
+                     uint32_t c3, uint32_t out[4][LANES]) {
+  __m512i o[4];
+  philox16v(k0, k1, c0base, c1, c2, c3, o);
+  for (int w = 0; w < 4; w++) _mm512_storeu_si512(out[w], o[w]);
 }
 #else
 static void philox16(uint32_t k0, uint32_t k1, uint32_t c0base, uint32_t c1, uint32_t c2,
@@ -106,14 +120,23 @@ static void philox16(uint32_t k0, uint32_t k1, uint32_t c0base, uint32_t c1, uin
 }
 #endif
 
-/* One block = 128 uniforms (16 lanes x 4 words x 2 halves). */
+/* One block = 128 uniforms (16 lanes x 4 words x 2 halves): uniform u of
+ * block b, word w, lane l is (low 16 bits + 0.5) / 65536 at index
+ * w*32 + l and (high 16 bits + 0.5) / 65536 at w*32 + 16 + l. */
 #define UBLOCK 128
+typedef struct { uint32_t k0, k1, c0, c1, c2, c3; } phx_args;
+static inline phx_args block_args(dt_cz_rng rng, uint64_t block) {
+  phx_args a = {(uint32_t)rng.seed, (uint32_t)(rng.seed >> 32) ^ 0x637a0000u,
+                (uint32_t)(block * LANES),
+                (uint32_t)(block >> 28) + ((uint32_t)(rng.stream >> 32) << 12), (uint32_t)rng.step,
+                (uint32_t)rng.stream ^ (uint32_t)(rng.step >> 32) * 0x9E3779B9u};
+  return a;
+}
+
 static void uniform_block(dt_cz_rng rng, uint64_t block, float u[UBLOCK]) {
   uint32_t o[4][LANES];
-  uint32_t k0 = (uint32_t)rng.seed, k1 = (uint32_t)(rng.seed >> 32) ^ 0x637a0000u;
-  philox16(k0, k1, (uint32_t)(block * LANES),
-           (uint32_t)(block >> 28) + ((uint32_t)(rng.stream >> 32) << 12), (uint32_t)rng.step,
-           (uint32_t)rng.stream ^ (uint32_t)(rng.step >> 32) * 0x9E3779B9u, o);
+  phx_args a = block_args(rng, block);
+  philox16(a.k0, a.k1, a.c0, a.c1, a.c2, a.c3, o);
   const float s = 1.0f / 65536.0f;
   for (int w = 0; w < 4; w++)
     for (int l = 0; l < LANES; l++) {
@@ -254,20 +277,35 @@ void dt__cz_from_bf16(const uint16_t *restrict h, float *restrict out, size_t n,
 
 /* ---- int8 / qsgd --------------------------------------------------------- */
 
-/* 16 lane accumulators: a plain max-reduction loop does not vectorise
- * (NaN ordering), a fixed set of lanes does. */
-static float maxabs(const float *restrict x, size_t n) {
-  float acc[16] = {0};
+/* The largest |x[i]| as its bit pattern (0 for n = 0): for non-negative
+ * floats the integer order of the bits is the float order, and every
+ * Inf/NaN is above every finite value, so one pass gives both the max and
+ * whether x holds anything non-finite (result >= 0x7f800000). */
+#define NONFINITE_BITS 0x7f800000u
+static uint32_t maxabs_bits(const float *restrict x, size_t n) {
+  const uint32_t *restrict xb = (const uint32_t *)x;
+  uint32_t m = 0;
   size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; l++) {
-      float a = fabsf(x[i + l]);
-      acc[l] = a > acc[l] ? a : acc[l];
-    }
-  float m = 0;
-  for (int l = 0; l < 16; l++) m = acc[l] > m ? acc[l] : m;
-  for (; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+#if defined(__AVX512F__)
+  const __m512i mag = _mm512_set1_epi32(0x7fffffff);
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm512_max_epu32(a0, _mm512_and_si512(_mm512_loadu_si512(xb + i), mag));
+    a1 = _mm512_max_epu32(a1, _mm512_and_si512(_mm512_loadu_si512(xb + i + 16), mag));
+  }
+  m = _mm512_reduce_max_epu32(_mm512_max_epu32(a0, a1));
+#endif
+  for (; i < n; i++) {
+    uint32_t v = xb[i] & 0x7fffffffu;
+    m = v > m ? v : m;
+  }
   return m;
+}
+
+static float bits_f32(uint32_t b) {
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
 }
 
 static double sumsq(const float *restrict x, size_t n) {
@@ -293,42 +331,56 @@ static int nonfinite(const float *restrict x, size_t n) {
   return s != s;
 }
 
-/* q[i] = stochastic round of x[i] * inv (|q| <= lim); resid = x - q*step. */
+/* q[i] = stochastic round of x[i] * inv (|q| <= lim); resid = x - q*step.
+ * block0 is the uniform block of x[0] (x starts at a block boundary). */
 static void quantize(const float *restrict x, int8_t *restrict q, float *resid, size_t n,
                      float inv, float step, float lim, dt_cz_rng rng, uint64_t block0, int magnitude) {
-  float u[UBLOCK];
-  for (size_t b = 0; b * UBLOCK < n; b++) {
-    size_t lo = b * UBLOCK, m = n - lo < UBLOCK ? n - lo : UBLOCK;
-    uniform_block(rng, block0 + b, u);
-    const float *restrict xs = x + lo;
-    int8_t *restrict qs = q + lo;
-    float *rs = resid ? resid + lo : NULL;
+  size_t b = 0;
 #if defined(__AVX512F__)
-    /* gcc leaves this loop scalar (the float -> int8 narrowing) */
-    if (m == UBLOCK) {
-      const __m512 vinv = _mm512_set1_ps(inv), vlim = _mm512_set1_ps(lim),
-                   vnlim = _mm512_set1_ps(-lim), vstep = _mm512_set1_ps(step);
-      const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
-      for (size_t i = 0; i < UBLOCK; i += 16) {
+  /* gcc leaves the scalar loop below scalar (the float -> int8 narrowing);
+   * here whole blocks take their uniforms straight from Philox's
+   * registers (no array of floats in between), the same bits */
+  {
+    const __m512 vinv = _mm512_set1_ps(inv), vlim = _mm512_set1_ps(lim),
+                 vnlim = _mm512_set1_ps(-lim), vstep = _mm512_set1_ps(step),
+                 us = _mm512_set1_ps(1.0f / 65536.0f), uh = _mm512_set1_ps(0.5f / 65536.0f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u), low16 = _mm512_set1_epi32(0xffff);
+    for (; (b + 1) * UBLOCK <= n; b++) {
+      const float *restrict xs = x + b * UBLOCK;
+      int8_t *restrict qs = q + b * UBLOCK;
+      float *rs = resid ? resid + b * UBLOCK : NULL;
+      __m512i o[4];
+      phx_args a = block_args(rng, block0 + b);
+      philox16v(a.k0, a.k1, a.c0, a.c1, a.c2, a.c3, o);
+      for (int i = 0; i < UBLOCK; i += 16) {
+        __m512i r = i & 16 ? _mm512_srli_epi32(o[i >> 5], 16) : _mm512_and_si512(o[i >> 5], low16);
+        __m512 u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(r), us, uh);
         __m512 v = _mm512_loadu_ps(xs + i), l;
         if (magnitude) {
-          __m512 a = _mm512_abs_ps(v);
-          l = _mm512_roundscale_ps(_mm512_fmadd_ps(a, vinv, _mm512_loadu_ps(u + i)),
+          __m512 av = _mm512_abs_ps(v);
+          l = _mm512_roundscale_ps(_mm512_fmadd_ps(av, vinv, u),
                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
           l = _mm512_min_ps(l, vlim);
           l = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(l),
                                                   _mm512_and_si512(_mm512_castps_si512(v), sign)));
         } else {
-          l = _mm512_roundscale_ps(_mm512_fmadd_ps(v, vinv, _mm512_loadu_ps(u + i)),
+          l = _mm512_roundscale_ps(_mm512_fmadd_ps(v, vinv, u),
                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
           l = _mm512_max_ps(_mm512_min_ps(l, vlim), vnlim);
         }
         _mm_storeu_si128((__m128i *)(qs + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(l)));
         if (rs) _mm512_storeu_ps(rs + i, _mm512_fnmadd_ps(l, vstep, v));
       }
-      continue;
     }
+  }
 #endif
+  float u[UBLOCK];
+  for (; b * UBLOCK < n; b++) {
+    size_t lo = b * UBLOCK, m = n - lo < UBLOCK ? n - lo : UBLOCK;
+    uniform_block(rng, block0 + b, u);
+    const float *restrict xs = x + lo;
+    int8_t *restrict qs = q + lo;
+    float *rs = resid ? resid + lo : NULL;
     if (magnitude) {
       /* qsgd: the magnitude is rounded, the sign kept */
       for (size_t i = 0; i < m; i++) {
@@ -361,13 +413,25 @@ size_t dt__cz_i8b_bytes(size_t n) {
 void dt__cz_i8b_encode(const float *x, size_t n, dt_cz_rng rng, void *frame, float *resid,
                        int flags) {
   size_t nb = (n + DT_CZ_I8_BLOCK - 1) / DT_CZ_I8_BLOCK;
-  if (n && nonfinite(x, n)) flags |= DT_CZ_FLAG_NONFINITE;
-  dt__cz_put_hdr(frame, DT_CODEC_INT8, 0, flags | DT_CZ_FLAG_BLOCKS, n, n, 1.0f);
   uint8_t *p = (uint8_t *)frame + DT_CZ_HDR_LEN;
   int8_t *q = (int8_t *)(p + 4 * nb);
+  /* first pass: every block's max |x| (kept in its step's slot) and
+   * whether anything is non-finite, before any value or residual is
+   * written (resid may be x) */
+  uint32_t all = 0;
   for (size_t b = 0; b < nb; b++) {
     size_t lo = b * DT_CZ_I8_BLOCK, m = n - lo < DT_CZ_I8_BLOCK ? n - lo : DT_CZ_I8_BLOCK;
-    float mx = flags & DT_CZ_FLAG_NONFINITE ? 0 : maxabs(x + lo, m);
+    uint32_t mb = maxabs_bits(x + lo, m);
+    all = mb > all ? mb : all;
+    memcpy(p + 4 * b, &mb, 4);
+  }
+  if (all >= NONFINITE_BITS) flags |= DT_CZ_FLAG_NONFINITE;
+  dt__cz_put_hdr(frame, DT_CODEC_INT8, 0, flags | DT_CZ_FLAG_BLOCKS, n, n, 1.0f);
+  for (size_t b = 0; b < nb; b++) {
+    size_t lo = b * DT_CZ_I8_BLOCK, m = n - lo < DT_CZ_I8_BLOCK ? n - lo : DT_CZ_I8_BLOCK;
+    uint32_t mb;
+    memcpy(&mb, p + 4 * b, 4);
+    float mx = flags & DT_CZ_FLAG_NONFINITE ? 0 : bits_f32(mb);
     float step = mx / 127.0f;
     if (step > 0 && isfinite(127.0f / mx)) {
       quantize(x + lo, q + lo, resid ? resid + lo : NULL, m, 127.0f / mx, step, 127.0f, rng,
@@ -379,8 +443,8 @@ void dt__cz_i8b_encode(const float *x, size_t n, dt_cz_rng rng, void *frame, flo
     }
     memcpy(p + 4 * b, &step, 4);
   }
-  size_t used = DT_CZ_HDR_LEN + 4 * nb + n, all = dt__cz_i8b_bytes(n);
-  memset((uint8_t *)frame + used, 0, all - used); /* padding: every byte on the wire defined */
+  size_t used = DT_CZ_HDR_LEN + 4 * nb + n, all_bytes = dt__cz_i8b_bytes(n);
+  memset((uint8_t *)frame + used, 0, all_bytes - used); /* padding: every byte on the wire defined */
 }
 
 int dt__cz_i8b_decode_add(const void *frame, size_t bytes, size_t n, float *out, int *flags) {
@@ -477,7 +541,10 @@ int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_c
   if (!x || !frame || n == 0 || n > UINT32_MAX)
     return dt__seterr(DT_EINVAL, "compress encode: bad arguments (n = %zu)", n);
   uint8_t *p = (uint8_t *)frame + DT_CZ_HDR_LEN;
-  int flags = nonfinite(x, n) ? DT_CZ_FLAG_NONFINITE : 0;
+  /* int8 finds non-finite values in its max pass */
+  uint32_t mb = codec == DT_CODEC_INT8 ? maxabs_bits(x, n) : 0;
+  int flags = (codec == DT_CODEC_INT8 ? mb >= NONFINITE_BITS : nonfinite(x, n))
+                  ? DT_CZ_FLAG_NONFINITE : 0;
   switch (codec) {
   case DT_CODEC_FP16:
     dt__cz_put_hdr(frame, codec, 0, 0, n, n, 1.0f);
@@ -488,7 +555,7 @@ int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_c
     dt__cz_to_bf16(x, (uint16_t *)p, resid, n);
     return DT_OK;
   case DT_CODEC_INT8: {
-    float m = flags ? 0 : maxabs(x, n);
+    float m = flags ? 0 : bits_f32(mb);
     float step = m / 127.0f;
     dt__cz_put_hdr(frame, codec, 0, flags, n, n, step);
     if (step > 0 && isfinite(127.0f / m)) {
