@@ -438,18 +438,53 @@ static void reduce_block_i64(int64_t *restrict dst, int64_t *const *src, int n, 
   }
 }
 
+/* dst[i] = (float)((double)(sum over n ranks of src[q][i]) * k): the
+ * expression of dt_fix_to_float (parallel/fixsum.c), so the same bits. */
+static void reduce_block_i64_f32(float *restrict dst, int64_t *const *src, int n, size_t k,
+                                 double kk) {
+  if (n == 2) {
+    const int64_t *restrict a = src[0], *restrict b = src[1];
+    for (size_t i = 0; i < k; i++) dst[i] = (float)((double)(a[i] + b[i]) * kk);
+    return;
+  }
+  int64_t acc[512];
+  for (size_t j = 0; j < k; j += 512) {
+    size_t m = k - j < 512 ? k - j : 512;
+    memcpy(acc, src[0] + j, m * sizeof *acc);
+    for (int q = 1; q < n; q++) {
+      const int64_t *b = src[q] + j;
+      for (size_t i = 0; i < m; i++) acc[i] += b[i];
+    }
+    for (size_t i = 0; i < m; i++) dst[j + i] = (float)((double)acc[i] * kk);
+  }
+}
+
 /* The one-pass reduction of window.h, for f32 scaled sums (elem 4) or
  * int64 sums (elem 8, scale unused). */
 /* ranges: NULL for the allreduce (rank r sums slice r and copies it into
  * every window); else nranges [lo, hi) element ranges of the span this rank
  * sums into its own window only (reduce_local). */
+/* fo (int64 sums only, allreduce): the span's elements from nint on are
+ * written to every window as floats (double)sum * k at foff + 4 * (i -
+ * nint) instead of as int64 sums at their place. */
+struct f32out {
+  size_t nint, foff;
+  double k;
+};
+
 static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scale,
-                         uint32_t elem, const size_t *ranges, int nranges) {
+                         uint32_t elem, const size_t *ranges, int nranges,
+                         const struct f32out *fo) {
   int n = w->size, r = w->rank;
   const char *what = elem == 4 ? "floats" : "int64s";
   if (off % elem || off + count * elem > w->bytes || off + count * elem < off)
     return dt__seterr(DT_EINVAL, "window allreduce: span [%zu, +%zu %s) outside the %zu-byte "
                       "window", off, count, what, w->bytes);
+  if (fo && (fo->nint > count || fo->foff % 4 || fo->foff > w->bytes ||
+             (count - fo->nint) * 4 > w->bytes - fo->foff))
+    return dt__seterr(DT_EINVAL, "window allreduce: float span [%zu, +%zu floats) outside the "
+                      "%zu-byte window", fo->foff, count - (fo->nint < count ? fo->nint : count),
+                      w->bytes);
   if (atomic_load(&w->aborted))
     return dt__seterr(DT_EABORTED, "window allreduce: aborted (%s)", w->hdr[r]->why);
   uint32_t seq = ++w->seq;
@@ -483,6 +518,12 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
                       f->elem == 8 ? "int64s" : "floats",
                       (unsigned long long)(f->off / (f->elem ? f->elem : 4)),
                       (unsigned long long)f->count, r, what, off / elem, count);
+      goto out;
+    }
+    if (elem == 8 && f->scale != scale) { /* int64 sums back as floats on one rank only */
+      rc = dt__seterr(DT_EMISMATCH, "window allreduce #%u: rank %d converts the int64 sums "
+                      "with %g, rank %d with %g (1: kept as int64; DTRAIN_DET_FWIN differs?)", seq, q,
+                      (double)f->scale, r, (double)scale);
       goto out;
     }
     sv[q] = f->scale;
@@ -522,17 +563,29 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
       lo = (size_t)r * per < count ? (size_t)r * per : count;
       hi = lo + per < count ? lo + per : count;
     }
+    uint64_t wrote = 0;
     for (size_t j = lo; j < hi; j += block) {
       size_t k = hi - j < block ? hi - j : block;
+      /* int64 sums at their place for the first ki elements, floats after */
+      size_t ki = !fo || j + k <= fo->nint ? k : j < fo->nint ? fo->nint - j : 0;
       for (int q = 0; q < n; q++) src[q] = (char *)w->data[q] + off + j * elem;
       void *dst = (char *)w->data[r] + off + j * elem;
       if (elem == 4) reduce_block(dst, (float *const *)src, sv, n, k);
-      else reduce_block_i64(dst, (int64_t *const *)src, n, k);
+      else if (ki) reduce_block_i64(dst, (int64_t *const *)src, n, ki);
+      for (int q = 0; q < n && ki; q++)
+        if (q != r) memcpy((char *)w->data[q] + off + j * elem, dst, ki * elem);
+      wrote += ki * elem;
+      if (ki == k) continue;
+      for (int q = 0; q < n; q++) src[q] = (int64_t *)src[q] + ki;
+      size_t fat = fo->foff + (j + ki - fo->nint) * sizeof(float);
+      float *fd = (float *)((char *)w->data[r] + fat);
+      reduce_block_i64_f32(fd, (int64_t *const *)src, n, k - ki, fo->k);
       for (int q = 0; q < n; q++)
-        if (q != r) memcpy((char *)w->data[q] + off + j * elem, dst, k * elem);
+        if (q != r) memcpy((char *)w->data[q] + fat, fd, (k - ki) * sizeof(float));
+      wrote += (k - ki) * sizeof(float);
     }
     count_bytes(&w->read, (uint64_t)(n - 1) * (hi - lo) * elem);
-    count_bytes(&w->written, (uint64_t)(n - 1) * (hi - lo) * elem);
+    count_bytes(&w->written, (uint64_t)(n - 1) * wrote);
   }
   const int64_t t_done = dt_now_ns();
   me->t_done[seq & 1] = t_done;
@@ -556,7 +609,7 @@ out:
 }
 
 int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, float scale) {
-  return window_reduce(w, off, count, scale, 4, NULL, 0);
+  return window_reduce(w, off, count, scale, 4, NULL, 0, NULL);
 }
 
 int dt_comm_window_reduce_local_f32(dt_comm_window *w, size_t off, size_t count, float scale,
@@ -567,11 +620,19 @@ int dt_comm_window_reduce_local_f32(dt_comm_window *w, size_t off, size_t count,
     if (ranges[2 * g] > ranges[2 * g + 1] || ranges[2 * g + 1] > count)
       return dt__seterr(DT_EINVAL, "window reduce: range %d [%zu, %zu) outside the span of %zu "
                         "floats", g, ranges[2 * g], ranges[2 * g + 1], count);
-  return window_reduce(w, off, count, scale, 4, ranges, nranges);
+  return window_reduce(w, off, count, scale, 4, ranges, nranges, NULL);
 }
 
 int dt_comm_window_allreduce_i64(dt_comm_window *w, size_t off, size_t count) {
-  return window_reduce(w, off, count, 1.0f, 8, NULL, 0);
+  return window_reduce(w, off, count, 1.0f, 8, NULL, 0, NULL);
+}
+
+int dt_comm_window_allreduce_i64_f32(dt_comm_window *w, size_t off, size_t count, size_t nint,
+                                     size_t foff, double k) {
+  if (!(k > 0) || !isfinite(k) || (float)k == 1.0f || !((float)k > 0))
+    return dt__seterr(DT_EINVAL, "window allreduce: scale %g for int64 sums as floats", k);
+  struct f32out fo = {nint, foff, k};
+  return window_reduce(w, off, count, (float)k, 8, NULL, 0, &fo);
 }
 
 /* A launcher's sweep after it has reaped its workers: the window segments

@@ -70,6 +70,18 @@ int dt_comm_window_reduce_local_f32(dt_comm_window *w, size_t off, size_t count,
  * becomes the plain sum over ranks (exact: the same bits in any order; the
  * fixed-point gradients of deterministic mode). off must be a multiple of 8. */
 int dt_comm_window_allreduce_i64(dt_comm_window *w, size_t off, size_t count);
+/* dt_comm_window_allreduce_i64 whose sums go back as floats: the int64
+ * span [off, off + count*8) of every rank is summed over ranks; its first
+ * nint elements become the int64 sums in place (as there), element i >=
+ * nint becomes the float (float)((double)sum * k) at byte foff + 4*(i -
+ * nint) of every rank's window (the int64 there keep this rank's own
+ * terms). Each rank converts only its own slice, so no rank turns the
+ * whole span back (the fixed-point gradients of deterministic mode:
+ * dt_fix_to_float's expression, the same bits). k > 0 and not 1 as a
+ * float; every rank must pass the same k (DT_EMISMATCH naming both
+ * otherwise, also against a rank calling dt_comm_window_allreduce_i64). */
+int dt_comm_window_allreduce_i64_f32(dt_comm_window *w, size_t off, size_t count, size_t nint,
+                                     size_t foff, double k);
 
 /* The allreduce's slices follow these nranks weights from the next call on
  * (rank q sums about weights[q] / sum of weights of every span, in whole

@@ -100,6 +100,7 @@ void dt_log_set_json(int on);
   X(DET_WPACK, INT, 1, NULL, 0, 1, "deterministic mode: linear layers' forward weights packed once per step instead of once per micro-shard (the same products, the same bits)") \
   X(DET_SLOTS, INT, 4, NULL, 1, 64, "deterministic mode: micro-shard gradients a worker keeps as floats before turning them into fixed point in one pass (1: after every micro-shard, as before 2026-11-27); the same sums and bits for any value") \
   X(DET_FUSE, INT, 1, NULL, 0, 1, "deterministic mode: linear layers' weight gradients made per micro-shard straight in fixed point from their stashed inputs and output gradients, never written as floats (0: backward writes them to the gradient slots, as before 2026-11-27 04:00); the same bits") \
+  X(DET_FWIN, INT, 1, NULL, 0, 1, "deterministic mode, workers sharing a window: each rank turns only its own slice of the reduced int64 sums back into floats, written into every rank's window where the model's gradients then live (0: every rank converts the whole sums, as before 2026-11-27 07:00); the same bits; must be the same on every rank") \
   X(STEAL_BACKUP, INT, 3, NULL, 0, 1000, "dist.balance = steal: an idle worker re-runs a micro-shard another worker has held this many times its own mean micro-shard time (and at least 0.2 ms); the first copy to finish counts (0: no backups)") \
   X(TCP_BUFFER, INT, 0, NULL, 0, INT32_MAX, "tcp: SO_SNDBUF/SO_RCVBUF bytes (0: kernel autotuning)") \
   X(TCP_KEEPIDLE, INT, 2, NULL, 1, 32767, "tcp: seconds of idleness before keepalive probes start") \

@@ -91,6 +91,10 @@ struct dt_ddp {
   size_t nparams, nbufs, head; /* head = nbufs + 1 (the overflow count) */
   int64_t *acc;                /* head, then nparams gradient sums */
   int acc_in_win;              /* acc is the shared window's memory (one host) */
+  /* DTRAIN_DET_FWIN: the model's gradients (slot 0) live in the window too,
+   * at byte fwin_off, and each rank writes its slice of the reduced sums
+   * there as floats for every rank (dt_comm_window_allreduce_i64_f32) */
+  size_t fwin_off;             /* 0: not in the window */
   /* work stealing (parallel/steal.h): the queue in rank 0's window, after
    * its accumulator */
   dt_steal *steal;
@@ -284,14 +288,21 @@ static int reduce_bucket_now(dt_ddp *d, int i, float scale) {
   int64_t *a = d->acc + d->head + d->b[i].off;
   int64_t *lo = with_head ? d->acc : a;
   size_t len = (size_t)(a + n - lo);
-  if (d->win && len) {
+  if (d->win && len && d->fwin_off) {
+    /* the floats arrive in g (the window) from every rank's slice */
+    int rc = dt_comm_window_allreduce_i64_f32(d->win, (size_t)(lo - d->acc) * sizeof *lo, len,
+                                              (size_t)(a - lo),
+                                              d->fwin_off + d->b[i].off * sizeof(float),
+                                              dt_fix_scale(d->divisor));
+    if (rc < 0) return rc;
+  } else if (d->win && len) {
     int rc = dt_comm_window_allreduce_i64(d->win, (size_t)(lo - d->acc) * sizeof *lo, len);
     if (rc < 0) return rc;
   } else if (d->comm && len) {
     int rc = dt_comm_allreduce(d->comm, lo, lo, len, DT_I64, DT_OP_SUM);
     if (rc < 0) return rc;
   }
-  dt_fix_to_float(g, a, n, d->divisor);
+  if (!(d->win && d->fwin_off)) dt_fix_to_float(g, a, n, d->divisor);
   if (with_head) {
     d->overflow_total = d->acc[d->nbufs];
     if (d->nbufs) dt_fix_to_float(d->bufs, d->acc, d->nbufs, d->n_global);
@@ -396,6 +407,7 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
   d->queue = calloc((size_t)nl + 1, sizeof *d->queue);
   d->det = det;
   int nsl = 0; /* slots allocated */
+  const int rewritten = dt__model_grads_rewritten(m); /* before the stash is set */
   if (det) {
     d->nparams = dt_model_nparams(m);
     d->nbufs = dt_model_nbufs(m);
@@ -405,7 +417,7 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
     d->bufs0 = malloc((d->nbufs ? d->nbufs : 1) * sizeof *d->bufs0);
     d->bufs_last = malloc((d->nbufs ? d->nbufs : 1) * sizeof *d->bufs_last);
     /* slots beyond the model's own buffer: at most 256 MiB of them */
-    int64_t ns = dt__model_grads_rewritten(m) ? dt_param(DT_PARAM_DET_SLOTS) : 1;
+    int64_t ns = rewritten ? dt_param(DT_PARAM_DET_SLOTS) : 1;
     size_t pb = (d->nparams ? d->nparams : 1) * sizeof(float);
     while (ns > 1 && (size_t)(ns - 1) * pb > ((size_t)256 << 20)) ns--;
     d->nslots = nsl = (int)ns;
@@ -494,14 +506,27 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
    * transport, DTRAIN_WINDOW=0) the transport's allreduce. */
   size_t np = dt_model_nparams(m);
   if (det && c && dt_comm_size(c) > 1 && !(cz && cz->codec != DT_CODEC_NONE)) {
-    /* the accumulator, then the work-stealing queue */
+    /* the accumulator, then the work-stealing queue, then (DTRAIN_DET_FWIN,
+     * a model whose backward rewrites every gradient) the float gradients */
     size_t acc_bytes = ((d->head + d->nparams) * sizeof *d->acc + 63) & ~(size_t)63;
     const int nr = dt_comm_size(c);
-    int rc = dt_comm_window_create(c, acc_bytes + dt_steal_bytes(nr), &d->win);
+    size_t fwin = 0;
+    if (dt_param(DT_PARAM_DET_FWIN) && rewritten && d->nparams)
+      fwin = (acc_bytes + dt_steal_bytes(nr) + 63) & ~(size_t)63;
+    int rc = dt_comm_window_create(c, fwin ? fwin + d->nparams * sizeof(float)
+                                           : acc_bytes + dt_steal_bytes(nr), &d->win);
     if (rc == DT_OK) {
       free(d->acc);
       d->acc = dt_comm_window_base(d->win);
       d->acc_in_win = 1;
+      if (fwin) {
+        /* slot 0 (the model's gradients, which the optimizer reads) moves
+         * into the window: peers write their slices of the sums there */
+        dt_model_set_grads(m, (float *)((char *)d->acc + fwin));
+        d->grads = dt_model_grads(m);
+        d->slot[0] = d->grads;
+        d->fwin_off = fwin;
+      }
       rc = dt_steal_create(&d->steal, (char *)dt_comm_window_peer(d->win, 0) + acc_bytes,
                              dt_comm_rank(c), nr);
       if (rc < 0) {
@@ -593,6 +618,11 @@ void dt_ddp_destroy(dt_ddp *d) {
   pthread_cond_destroy(&d->cv);
   pthread_cond_destroy(&d->done_cv);
   if (d->win) {
+    if (d->fwin_off) { /* the model's own gradient buffer again, before the unmap */
+      dt__model_point_grads(d->model, d->slot[0]);
+      dt_model_set_grads(d->model, NULL);
+      d->slot[0] = dt_model_grads(d->model);
+    }
     if (!d->acc_in_win) dt_model_set_grads(d->model, NULL);
     dt_comm_window_destroy(d->win);
   }

@@ -326,9 +326,13 @@ void dt_fix_sub(int64_t *restrict acc, const float *restrict x, size_t n, double
   }
 }
 
+double dt_fix_scale(double divisor) {
+  /* one scale for all values: a power of two over the divisor, rounded once */
+  return ldexp(1.0, -DT_FIX_BITS) / divisor;
+}
+
 void dt_fix_to_float(float *restrict out, const int64_t *restrict acc, size_t n,
                      double divisor) {
-  /* one scale for all values: a power of two over the divisor, rounded once */
-  const double k = ldexp(1.0, -DT_FIX_BITS) / divisor;
+  const double k = dt_fix_scale(divisor);
   for (size_t i = 0; i < n; i++) out[i] = (float)((double)acc[i] * k);
 }

@@ -86,6 +86,10 @@ void dt_fix_sub(int64_t *restrict acc, const float *restrict x, size_t n, double
                 double bound);
 
 /* out[i] = (float)((double)acc[i] * (2^-DT_FIX_BITS / divisor)). */
+/* The factor dt_fix_to_float multiplies each sum by (2^-DT_FIX_BITS /
+ * divisor, rounded once), for code that converts sums elsewhere (the
+ * shared window's reduction) with the same expression and bits. */
+double dt_fix_scale(double divisor);
 void dt_fix_to_float(float *restrict out, const int64_t *restrict acc, size_t n,
                      double divisor);
 

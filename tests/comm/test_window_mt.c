@@ -9,7 +9,11 @@
  * talk tcp, is DT_ENOTSUP on every rank; the int64 sum (deterministic
  * mode's fixed-point gradients) is exact for 1..5 ranks, near-overflow
  * values included, and a rank summing floats while another sums int64s over
- * the same bytes is DT_EMISMATCH; the reduce into a rank's own ranges
+ * the same bytes is DT_EMISMATCH; int64 sums turned back into floats in
+ * the window (dt_comm_window_allreduce_i64_f32) have dt_fix_to_float's
+ * bits on every rank for 1..5 ranks, the leading int64 elements summed in
+ * place, nothing else written, and a rank converting while another does
+ * not is DT_EMISMATCH; the reduce into a rank's own ranges
  * (ZeRO-1's reduce-scatter) has the allreduce's bits there and leaves the
  * rest alone; slices cut by shares (dt_comm_window_set_shares: a zero
  * weight, a tiny one, uneven ones) give the equal cut's bits on every rank,
@@ -240,10 +244,59 @@ static void test_i64(void **s) {
     }
 }
 
+/* The sums back as floats: nint leading int64 sums in place, the rest as
+ * (float)((double)sum * k) at the window's float area (after the int64s),
+ * which is otherwise left alone, as are the other int64s. */
+static int i64_f32_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  const struct sizes_arg *a = arg;
+  int r = dt_comm_rank(c), n = dt_comm_size(c);
+  size_t total = a->off_floats + a->count + 5, nint = a->count < 3 ? a->count : 3;
+  size_t foff = total * sizeof(int64_t) + 4 * sizeof(float); /* 4 floats of margin */
+  size_t nf = a->count - nint + 8;
+  dt_comm_window *w;
+  if (dt_comm_window_create(c, foff + nf * sizeof(float), &w) < 0)
+    return FAIL("create: %s", dt_errmsg());
+  int64_t *x = dt_comm_window_base(w);
+  float *f = (float *)((char *)x + foff) - 4; /* margin, span, margin */
+  for (size_t i = 0; i < total; i++) x[i] = i64_val(r, i);
+  for (size_t i = 0; i < nf; i++) f[i] = -1.5f;
+  const double k = ldexp(1.0, -32) / 192.0;
+  int rc = dt_comm_window_allreduce_i64_f32(w, a->off_floats * 8, a->count, nint, foff, k);
+  int bad = rc < 0 ? FAIL("allreduce: %s", dt_errmsg()) : 0;
+  for (size_t i = 0; i < total && !bad; i++) {
+    int64_t want = i64_val(r, i), sum = 0;
+    for (int q = 0; q < n; q++) sum += i64_val(q, i);
+    size_t j = i - a->off_floats; /* index in the span */
+    int in = i >= a->off_floats && j < a->count;
+    if (in && j < nint) want = sum;
+    if (x[i] != want) bad = FAIL("n=%d count %zu: int64 %zu is %lld, want %lld", n, a->count, i,
+                                 (long long)x[i], (long long)want);
+    if (in && j >= nint && !bad) {
+      float fw = (float)((double)sum * k), got = f[4 + j - nint];
+      if (memcmp(&got, &fw, sizeof got))
+        bad = FAIL("n=%d count %zu: float %zu is %a, want %a", n, a->count, j, got, fw);
+    }
+  }
+  for (size_t i = 0; i < 4 && !bad; i++)
+    if (f[i] != -1.5f || f[nf - 1 - i] != -1.5f) bad = FAIL("n=%d: float margin written", n);
+  dt_comm_window_destroy(w);
+  return bad;
+}
+
+static void test_i64_f32(void **s) {
+  (void)s;
+  static const size_t counts[] = {0, 1, 7, 1023, 70001};
+  for (int n = 1; n <= 5; n++)
+    for (size_t j = 0; j < sizeof counts / sizeof counts[0]; j++) {
+      struct sizes_arg a = {j % 2 ? 3 : 0, counts[j]};
+      assert_int_equal(run_ranks("inproc", n, 20.0, i64_f32_body, &a, NULL, NULL), 0);
+    }
+}
+
 /* ---- failures ----------------------------------------------------------- */
 
 struct fault_arg {
-  int kind; /* 0 mismatch, 1 silent rank, 2 abort, 3 int64 vs float */
+  int kind; /* 0 mismatch, 1 silent rank, 2 abort, 3 int64 vs float, 4 int64 vs back as floats */
 };
 
 static int fault_body(dt_comm *c, void *arg, char *fail, size_t cap) {
@@ -257,6 +310,9 @@ static int fault_body(dt_comm *c, void *arg, char *fail, size_t cap) {
     rc = dt_comm_window_allreduce_f32(w, 0, r == 1 ? 11 : 10, 1.0f);
   } else if (a->kind == 3) {
     rc = r == 1 ? dt_comm_window_allreduce_i64(w, 0, 5) : dt_comm_window_allreduce_f32(w, 0, 10, 1.0f);
+  } else if (a->kind == 4) {
+    rc = r == 1 ? dt_comm_window_allreduce_i64(w, 0, 5)
+                : dt_comm_window_allreduce_i64_f32(w, 0, 5, 0, 2048, 0x1p-40);
   } else if (a->kind == 1) {
     rc = r == 1 ? DT_OK : dt_comm_window_allreduce_f32(w, 0, 10, 1.0f);
   } else {
@@ -273,7 +329,7 @@ static int fault_body(dt_comm *c, void *arg, char *fail, size_t cap) {
 
 static void test_faults(void **s) {
   (void)s;
-  for (int kind = 0; kind < 4; kind++) {
+  for (int kind = 0; kind < 5; kind++) {
     struct fault_arg a = {kind};
     int rcs[3];
     char msgs[3][512];
@@ -295,6 +351,9 @@ static void test_faults(void **s) {
         assert_int_equal(rcs[r], DT_EMISMATCH);
         assert_non_null(strstr(msgs[r], "int64s"));
         assert_non_null(strstr(msgs[r], "floats"));
+      } else if (kind == 4) {
+        assert_int_equal(rcs[r], DT_EMISMATCH);
+        assert_non_null(strstr(msgs[r], "converts the int64 sums"));
       } else if (kind == 1) {
         assert_int_equal(rcs[r], DT_ETIMEDOUT);
         assert_non_null(strstr(msgs[r], "rank 1"));
@@ -329,6 +388,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_i64),
+      cmocka_unit_test(test_i64_f32),
       cmocka_unit_test(test_reduce_local),
       cmocka_unit_test(test_shares),
       cmocka_unit_test(test_faults),
