@@ -81,13 +81,20 @@ int dt_ps_map_build_rows(dt_ps_map *m, const uint64_t *len, const uint64_t *rowl
  * the servers' work after backward is equal (bsp). */
 int dt_ps_map_build_pieces(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen, int nlayers,
                            int nservers, uint64_t piece, int even_first);
+/* The same with a piece per layer (lpiece[i] for layer i; lpiece NULL:
+ * piece for every layer). */
+int dt_ps_map_build_layers(dt_ps_map *m, const uint64_t *len, const uint64_t *rowlen,
+                           const uint64_t *lpiece, int nlayers, int nservers, uint64_t piece,
+                           int even_first);
 /* The piece of a map for consistency mode `consistency` (enum
  * dt_ps_consistency): DTRAIN_PS_PIECE, whose default (-1) is 32768 floats
  * for asp and ssp (whose servers step each push as it comes: measured
  * faster) and 0 for bsp (measured slower in pieces, 2026-11-27). */
 uint64_t dt_ps_piece(int consistency);
 /* The same from a model's layers, with dt_ps_piece(consistency) as piece and
- * even_first in bsp. */
+ * even_first in bsp. With DTRAIN_PS_PIECE's default (-1) only a first
+ * linear layer (whose weight gradient backward makes piece by piece) is
+ * cut; an explicit value cuts every dense layer. */
 int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers, int consistency);
 void dt_ps_map_free(dt_ps_map *m);
 /* Replicated shards: key range r (server r's) is also held by servers r+1,

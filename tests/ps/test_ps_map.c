@@ -5,7 +5,8 @@
  * between servers, keys covering every float exactly once in order, the
  * same digest for the same input and a different one for another model or
  * server count, refusals of impossible maps, and dense keys cut into
- * pieces (DTRAIN_PS_PIECE) with the same server ranges, rows never cut,
+ * pieces (DTRAIN_PS_PIECE, for every layer or per layer) with the same
+ * server ranges, rows never cut,
  * and a large first layer cut evenly over the servers (bsp's maps).
  */
 #include <setjmp.h>
@@ -149,6 +150,16 @@ static void test_pieces(void **state) {
   assert_int_equal(p.nkeys, 6);
   assert_int_equal(p.keys[0].len, 16000);
   assert_int_equal(p.keys[0].rowlen, 16);
+  dt_ps_map_free(&p);
+  /* a piece per layer: only layer 2 cut (the default's choice for a first
+   * linear layer); layer 4 stays one key although longer than the piece */
+  uint64_t lp[] = {0, 32768, 0, 0, 0, 0};
+  assert_int_equal(dt_ps_map_build_layers(&p, len, NULL, lp, 6, 2, 32768, 0), DT_OK);
+  check_cover(&p, len, 6);
+  assert_int_equal(p.nkeys, 9);
+  assert_int_equal(p.srv_key0[1], 4);
+  assert_int_equal(p.keys[7].len, 32896);
+  assert_int_equal(p.keys[7].layer, 3);
   dt_ps_map_free(&p);
 }
 
