@@ -72,6 +72,11 @@ int dt_store_cas(dt_store *s, const char *key, const void *expected, size_t elen
                  size_t *curlen, double timeout_s);
 /* Deletes key; DT_OK even if it was missing (*existed tells, may be NULL). */
 int dt_store_delete(dt_store *s, const char *key, bool *existed, double timeout_s);
+/* From any thread: a call another thread is blocked in on s (a GET parked
+ * on a missing key, say) returns at once with an error, and so does every
+ * later call; only dt_store_destroy is left to do. A no-op for stores that
+ * cannot (the file store, etcd: their calls end by their timeouts). */
+void dt_store_interrupt(dt_store *s);
 
 /* ---- communicator (create, destroy, rank, size, abort: dtrain/comm.h) -- */
 

@@ -20,6 +20,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,9 @@ int dt_store_delete(dt_store *s, const char *key, bool *existed, double t) {
   bool e;
   LOCKED(s->be->del(s->self, key, existed ? existed : &e, tmo(t)));
 }
+void dt_store_interrupt(dt_store *s) {
+  if (s && s->be->interrupt) s->be->interrupt(s->self); /* not under s->mu: a call holds it */
+}
 
 /* ---- TCP client -------------------------------------------------------- */
 
@@ -141,6 +145,8 @@ struct tcp_client {
   char host[256];
   int port;
   int fd;
+  pthread_mutex_t fdmu; /* fd's changes against tc_interrupt (another thread) */
+  _Atomic int intr;     /* interrupted: every call fails */
   uint8_t *token;
   size_t token_len;
   uint8_t *rbuf;
@@ -235,15 +241,31 @@ static int tcp_handshake(struct tcp_client *c, double deadline) {
   return DT_OK;
 }
 
+/* Closes the connection (under fdmu: tc_interrupt may be shutting it down). */
+static void tcp_drop(struct tcp_client *c) {
+  pthread_mutex_lock(&c->fdmu);
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+  pthread_mutex_unlock(&c->fdmu);
+}
+
 static int tcp_ensure(struct tcp_client *c, double deadline) {
   if (c->fd >= 0) return DT_OK;
   double wait = 0.005;
   for (;;) {
-    DT_CHECK(tcp_dial(c->host, c->port, deadline, &c->fd));
+    int fd = -1;
+    DT_CHECK(tcp_dial(c->host, c->port, deadline, &fd));
+    pthread_mutex_lock(&c->fdmu);
+    int intr = c->intr;
+    if (!intr) c->fd = fd;
+    pthread_mutex_unlock(&c->fdmu);
+    if (intr) {
+      close(fd);
+      return dt__seterr(DT_EABORTED, "store %s:%d: interrupted", c->host, c->port);
+    }
     int rc = tcp_handshake(c, deadline);
     if (rc == DT_OK) return DT_OK;
-    close(c->fd);
-    c->fd = -1;
+    tcp_drop(c);
     if (rc != DT_EAGAIN) return rc;
     if (dt_now() + wait > deadline)
       return dt__seterr(DT_ETIMEDOUT, "store %s:%d: auth: the server kept closing the connection before "
@@ -258,16 +280,27 @@ static int tcp_ensure(struct tcp_client *c, double deadline) {
 static int tcp_call(struct tcp_client *c, uint8_t op, const char *key, const void *v, size_t vl,
                     const void *v2, size_t v2l, double timeout_s, struct dt_kv_msg *rep) {
   double deadline = dt_now() + timeout_s;
+  if (c->intr) return dt__seterr(DT_EABORTED, "store %s:%d: interrupted", c->host, c->port);
   DT_CHECK(tcp_ensure(c, deadline));
   size_t kl = strlen(key);
-  uint8_t hdr[DT_KV_HDR];
+  /* a small request goes in one send: one segment, one wake-up of the server */
+  uint8_t one[DT_KV_HDR + 1024], *hdr = one;
   uint32_t tms = timeout_s * 1000 > 0x7fffffff ? 0x7fffffff : (uint32_t)(timeout_s * 1000);
   dt__kv_encode_hdr(hdr, op, (uint32_t)kl, (uint32_t)vl, (uint32_t)v2l, tms);
   double io_deadline = deadline + 2.0; /* the server answers timeouts itself */
-  int rc = io_full(c->fd, hdr, sizeof hdr, true, io_deadline, key);
-  if (!rc) rc = io_full(c->fd, (void *)key, kl, true, io_deadline, key);
-  if (!rc && vl) rc = io_full(c->fd, (void *)v, vl, true, io_deadline, key);
-  if (!rc && v2l) rc = io_full(c->fd, (void *)v2, v2l, true, io_deadline, key);
+  int rc;
+  if (kl + vl + v2l <= sizeof one - DT_KV_HDR) {
+    size_t n = DT_KV_HDR;
+    memcpy(one + n, key, kl), n += kl;
+    if (vl) memcpy(one + n, v, vl), n += vl;
+    if (v2l) memcpy(one + n, v2, v2l), n += v2l;
+    rc = io_full(c->fd, one, n, true, io_deadline, key);
+  } else {
+    rc = io_full(c->fd, hdr, DT_KV_HDR, true, io_deadline, key);
+    if (!rc) rc = io_full(c->fd, (void *)key, kl, true, io_deadline, key);
+    if (!rc && vl) rc = io_full(c->fd, (void *)v, vl, true, io_deadline, key);
+    if (!rc && v2l) rc = io_full(c->fd, (void *)v2, v2l, true, io_deadline, key);
+  }
   if (!rc) rc = io_full(c->fd, c->rbuf, DT_KV_HDR, false, io_deadline, key);
   if (!rc) {
     char why[128];
@@ -286,8 +319,8 @@ static int tcp_call(struct tcp_client *c, uint8_t op, const char *key, const voi
     if (rc == DT_EPROTO) dt__seterr(rc, "store %s:%d: bad reply: %s", c->host, c->port, why);
   }
   if (rc < 0) { /* connection state unknown: drop it */
-    close(c->fd);
-    c->fd = -1;
+    tcp_drop(c);
+    if (c->intr) return dt__seterr(DT_EABORTED, "store %s:%d: interrupted", c->host, c->port);
     return rc;
   }
   int status = -(int)rep->op;
@@ -345,12 +378,23 @@ static int tc_del(void *self, const char *key, bool *existed, double t) {
 static void tc_destroy(void *self) {
   struct tcp_client *c = self;
   if (c->fd >= 0) close(c->fd);
+  pthread_mutex_destroy(&c->fdmu);
   free(c->token);
   free(c->rbuf);
   free(c);
 }
+/* The blocked call's poll sees the shut-down socket at once; the fd is not
+ * closed here (its owner does, under fdmu, so no other file gets hit). */
+static void tc_interrupt(void *self) {
+  struct tcp_client *c = self;
+  pthread_mutex_lock(&c->fdmu);
+  c->intr = 1;
+  if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+  pthread_mutex_unlock(&c->fdmu);
+}
 
-static const struct dt_store_backend tcp_backend = {"tcp", tc_set, tc_get, tc_add, tc_cas, tc_del, tc_destroy};
+static const struct dt_store_backend tcp_backend = {"tcp", tc_set, tc_get, tc_add, tc_cas, tc_del,
+                                                    tc_destroy, tc_interrupt};
 
 int dt_store_connect(dt_store **out, const char *host, int port, const char *token, double timeout_s) {
   if (!out) return dt__seterr(DT_EINVAL, "store connect: out is NULL");
@@ -361,6 +405,7 @@ int dt_store_connect(dt_store **out, const char *host, int port, const char *tok
   snprintf(c->host, sizeof c->host, "%s", host);
   c->port = port;
   c->fd = -1;
+  pthread_mutex_init(&c->fdmu, NULL);
   const uint8_t *tok;
   dt__auth_token(token, &tok, &c->token_len);
   c->token = malloc(c->token_len + 1);

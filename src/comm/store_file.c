@@ -173,7 +173,7 @@ static void fs_destroy(void *self) {
   free(f);
 }
 
-static const struct dt_store_backend file_backend = {"file", fs_set, fs_get, fs_add, fs_cas, fs_del, fs_destroy};
+static const struct dt_store_backend file_backend = {"file", fs_set, fs_get, fs_add, fs_cas, fs_del, fs_destroy, NULL};
 
 int dt_store_open_file(dt_store **out, const char *dir) {
   if (!out) return dt__seterr(DT_EINVAL, "file store: out is NULL");

@@ -22,6 +22,9 @@ struct dt_store_backend {
              size_t dlen, bool *swapped, void *cur, size_t cap, size_t *curlen, double timeout_s);
   int (*del)(void *self, const char *key, bool *existed, double timeout_s);
   void (*destroy)(void *self);
+  /* Optional, called without the store's lock from any thread: the call in
+   * progress (if any) and every later one fail at once (dt_store_interrupt). */
+  void (*interrupt)(void *self);
 };
 
 int dt__store_wrap(dt_store **out, const struct dt_store_backend *be, void *self);

@@ -114,6 +114,21 @@ static int64_t counter(dt_store *st, const char *k, int64_t add) {
   return counter_t(st, k, add, 10.0);
 }
 
+/* Announces a membership change: the change counter bumped, then the bell
+ * of its new value N rung (P/el/bell/N), which wakes at once every watcher
+ * parked on it (the built-in store). A bell never rung (its announcer died
+ * in between) is made up for by the watchers' own read of the counter every
+ * heartbeat_timeout / 4. */
+static int announce(dt_store *st, const char *job, double t) {
+  char k[256];
+  int64_t v = 0;
+  snprintf(k, sizeof k, "%s/el/change", job);
+  DT_CHECK(dt_store_add(st, k, 1, &v, t));
+  snprintf(k, sizeof k, "%s/el/bell/%lld", job, (long long)v);
+  (void)dt_store_set(st, k, "1", 1, t); /* best effort (see above) */
+  return DT_OK;
+}
+
 /* ---- heartbeats and fencing ----------------------------------------------------- */
 
 /* etcd: this member's lease and its heartbeat key P/el/hb/ID attached to it
@@ -226,8 +241,7 @@ static void watch_heartbeats(dt_elastic *el, struct hbw *w, double now) {
       if (dt__etcd_exists(el->wst, k, el->op_tmo, &found) < 0 || found) continue;
       DT_LOG_WARN("elastic: member %d's etcd lease expired (silent for dist.heartbeat_timeout); "
                   "re-forming without it", w->ids[i]);
-      key(el, k, sizeof k, "change", 0, 0);
-      counter(el->wst, k, 1);
+      announce(el->wst, el->job, 10.0);
       w->told = 1;
       return;
     }
@@ -237,37 +251,68 @@ static void watch_heartbeats(dt_elastic *el, struct hbw *w, double now) {
     if (now - w->at[i] > el->cfg.heartbeat_timeout_s) {
       DT_LOG_WARN("elastic: member %d has been silent for %.1f s (dist.heartbeat_timeout); "
                   "re-forming without it", w->ids[i], now - w->at[i]);
-      key(el, k, sizeof k, "change", 0, 0);
-      counter(el->wst, k, 1);
+      announce(el->wst, el->job, 10.0);
       w->told = 1;
       return;
     }
   }
 }
 
+/* The watcher: a heartbeat every tick; the change counter read every
+ * heartbeat_timeout / 4 (etcd: every tick), and between beats (the built-in
+ * store) a GET of the next change's bell parked in the store, so a change
+ * wakes it at once and nothing else does: while nothing fails it costs two
+ * store calls per tick (heartbeat_timeout / 8, at most 0.25 s). */
 static void *watch(void *arg) {
   dt_elastic *el = arg;
-  char ch[256];
+  char ch[256], bell[256];
   key(el, ch, sizeof ch, "change", 0, 0);
   struct hbw w = {-1, 0, 0, NULL, NULL, NULL};
-  double next_check = 0;
+  double next_check = 0, next_beat = 0;
+  int64_t rang = 0; /* the bell of change counter value `rang` rang (0: none) */
+  int beat_ok = 0;  /* the last heartbeat reached the store */
   pthread_mutex_lock(&el->mu);
   while (!el->stop) {
     pthread_mutex_unlock(&el->mu);
-    beat_result(el, beat(el, el->wst, dt_now()), dt_now());
-    int64_t c = counter_t(el->wst, ch, 0, el->op_tmo);
     double now = dt_now();
+    if (now >= next_beat) {
+      int r = beat(el, el->wst, now);
+      beat_result(el, r, dt_now());
+      beat_ok = r > 0;
+      next_beat = now + el->tick;
+    }
+    int64_t c = -1;
+    now = dt_now();
+    if (el->etcd || now >= next_check) c = counter_t(el->wst, ch, 0, el->op_tmo);
     if (now >= next_check) {
       watch_heartbeats(el, &w, now);
       next_check = now + el->cfg.heartbeat_timeout_s / 4;
     }
     pthread_mutex_lock(&el->mu);
     if (el->fenced && el->cur) fence(el, el->fence_why); /* (a comm set since) */
-    if (c > el->seen && el->cur) {
+    if ((c > el->seen || rang > el->seen) && el->cur) {
       /* some member failed or a launcher saw a death: leave any collective
        * of this generation now instead of at its deadline */
       dt_comm_abort(el->cur, DT_EPEERLOST, "membership change announced");
       el->cur = NULL;
+    }
+    rang = 0;
+    if (el->stop) break;
+    if (!el->etcd && el->cur && beat_ok) {
+      /* parked on the next change's bell until the next beat or check */
+      const int64_t next = el->seen + 1;
+      snprintf(bell, sizeof bell, "%s/el/bell/%lld", el->job, (long long)next);
+      pthread_mutex_unlock(&el->mu);
+      double until = next_beat < next_check ? next_beat : next_check, left = until - dt_now();
+      char v[8];
+      size_t len = 0;
+      int rc = DT_ETIMEDOUT;
+      if (left > 0.001) rc = dt_store_get(el->wst, bell, v, sizeof v, &len, left);
+      else if (left > 0) sleep_s(left);
+      if (rc == DT_OK) rang = next;
+      pthread_mutex_lock(&el->mu);
+      if (rc == DT_OK || rc == DT_ETIMEDOUT) continue;
+      /* the store failed the call: the tick's sleep below, then a beat */
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -339,8 +384,6 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
   el->cfg.cc.job = NULL;
   if (!(el->cfg.cc.timeout_s > 0)) el->cfg.cc.timeout_s = 60;
   if (!(el->cfg.heartbeat_timeout_s > 0)) el->cfg.heartbeat_timeout_s = 2;
-  el->tick = el->cfg.heartbeat_timeout_s / 8;
-  if (el->tick > 0.05) el->tick = 0.05;
   const double hbt = el->cfg.heartbeat_timeout_s;
   el->op_tmo = hbt > 1 ? hbt : 1;
   if (el->op_tmo > el->cfg.cc.timeout_s) el->op_tmo = el->cfg.cc.timeout_s;
@@ -354,6 +397,9 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
     rc = dt_elastic_store_connect(&el->wst, cfg->host, cfg->port, cfg->token, el->cfg.cc.timeout_s);
   if (rc == DT_OK && cfg->join) rc = joiner_id(el);
   el->etcd = rc == DT_OK && dt__etcd_is(el->st);
+  /* the watcher's tick (heartbeats; etcd: also the change counter's poll) */
+  el->tick = el->cfg.heartbeat_timeout_s / 8;
+  if (el->tick > (el->etcd ? 0.05 : 0.25)) el->tick = el->etcd ? 0.05 : 0.25;
   if (el->etcd) rc = lease_start(el);
   if (rc == DT_OK) { /* where it runs: a cut link separates sites, never one site */
     char k[256];
@@ -420,6 +466,7 @@ void dt_elastic_destroy(dt_elastic *el) {
     el->stop = 1;
     pthread_cond_broadcast(&el->cv);
     pthread_mutex_unlock(&el->mu);
+    dt_store_interrupt(el->wst); /* out of a GET parked on the bell */
     pthread_join(el->thread, NULL);
   }
   dt_comm_destroy(el->old);
@@ -456,10 +503,7 @@ int dt_elastic_report_dead(dt_store *st, const char *job, int id, double timeout
     }
   }
   free(rec);
-  if (member) {
-    snprintf(k, sizeof k, "%s/el/change", job);
-    DT_CHECK(dt_store_add(st, k, 1, NULL, timeout_s));
-  }
+  if (member) DT_CHECK(announce(st, job, timeout_s));
   snprintf(k, sizeof k, "%s/el/dead/%d", job, id);
   return dt_store_add(st, k, 1, NULL, timeout_s);
 }
@@ -623,10 +667,8 @@ int dt_elastic_join(dt_elastic *el, dt_elastic_gen *out) {
       DT_CHECK_GOTO(dt_store_add(el->st, k, -1, NULL, tmo), rc, done);
       counted = 0;
     }
-    if (ch <= c) { /* nobody re-forming yet: ask for it */
-      key(el, k, sizeof k, "change", 0, 0);
-      DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done);
-    }
+    if (ch <= c) /* nobody re-forming yet: ask for it */
+      DT_CHECK_GOTO(announce(el->st, el->job, tmo), rc, done);
     /* until generation g + 1 is decided (with us or, in a race, without) */
     while (atoi(rec) <= g && dt_now() < until) {
       if (el->etcd) beat(el, el->st, dt_now());
@@ -666,10 +708,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
     DT_CHECK_GOTO(fenced(el), rc, done);
     if (step == 0) {
       rc = read_gen_t(el, rec, GEN_MAX, ot);
-      if (rc == DT_OK && atoi(rec) < g) {
-        key(el, k, sizeof k, "change", 0, 0);
-        rc = dt_store_add(el->st, k, 1, NULL, ot);
-      }
+      if (rc == DT_OK && atoi(rec) < g) rc = announce(el->st, el->job, ot);
     } else {
       key(el, k, sizeof k, "g%d/in/%d", g, el->cfg.id);
       rc = dt_store_add(el->st, k, (pos < 0 ? -1 : pos) + 2, NULL, ot);

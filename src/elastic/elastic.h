@@ -21,6 +21,8 @@
  *   P/el/gen          "G C id,id,..." the current generation G, the change
  *                     counter C it accounts for, its members in rank order
  *   P/el/change       counter: bumped by whoever sees a failure
+ *   P/el/bell/N       set right after the change counter reached N: wakes the
+ *                     watchers parked on it (a GET of a missing key waits)
  *   P/el/hb/ID        counter: member ID's heartbeat (etcd: a key under member
  *                     ID's lease, gone when the lease expires)
  *   P/el/dead/ID      counter > 0: a launcher saw member ID's process die

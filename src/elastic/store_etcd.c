@@ -423,7 +423,7 @@ static void e_destroy(void *self) {
 }
 
 static const struct dt_store_backend etcd_backend = {"etcd", e_set, e_get, e_add, e_cas, e_del,
-                                                     e_destroy};
+                                                     e_destroy, NULL};
 
 static int etcd_open(struct etcd **out, const char *host, int port, const char *token) {
   pthread_once(&curl_once, curl_init);
