@@ -263,6 +263,14 @@ int dt__pss_wait_sent(dt_ps_server *s, skey *k, int w) {
   return rc < 0 ? comm_fail(s, rc, "sending parameters") : DT_OK;
 }
 
+/* Before key k's parameters change (ssp/asp): the replies still being sent
+ * from them finish first. */
+int dt__pss_settle(dt_ps_server *s, skey *k) {
+  for (int w = 0; w < s->N; w++)
+    if (k->sent[w]) DT_CHECK(dt__pss_wait_sent(s, k, w));
+  return DT_OK;
+}
+
 static int reply(dt_ps_server *s, skey *k, int w) {
   int64_t c = k->want[w], mc = min_clock(k, s->N);
   k->want[w] = -1;
@@ -306,9 +314,13 @@ static int reply(dt_ps_server *s, skey *k, int w) {
   }
   DT_CHECK(dt__pss_wait_sent(s, k, w));
   const float *src = k->p;
-  /* bsp without backups: no update of this key before every worker has
-   * pushed again, i.e. received this: send straight from the parameters */
-  if (!(s->o.consistency == DT_PS_BSP && s->o.backup_workers == 0)) {
+  /* Sent straight from the parameters. bsp without backups: no update of
+   * this key before every worker has pushed again, i.e. received this.
+   * ssp/asp: an update first waits for the key's pending sends
+   * (dt__pss_settle), which the ring has taken at once unless it is full.
+   * bsp with backups (a clock may close before a late worker has taken
+   * its reply): a snapshot. */
+  if (s->o.consistency == DT_PS_BSP && s->o.backup_workers) {
     memcpy(k->snap + (size_t)w * len, k->p, len * sizeof(float));
     src = k->snap + (size_t)w * len;
   }

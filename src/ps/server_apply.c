@@ -168,6 +168,7 @@ static int on_push_rows(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, con
     int64_t stale = k->version - (int64_t)m->aux;
     if (stale > 1) lr /= (float)stale;
   }
+  DT_CHECK(dt__pss_settle(s, k));
   int rc = dt__optim_step_rows(k->opt, k->p, data + n, lr, (const uint32_t *)(const void *)data,
                                n, rl);
   if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
@@ -230,6 +231,7 @@ int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const f
       int64_t stale = k->version - (int64_t)m->aux;
       if (stale > 1) lr /= (float)stale;
     }
+    DT_CHECK(dt__pss_settle(s, k));
     int rc = dt_optim_step(k->opt, k->p, data, lr);
     if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
     k->version++;

@@ -80,6 +80,7 @@ static inline skey *dt__pss_key(dt_ps_server *s, int idx) { return &s->keys[s->k
 /* server.c */
 int dt__pss_try_replies(dt_ps_server *s, skey *k);
 int dt__pss_wait_sent(dt_ps_server *s, skey *k, int w);
+int dt__pss_settle(dt_ps_server *s, skey *k);
 /* server_apply.c */
 int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data);
 float *dt__pss_push_dest(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m);
