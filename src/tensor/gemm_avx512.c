@@ -127,6 +127,52 @@ AVX512 static void pack_t16(float *dst, float *dst2, int W, int half, const dt__
   }
 }
 
+/* pack_t16 for at most 8 rows into one MR = 8 panel (half set, lanes 8..15
+ * not wanted): an 8 x 16 transpose (unpack, shuffle, one two-source
+ * permute per two columns) instead of a 16 x 16 one half of zeros, and
+ * 256-bit stores of the 8 lanes only. The same panel bytes (rows beyond
+ * nrows zero), so the same products: the micro-shards of deterministic
+ * mode are 8-row products. */
+AVX512 static void pack_t8(float *dst, const dt__gemm_op *o, int r0, int nrows, int x0, int len) {
+  const __m512i lo = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+  const __m512i hi = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+  int x = 0;
+  while (x < len) {
+    int run = op_run(o, x0 + x, len - x);
+    const float *src[8], *base = o->p + pos_off(o, x0 + x);
+    for (int i = 0; i < 8; i++) src[i] = i < nrows ? base + row_off(o, r0 + i) : NULL;
+    for (int j = 0; j < run; j += 16) {
+      int n = run - j < 16 ? run - j : 16;
+      __mmask16 m = (__mmask16)((1u << n) - 1);
+      __m512 a[8], t[8], r[8];
+      for (int i = 0; i < 8; i++)
+        a[i] = src[i] ? _mm512_maskz_loadu_ps(m, src[i] + j) : _mm512_setzero_ps();
+      for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]);
+      }
+      /* r[c] (c < 4): rows 0..3 of column 4L + c in 128-bit lane L; r[4 + c]: rows 4..7 */
+      for (int h = 0; h < 2; h++) {
+        r[4 * h + 0] = _mm512_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+        r[4 * h + 1] = _mm512_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+        r[4 * h + 2] = _mm512_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+        r[4 * h + 3] = _mm512_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+      }
+      float *d = dst + (size_t)(x + j) * MR;
+      for (int c = 0; c < 4; c++) {
+        /* columns c and 4 + c, then 8 + c and 12 + c, each rows 0..7 */
+        __m512 p = _mm512_permutex2var_ps(r[c], lo, r[4 + c]);
+        __m512 q = _mm512_permutex2var_ps(r[c], hi, r[4 + c]);
+        if (c < n) _mm256_storeu_ps(d + (size_t)c * MR, _mm512_castps512_ps256(p));
+        if (4 + c < n) _mm256_storeu_ps(d + (size_t)(4 + c) * MR, _mm512_extractf32x8_ps(p, 1));
+        if (8 + c < n) _mm256_storeu_ps(d + (size_t)(8 + c) * MR, _mm512_castps512_ps256(q));
+        if (12 + c < n) _mm256_storeu_ps(d + (size_t)(12 + c) * MR, _mm512_extractf32x8_ps(q, 1));
+      }
+    }
+    x += run;
+  }
+}
+
 /* Contiguous pack: element (r, x) for r in [r0, r0+kc) (the K index) and x
  * in [x0, x0+n) into dst[r][W], zero-padded to W. */
 AVX512 static void pack_n(float *dst, int W, const dt__gemm_op *o, int r0, int kc, int x0, int n) {
@@ -162,7 +208,8 @@ AVX512 static void pack_a(float *ap, const dt__gemm_op *A, int m0, int mc, int k
   for (int i = 0; i < mc; i += 16) {
     int n = mc - i < 16 ? mc - i : 16;
     float *p0 = ap + (size_t)i * kc;
-    pack_t16(p0, p0 + (size_t)MR * kc, MR, 1, A, m0 + i, n, k0, kc);
+    if (MR == 8 && n <= 8) pack_t8(p0, A, m0 + i, n, k0, kc); /* the second panel is unused */
+    else pack_t16(p0, p0 + (size_t)MR * kc, MR, 1, A, m0 + i, n, k0, kc);
   }
 }
 

@@ -214,6 +214,32 @@ static void test_packed(void **st) {
   assert_int_equal(bad, 0);
 }
 
+/* Rows r0 .. r0 + M - 1 of a 48-row product, computed as an M-row product
+ * (A not transposed: the 8-row and 16-row packing paths), bit for bit. */
+static void test_rows(void **st) {
+  if (!have_avx512(st)) DT_SKIP("no AVX-512 on this CPU: AVX-512 GEMM case not run");
+  static const int sh[][2] = {{48, 17}, {64, 200}, {10, 128}, {97, 300}};
+  static const int ms[] = {1, 3, 7, 8, 9, 15, 16, 17, 32, 40};
+  int bad = 0;
+  for (size_t s = 0; s < sizeof sh / sizeof *sh; s++)
+    for (int tb = 0; tb < 2; tb++) {
+      const int MB = 48, N = sh[s][0], K = sh[s][1], ldb = tb ? K : N;
+      float *A = rnd((size_t)MB * K, 800 + s), *B = rnd((size_t)N * K, 900 + s);
+      float *Cb = malloc((size_t)MB * N * sizeof(float)), *C = malloc((size_t)MB * N * sizeof(float));
+      dt__sgemm_avx512(0, tb, MB, N, K, 1.0f, A, K, B, ldb, 0.0f, Cb, N);
+      for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+        int M = ms[mi], r0 = (M * 7) % (MB - M + 1);
+        dt__sgemm_avx512(0, tb, M, N, K, 1.0f, A + (size_t)r0 * K, K, B, ldb, 0.0f, C, N);
+        if (memcmp(C, Cb + (size_t)r0 * N, (size_t)M * N * sizeof(float))) {
+          if (bad < 3) print_error("rows %d..%d: N=%d K=%d tb=%d differ\n", r0, r0 + M - 1, N, K, tb);
+          bad++;
+        }
+      }
+      free(A), free(B), free(Cb), free(C);
+    }
+  assert_int_equal(bad, 0);
+}
+
 static void test_dispatch(void **st) {
   (void)st;
   dt_tensor_set_threads(1);
@@ -236,6 +262,7 @@ int main(void) {
       cmocka_unit_test(test_layer_shapes),
       cmocka_unit_test(test_implicit),
       cmocka_unit_test(test_packed),
+      cmocka_unit_test(test_rows),
       cmocka_unit_test(test_dispatch),
   };
   return dt_skip_status(cmocka_run_group_tests(tests, NULL, NULL));
