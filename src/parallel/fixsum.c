@@ -223,6 +223,56 @@ AVX512 static inline __attribute__((always_inline)) unsigned wgrad_tile(
   return badm;
 }
 
+/* wgrad_tile for 8 rows when every segment's scale is a power of two (the
+ * float path): the int64 sums of the tile stay in registers across the
+ * segments (16 of them) and are loaded and stored once, not once per
+ * segment. Integer addition in another order: the same sums. */
+AVX512 static inline __attribute__((always_inline)) unsigned wgrad_tile8_p2(
+    int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC, int C, int o0, int c,
+    __mmask16 m, const float *sf, float boundf, int store) {
+  const __m512 absf = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 vbf = _mm512_set1_ps(boundf);
+  __mmask8 mlo = (__mmask8)m, mhi = (__mmask8)(m >> 8);
+  __m512i lo[8], hi[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; r++) {
+    const int64_t *a = acc + (size_t)(o0 + r) * C + c;
+    lo[r] = store ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi64(mlo, a);
+    hi[r] = store ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi64(mhi, a + 8);
+  }
+  __mmask16 okall = m;
+  for (int j = 0; j < k; j++) {
+    __m512 f[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) f[r] = _mm512_setzero_ps();
+    const float *x = sg[j].x + c, *dy = sg[j].dy + o0;
+    for (int q = 0; q < sg[j].n; q++) {
+      __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)q * C);
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; r++)
+        f[r] = _mm512_fmadd_ps(_mm512_set1_ps(dy[(size_t)q * OC + r]), xv, f[r]);
+    }
+    const __m512 s = _mm512_set1_ps(sf[j]);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) {
+      __m512 y = _mm512_mul_ps(f[r], s);
+      __mmask16 ok = _mm512_cmp_ps_mask(_mm512_and_ps(y, absf), vbf, _CMP_LE_OQ);
+      okall &= ok;
+      lo[r] = _mm512_add_epi64(lo[r], _mm512_maskz_cvtps_epi64((__mmask8)ok, _mm512_castps512_ps256(y)));
+      hi[r] = _mm512_add_epi64(
+          hi[r], _mm512_maskz_cvtps_epi64((__mmask8)(ok >> 8),
+                                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1))));
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; r++) {
+    int64_t *a = acc + (size_t)(o0 + r) * C + c;
+    _mm512_mask_storeu_epi64(a, mlo, lo[r]);
+    _mm512_mask_storeu_epi64(a + 8, mhi, hi[r]);
+  }
+  return (unsigned)(m & ~okall);
+}
+
 /* Columns in blocks of 128, so every segment's rows of x for the block
  * (k x n x 512 bytes) stay in L1 while all rows of the gradient pass. */
 AVX512 static int add_wgrad_avx512(int64_t *restrict acc, const dt_fix_wseg *sg, int k,
@@ -233,13 +283,16 @@ AVX512 static int add_wgrad_avx512(int64_t *restrict acc, const dt_fix_wseg *sg,
   if ((double)boundf > bound) boundf = nextafterf(boundf, 0.0f);
   seg_scales(sg, k, sd, sf, pow2);
   unsigned badm = 0;
+  int allp2 = 1;
+  for (int j = 0; j < k; j++) allp2 &= pow2[j];
   for (int c0 = 0; c0 < C; c0 += 128) {
     int c1 = C - c0 < 128 ? C : c0 + 128;
     int o0 = 0;
     for (; o0 + 8 <= OC; o0 += 8)
       for (int c = c0; c < c1; c += 16) {
         __mmask16 m = c1 - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c1 - c)) - 1);
-        badm |= wgrad_tile(acc, sg, k, OC, C, o0, 8, c, m, sd, sf, pow2, bound, boundf, store);
+        if (allp2) badm |= wgrad_tile8_p2(acc, sg, k, OC, C, o0, c, m, sf, boundf, store);
+        else badm |= wgrad_tile(acc, sg, k, OC, C, o0, 8, c, m, sd, sf, pow2, bound, boundf, store);
       }
     for (; o0 < OC; o0++)
       for (int c = c0; c < c1; c += 16) {
