@@ -287,8 +287,18 @@ int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t 
   z->st.buckets++;
   z->st.dense_bytes += 4 * n;
   if (z->cfg.codec == DT_CODEC_NONE || z->step < z->cfg.start_step) {
-    if (scale != 1.0f)
+    if (z->mom) {
+      /* worker momentum replaces the optimizer's (optim.momentum = 0):
+       * the dense steps before dist.compress_start_step keep it too, or
+       * they would be plain SGD. The sum of the velocities is the
+       * velocity of the summed gradient, so these steps are dense
+       * momentum SGD exactly, and the velocity goes on into the codec. */
+      float *restrict u = z->mom + off;
+      float m = z->cfg.momentum;
+      for (size_t i = 0; i < n; i++) g[i] = u[i] = m * u[i] + g[i] * scale;
+    } else if (scale != 1.0f) {
       for (size_t i = 0; i < n; i++) g[i] *= scale;
+    }
     int rc = dt_comm_allreduce(c, g, g, n, DT_F32, DT_OP_SUM);
     if (rc < 0) return comm_err(c, rc, "gradients (allreduce)");
     z->st.bytes_sent += 4 * n;
