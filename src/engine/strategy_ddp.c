@@ -187,17 +187,21 @@ static int compress_cfg(dt_strategy *s, dt_compress_cfg *cz) {
   cz->rank = c->powersgd_rank;
   cz->warmup_epochs = c->compress_warmup_epochs;
   cz->start_step = c->compress_start_step;
-  /* -1: dense epochs first for the codecs that otherwise end more than
+  /* -1: dense steps first for the codecs that otherwise end more than
    * half a point below dense (bench/RESULTS.md 2026-11-27, 3 seeds):
-   * powersgd one; sign and topk with the optimizer's momentum after the
-   * codec two (with dist.compress_momentum none: it is their fast recipe) */
+   * powersgd one epoch; sign and topk with the optimizer's momentum after
+   * the codec two; sign with dist.compress_momentum three quarters of an
+   * epoch (its dense steps keep the worker momentum); topk with it none
+   * (DGC's momentum correction is enough) */
   if (c->compress_start_step < 0) {
-    int64_t epochs = 0;
-    if (c->compress == DT_CODEC_POWERSGD) epochs = 1;
+    int64_t quarters = 0;
+    if (c->compress == DT_CODEC_POWERSGD) quarters = 4;
     else if ((c->compress == DT_CODEC_SIGN || c->compress == DT_CODEC_TOPK) &&
              c->compress_momentum == 0)
-      epochs = 2;
-    cz->start_step = epochs * s->steps_per_epoch;
+      quarters = 8;
+    else if (c->compress == DT_CODEC_SIGN)
+      quarters = 3;
+    cz->start_step = quarters * s->steps_per_epoch / 4;
   }
   cz->clip = c->compress_clip;
   cz->momentum = c->compress_momentum;
