@@ -103,7 +103,7 @@ fi
 sps() { python3 -c "
 import json,sys; s=json.load(open(sys.argv[1])); w=s['per_worker']
 print('%.0f %.3f %.3f' % (s['samples_per_second'], sum(x['wait_seconds'] for x in w)/len(w), sum(x['cpu_seconds'] for x in w)/len(w)))" "$1"; }
-ratios=(); wratios=(); declare -A waits cpus
+ratios=(); wratios=(); cratios=(); declare -A waits cpus
 arms="off on"; [ "${WAKER:-0}" = 1 ] && arms="off on waker"
 for i in $(seq 1 "$ROUNDS"); do
   order=$arms
@@ -118,11 +118,14 @@ while True: time.sleep(0.025)' & wk=$!; fi
     [ -n "$wk" ] && { kill "$wk"; wait "$wk" 2>/dev/null; }
     set -- $(sps "$T/t_$mode/summary.json")
     eval "v_$mode=$1"
+    eval "c_$mode=$3"
     waits[$mode]="${waits[$mode]:-} $2"; cpus[$mode]="${cpus[$mode]:-} $3"
   done
   r=$(awk -v a="$v_off" -v b="$v_on" 'BEGIN{printf "%.3f", b / a}')
   ratios+=("$r")
-  line="round $i: off $v_off samples/s, on $v_on samples/s, on/off $r"
+  rc=$(awk -v a="$c_off" -v b="$c_on" 'BEGIN{printf "%.3f", b / a}')
+  cratios+=("$rc")
+  line="round $i: off $v_off samples/s, on $v_on samples/s, on/off $r (CPU per worker $rc)"
   if [ "${WAKER:-0}" = 1 ]; then
     rw=$(awk -v a="$v_off" -v b="$v_waker" 'BEGIN{printf "%.3f", b / a}')
     wratios+=("$rw"); line="$line; off with an outside waker $v_waker, waker/off $rw"
@@ -131,6 +134,7 @@ while True: time.sleep(0.025)' & wk=$!; fi
 done
 if [ "$ROUNDS" -gt 0 ]; then
   echo "throughput with nothing failing, elastic on / off (2 workers, MLP, $EL_EPOCHS epochs): paired median $(med "${ratios[@]}") over $ROUNDS rounds; target >= 0.98; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "  CPU per worker (the same samples), elastic on / off: paired median $(med "${cratios[@]}"); target <= 1.02"
   [ ${#wratios[@]} -gt 0 ] && echo "plain ddp with an outside process waking every 25 ms / without: paired median $(med "${wratios[@]}")"
   for mode in $arms; do
     echo "  $mode: per worker, median wait in the exchange $(med ${waits[$mode]}) s, CPU $(med ${cpus[$mode]}) s per run"
