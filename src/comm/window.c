@@ -440,7 +440,7 @@ static void reduce_block_i64(int64_t *restrict dst, int64_t *const *src, int n, 
 
 /* dst[i] = (float)((double)(sum over n ranks of src[q][i]) * k): the
  * expression of dt_fix_to_float (parallel/fixsum.c), so the same bits. */
-static void reduce_block_i64_f32(float *restrict dst, int64_t *const *src, int n, size_t k,
+static void reduce_block_i64_f32(float *restrict dst, int64_t **src, int n, size_t k,
                                  double kk) {
   if (n == 2) {
     const int64_t *restrict a = src[0], *restrict b = src[1];
@@ -448,22 +448,14 @@ static void reduce_block_i64_f32(float *restrict dst, int64_t *const *src, int n
     return;
   }
   int64_t acc[512];
-  for (size_t j = 0; j < k; j += 512) {
+  for (size_t j = 0; j < k; j += 512) { /* src advances past each chunk */
     size_t m = k - j < 512 ? k - j : 512;
-    memcpy(acc, src[0] + j, m * sizeof *acc);
-    for (int q = 1; q < n; q++) {
-      const int64_t *b = src[q] + j;
-      for (size_t i = 0; i < m; i++) acc[i] += b[i];
-    }
+    reduce_block_i64(acc, src, n, m);
     for (size_t i = 0; i < m; i++) dst[j + i] = (float)((double)acc[i] * kk);
+    for (int q = 0; q < n; q++) src[q] += m;
   }
 }
 
-/* The one-pass reduction of window.h, for f32 scaled sums (elem 4) or
- * int64 sums (elem 8, scale unused). */
-/* ranges: NULL for the allreduce (rank r sums slice r and copies it into
- * every window); else nranges [lo, hi) element ranges of the span this rank
- * sums into its own window only (reduce_local). */
 /* fo (int64 sums only, allreduce): the span's elements from nint on are
  * written to every window as floats (double)sum * k at foff + 4 * (i -
  * nint) instead of as int64 sums at their place. */
@@ -579,7 +571,7 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
       for (int q = 0; q < n; q++) src[q] = (int64_t *)src[q] + ki;
       size_t fat = fo->foff + (j + ki - fo->nint) * sizeof(float);
       float *fd = (float *)((char *)w->data[r] + fat);
-      reduce_block_i64_f32(fd, (int64_t *const *)src, n, k - ki, fo->k);
+      reduce_block_i64_f32(fd, (int64_t **)src, n, k - ki, fo->k);
       for (int q = 0; q < n; q++)
         if (q != r) memcpy((char *)w->data[q] + fat, fd, (k - ki) * sizeof(float));
       wrote += (k - ki) * sizeof(float);
