@@ -77,7 +77,8 @@ void dt_log_set_json(int on);
   X(NN_CHUNK_BYTES, INT, 128 << 10, NULL, 0, INT64_MAX, "working-set size of one chunk of the fused layer execution plan, bytes") \
   X(NODE_RANK, STR, 0, NULL, 0, 0, "dtrain launch --node-rank: this node, 0..nnodes-1") \
   X(NPROC_PER_NODE, STR, 0, NULL, 0, 0, "dtrain launch --nproc-per-node: workers on this node") \
-  X(PIPE_WGRAD, INT, 1, NULL, 0, 1, "pipeline: each stage makes its linear layers' weight gradients in one product per step over every micro-batch (1) or per micro-batch (0); 0 always with train.recompute and dist.deterministic") \
+  X(PIPE_RECOMPUTE_ROWS, INT, 64, NULL, 0, 1 << 20, "pipeline with train.recompute: each stage makes its linear layers' weight gradients in one product per group of micro-batches of about this many rows, keeping their inputs and output gradients until then (below 2 micro-batches' rows: per micro-batch, nothing kept)") \
+  X(PIPE_WGRAD, INT, 1, NULL, 0, 1, "pipeline: each stage makes its linear layers' weight gradients in one product per step over every micro-batch (1; with train.recompute per group of DTRAIN_PIPE_RECOMPUTE_ROWS rows) or per micro-batch (0); not in deterministic mode") \
   X(PIPE_WPACK, INT, 1, NULL, 0, 1, "pipeline: each stage packs its linear layers' weights for the forward product once per step (1) instead of once per micro-batch (0); not in deterministic mode") \
   X(PS_EVEN_FIRST, INT, 1, NULL, 0, 1, "ps bsp: a first layer of at least (S-1)/S of the parameters is cut into S equal shares, one a server, the later layers on the last server (1), or every share balanced by bytes (0); part of the key map") \
   X(PS_LAZY, INT, 0, NULL, 0, 1, "ps: colocated asp workers take each push's reply at the next step's begin instead of waiting for it at the step's end (1), or wait (0)") \

@@ -247,6 +247,7 @@ static int pipe_setup(dt_strategy *s) {
       .micro = m,
       .max_batch = (per_replica + m - 1) / m,
       .recompute = c->recompute,
+      .rc_rows = (int)dt_param_or(DT_PARAM_PIPE_RECOMPUTE_ROWS, 64),
       .wgrad = c->pipe_wgrad >= 0 ? c->pipe_wgrad : (int)dt_param_or(DT_PARAM_PIPE_WGRAD, 1),
       .wpack = (int)dt_param_or(DT_PARAM_PIPE_WPACK, 1),
       .det = det,

@@ -702,13 +702,13 @@ static int stash_rows(dt_model *m, int i, const float *d, int B) {
   return DT_OK;
 }
 
-void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows) {
+void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows, int accumulate) {
   for (int i = 0; i < m->n && i < s->n; i++) {
     layer *l = &m->L[i];
     if (!s->x[i] || !l->dw) continue;
     /* dweight(OC,C) = dy^T(OC,rows) * x(rows,C) */
     dt_sgemm_f(m->gemm_flags, 1, 0, l->s.oc, (int)l->in_el, rows, 1.0f, s->dy[i], l->s.oc,
-               s->x[i], (int)l->in_el, 0.0f, l->dw, (int)l->in_el);
+               s->x[i], (int)l->in_el, accumulate ? 1.0f : 0.0f, l->dw, (int)l->in_el);
   }
 }
 

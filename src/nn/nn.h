@@ -123,8 +123,9 @@ int dt__model_backward_dy(dt_model *m, const float *dy, int B, const float **dx,
  * input and bias gradients and copies its input and output gradient into
  * the stash's rows [row0, row0 + B); dt__model_wgrad_flush then makes every
  * linear layer's weight gradient in one product over the first `rows`
- * stashed rows (overwriting it): one pass over the weight gradient per step
- * instead of one per micro-batch. One stash serves every model of a stage
+ * stashed rows (overwriting it, or adding to it with accumulate): one pass
+ * over the weight gradient per step (or per group of micro-batches) instead
+ * of one per micro-batch. One stash serves every model of a stage
  * (the same layers). Deterministic mode (parallel/ddp.c) uses it per gradient
  * slot and makes the weight gradients itself, straight in fixed point
  * (dt__wstash_rows). */
@@ -134,7 +135,7 @@ void dt__wstash_destroy(dt__wstash *s);
 size_t dt__wstash_bytes(const dt__wstash *s);
 /* s NULL: backward makes weight gradients itself again. */
 void dt__model_set_wstash(dt_model *m, dt__wstash *s, int row0);
-void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows);
+void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows, int accumulate);
 /* Layer i's stashed inputs (rows x in) and output gradients (rows x out),
  * row 0 first; NULL for a layer the stash does not hold (not linear). */
 void dt__wstash_rows(const dt__wstash *s, int i, const float **x, const float **dy);

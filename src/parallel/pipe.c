@@ -43,7 +43,7 @@ struct dt_pipe {
   int nshards_left;          /* deterministic mode: micro-shards still to go back */
   dt__wstash *wst;           /* deferred weight gradients (NULL: per micro-batch) */
   dt__wpack *wpk;            /* forward weights packed once per step (NULL: per product) */
-  int *row0;                 /* per micro-batch of the step: its first stash row */
+  int wcap, wrows, wflushed; /* stash rows, rows stashed since the last flush, flushes this step */
   double compute_s, wait_s;
 };
 
@@ -67,7 +67,6 @@ void dt_pipe_destroy(dt_pipe *p) {
   free(p->areq), free(p->greq), free(p->apend), free(p->gpend), free((void *)p->xin);
   dt__wstash_destroy(p->wst);
   dt__wpack_destroy(p->wpk);
-  free(p->row0);
   free(p);
 }
 
@@ -123,12 +122,18 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
   if (!last && !(p->gin = dt_alloc((B * p->out_dim + 2) * sizeof(float)))) goto nomem;
   if ((cfg->recompute || cfg->det) && !(p->bufsave = dt_alloc((cfg->nbufs + 1) * sizeof(float)))) goto nomem;
   /* weight gradients in one product per step over every micro-batch (a
-   * pass over each weight gradient per step, not per micro-batch); not with
-   * recompute, whose point is to keep no micro-batch's activations, nor in
+   * pass over each weight gradient per step, not per micro-batch); with
+   * recompute, whose point is to keep no micro-batch's activations, one
+   * product per group of about rc_rows rows (a bounded stash); not in
    * deterministic mode (its own per-micro-shard path) */
-  if (!cfg->det && !cfg->recompute && cfg->micro > 1 && cfg->wgrad) {
-    if (!(p->row0 = calloc((size_t)cfg->micro, sizeof *p->row0))) goto nomem;
-    DT_CHECK_GOTO(dt__wstash_create(&p->wst, p->inst[0], cfg->micro * cfg->max_batch), rc, fail);
+  int group = cfg->micro;
+  if (cfg->recompute) {
+    group = (cfg->rc_rows + cfg->max_batch / 2) / cfg->max_batch;
+    if (group > cfg->micro) group = cfg->micro;
+  }
+  if (!cfg->det && cfg->micro > 1 && cfg->wgrad && group > 1) {
+    p->wcap = group * cfg->max_batch;
+    DT_CHECK_GOTO(dt__wstash_create(&p->wst, p->inst[0], p->wcap), rc, fail);
   }
   /* the forward products' weights packed once per step rather than once
    * per micro-batch (not in deterministic mode, whose products are fixed
@@ -284,6 +289,16 @@ static int det_backward(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, 
   return DT_OK;
 }
 
+/* The stashed rows' weight gradients into the stage's (the step's first
+ * flush overwrites them, later ones add). */
+static void wflush(dt_pipe *p) {
+  double t0 = dt_now();
+  dt__model_wgrad_flush(p->inst[0], p->wst, p->wrows, p->wflushed > 0);
+  p->compute_s += dt_now() - t0;
+  p->wflushed++;
+  p->wrows = 0;
+}
+
 /* Backward of micro-batch j; first: the step's first backward (overwrites). */
 static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global, uint64_t seed,
                uint64_t step, float *loss, int *correct) {
@@ -322,7 +337,11 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
     p->inst_mb[k] = j;
   }
   dt__model_set_accum(m, !first, (float)n / (float)n_global);
-  if (p->wst) dt__model_set_wstash(m, p->wst, p->row0[j]);
+  if (p->wst) {
+    if (p->wrows + n > p->wcap) wflush(p);
+    dt__model_set_wstash(m, p->wst, p->wrows);
+    p->wrows += n;
+  }
   const float *dx = NULL;
   if (s == P - 1) {
     DT_CHECK(dt_model_backward(m, mb[j].y, n, &loss[j], &correct[j], NULL, NULL));
@@ -348,6 +367,9 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
     p->compute_s += dt_now() - t0;
   }
   p->inst_mb[k] = -1;
+  /* a full group (recompute's bounded stash): its weight gradients now,
+   * while the previous stage goes on with the gradients just sent */
+  if (p->wst && p->wrows + p->c.max_batch > p->wcap) wflush(p);
   return DT_OK;
 }
 
@@ -380,7 +402,7 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
     return DT_OK;
   }
   const int s = p->c.stage, P = p->c.nstages;
-  int rc = DT_OK, rows = 0;
+  int rc = DT_OK;
   if (p->wpk) {
     /* the parameters changed since the last step (the optimizer, a
      * checkpoint's import, a broadcast): pack them for this step */
@@ -388,8 +410,7 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
     dt__wpack_refresh(p->wpk, p->inst[0]);
     p->compute_s += dt_now() - t0;
   }
-  if (p->wst)
-    for (int j = 0; j < m; j++) p->row0[j] = rows, rows += mb[j].n;
+  p->wrows = p->wflushed = 0;
   if (p->c.schedule == DT_PIPE_GPIPE) {
     for (int j = 0; j < m && rc == DT_OK; j++) rc = fwd(p, mb, j, seed, step);
     for (int j = 0; j < m && rc == DT_OK; j++)
@@ -402,12 +423,9 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
       if (rc == DT_OK) rc = bwd(p, mb, i, i == 0, n_global, seed, step, loss, correct);
     }
   }
-  if (rc == DT_OK && p->wst) {
-    /* the stage's weight gradients over every micro-batch at once, while
-     * the previous stage goes on with the gradients just sent */
-    double t0 = dt_now();
-    dt__model_wgrad_flush(p->inst[0], p->wst, rows);
-    p->compute_s += dt_now() - t0;
-  }
+  /* the stage's weight gradients over the micro-batches not yet flushed
+   * (without recompute: every one, in one product per layer, after the
+   * last backward's gradients went to the previous stage) */
+  if (rc == DT_OK && p->wst && p->wrows) wflush(p);
   return p->c.comm ? drain(p, rc) : rc;
 }

@@ -41,6 +41,7 @@ typedef struct dt_pipe_cfg {
   int micro;              /* most micro-batches per step (m) */
   int max_batch;          /* most samples per micro-batch */
   int recompute;
+  int rc_rows;            /* recompute: rows of deferred weight gradients kept (pipe.c) */
   int wgrad;              /* deferred weight gradients (pipe.c) unless 0 */
   int wpack;              /* forward weights packed once per step (nn.h dt__wpack) unless 0 */
   int det;                /* deterministic mode: see dt_pipe_set_det */

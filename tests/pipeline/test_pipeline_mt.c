@@ -9,9 +9,11 @@
  *     every rank holds the same bytes;
  *   - without batch norm, P = 2 equals plain one-process training (local
  *     strategy, whole batch) to 1e-5, and so do hybrid 2 x 2 replicas and
- *     recomputation, which gives the bits of keeping the activations
- *     (with weight gradients made per micro-batch, as recomputation makes
- *     them), and deferred weight gradients (1e-6 of per micro-batch);
+ *     recomputation, which gives the bits of keeping the activations with
+ *     the same weight-gradient products (deferred per step or per group of
+ *     rows, or per micro-batch); deferred weight gradients are 1e-6 of per
+ *     micro-batch, and recomputation's groups of 64 rows 1e-6 of one
+ *     product per step;
  *   - a stage that dies makes the others fail within the deadline naming
  *     its stage and rank;
  *   - ZeRO-1 (dist.zero) ends with plain ddp's parameters, the same bits
@@ -130,13 +132,15 @@ static void test_plain_reference(void **state) {
   snprintf(c.layers, sizeof c.layers, "%s", mlp);
   size_t n0, n;
   float *ref = run_ok(&c, 1, "plain_local", &n0), *first = NULL;
-  /* run 0 makes weight gradients micro-batch by micro-batch, as
-   * recomputation does (it keeps no micro-batch's activations); run 4 is
-   * run 0 with them deferred (one product per step, pipe.h) */
+  /* run 0 makes weight gradients micro-batch by micro-batch; run 4 is run
+   * 0 with them deferred (one product per step, pipe.h); recomputation
+   * defers them per group of DTRAIN_PIPE_RECOMPUTE_ROWS (64) rows, here the
+   * whole step's 32 (run 2), or per micro-batch (run 5) */
   static const struct { int W, P, m, recompute, sched, wgrad; const char *cuts; } runs[] = {
       {2, 2, 4, 0, 1, 0, NULL}, {4, 2, 3, 0, 1, 1, NULL}, {2, 2, 4, 1, 0, 1, NULL},
-      {3, 3, 5, 1, 1, 1, "2,4"}, {2, 2, 4, 0, 1, 1, NULL}};
-  for (int i = 0; i < 5; i++) {
+      {3, 3, 5, 1, 1, 1, "2,4"}, {2, 2, 4, 0, 1, 1, NULL}, {2, 2, 4, 1, 1, 0, NULL}};
+  float *deferred = NULL;
+  for (int i = 0; i < 6; i++) {
     base_cfg(&c, runs[i].W);
     c.pipe_wgrad = runs[i].wgrad;
     snprintf(c.layers, sizeof c.layers, "%s", mlp);
@@ -153,20 +157,49 @@ static void test_plain_reference(void **state) {
     printf("# W=%d P=%d m=%d recompute=%d wgrad=%d vs whole-batch local: relative difference "
            "%.3g\n", runs[i].W, runs[i].P, runs[i].m, runs[i].recompute, runs[i].wgrad, rel);
     assert_true(rel < 1e-5);
-    /* recomputation (run 2) gives the gradients, hence the parameters, of
-     * keeping the activations (run 0): the same bits */
+    /* recomputation gives the gradients, hence the parameters, of keeping
+     * the activations with the same weight-gradient products: the same bits
+     * (run 2 as run 4, run 5 as run 0) */
     if (i == 0) first = p;
-    else if (i == 2) assert_memory_equal(p, first, n * sizeof(float));
+    else if (i == 2) deferred = p;
     else if (i == 4) {
       /* deferred weight gradients: the same sums in another order */
       double d = rel_diff(p, first, n);
       printf("# deferred vs per-micro-batch weight gradients: relative difference %.3g\n", d);
       assert_true(d < 1e-6);
-    }
-    if (i != 0) free(p);
+      assert_memory_equal(p, deferred, n * sizeof(float));
+    } else if (i == 5)
+      assert_memory_equal(p, first, n * sizeof(float));
+    if (i != 0 && i != 2) free(p);
   }
+  free(deferred);
   free(first);
   free(ref);
+  /* batch 256 in 8 micro-batches of 32 rows: recomputation makes the
+   * weight gradients in 4 products of 2 micro-batches each (the first
+   * overwrites, the others add), against one product of 256 rows */
+  float *one = NULL;
+  for (int rcmp = 0; rcmp < 2; rcmp++) {
+    base_cfg(&c, 2);
+    snprintf(c.layers, sizeof c.layers, "%s", mlp);
+    c.batch = 256;
+    c.pipeline_stages = 2;
+    c.micro_batches = 8;
+    c.schedule = 0;
+    c.recompute = rcmp;
+    c.pipe_wgrad = 1;
+    float *p = run_ok(&c, 2, rcmp ? "groups_rc" : "groups", &n);
+    if (!rcmp) {
+      one = p;
+      continue;
+    }
+    double d = rel_diff(p, one, n);
+    printf("# recompute, weight gradients in 4 groups vs one product per step: relative "
+           "difference %.3g\n", d);
+    assert_true(d < 1e-6);
+    free(p);
+  }
+  free(one);
 }
 
 /* ZeRO-1 (dist.zero = 1) ends where plain ddp ends: the same bits with 2
