@@ -44,6 +44,8 @@ struct dt_pipe {
   dt__wstash *wst;           /* deferred weight gradients (NULL: per micro-batch) */
   dt__wpack *wpk;            /* forward weights packed once per step (NULL: per product) */
   int wcap, wrows, wflushed; /* stash rows, rows stashed since the last flush, flushes this step */
+  int G;                     /* gpipe recompute: micro-batches recomputed and backward at once */
+  float *xg;                 /* G > 1, stages after the first: a group's inputs, contiguous */
   double compute_s, wait_s;
 };
 
@@ -63,6 +65,7 @@ void dt_pipe_destroy(dt_pipe *p) {
   }
   free(p->inst), free(p->inst_mb), free(p->in), free(p->aout), free(p->gout);
   dt_free(p->gin);
+  dt_free(p->xg);
   dt_free(p->bufsave);
   free(p->areq), free(p->greq), free(p->apend), free(p->gpend), free((void *)p->xin);
   dt__wstash_destroy(p->wst);
@@ -81,6 +84,20 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
   p->c = *cfg;
   p->S = nslots(cfg);
   p->K = cfg->recompute || cfg->det ? 1 : p->S;
+  /* recompute: groups of about rc_rows rows, never fewer than 1 or more
+   * than m micro-batches */
+  int group = cfg->micro;
+  if (cfg->recompute) {
+    group = (cfg->rc_rows + cfg->max_batch / 2) / cfg->max_batch;
+    if (group > cfg->micro) group = cfg->micro;
+    if (group < 1) group = 1;
+  }
+  /* gpipe with recompute: the backward goes group by group, the group's
+   * forward repeated in one product per layer over all its rows (not with
+   * batch norm, whose statistics are per micro-batch) */
+  p->G = cfg->recompute && !cfg->det && cfg->schedule == DT_PIPE_GPIPE && !cfg->nbufs && cfg->wgrad
+             ? group
+             : 1;
   p->obs = dt_comm_obs(cfg->comm);
   p->m_send = dt_obs_histogram(p->obs, "dtrain_pipeline_send_wait_seconds",
                                "Time a stage waited for a send to a neighbour stage to finish", NULL, 0);
@@ -104,7 +121,7 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
   for (int k = 0; k < p->K; k++) {
     int fl = (first ? 0 : DT__STAGE_NEED_DX) | (cfg->det ? DT__STAGE_KEEP_CHUNKS : 0);
     DT_CHECK_GOTO(dt__model_create_range(&p->inst[k], cfg->spec, cfg->c, cfg->h, cfg->w,
-                                         cfg->max_batch, cfg->l0, cfg->l1, fl), rc, fail);
+                                         p->G * cfg->max_batch, cfg->l0, cfg->l1, fl), rc, fail);
     /* the first model's gradients (its own, stage-sized) serve them all */
     dt__model_share(p->inst[k], cfg->whole, cfg->param_off, cfg->buf_off,
                     k ? dt_model_grads(p->inst[0]) : NULL);
@@ -119,19 +136,18 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
     if (!last && !(p->aout[s] = dt_alloc(B * p->out_dim * sizeof(float)))) goto nomem;
     if (!first && !(p->gout[s] = dt_alloc((B * p->in_dim + 2) * sizeof(float)))) goto nomem;
   }
-  if (!last && !(p->gin = dt_alloc((B * p->out_dim + 2) * sizeof(float)))) goto nomem;
+  if (!last && !(p->gin = dt_alloc(((size_t)p->G * B * p->out_dim + 2) * sizeof(float))))
+    goto nomem;
+  if (p->G > 1 && !first && !(p->xg = dt_alloc((size_t)p->G * B * p->in_dim * sizeof(float))))
+    goto nomem;
   if ((cfg->recompute || cfg->det) && !(p->bufsave = dt_alloc((cfg->nbufs + 1) * sizeof(float)))) goto nomem;
   /* weight gradients in one product per step over every micro-batch (a
    * pass over each weight gradient per step, not per micro-batch); with
    * recompute, whose point is to keep no micro-batch's activations, one
-   * product per group of about rc_rows rows (a bounded stash); not in
-   * deterministic mode (its own per-micro-shard path) */
-  int group = cfg->micro;
-  if (cfg->recompute) {
-    group = (cfg->rc_rows + cfg->max_batch / 2) / cfg->max_batch;
-    if (group > cfg->micro) group = cfg->micro;
-  }
-  if (!cfg->det && cfg->micro > 1 && cfg->wgrad && group > 1) {
+   * product per group of about rc_rows rows (a bounded stash; gpipe's
+   * groups need none); not in deterministic mode (its own per-micro-shard
+   * path) */
+  if (!cfg->det && cfg->micro > 1 && cfg->wgrad && group > 1 && p->G == 1) {
     p->wcap = group * cfg->max_batch;
     DT_CHECK_GOTO(dt__wstash_create(&p->wst, p->inst[0], p->wcap), rc, fail);
   }
@@ -160,7 +176,8 @@ size_t dt_pipe_act_bytes(const dt_pipe *p, int *models, int *slots) {
   int first = p->c.stage == 0, last = p->c.stage == p->c.nstages - 1;
   b += (size_t)p->S * B * sizeof(float) *
        ((first ? 0 : 2 * p->in_dim + 2) + (last ? 0 : p->out_dim));
-  if (!last) b += (B * p->out_dim + 2) * sizeof(float);
+  if (!last) b += ((size_t)p->G * B * p->out_dim + 2) * sizeof(float);
+  if (p->xg) b += (size_t)p->G * B * p->in_dim * sizeof(float);
   *models = p->K;
   *slots = p->S;
   return b;
@@ -373,6 +390,79 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
   return DT_OK;
 }
 
+/* gpipe with recompute (p->G > 1): the backward of micro-batches
+ * [j0, j0 + g) at once. Their samples are consecutive, so the forward is
+ * repeated over all their rows in one pass (dropout draws the same masks:
+ * they are keyed by sample position) and the backward is one pass with the
+ * loss gradient scaled by rows / n_global, so every layer's products have
+ * g micro-batches' rows (the weights are read once per group, not once per
+ * micro-batch). Each micro-batch's input gradient still goes back on its
+ * own. On the last stage each micro-batch gets the group's mean loss, and
+ * the first of them the group's correct count (the sums are the same). */
+static int bwd_group(dt_pipe *p, const dt_pipe_mb *mb, int j0, int g, int first, int n_global,
+                     uint64_t seed, uint64_t step, float *loss, int *correct) {
+  const int s = p->c.stage, P = p->c.nstages;
+  dt_model *m = p->inst[0];
+  int rows = 0;
+  for (int j = j0; j < j0 + g; j++) rows += mb[j].n;
+  if (s < P - 1) {
+    /* each gradient right after the previous one's rows (its trailer,
+     * read first, is overwritten by the next) */
+    size_t off = 0;
+    for (int j = j0; j < j0 + g; j++) {
+      size_t nd = (size_t)mb[j].n * p->out_dim;
+      DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin + off, (nd + 2) * sizeof(float), j,
+                        "receiving gradients of"));
+      loss[j] = p->gin[off + nd];
+      correct[j] = (int)p->gin[off + nd + 1];
+      off += nd;
+    }
+  }
+  double t0 = dt_now();
+  const float *x = mb[j0].x;
+  if (s > 0) {
+    size_t off = 0;
+    for (int j = j0; j < j0 + g; j++) {
+      size_t nd = (size_t)mb[j].n * p->in_dim;
+      memcpy(p->xg + off, p->xin[j], nd * sizeof(float));
+      off += nd;
+    }
+    x = p->xg;
+  }
+  dt_step_ctx ctx = {1, seed, step, mb[j0].sample0};
+  DT_CHECK(dt_model_forward(m, x, rows, &ctx));
+  dt__model_set_accum(m, !first, (float)rows / (float)n_global);
+  const float *dx = NULL;
+  if (s == P - 1) {
+    float l = 0;
+    int c = 0;
+    DT_CHECK(dt_model_backward(m, mb[j0].y, rows, &l, &c, NULL, NULL));
+    for (int j = j0; j < j0 + g; j++) loss[j] = l, correct[j] = j == j0 ? c : 0;
+    dx = dt__model_dx(m);
+  } else {
+    DT_CHECK(dt__model_backward_dy(m, p->gin, rows, &dx, NULL, NULL));
+  }
+  p->inst_mb[0] = -1;
+  p->compute_s += dt_now() - t0;
+  if (s > 0) {
+    for (int j = j0; j < j0 + g; j++) {
+      const int slot = j % p->S;
+      DT_CHECK(wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
+      size_t nd = (size_t)mb[j].n * p->in_dim;
+      float *gb = p->gout[slot];
+      memcpy(gb, dx, nd * sizeof(float));
+      dx += nd;
+      gb[nd] = loss[j];
+      gb[nd + 1] = (float)correct[j];
+      int rc = dt_comm_isend(p->c.comm, s - 1, TAG_GRAD + j, gb, (nd + 2) * sizeof(float),
+                             &p->greq[slot]);
+      if (rc < 0) return comm_err(p, rc, "sending gradients of", j, s - 1);
+      p->gpend[slot] = 1;
+    }
+  }
+  return DT_OK;
+}
+
 /* Every send of the step delivered (or the first error). */
 static int drain(dt_pipe *p, int rc) {
   for (int i = 0; i < p->S; i++) {
@@ -413,8 +503,13 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
   p->wrows = p->wflushed = 0;
   if (p->c.schedule == DT_PIPE_GPIPE) {
     for (int j = 0; j < m && rc == DT_OK; j++) rc = fwd(p, mb, j, seed, step);
-    for (int j = 0; j < m && rc == DT_OK; j++)
-      rc = bwd(p, mb, j, j == 0, n_global, seed, step, loss, correct);
+    if (p->G > 1)
+      for (int j = 0; j < m && rc == DT_OK; j += p->G)
+        rc = bwd_group(p, mb, j, m - j < p->G ? m - j : p->G, j == 0, n_global, seed, step, loss,
+                       correct);
+    else
+      for (int j = 0; j < m && rc == DT_OK; j++)
+        rc = bwd(p, mb, j, j == 0, n_global, seed, step, loss, correct);
   } else {
     int warm = P - 1 - s < m ? P - 1 - s : m;
     for (int j = 0; j < warm && rc == DT_OK; j++) rc = fwd(p, mb, j, seed, step);

@@ -12,8 +12,9 @@
  *     recomputation, which gives the bits of keeping the activations with
  *     the same weight-gradient products (deferred per step or per group of
  *     rows, or per micro-batch); deferred weight gradients are 1e-6 of per
- *     micro-batch, and recomputation's groups of 64 rows 1e-6 of one
- *     product per step;
+ *     micro-batch, and recomputation's groups of 64 rows (gpipe: the
+ *     forward repeated and the backward made per group; 1f1b: the weight
+ *     gradients per group) 1e-6 of one product per step;
  *   - a stage that dies makes the others fail within the deadline naming
  *     its stage and rank;
  *   - ZeRO-1 (dist.zero) ends with plain ddp's parameters, the same bits
@@ -175,27 +176,30 @@ static void test_plain_reference(void **state) {
   free(deferred);
   free(first);
   free(ref);
-  /* batch 256 in 8 micro-batches of 32 rows: recomputation makes the
-   * weight gradients in 4 products of 2 micro-batches each (the first
-   * overwrites, the others add), against one product of 256 rows */
+  /* batch 256 in 8 micro-batches of 32 rows, against one product of 256
+   * rows per weight gradient: recomputation with gpipe goes backward in 4
+   * groups of 2 micro-batches (forward repeated over 64 rows at once), with
+   * 1f1b it makes the weight gradients in 4 products of 2 micro-batches'
+   * stashed rows (the first overwrites, the others add) */
   float *one = NULL;
-  for (int rcmp = 0; rcmp < 2; rcmp++) {
+  for (int v = 0; v < 3; v++) {
     base_cfg(&c, 2);
     snprintf(c.layers, sizeof c.layers, "%s", mlp);
     c.batch = 256;
     c.pipeline_stages = 2;
     c.micro_batches = 8;
-    c.schedule = 0;
-    c.recompute = rcmp;
+    c.schedule = v == 2;
+    c.recompute = v > 0;
     c.pipe_wgrad = 1;
-    float *p = run_ok(&c, 2, rcmp ? "groups_rc" : "groups", &n);
-    if (!rcmp) {
+    static const char *tags[3] = {"groups", "groups_gpipe_rc", "groups_1f1b_rc"};
+    float *p = run_ok(&c, 2, tags[v], &n);
+    if (!v) {
       one = p;
       continue;
     }
     double d = rel_diff(p, one, n);
-    printf("# recompute, weight gradients in 4 groups vs one product per step: relative "
-           "difference %.3g\n", d);
+    printf("# recompute %s, in groups of 64 rows vs none: relative difference %.3g\n",
+           v == 2 ? "1f1b" : "gpipe", d);
     assert_true(d < 1e-6);
     free(p);
   }
