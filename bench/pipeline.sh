@@ -9,7 +9,7 @@
 #   3. PyTorch 1.13 Pipe (2 stages on CPU, same model and m; target: dtrain
 #      >= 3x its samples/s);
 #   4. peak RSS per rank (VmHWM): 1f1b vs gpipe at m = 16, recompute;
-#   5. recomputation's extra step time (gpipe m = 16, paired rounds).
+#   5. recomputation's extra step time and CPU (gpipe and 1f1b, m = 16, paired rounds).
 # Each dtrain figure is the median of DT_BENCH_REPS runs of DT_BENCH_STEPS
 # steps (training time only, from summary.json). The machine has 2 cores
 # and is shared: re-run before believing a single number.
@@ -31,6 +31,9 @@ CFG=examples/fashion_deep_mlp.ini
 # no epoch-end checkpoint (150 MB of disk writes per run that time nothing)
 BASE=(--set train.epochs=1 --set "data.limit_train=$((256 * STEPS))" --set data.limit_test=256
       --set ckpt.epoch_end=false)
+
+# cpu NAME -> every rank's CPU seconds per 1000 samples of run NAME
+cpu() { /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.3f' % (1000 * sum(w['cpu_seconds'] for w in d['per_worker']) / d['train_samples']))" "$OUT/$1/summary.json" 2>/dev/null || echo 0; }
 
 # run NAME ARGS... -> prints samples/s, bubble and peak RSS (MiB, max over ranks)
 run() {
@@ -97,7 +100,6 @@ if want wpack; then
 echo "== forward weights packed once per step (WPACK=1) vs per micro-batch (WPACK=0), 2 stages 1f1b m=8, $STEPS steps, $REPS paired rounds"
 P2=(--workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist.micro_batches=8)
 W1024="flatten linear(1024) relu linear(1024) relu dropout(0.2) linear(1024) relu linear(1024) relu dropout(0.2) linear(1024) relu linear(10)"
-cpu() { /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.3f' % (1000 * sum(w['cpu_seconds'] for w in d['per_worker']) / d['train_samples']))" "$OUT/$1/summary.json" 2>/dev/null || echo 0; }
 for shape in "deep-256|256|" "deep-128|128|" "w1024-256|256|$W1024"; do
   IFS='|' read -r tag batch layers <<<"$shape"
   X=(--set "train.batch=$batch" --set "data.limit_train=$((batch * STEPS))")
@@ -183,15 +185,30 @@ done
 fi
 
 if want recompute; then
-echo "== recomputation's time, 2 stages gpipe m=16 with and without train.recompute (paired rounds; target: <= 35% extra step time at >= 3x less activation memory)"
-G=(--workers 2 --set dist.pipeline_stages=2 --set dist.schedule=gpipe --set dist.micro_batches=16)
-for i in $(seq "$REPS"); do
-  echo "$(run "g$i" "${G[@]}") $(run "gr$i" "${G[@]}" --set train.recompute=true)"
-done > "$OUT/recompute.txt"
-awk '{n++; x[n] = $1 / $4} END {for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (x[j] < x[i]) {t = x[i]; x[i] = x[j]; x[j] = t}
-     printf "recompute: %.0f%% extra step time (median of %d paired rounds)\n", (x[int((n + 1) / 2)] - 1) * 100, n}' "$OUT/recompute.txt"
-echo "activation memory per stage as allocated, without and with recompute:"
-grep -h "activation memory" "$OUT/g1.log" "$OUT/gr1.log"
+# train.recompute against keeping the activations, 2 stages, m = 16, gpipe
+# (the schedule that holds every micro-batch) and 1f1b; paired rounds in
+# alternating order; extra step time = median of the rounds' time ratios,
+# CPU = both stages' CPU seconds per 1000 samples (paired median ratio).
+echo "== recomputation's time, 2 stages m=16 with and without train.recompute ($REPS paired rounds; target: <= 35% extra step time at >= 3x less activation memory)"
+for sched in gpipe 1f1b; do
+  G=(--workers 2 --set dist.pipeline_stages=2 --set "dist.schedule=$sched" --set dist.micro_batches=16)
+  for i in $(seq "$REPS"); do
+    if [ $((i % 2)) = 1 ]; then
+      a=$(run "g$sched$i" "${G[@]}"); b=$(run "gr$sched$i" "${G[@]}" --set train.recompute=true)
+    else
+      b=$(run "gr$sched$i" "${G[@]}" --set train.recompute=true); a=$(run "g$sched$i" "${G[@]}")
+    fi
+    echo "${a%% *} $(cpu "g$sched$i") ${b%% *} $(cpu "gr$sched$i")"
+  done > "$OUT/recompute_$sched.txt"
+  awk -v t="$sched" '
+    function med(v, n,   i, j, x) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { x = v[i]; v[i] = v[j]; v[j] = x }
+                                    return v[int((n + 1) / 2)] }
+    { n++; a[n] = $1; b[n] = $3; r[n] = $3 > 0 ? $1 / $3 : 0; c[n] = $2 > 0 ? $4 / $2 : 0 }
+    END { printf "%s m=16: %.1f samples/s kept, %.1f with recompute: recompute %+.0f%% step time, %+.0f%% CPU per sample (paired medians of %d)\n",
+                 t, med(a, n), med(b, n), (med(r, n) - 1) * 100, (med(c, n) - 1) * 100, n }' "$OUT/recompute_$sched.txt"
+  echo "activation memory per stage as allocated, without and with recompute:"
+  grep -h "activation memory" "$OUT/g${sched}1.log" "$OUT/gr${sched}1.log"
+done
 
 fi
 
