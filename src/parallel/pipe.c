@@ -322,7 +322,7 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
   const int s = p->c.stage, P = p->c.nstages, slot = j % p->S, n = mb[j].n;
   int k = p->K == 1 ? 0 : j % p->K;
   dt_model *m = p->inst[k];
-  if (s < P - 1)
+  if (s < P - 1 && (p->c.det || p->inst_mb[k] == j))
     DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin, ((size_t)n * p->out_dim + 2) * sizeof(float),
                       j, "receiving gradients of"));
   double t0 = dt_now();
@@ -352,6 +352,14 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
     DT_CHECK(dt_model_forward(m, p->xin[j], n, &ctx));
     if (p->c.nbufs) memcpy(bufs, p->bufsave, p->c.nbufs * sizeof(float));
     p->inst_mb[k] = j;
+    /* the repeat needs only the kept input: it ran while the gradients
+     * were on their way */
+    if (s < P - 1) {
+      p->compute_s += dt_now() - t0;
+      DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin,
+                        ((size_t)n * p->out_dim + 2) * sizeof(float), j, "receiving gradients of"));
+      t0 = dt_now();
+    }
   }
   dt__model_set_accum(m, !first, (float)n / (float)n_global);
   if (p->wst) {
@@ -405,19 +413,6 @@ static int bwd_group(dt_pipe *p, const dt_pipe_mb *mb, int j0, int g, int first,
   dt_model *m = p->inst[0];
   int rows = 0;
   for (int j = j0; j < j0 + g; j++) rows += mb[j].n;
-  if (s < P - 1) {
-    /* each gradient right after the previous one's rows (its trailer,
-     * read first, is overwritten by the next) */
-    size_t off = 0;
-    for (int j = j0; j < j0 + g; j++) {
-      size_t nd = (size_t)mb[j].n * p->out_dim;
-      DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin + off, (nd + 2) * sizeof(float), j,
-                        "receiving gradients of"));
-      loss[j] = p->gin[off + nd];
-      correct[j] = (int)p->gin[off + nd + 1];
-      off += nd;
-    }
-  }
   double t0 = dt_now();
   const float *x = mb[j0].x;
   if (s > 0) {
@@ -431,6 +426,23 @@ static int bwd_group(dt_pipe *p, const dt_pipe_mb *mb, int j0, int g, int first,
   }
   dt_step_ctx ctx = {1, seed, step, mb[j0].sample0};
   DT_CHECK(dt_model_forward(m, x, rows, &ctx));
+  /* the repeated forward needs only the kept inputs: it ran while the
+   * group's gradients were on their way */
+  if (s < P - 1) {
+    p->compute_s += dt_now() - t0;
+    /* each gradient right after the previous one's rows (its trailer,
+     * read first, is overwritten by the next) */
+    size_t off = 0;
+    for (int j = j0; j < j0 + g; j++) {
+      size_t nd = (size_t)mb[j].n * p->out_dim;
+      DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin + off, (nd + 2) * sizeof(float), j,
+                        "receiving gradients of"));
+      loss[j] = p->gin[off + nd];
+      correct[j] = (int)p->gin[off + nd + 1];
+      off += nd;
+    }
+    t0 = dt_now();
+  }
   dt__model_set_accum(m, !first, (float)rows / (float)n_global);
   const float *dx = NULL;
   if (s == P - 1) {
