@@ -85,7 +85,7 @@ grep -q "was written by 2 workers, this run has 3: error-feedback residuals and 
 [ "$(grep -c 'start at zero\|starts at zero' "$T/other_count.err")" = 1 ] && pass || fail "other_count: not one line"
 # ---- 4: a timer and a signal ------------------------------------------------------------
 H=$(sha "$T/int8")
-train timer 2 int8 --set ckpt.every_steps=0 --set ckpt.every_seconds=0.05 --out "$T/timer" ||
+train timer 2 int8 --set ckpt.every_steps=0 --set ckpt.every_seconds=0.01 --out "$T/timer" ||
   fail "timer: $(tail -2 "$T/timer.err")"
 tck=""
 for d in "$T"/timer/ckpt/step-*; do
