@@ -37,7 +37,8 @@
  * no longer than it would wait for stage 0's next activations anyway); when
  * it says so every rank hands its part to rank 0 and rank 0 writes one
  * checkpoint, a file per owner. On a signal every rank stops after rank 0
- * wrote. Sharded strategies without state_gather (zero) take none.
+ * wrote. ZeRO-1 (strategy zero) checkpoints the same way: its blocks of
+ * optimizer state come to rank 0, which writes them as ddp's one blob.
  */
 #include <stdio.h>
 #include <stdlib.h>

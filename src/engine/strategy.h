@@ -127,11 +127,10 @@ struct dt_strategy_ops {
   const char *name;
   /* 1: tallies in fixed point (evaluation chunks aligned to train.batch). */
   int fixed_point;
-  /* 1: each rank holds a different part of the state (pipeline stages), so
-   * rank 0 alone cannot write a checkpoint; until per-owner shard files are
-   * written (the manifest has room for them) checkpoints are off for it.
-   * 0 (every strategy so far but pipeline): state_export of rank 0 is the
-   * whole replicated state. */
+  /* 1: each rank holds a different part of the state (pipeline stages,
+   * ZeRO-1 blocks), so rank 0 alone cannot write a checkpoint: state_gather
+   * brings it there (without one, checkpoints are off for the strategy).
+   * 0: state_export of rank 0 is the whole replicated state. */
   int state_sharded;
   /* 1: the strategy steps optimizers of its own over its share of the
    * parameters (pipeline stages, ZeRO-1 blocks); the engine's optimizer
@@ -191,8 +190,9 @@ struct dt_strategy_ops {
    * decision *flags (DT__CK_* bits) to every rank, and when it has
    * DT__CK_TAKE bring every owner's state to rank 0, whose state_export
    * then writes each owner's part as a file of its own (put_file). An error
-   * names the lost peer as the strategy's other collectives do. NULL:
-   * checkpoints are off for a sharded strategy (zero). */
+   * names the lost peer as the strategy's other collectives do (zero
+   * brings its blocks to rank 0, which writes them as one whole blob).
+   * NULL: checkpoints are off for a sharded strategy. */
   int (*state_gather)(dt_strategy *s, int32_t *flags);
   /* Checkpoints: the strategy's state as named blobs ("optim", "step", ...)
    * and back. Import happens after setup and before the first step. */

@@ -20,7 +20,9 @@
  * It is not fused into the allreduce and does not write into peers'
  * memory: bench/RESULTS.md records that a fused sharded step writing peers'
  * parameter windows was slower (coherence misses in the next forward). Not
- * with the pipeline or deterministic mode (refused at start).
+ * with the pipeline or deterministic mode (refused at start). Checkpoints
+ * gather the blocks on rank 0 and hold the whole model's state in ddp's
+ * form (below).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,8 @@ typedef struct zero_impl {
   dt_optim *opt, *opt_tail; /* state for the block, and for the tail */
   dt_comm_window *win;      /* one host: the gradients live here (as ddp's) */
   dt_step_plan plan;
+  float *ck_optim, *ck_blk; /* rank 0, checkpoints: the whole state, a peer's block */
+  int ck_ready;             /* ck_optim holds the state gathered for this checkpoint */
   uint64_t sent0, recv0;
   double comm_s;
 } zero_impl;
@@ -51,6 +55,8 @@ static void zero_teardown(dt_strategy *s) {
   if (!z) return;
   dt_optim_destroy(z->opt);
   dt_optim_destroy(z->opt_tail);
+  dt_free(z->ck_optim);
+  dt_free(z->ck_blk);
   if (z->win) {
     dt_model_set_grads(s->model, NULL);
     dt_comm_window_destroy(z->win);
@@ -159,13 +165,68 @@ static int zero_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *al
   return rc < 0 ? dt__ddp_comm_err(s, rc, "summary statistics") : DT_OK;
 }
 
-/* Checkpoints: this rank's block of the state (and the tail's). */
+/* ---- checkpoints ---------------------------------------------------------
+ * A checkpoint holds the optimizer state of the whole model in ddp's form
+ * ("optim": slots x n floats, slot-major; "optim_step"; "step"), so a ZeRO-1
+ * checkpoint resumes under ddp, local, the pipeline or ZeRO-1 with any
+ * worker count, and ZeRO-1 resumes any of theirs. At a checkpoint rank 0
+ * decides (ckpt_run.c: its clock, its stop flag) and broadcasts the
+ * decision; when it says take, every other rank sends its block's state
+ * (slots x blk floats) to rank 0, which lays the blocks and its own tail
+ * into one buffer and writes it. The parameters are replicated after every
+ * step (the allgather), so rank 0's are the model's. */
+
+#define TAG_ZERO_CKPT 0x310000 /* the pipeline's checkpoint tag is 0x300000 */
+
+/* Floats of state per parameter (0 for plain SGD, 1 momentum, 2 AdamW). */
+static size_t zero_slots(const zero_impl *z) {
+  return dt_optim_state_floats(z->opt) / (z->blk ? z->blk : 1);
+}
+
+static int zero_gather(dt_strategy *s, int32_t *flags) {
+  zero_impl *z = s->impl;
+  int rc = dt_comm_broadcast(s->comm, flags, 1, DT_I32, 0);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "agreeing on a checkpoint");
+  const size_t slots = zero_slots(z), n = dt_model_nparams(s->model), blk = z->blk;
+  if (!(*flags & DT__CK_TAKE) || !slots) return DT_OK;
+  if (s->rank) {
+    rc = blk ? dt_comm_send(s->comm, 0, TAG_ZERO_CKPT, dt_optim_state(z->opt),
+                            slots * blk * sizeof(float))
+             : DT_OK;
+    return rc < 0 ? dt__ddp_comm_err(s, rc, "sending a block's optimizer state to rank 0")
+                  : DT_OK;
+  }
+  if (!z->ck_optim && !(z->ck_optim = dt_alloc(slots * n * sizeof(float))))
+    return dt__seterr(DT_ENOMEM, "ZeRO-1 checkpoint: out of memory for %zu floats of "
+                      "optimizer state", slots * n);
+  if (blk && !z->ck_blk && !(z->ck_blk = dt_alloc(slots * blk * sizeof(float))))
+    return dt__seterr(DT_ENOMEM, "ZeRO-1 checkpoint: out of memory");
+  const float *own = dt_optim_state(z->opt), *tail = dt_optim_state(z->opt_tail);
+  for (int r = 0; r < s->nranks && rc == DT_OK; r++) {
+    const float *src = own;
+    if (r && blk) {
+      rc = dt_comm_recv(s->comm, r, TAG_ZERO_CKPT, z->ck_blk, slots * blk * sizeof(float));
+      src = z->ck_blk;
+    }
+    for (size_t k = 0; rc == DT_OK && k < slots && blk; k++)
+      memcpy(z->ck_optim + k * n + (size_t)r * blk, src + k * blk, blk * sizeof(float));
+  }
+  for (size_t k = 0; rc == DT_OK && k < slots && z->ntail; k++)
+    memcpy(z->ck_optim + k * n + z->tail0, tail + k * z->ntail, z->ntail * sizeof(float));
+  z->ck_ready = rc == DT_OK;
+  return rc < 0 ? dt__ddp_comm_err(s, rc, "gathering the blocks' optimizer state") : DT_OK;
+}
+
+/* Rank 0, after zero_gather: ddp's blobs for the whole model. */
 static int zero_export(dt_strategy *s, const dt_state_writer *w) {
   zero_impl *z = s->impl;
-  DT_CHECK(w->put(w->ud, "optim", dt_optim_state(z->opt),
-                  dt_optim_state_floats(z->opt) * sizeof(float)));
-  DT_CHECK(w->put(w->ud, "optim_tail", dt_optim_state(z->opt_tail),
-                  dt_optim_state_floats(z->opt_tail) * sizeof(float)));
+  const size_t slots = zero_slots(z), n = dt_model_nparams(s->model);
+  if (slots && !z->ck_ready)
+    return dt__seterr(DT_EINVAL, "strategy 'zero': the blocks' optimizer state was not gathered");
+  z->ck_ready = 0;
+  static const float none = 0; /* plain SGD keeps no state: an empty blob, as ddp's */
+  DT_CHECK(w->put(w->ud, "optim", slots ? (const float *)z->ck_optim : &none,
+                  slots * n * sizeof(float)));
   DT_CHECK(w->put(w->ud, "optim_step", dt_optim_step_count(z->opt), sizeof(int64_t)));
   return w->put(w->ud, "step", &s->step, sizeof s->step);
 }
@@ -174,20 +235,27 @@ static int get_exact(const dt_state_reader *r, const char *name, void *buf, size
   size_t len = 0;
   DT_CHECK(r->get(r->ud, name, buf, want, &len));
   if (len != want)
-    return dt__seterr(DT_ECORRUPT, "strategy state '%s': %zu bytes, expected %zu (another "
-                      "worker count?)", name, len, want);
+    return dt__seterr(DT_ECORRUPT, "strategy state '%s': %zu bytes, expected %zu", name, len,
+                      want);
   return DT_OK;
 }
 
+/* Every rank: its block and the tail out of the whole model's state (a
+ * ddp, local, pipeline or ZeRO-1 checkpoint: dt__import_optim_span). */
 static int zero_import(dt_strategy *s, const dt_state_reader *r) {
   zero_impl *z = s->impl;
   int64_t step = 0, ostep = 0;
   DT_CHECK(get_exact(r, "optim_step", &ostep, sizeof ostep));
   DT_CHECK(get_exact(r, "step", &step, sizeof step));
-  DT_CHECK(get_exact(r, "optim", dt_optim_state(z->opt),
-                     dt_optim_state_floats(z->opt) * sizeof(float)));
-  DT_CHECK(get_exact(r, "optim_tail", dt_optim_state(z->opt_tail),
-                     dt_optim_state_floats(z->opt_tail) * sizeof(float)));
+  if (step < 0 || ostep < 0)
+    return dt__seterr(DT_ECORRUPT, "strategy state: negative step count (%lld, %lld)",
+                      (long long)step, (long long)ostep);
+  const size_t slots = zero_slots(z), n = dt_model_nparams(s->model);
+  if (z->blk)
+    DT_CHECK(dt__import_optim_span(r, n, slots, (size_t)s->rank * z->blk, z->blk,
+                                   dt_optim_state(z->opt)));
+  if (z->ntail)
+    DT_CHECK(dt__import_optim_span(r, n, slots, z->tail0, z->ntail, dt_optim_state(z->opt_tail)));
   *dt_optim_step_count(z->opt) = *dt_optim_step_count(z->opt_tail) = ostep;
   s->step = step;
   return DT_OK;
@@ -208,6 +276,7 @@ const struct dt_strategy_ops dt__strategy_zero = {
     .eval_begin = dt__ddp_eval_begin,
     .eval_reduce = dt__ddp_eval_reduce,
     .epoch_end = zero_epoch_end,
+    .state_gather = zero_gather,
     .state_export = zero_export,
     .state_import = zero_import,
     .membership_change = dt__strategy_no_membership,
