@@ -30,6 +30,11 @@
  * survive a lost peer (dt__comm_tolerate_loss), so the workers go on with
  * a server's replica when it dies (src/ps/client.c).
  *
+ * Windows (DTRAIN_PS_WINDOW, docs/ps.md): when the whole job is on one
+ * host over shm, each worker's model works in a shared-memory window of its
+ * own that every rank maps; servers read dense pushes there and write dense
+ * replies there, and only headers travel through the transport.
+ *
  * Not here: membership changes.
  */
 #include <stdlib.h>
@@ -38,11 +43,22 @@
 #include "core/core.h"
 #include "engine/engine_int.h"
 #include "engine/strategy.h"
+#include "comm/window.h"
+#include "nn/nn.h"
 #include "ps/ps.h"
+
+/* Shared-memory windows (docs/ps.md "Windows"): every rank of the job maps
+ * every worker's [parameters | gradients]; a worker's model works in its
+ * own. */
+typedef struct ps_win {
+  dt_comm_window *w;
+  float **p, **g;    /* per worker (ranks 0..N-1 of the job) */
+} ps_win;
 
 typedef struct ps_impl {
   dt_ps_map map;
   dt_ps_opts o;
+  ps_win win;
   dt_ps_server *srv; /* colocated */
   dt_ps_client *cl;
   dt_comm *job;
@@ -69,6 +85,53 @@ static void ps_opts(const dt_run_cfg *c, int nworkers, dt_ps_opts *o) {
    * (bsp: every worker waits for every push anyway, so the worker's own
    * waits serve as well, without a thread on the two cores) */
   o->server_thread = o->colocate && o->consistency != DT_PS_BSP;
+}
+
+/* Collective over the job's communicator (workers and servers alike, with
+ * the same verdict everywhere): the windows, when every rank is on this
+ * host over shm and nothing needs the transport's copies (replicas: a lost
+ * server's window would go with it). model (a worker's, NULL for a
+ * separate server) then works in its own window. */
+static int win_open(ps_win *pw, dt_comm *job, dt_ps_opts *o, dt_model *model, size_t np) {
+  memset(pw, 0, sizeof *pw);
+  if (!dt_param(DT_PARAM_PS_WINDOW) || o->replicas > 1 || np == 0) return DT_OK;
+  const size_t pad = (np + 15) & ~(size_t)15;
+  int rc = dt_comm_window_create(job, 2 * pad * sizeof(float), &pw->w);
+  if (rc == DT_ENOTSUP) {
+    pw->w = NULL;
+    return DT_OK;
+  }
+  if (rc < 0) return dt__preerr(rc, "ps: shared-memory window");
+  const int N = o->nworkers;
+  pw->p = calloc(2 * (size_t)N, sizeof *pw->p);
+  if (!pw->p) return dt__seterr(DT_ENOMEM, "ps: out of memory");
+  pw->g = pw->p + N;
+  for (int w = 0; w < N; w++) {
+    pw->p[w] = dt_comm_window_peer(pw->w, w);
+    pw->g[w] = pw->p[w] + pad;
+  }
+  if (model) {
+    float *mine = dt_comm_window_base(pw->w);
+    DT_CHECK(dt__model_point_params(model, mine));
+    dt_model_set_grads(model, mine + pad);
+  }
+  o->win_params = pw->p;
+  o->win_grads = pw->g;
+  if (dt_comm_rank(job) == 0)
+    DT_LOG_INFO("ps: shared-memory windows: servers read dense pushes in place and write "
+                "replies into the workers' parameters");
+  return DT_OK;
+}
+
+/* The model back in its own buffers (values copied), then the windows go. */
+static void win_close(ps_win *pw, dt_model *model) {
+  if (pw->w && model) {
+    dt__model_point_params(model, NULL);
+    dt_model_set_grads(model, NULL);
+  }
+  dt_comm_window_destroy(pw->w);
+  free(pw->p);
+  memset(pw, 0, sizeof *pw);
 }
 
 static int err_rank(dt_strategy *s, int rc) { return dt__preerr(rc, "rank %d", s->rank); }
@@ -103,6 +166,8 @@ static int ps_setup(dt_strategy *s) {
   /* replicas: a lost server must not end the job (the workers read from
    * its replica instead) */
   if (rc == DT_OK && d->o.replicas > 1) rc = dt__comm_tolerate_loss(job);
+  if (rc == DT_OK)
+    rc = win_open(&d->win, job, &d->o, s->model, dt_model_nparams(s->model));
   if (rc == DT_OK && d->o.colocate)
     rc = dt_ps_server_create(&d->srv, &d->map, &d->o, s->rank, job, dt_model_params(s->model));
   if (rc == DT_OK)
@@ -220,6 +285,7 @@ static void ps_teardown(dt_strategy *s) {
   if (d) {
     dt_ps_client_destroy(d->cl);
     dt_ps_server_destroy(d->srv);
+    win_close(&d->win, s->model);
     dt_ps_map_free(&d->map);
     free(d->rows);
     dt__model_set_sparse_grads(s->model, 0);
@@ -351,8 +417,10 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
   dt_ps_map map;
   DT_CHECK(dt_ps_map_from_model(&map, e->model, o.nservers, o.consistency));
   dt_ps_server *srv = NULL;
+  ps_win win = {0};
   int rc = dt_ps_map_set_replicas(&map, o.replicas);
   if (rc == DT_OK && o.replicas > 1) rc = dt__comm_tolerate_loss(job);
+  if (rc == DT_OK) rc = win_open(&win, job, &o, NULL, dt_model_nparams(e->model));
   if (rc == DT_OK) rc = dt_ps_server_create(&srv, &map, &o, index, job, dt_model_params(e->model));
   /* a resumed run: this server's records from its shard of the checkpoint */
   if (rc == DT_OK && e->ck.res) {
@@ -365,6 +433,7 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
   if (rc == DT_OK && dt_comm_timeout(job) < 600) dt_comm_set_timeout(job, 600);
   if (rc == DT_OK) rc = dt_ps_server_run(srv);
   dt_ps_server_destroy(srv);
+  win_close(&win, NULL);
   dt_ps_map_free(&map);
   return rc;
 }

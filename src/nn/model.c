@@ -85,7 +85,7 @@ static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 void dt_model_destroy(dt_model *m) {
   if (!m) return;
   if (!m->shared) {
-    dt_free(m->params);
+    dt_free(m->own_params ? m->own_params : m->params);
     dt_free(m->bufs);
   }
   free(m->grads_raw);
@@ -429,6 +429,25 @@ void dt__model_point_grads(dt_model *m, float *grads) {
     l->dw = grads + (l->dw - m->grads);
   }
   m->grads = grads;
+}
+
+int dt__model_point_params(dt_model *m, float *params) {
+  if (!m || m->shared)
+    return dt__seterr(DT_EINVAL, "model: the parameters of a stage that shares another "
+                      "model's cannot move");
+  if (!params) params = m->own_params;
+  if (!params || params == m->params) return DT_OK;
+  memcpy(params, m->params, m->nparams * sizeof(float));
+  for (int i = 0; i < m->n; i++) {
+    layer *l = &m->L[i];
+    if (!l->s.info.nparams) continue;
+    l->w = params + (l->w - m->params);
+    l->b = params + (l->b - m->params);
+  }
+  if (!m->own_params) m->own_params = m->params;
+  else if (params == m->own_params) m->own_params = NULL;
+  m->params = params;
+  return DT_OK;
 }
 
 int dt__model_grads_rewritten(const dt_model *m) {

@@ -55,6 +55,8 @@ struct dt_model {
   size_t nparams, nbufs;
   float *params, *grads, *bufs;
   float *own_grads;       /* the grads allocated here (grads may be borrowed) */
+  float *own_params;      /* dt__model_point_params: the params allocated here while
+                          * params are borrowed (NULL: params are its own) */
   void *grads_raw;        /* own_grads' allocation (zalloc64) */
   float *acts;            /* one arena for outputs, masks and statistics */
   int32_t *iacts;         /* one arena for maxpool argmax and codes */

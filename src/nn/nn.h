@@ -102,6 +102,12 @@ void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_
  * Only for a model whose backward rewrites every gradient value
  * (dt__model_grads_rewritten); grads must outlive its use. */
 void dt__model_point_grads(dt_model *m, float *grads);
+/* The model's parameters move to `params` (nparams floats, the caller's,
+ * which must outlive the model's use of them; the values are copied
+ * there); NULL moves them back into the model's own buffer (copied back).
+ * The ps strategy's shared-memory window (src/ps). DT_EINVAL for a model
+ * that shares another's parameters. */
+int dt__model_point_params(dt_model *m, float *params);
 /* 1 if backward overwrites every parameter gradient (no accumulation, no
  * sparse rows, no deferred weight gradients, not sharing another model's),
  * so gradients may go to a different buffer each backward. */

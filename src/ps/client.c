@@ -33,6 +33,11 @@
  * next step's begin (or before the key's next push), so the end of a step
  * waits for nothing; the version the forward read travels with the push.
  *
+ * Windows (dt_ps_opts.win_params): this worker's parameters and gradients
+ * are in shared memory every server maps; dense pushes and their replies
+ * then send headers only (flag WIN): the server reads the gradient where
+ * backward left it and writes the parameters where forward reads them.
+ *
  * This file sends (requests, pushes, pulls, the steps, the public calls);
  * client_wait.c takes replies, waits, fails over, marks and runs the
  * server thread. It does not apply any optimizer: the parameters come
@@ -159,6 +164,18 @@ int dt__psc_request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, i
     int rc = dt_ps_server_local(c->local, m, payload);
     return rc < 0 ? dt__preerr(rc, "ps worker %d", c->me) : DT_OK;
   }
+  /* windows: a dense push stays in this worker's gradients and a dense
+   * reply is written into its parameters by the server; only the headers
+   * travel (a lazy push's reply goes to the staging buffer: the transport) */
+  dt_ps_msg mw;
+  if (c->o.win_params && !(m->flags & (DT_PS_F_SPARSE | DT_PS_F_ROWS | DT_PS_F_STATE)) &&
+      !(c->lazy && m->type == DT_PS_PUSH)) {
+    mw = *m;
+    mw.flags |= DT_PS_F_WIN;
+    m = &mw;
+    payload = NULL;
+  }
+  const int win = (m->flags & DT_PS_F_WIN) != 0;
   const int h = dt__psc_holder(c, k);
   if (h < 0)
     return dt__seterr(DT_EPEERLOST, "ps worker %d: every server holding key %d (server %d's "
@@ -183,7 +200,7 @@ int dt__psc_request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, i
       dst = c->rbuf + c->kbuf0[k], len = m->count * K->rowlen * sizeof(float);
     else if (!rows && c->lazy && m->type == DT_PS_PUSH)
       dst = c->stage + K->off, len = K->len * sizeof(float), c->kst[k] |= K_STAGED;
-    else if (!rows)
+    else if (!rows && !win)
       dst = c->params + K->off, len = K->len * sizeof(float);
     /* receives are marked -1 - server in kpeer */
     rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_KEY(k), c->hin + (size_t)k * DT_PS_HDR_BYTES,

@@ -104,7 +104,8 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
                       m.sender);
   if (to_server ? (from < 0 || from >= nworkers) : (from < 0 || from >= map->nservers))
     return dt__seterr(DT_EPROTO, "ps: message from unknown %s %d", who, from);
-  if (m.flags & ~(DT_PS_F_PULL | DT_PS_F_FINAL | DT_PS_F_SPARSE | DT_PS_F_ROWS | DT_PS_F_STATE))
+  if (m.flags & ~(DT_PS_F_PULL | DT_PS_F_FINAL | DT_PS_F_SPARSE | DT_PS_F_ROWS | DT_PS_F_STATE |
+                  DT_PS_F_WIN))
     return dt__seterr(DT_EPROTO, "ps: %s %d sent unknown flags 0x%x", who, from, m.flags);
   if (m.type == DT_PS_ERR) {
     if (m.count != 0 || m.clock >= 0)
@@ -131,6 +132,10 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d, held by server %d%s, not %d", who,
                       from, dt_ps_type_name(m.type), m.key, K->server,
                       map->replicas > 1 ? " and its replicas" : "", srv);
+  if ((m.flags & DT_PS_F_WIN) && (m.flags & (DT_PS_F_SPARSE | DT_PS_F_ROWS)))
+    return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d through the window with flags "
+                      "0x%x that a window does not take", who, from, dt_ps_type_name(m.type),
+                      m.key, m.flags);
   if ((m.flags & DT_PS_F_SPARSE) && m.type != DT_PS_PUSH)
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d marked sparse", who, from,
                       dt_ps_type_name(m.type), m.key);

@@ -138,6 +138,11 @@ enum dt_ps_type {
                            * with the key's parameters then its optimizer state
                            * (count = len + state floats; aux = the optimizer's
                            * step count) */
+#define DT_PS_F_WIN 32u   /* shared-memory windows (dt_ps_opts.win_params): PUSH: no
+                           * payload, the server reads the gradient in the worker's
+                           * window; PUSH/PULL: the reply's parameters are written
+                           * into the worker's window, PARAMS (so flagged) carries
+                           * none. Dense keys only (not with SPARSE, ROWS, STATE) */
 
 /* A decoded header (64 bytes on the wire, little-endian). */
 typedef struct dt_ps_msg {
@@ -196,6 +201,10 @@ typedef struct dt_ps_opts {
   int server_thread;    /* colocated: the server runs on a thread of its own
                          * (client.c), not only inside its worker's waits */
   int replicas;         /* separate servers holding each key range (1: none) */
+  /* Shared-memory windows (one host, docs/ps.md "Windows"): per worker, its
+   * model's parameters and gradients as this process maps them (NULL: no
+   * windows; then every payload travels through the transport) */
+  float *const *win_params, *const *win_grads;
 } dt_ps_opts;
 
 /* The world rank of server s and of worker w under opts. */

@@ -36,6 +36,11 @@
  * to it. It then polls every worker (the workers' messages no longer
  * alternate in step after a fail-over), never blocks on one.
  *
+ * Windows (dt_ps_opts.win_params): a push flagged WIN carries no payload
+ * (its gradient is read in the worker's shared-memory window, in place) and
+ * a read flagged WIN is answered by writing the parameters into the
+ * worker's window, then sending the header alone.
+ *
  * This file holds the state, takes and parses messages, answers reads and
  * runs the serving loops; server_apply.c aggregates and applies pushes.
  *
@@ -258,8 +263,9 @@ static int readable(const dt_ps_server *s, const skey *k, int w) {
 
 int dt__pss_wait_sent(dt_ps_server *s, skey *k, int w) {
   if (!k->sent[w]) return DT_OK;
+  const int n = k->sent[w];
   k->sent[w] = 0;
-  int rc = dt_comm_waitall(s->comm, &k->sreq[2 * w], 2);
+  int rc = dt_comm_waitall(s->comm, &k->sreq[2 * w], n);
   return rc < 0 ? comm_fail(s, rc, "sending parameters") : DT_OK;
 }
 
@@ -305,7 +311,7 @@ static int reply(dt_ps_server *s, skey *k, int w) {
       rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, dst,
                          n * rl * sizeof(float), &k->sreq[2 * w + 1]);
     if (rc < 0) return comm_fail(s, rc, "sending rows");
-    k->sent[w] = 1;
+    k->sent[w] = 2;
     return DT_OK;
   }
   if (w == s->local) {
@@ -313,6 +319,20 @@ static int reply(dt_ps_server *s, skey *k, int w) {
     return DT_OK;
   }
   DT_CHECK(dt__pss_wait_sent(s, k, w));
+  if (k->wflags[w] & DT_PS_F_WIN) {
+    /* the window: the parameters go straight into the worker's own (it
+     * reads none of this key's until this header is in), one copy; the
+     * header follows them, in order */
+    memcpy(s->o.win_params[w] + k->K->off, k->p, len * sizeof(float));
+    m.flags = DT_PS_F_WIN;
+    uint8_t *h = k->shdr + (size_t)w * DT_PS_HDR_BYTES;
+    dt_ps_msg_encode(&m, h);
+    int rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
+                           &k->sreq[2 * w]);
+    if (rc < 0) return comm_fail(s, rc, "sending parameters");
+    k->sent[w] = 1;
+    return DT_OK;
+  }
   const float *src = k->p;
   /* Sent straight from the parameters. bsp without backups: no update of
    * this key before every worker has pushed again, i.e. received this.
@@ -332,7 +352,7 @@ static int reply(dt_ps_server *s, skey *k, int w) {
     rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, src, len * sizeof(float),
                        &k->sreq[2 * w + 1]);
   if (rc < 0) return comm_fail(s, rc, "sending parameters");
-  k->sent[w] = 1;
+  k->sent[w] = 2;
   return DT_OK;
 }
 
@@ -368,7 +388,7 @@ static int send_record(dt_ps_server *s, skey *k, int w) {
     rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, k->rec,
                        n * sizeof(float), &k->sreq[2 * w + 1]);
   if (rc < 0) return comm_fail(s, rc, "sending a checkpoint record");
-  k->sent[w] = 1;
+  k->sent[w] = 2;
   /* the record buffer is shared by the workers: only one asks (rank 0) */
   return dt__pss_wait_sent(s, k, w);
 }
@@ -490,7 +510,15 @@ static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
   dt_ps_msg m = *mp;
   int rc = DT_OK;
   const float *data = NULL;
-  if (m.type == DT_PS_PUSH || (m.type == DT_PS_PULL && (m.flags & DT_PS_F_ROWS))) {
+  if ((m.flags & DT_PS_F_WIN) && !s->o.win_params)
+    return dt__seterr(DT_EPROTO, "ps server %d: worker %d sent %s for key %d through a "
+                      "shared-memory window, but this server has none (DTRAIN_PS_WINDOW must "
+                      "be the same everywhere)", s->index, w, dt_ps_type_name(m.type), m.key);
+  if (m.type == DT_PS_PUSH && (m.flags & DT_PS_F_WIN)) {
+    /* the gradient stays in the worker's window: read in place (the worker
+     * leaves it alone until the key's reply) */
+    data = s->o.win_grads[w] + dt__pss_key(s, m.key)->K->off;
+  } else if (m.type == DT_PS_PUSH || (m.type == DT_PS_PULL && (m.flags & DT_PS_F_ROWS))) {
     skey *k = dt__pss_key(s, m.key);
     int sparse = (m.flags & DT_PS_F_SPARSE) != 0, rows = (m.flags & DT_PS_F_ROWS) != 0;
     float *dst = sparse || rows ? k->pairs : dt__pss_push_dest(s, k, w, &m);

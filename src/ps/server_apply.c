@@ -211,9 +211,9 @@ int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const f
       s->st.dropped++; /* a backup worker's late push */
     } else {
       float *dst = k->pb + (size_t)w * k->stride;
-      if (s->alias && w == s->local) {
-        /* the colocated worker's gradients stay put until this clock
-         * closes: it waits for the key's reply */
+      if ((s->alias && w == s->local) || (m->flags & DT_PS_F_WIN)) {
+        /* the colocated worker's gradients, or a worker's in its window,
+         * stay put until this clock closes: it waits for the key's reply */
         k->wsrc[w] = data;
       } else {
         if (data != dst) memcpy(dst, data, len * sizeof(float));
@@ -238,7 +238,7 @@ int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const f
   }
   if (m->flags & DT_PS_F_PULL) {
     k->want[w] = m->clock + 1;
-    k->wflags[w] = 0;
+    k->wflags[w] = m->flags & DT_PS_F_WIN;
   }
   if (s->o.consistency == DT_PS_BSP && k->narr >= s->N - s->o.backup_workers)
     return bsp_close(s, k);

@@ -104,8 +104,23 @@ static void test_refusals(void **state) {
   x = m;
   x.type = DT_PS_PULL;
   refused(&x, 0, 0, "a pull carries none");
+  /* the window takes dense pushes only */
+  x = m;
+  x.flags = DT_PS_F_WIN | DT_PS_F_SPARSE;
+  refused(&x, 0, 0, "that a window does not take");
+  x = m;
+  x.flags = DT_PS_F_WIN | DT_PS_F_STATE;
+  x.type = DT_PS_PULL;
+  x.count = 0;
+  refused(&x, 0, 0, "state");
   uint8_t b[DT_PS_HDR_BYTES];
   dt_ps_msg o;
+  /* a dense push through the window, with its pull, is taken */
+  x = m;
+  x.flags = DT_PS_F_WIN | DT_PS_F_PULL;
+  dt_ps_msg_encode(&x, b);
+  assert_int_equal(dt_ps_msg_parse(b, sizeof b, &map, 2, 0, 0, &o), DT_OK);
+  assert_int_equal(o.flags, DT_PS_F_WIN | DT_PS_F_PULL);
   dt_ps_msg_encode(&m, b);
   b[0] ^= 1;
   assert_int_equal(dt_ps_msg_parse(b, sizeof b, &map, 2, 0, 0, &o), DT_EPROTO);

@@ -14,7 +14,8 @@
  *   - significance filter: updates below the threshold stay with the
  *     worker and go once their sum passes it (error feedback), as sparse
  *     pushes; the parameters move exactly then;
- *   - refusals: a push for an unknown key, one of the wrong size, and a
+ *   - refusals: a push for an unknown key, one of the wrong size, a push
+ *     through a shared-memory window the server does not have, and a
  *     worker with another key-range map are refused with messages naming
  *     them; the server ends and the worker learns why.
  */
@@ -40,7 +41,8 @@ typedef struct scen {
   int slow;               /* this worker sleeps before each step's end (-1: none) */
   int slow_ms;
   int bad;                /* 1: worker 0 sends a push for an unknown key, 2: wrong size,
-                           * 3: worker 0 has another map */
+                           * 3: worker 0 has another map, 4: a push through a window
+                           * the server does not have */
   atomic_llong pushed[4]; /* per worker: steps pushed */
   atomic_llong maxgap;    /* worker 0's clock minus the slow worker's pushes, largest seen */
   atomic_int gap_bad;
@@ -108,7 +110,7 @@ static int body(dt_comm *c, void *arg, char *fail, size_t cap) {
   if (rc == DT_OK && S->bad && S->bad != 3 && r == 0) {
     /* a forged push straight onto the wire */
     dt_ps_msg m = {.type = DT_PS_PUSH, .sender = 0, .key = S->bad == 1 ? map.nkeys : 0,
-                   .flags = DT_PS_F_PULL, .clock = 0, .count = map.keys[0].len + (S->bad == 2),
+                   .flags = DT_PS_F_PULL | (S->bad == 4 ? DT_PS_F_WIN : 0), .clock = 0, .count = map.keys[0].len + (S->bad == 2),
                    .lr = 0.1f, .weight = 1};
     uint8_t h[DT_PS_HDR_BYTES];
     dt_ps_msg_encode(&m, h);
@@ -232,6 +234,7 @@ static void test_refusals(void **state) {
   refusal(1, "unknown key 3", "unknown key 3");
   refusal(2, "with 601 floats (the key has 600)", "with 601 floats");
   refusal(3, "another key-range map", "another key-range map");
+  refusal(4, "shared-memory window, but this server has none", "has none");
 }
 
 /* significance: 1 worker, 1 server, SGD lr 1 without momentum, parameters
