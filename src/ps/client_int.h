@@ -8,7 +8,6 @@
 #define DT_PS_CLIENT_INT_H
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "obs/obs.h"
@@ -70,8 +69,6 @@ struct dt_ps_client {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int park, quit, spin;
-  _Atomic int want;    /* the worker waits for mu: the thread lets it have it first */
-  int fair;            /* DTRAIN_PS_FAIR */
   int err;             /* a push or a poll failed during backward (reported by finish) */
   char errmsg[512];
 };

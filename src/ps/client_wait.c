@@ -70,16 +70,6 @@ static int server_fail(dt_ps_client *c, int rc, int srv) {
                     (unsigned long long)m->srv_lo[srv + 1], msg);
 }
 
-/* The worker takes the communicator. A mutex is not fair: a busy server
- * thread that unlocks and locks again at once would mostly win, and the
- * worker's push in backward would wait for its whole burst; so the worker
- * says it waits and the thread lets it go first. */
-static void worker_lock(dt_ps_client *c) {
-  atomic_fetch_add_explicit(&c->want, 1, memory_order_relaxed);
-  pthread_mutex_lock(&c->mu);
-  atomic_fetch_sub_explicit(&c->want, 1, memory_order_relaxed);
-}
-
 /* Lets this worker's colocated server make progress while the worker
  * waits: polls it, or with a server thread gives the thread the
  * communicator for a moment (and reports as busy, so the caller does not
@@ -93,7 +83,7 @@ int dt__psc_poll_local(dt_ps_client *c, int *busy) {
   } else {
     dt__ps_sleep_ns(20000);
   }
-  worker_lock(c);
+  pthread_mutex_lock(&c->mu);
   if (c->err) return dt__seterr(c->err, "%s", c->errmsg);
   return DT_OK;
 }
@@ -323,7 +313,7 @@ int dt__psc_mark(dt_ps_client *c, uint32_t flags) {
 
 void dt__psc_enter(dt_ps_client *c) {
   if (!c->threaded) return;
-  worker_lock(c);
+  pthread_mutex_lock(&c->mu);
   c->spin = 0;
   if (c->park) {
     c->park = 0;
@@ -339,7 +329,6 @@ void dt__psc_leave(dt_ps_client *c) {
 static void *serve_main(void *arg) {
   dt_ps_client *c = arg;
   int idle = 0;
-  const int fair = c->fair;
   pthread_mutex_lock(&c->mu);
   while (!c->quit) {
     if (c->park || c->err) {
@@ -355,11 +344,7 @@ static void *serve_main(void *arg) {
     }
     pthread_mutex_unlock(&c->mu);
     idle = busy ? 0 : idle + 1;
-    if (fair && atomic_load_explicit(&c->want, memory_order_relaxed)) {
-      /* the worker first (worker_lock); it is on this core too */
-      for (int i = 0; i < 64 && atomic_load_explicit(&c->want, memory_order_relaxed); i++)
-        sched_yield();
-    } else if (idle > 4) {
+    if (idle > 4) {
       dt__ps_sleep_ns(idle < 64 ? 10000 : 50000);
     } else if (idle) {
       sched_yield();
@@ -377,7 +362,6 @@ int dt__psc_start_thread(dt_ps_client *c) {
     return dt__seterr(DT_ENOMEM, "ps worker %d: condition variable", c->me);
   }
   c->threaded = 1;
-  c->fair = (int)dt_param(DT_PARAM_PS_FAIR);
   if (pthread_create(&c->thr, NULL, serve_main, c)) {
     c->threaded = 0;
     pthread_cond_destroy(&c->cv);
