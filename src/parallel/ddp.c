@@ -88,7 +88,7 @@ struct dt_ddp {
   dt_compress *cz;         /* compressed buckets (NULL: plain allreduce) */
   /* deterministic mode */
   int det;
-  size_t nparams, nbufs, head; /* head = nbufs + 1 (the overflow count) */
+  size_t nparams, nbufs, head; /* nbufs + 1 (the overflow count), rounded up to 8 */
   int64_t *acc;                /* head, then nparams gradient sums */
   int acc_in_win;              /* acc is the shared window's memory (one host) */
   /* DTRAIN_DET_FWIN: the model's gradients (slot 0) live in the window too,
@@ -411,7 +411,12 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
   if (det) {
     d->nparams = dt_model_nparams(m);
     d->nbufs = dt_model_nbufs(m);
-    d->head = d->nbufs + 1;
+    /* the head padded to whole 64-byte lines (zeros that are summed too):
+     * the sums then start on a line, so the fused weight-gradient kernel's
+     * 16-value tiles and the reduction's blocks stay on whole lines instead
+     * of each load and store crossing two (a head of 1 put every row of
+     * the MLP's sums 8 bytes off) */
+    d->head = (d->nbufs + 1 + 7) & ~(size_t)7;
     d->bufs = dt_model_bufs(m);
     d->acc = calloc(d->head + d->nparams, sizeof *d->acc);
     d->bufs0 = malloc((d->nbufs ? d->nbufs : 1) * sizeof *d->bufs0);
