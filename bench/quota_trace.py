@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""quota_trace.py — where dist.balance = dynamic loses under a CPU quota (issue 12).
+
+One command, MLP by default, 3 epochs each: dtrain with 1 worker (the
+reference), then 2 workers with rank 1 in a cgroup limited to --quota of a
+core (cgroup v1 cpu.cfs_quota_us), static and dynamic, every run in cgroups
+with the largest cpu.shares so other processes on the machine do not decide
+who is slow. Each throttled run records a Chrome trace of its last 400 steps
+(obs.trace) and prints, per rank over the last 300 steps: samples per step,
+the per-sample cost (forward + backward + data over samples, steps without a
+stall), the per-step fixed work (the exchange and optimizer span
+"reduce+update", median over steps without a stall), the share of wall time inside
+stalls (spans > 5 ms: the throttled rank's quota ran out and everyone
+waits), and the cgroup's throttled periods. Then the fraction of the ideal
+((1 + quota) x one worker) reached, and the best a perfect speed split could
+reach with the measured per-sample cost c and fixed work F0, F1:
+T = F0 + n0 c = (F1 + n1 c) / quota, n0 + n1 = batch. Needs root (cgroup v1
+cpu controller); every cgroup made is removed. Standard library only.
+
+    python3 bench/quota_trace.py --build build/release
+"""
+import argparse, collections, json, os, re, statistics, subprocess, sys, tempfile, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--build", default="build/release")
+ap.add_argument("--model", default="mlp")
+ap.add_argument("--quota", type=float, default=0.5)
+ap.add_argument("--epochs", type=int, default=3)
+ap.add_argument("--reps", type=int, default=1)
+ap.add_argument("--set", action="append", default=[], help="section.key=value for every run")
+a = ap.parse_args()
+root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+dtrain = os.path.join(a.build, "dtrain")
+cg_root = "/sys/fs/cgroup/cpu"
+if not os.path.exists(os.path.join(cg_root, "cpu.cfs_quota_us")):
+    sys.exit("quota_trace.py: no cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+BATCH = 64
+
+
+def mkcg(name, quota_us):
+    p = os.path.join(cg_root, f"dtrain_qt_{os.getpid()}_{name}")
+    os.makedirs(p, exist_ok=True)
+    open(os.path.join(p, "cpu.shares"), "w").write("262144")
+    open(os.path.join(p, "cpu.cfs_quota_us"), "w").write(str(quota_us))
+    return p
+
+
+def rmcg(p):
+    for pid in open(os.path.join(p, "cgroup.procs")).read().split():
+        try:
+            open(os.path.join(cg_root, "cgroup.procs"), "w").write(pid)
+        except OSError:
+            pass
+    for _ in range(50):
+        try:
+            os.rmdir(p)
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def cpustat(p):
+    return {k: int(v) for k, v in (l.split() for l in open(os.path.join(p, "cpu.stat")))}
+
+
+def run(workers, balance, throttle):
+    period = int(open(os.path.join(cg_root, "cpu.cfs_period_us")).read())
+    boost = mkcg("boost", -1)
+    slow = mkcg("slow", int(a.quota * period) if throttle else -1)
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            args = [dtrain, "train", os.path.join(root_dir, "examples", f"fashion_{a.model}.ini"),
+                    "--set", "optim.name=sgd", "--set", "optim.lr=0.05", "--set", "optim.momentum=0.9",
+                    "--set", "schedule.kind=constant", "--set", f"train.batch={BATCH}",
+                    "--set", "train.eval_every=1000", "--set", f"train.epochs={a.epochs}",
+                    "--set", f"dist.balance={balance}", "--set", "obs.trace=true",
+                    "--set", "obs.trace_steps=400", "--workers", str(workers), "--out", out]
+            for kv in a.set:
+                args += ["--set", kv]
+            log = os.path.join(out, "stdout.txt")
+            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+            st0 = cpustat(slow)
+            p = subprocess.Popen(args, env=env, stdout=open(log, "w"), stderr=subprocess.DEVNULL,
+                                 preexec_fn=lambda: open(os.path.join(boost, "cgroup.procs"), "w").write(str(os.getpid())))
+            moved = workers == 1
+            while p.poll() is None and not moved:
+                m = re.search(r"rank 1 pid (\d+)", open(log).read())
+                if m:
+                    open(os.path.join(slow, "cgroup.procs"), "w").write(m.group(1))
+                    try:
+                        moved = os.path.basename(slow) in open(f"/proc/{m.group(1)}/cgroup").read()
+                    except OSError:
+                        moved = True  # already gone
+                    if not moved:
+                        raise RuntimeError(f"rank 1 (pid {m.group(1)}) is not in {slow}")
+                time.sleep(0.002)
+            if p.wait():
+                raise RuntimeError(f"{' '.join(args)}: exit {p.returncode}")
+            if not moved:
+                raise RuntimeError("rank 1's pid not printed: no throttle")
+            st = cpustat(slow)
+            s = json.load(open(os.path.join(out, "summary.json")))
+            t = json.load(open(os.path.join(out, "trace.json")))
+    finally:
+        rmcg(slow)
+        rmcg(boost)
+    s["throttled"] = (st["nr_throttled"] - st0["nr_throttled"], st["nr_periods"] - st0["nr_periods"],
+                      (st["throttled_time"] - st0["throttled_time"]) / 1e9)
+    ev = t["traceEvents"] if isinstance(t, dict) else t
+    ranks = []
+    for r in range(workers):
+        sp = collections.defaultdict(list)
+        for e in ev:
+            if e.get("ph") == "X" and e.get("pid") == r and e.get("tid") == 0:
+                sp[e["name"]].append(e)
+        steps = sp["step"][-300:]
+        t0, t1 = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
+        per = []  # per step: samples, compute us, fixed us, stalled us
+        for stp in steps:
+            inside = [e for n, L in sp.items() if n != "step" for e in L
+                      if stp["ts"] <= e["ts"] < stp["ts"] + stp["dur"]]
+            n = sum(e.get("args", {}).get("n", 0) for e in inside if e["name"] == "forward")
+            comp = sum(e["dur"] for e in inside if e["name"] in ("forward", "backward", "data"))
+            # top-level spans only (allreduce spans nest in backward / reduce+update)
+            top = [e for e in inside if e["name"] in ("data", "forward", "backward", "reduce+update")]
+            fix = sum(e["dur"] for e in top if e["name"] == "reduce+update")
+            stall = sum(e["dur"] for e in top if e["dur"] >= 5000)
+            per.append((n, comp, fix, stall))
+        calm = [x for x in per if x[3] == 0 and x[0] > 0 and x[2] < 5000]
+        ranks.append(dict(
+            n=statistics.median(x[0] for x in per),
+            c=statistics.median(x[1] / x[0] for x in calm) if calm else float("nan"),
+            F=statistics.median(x[2] for x in calm) if calm else float("nan"),
+            stall=sum(x[3] for x in per) / (t1 - t0),
+            step=statistics.median(stp["dur"] for stp in steps)))
+    s["ranks"] = ranks
+    return s
+
+
+ones = [run(1, "static", False) for _ in range(a.reps)]
+ref = statistics.median(x["samples_per_second"] for x in ones)
+ideal = (1 + a.quota) * ref
+two = [run(2, "static", False) for _ in range(a.reps)]
+ref2 = statistics.median(x["samples_per_second"] for x in two)
+u0, u1 = two[-1]["ranks"]
+c, F0, F1 = (u0["c"] + u1["c"]) / 2, u0["F"], u1["F"]
+q = a.quota
+print(f"{a.model}: 1 worker {ref:.0f} samples/s; ideal with rank 1 at {q:g} of a core: {ideal:.0f}; "
+      f"2 workers without the quota {ref2:.0f} ({ref2 / ref:.2f}x one)")
+print(f"  without the quota, per rank: c = {c:.2f} us per sample (forward, backward, data), "
+      f"F = {F0:.0f} / {F1:.0f} us fixed per step (exchange and update; the update alone, 1 worker: "
+      f"{ones[-1]['ranks'][0]['F']:.0f} us)")
+# a perfect split (rank 1 computing at q of a core all the time, no stalls):
+# T = F0 + n0 c = (F1 + n1 c) / q with n0 + n1 = batch
+T = (BATCH * c + F0 + F1) / (1 + q)
+print(f"  a perfect split with these c and F: step {T:.0f} us = {BATCH / (T * 1e-6) / ideal:.2f} of the ideal; "
+      f"with F1 = 0: {BATCH / ((BATCH * c + F0) / (1 + q) * 1e-6) / ideal:.2f}; with F0 = F1 = F / 2 "
+      f"(the per-step work shared, done once): {BATCH / ((BATCH * c + (F0 + F1) / 2) / (1 + q) * 1e-6) / ideal:.2f}")
+for bal in ("static", "dynamic"):
+    rs = [run(2, bal, True) for _ in range(a.reps)]
+    sps = statistics.median(x["samples_per_second"] for x in rs)
+    s = rs[-1]
+    print(f"{bal} under the quota: {sps:.0f} samples/s = {sps / ideal:.2f} of the ideal "
+          f"(throttled {s['throttled'][0]} of {s['throttled'][1]} periods, {s['throttled'][2]:.2f} s)")
+    for r, x in enumerate(s["ranks"]):
+        print(f"  rank {r}: {x['n']:.0f} samples/step, step median {x['step']:.0f} us, c = {x['c']:.2f} us "
+              f"per sample (wall, calm steps), F = {x['F']:.0f} us fixed per step, "
+              f"{100 * x['stall']:.1f}% of wall in stalls (spans >= 5 ms)")
