@@ -217,6 +217,38 @@ static void test_topk(void **st) {
   topk_case(50000, 12500); /* dense: exact selection */
 }
 
+/* Magnitudes packed into one 1/16-octave bin of the threshold's histogram
+ * (kth_largest's radix step finds one bin holding them all), with zeros
+ * and ties among them: still exactly the k largest, ties by lowest index. */
+static void test_topk_one_bin(void **st) {
+  (void)st;
+  enum { N = 100000, K = 1000 };
+  float *x = malloc(N * sizeof *x), *dec = calloc(N, sizeof *dec), *mag = malloc(N * sizeof *mag);
+  for (int i = 0; i < N; i++)
+    x[i] = i % 7 == 0 ? 0.0f : (i % 2 ? 1.0f : -1.0f) * (1.0f + (float)((i * 7919) % 4001) * 1e-6f);
+  for (int i = 0; i < N; i++) mag[i] = fabsf(x[i]);
+  qsort(mag, N, sizeof *mag, cmp_desc);
+  void *f = frame_for(DT_CODEC_TOPK, N, K);
+  assert_int_equal(dt_cz_encode(DT_CODEC_TOPK, x, N, K, 0, RNG0, f, NULL), DT_OK);
+  assert_int_equal(dt_cz_decode_add(DT_CODEC_TOPK, f, dt_cz_frame_bytes(DT_CODEC_TOPK, N, K), N, dec), DT_OK);
+  int sent = 0, eq_skipped = 0;
+  for (int i = 0; i < N; i++) {
+    if (dec[i] != 0) {
+      sent++;
+      assert_true(fabsf(x[i]) >= mag[K - 1]);
+      assert_false(eq_skipped && fabsf(x[i]) == mag[K - 1]); /* ties: lowest indices first */
+    } else {
+      assert_true(fabsf(x[i]) <= mag[K - 1]);
+      eq_skipped |= fabsf(x[i]) == mag[K - 1];
+    }
+  }
+  assert_int_equal(sent, K);
+  free(x);
+  free(dec);
+  free(mag);
+  free(f);
+}
+
 /* Ties: a bucket of equal values still sends exactly k. */
 static void test_topk_ties(void **st) {
   (void)st;
@@ -529,7 +561,8 @@ int main(void) {
       cmocka_unit_test(test_round_trips),       cmocka_unit_test(test_exact_values),
       cmocka_unit_test(test_unbiased_int8),     cmocka_unit_test(test_unbiased_qsgd),
       cmocka_unit_test(test_uniform_counter_based), cmocka_unit_test(test_topk),
-      cmocka_unit_test(test_topk_ties),         cmocka_unit_test(test_orthonormalize),
+      cmocka_unit_test(test_topk_ties),         cmocka_unit_test(test_topk_one_bin),
+      cmocka_unit_test(test_orthonormalize),
       cmocka_unit_test(test_malformed),         cmocka_unit_test(test_nonfinite),
       cmocka_unit_test(test_state),             cmocka_unit_test(test_int8_blocks),
   };

@@ -311,12 +311,32 @@ int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t 
     }
     return DT_OK;
   }
-  float *restrict w = z->work + off;
   if (z->cfg.clip > 0) {
     double s = 0;
     for (size_t i = 0; i < n; i++) s += (double)(g[i] * scale) * (g[i] * scale);
     if (s > (double)z->cfg.clip * z->cfg.clip) scale *= (float)(z->cfg.clip / sqrt(s));
   }
+  int codec = z->cfg.codec;
+  if (z->resid && (codec == DT_CODEC_TOPK || codec == DT_CODEC_SIGN || codec == DT_CODEC_QSGD)) {
+    /* Framed codecs with error feedback form the value in the residual
+     * itself and encode it in place (their encoders allow resid == x):
+     * top-k then only zeroes what it sent instead of copying the bucket
+     * back, and no work buffer is streamed (the same bits as through
+     * work: r + u is u + r). One pass: scale, worker momentum, residual. */
+    float *restrict w = z->resid + off;
+    if (z->mom) {
+      float *restrict u = z->mom + off;
+      float m = z->cfg.momentum;
+      for (size_t i = 0; i < n; i++) {
+        u[i] = m * u[i] + g[i] * scale;
+        w[i] += u[i];
+      }
+    } else {
+      for (size_t i = 0; i < n; i++) w[i] = g[i] * scale + w[i];
+    }
+    return reduce_framed(z, c, g, w, off, n);
+  }
+  float *restrict w = z->work + off;
   /* One pass: scale, worker momentum, residual (three passes cost a
    * third of the codec's time on the MLP's buckets). */
   const float *restrict r = z->resid ? z->resid + off : NULL;
