@@ -386,6 +386,11 @@ static int compressor(dt_ddp *d, dt_model *m, dt_comm *c, const dt_compress_cfg 
   int rc = dt_compress_create(&d->cz, cz, dt_model_nparams(m), mats, nm, dt_comm_rank(c),
                               dt_comm_size(c));
   free(mats);
+  /* the framed codecs' frames of all buckets in one allgather per step
+   * (DTRAIN_CZ_FUSE): each bucket is still encoded as backward makes it */
+  int spans = 0;
+  for (int i = 0; i < d->nb; i++) spans += d->b[i].n > 0;
+  if (rc == DT_OK && dt_param(DT_PARAM_CZ_FUSE)) rc = dt_compress_fuse(d->cz, spans);
   return rc;
 }
 

@@ -34,6 +34,7 @@ typedef struct job {
   dt_compress_cfg cfg;
   float *sum[MAXR];   /* per rank: sum over steps of the reduced gradient */
   float *resid[MAXR]; /* per rank: final residual */
+  int fuse;           /* dt_compress_fuse over the two buckets */
 } job;
 
 static void grad(float *g, int rank, int step) {
@@ -49,6 +50,7 @@ static int body(dt_comm *c, void *arg, char *fail, size_t cap) {
     snprintf(fail, cap, "create: %s", dt_errmsg());
     return rc;
   }
+  if (j->fuse) (void)dt_compress_fuse(z, 2);
   float *g = malloc(NP * sizeof *g);
   float *sum = j->sum[r];
   memset(sum, 0, NP * sizeof *sum);
@@ -69,8 +71,8 @@ static int body(dt_comm *c, void *arg, char *fail, size_t cap) {
   return rc;
 }
 
-static void run_one(const char *tp, int n, const dt_compress_cfg *cfg, float *out_sum) {
-  job j = {*cfg, {0}, {0}};
+static void run_one_f(const char *tp, int n, const dt_compress_cfg *cfg, float *out_sum, int fuse) {
+  job j = {*cfg, {0}, {0}, fuse};
   for (int r = 0; r < n; r++) {
     j.sum[r] = malloc(NP * sizeof(float));
     j.resid[r] = malloc(NP * sizeof(float));
@@ -118,6 +120,41 @@ static void run_one(const char *tp, int n, const dt_compress_cfg *cfg, float *ou
     free(j.sum[r]);
     free(j.resid[r]);
   }
+}
+
+static void run_one(const char *tp, int n, const dt_compress_cfg *cfg, float *out_sum) {
+  run_one_f(tp, n, cfg, out_sum, 0);
+}
+
+/* One allgather per step for both buckets (dt_compress_fuse): the same bits
+ * as one per bucket, for every codec (the others ignore it), with the
+ * error-feedback bookkeeping checked by run_one_f; topk also with worker
+ * momentum and warm-up. */
+static void test_fused(void **st) {
+  (void)st;
+  float *a = malloc(NP * sizeof *a), *b = malloc(NP * sizeof *b);
+  const char *tps[] = {"inproc", "tcp"};
+  for (int t = 0; t < 2; t++)
+    for (int n = 1; n <= 3; n++)
+      for (int codec = 0; codec <= DT_CODEC_COUNT; codec++) {
+        dt_compress_cfg cfg = DT_COMPRESS_CFG_INIT;
+        cfg.codec = codec < DT_CODEC_COUNT ? codec : DT_CODEC_TOPK;
+        cfg.ratio = 0.05;
+        cfg.start_step = codec == DT_CODEC_POWERSGD ? 1 : 0;
+        if (codec == DT_CODEC_COUNT) { /* topk + worker momentum, warm-up, a dense step */
+          cfg.momentum = 0.9f;
+          cfg.warmup_epochs = 1;
+          cfg.start_step = 1;
+        }
+        if (!strcmp(tps[t], "tcp") && n == 1) continue;
+        run_one_f(tps[t], n, &cfg, a, 0);
+        run_one_f(tps[t], n, &cfg, b, 1);
+        if (memcmp(a, b, NP * sizeof *a))
+          fail_msg("%s n=%d codec %s%s: fused and per-bucket sums differ", tps[t], n,
+                   dt__codec_names[cfg.codec], cfg.momentum > 0 ? "+mom" : "");
+      }
+  free(a);
+  free(b);
 }
 
 static void matrix(const char *tp, const int *ns, int nn) {
@@ -399,6 +436,7 @@ int main(void) {
       cmocka_unit_test(test_bad_cfg),
       cmocka_unit_test(test_inproc),
       cmocka_unit_test(test_tcp),
+      cmocka_unit_test(test_fused),
       cmocka_unit_test(test_int8_ring),
       cmocka_unit_test(test_int8_ring_malformed),
   };

@@ -160,6 +160,17 @@ void dt_compress_begin_step(dt_compress *z, int64_t step, int epoch);
  * order on every rank. One caller thread at a time. */
 int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n, float scale);
 
+/* Fuses the framed codecs' (qsgd, sign, topk) collectives of a step: every
+ * step's compressed reductions are nspans spans (ddp's buckets, every rank
+ * alike); each is encoded (with its error feedback) when it comes, and the
+ * last one sends all of this rank's frames in one allgather and writes the
+ * sums of every span. Until then an earlier span of the step is not
+ * reduced yet (ddp reads none before the step's last reduction returns).
+ * One collective per step instead of one per bucket: fewer rounds in which
+ * every rank must be scheduled. nspans <= 1 turns it off; other codecs and
+ * the dense steps before dist.compress_start_step ignore it. DT_ENOMEM. */
+int dt_compress_fuse(dt_compress *z, int nspans);
+
 /* Checkpoint notes (engine/ckpt_run.c): one flag rank 0 sends along with a
  * step's compressed gradients — a bit in its frames' header, one extra
  * element of the fp16/bf16 or PowerSGD allreduce — so every rank learns

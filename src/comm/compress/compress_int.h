@@ -43,6 +43,12 @@ struct dt_compress {
   float **q;             /* powersgd: each matrix's Q (cols x rank), warm-started */
   float *pq;             /* powersgd: P's / Q's and the dense rest of a bucket */
   size_t pq_cap;
+  /* fused framed collectives (dt_compress_fuse): this step's spans so far */
+  int fuse;              /* spans per step sent in one allgather (0, 1: each alone) */
+  int npend;
+  struct dt_cz_pend { float *g; size_t n, fb, at; } *pend; /* fuse entries */
+  uint8_t *sbuf;         /* this rank's frames of the step, back to back */
+  size_t sbuf_cap, spos;
   int64_t step;
   int epoch;
   dt_compress_stats st;

@@ -116,6 +116,8 @@ void dt_compress_destroy(dt_compress *z) {
   free(z->frames);
   free(z->half);
   free(z->pq);
+  free(z->pend);
+  free(z->sbuf);
   free(z);
 }
 
@@ -123,6 +125,19 @@ void dt_compress_begin_step(dt_compress *z, int64_t step, int epoch) {
   z->step = step;
   z->epoch = epoch;
   z->note_out = z->note_in = z->note_dense_done = 0;
+  z->npend = 0; /* a step that failed half-way leaves nothing behind */
+  z->spos = 0;
+}
+
+int dt_compress_fuse(dt_compress *z, int nspans) {
+  free(z->pend);
+  z->pend = NULL;
+  z->fuse = z->npend = 0;
+  if (nspans <= 1) return DT_OK;
+  z->pend = calloc((size_t)nspans, sizeof *z->pend);
+  if (!z->pend) return dt__seterr(DT_ENOMEM, "compress: out of memory");
+  z->fuse = nspans;
+  return DT_OK;
 }
 
 void dt_compress_note_enable(dt_compress *z) { z->note_on = 1; }
@@ -158,12 +173,45 @@ static int comm_err(dt_comm *c, int rc, const char *what) {
   return dt__seterr(rc, "%s: %s", what, m && *m ? m : dt_errmsg());
 }
 
+/* The fused allgather of a step's frames (dt_compress_fuse): every rank's
+ * frames sit back to back in one block of spos bytes, in span order. */
+static int flush_framed(dt_compress *z, dt_comm *c) {
+  size_t total = z->spos;
+  DT_CHECK(grow((void **)&z->frames, &z->frames_cap, total * (size_t)z->nranks));
+  int rc = dt_comm_allgather(c, z->sbuf, z->frames, total, DT_U8);
+  if (rc < 0) return comm_err(c, rc, "compressed gradients (fused allgather)");
+  z->st.bytes_sent += total;
+  if (z->frames[z->pend[0].at + offsetof(dt_cz_hdr, flags)] & DT_CZ_FLAG_NOTE) z->note_in = 1;
+  for (int j = 0; j < z->npend; j++) {
+    const struct dt_cz_pend *p = &z->pend[j];
+    memset(p->g, 0, p->n * sizeof *p->g);
+    for (int r = 0; r < z->nranks; r++) {
+      rc = dt_cz_decode_add(z->cfg.codec, z->frames + total * (size_t)r + p->at, p->fb, p->n, p->g);
+      if (rc < 0)
+        return dt__preerr(rc, "gradient frame of rank %d (span %d of the step's fused frames)", r,
+                          j);
+    }
+  }
+  z->npend = 0;
+  z->spos = 0;
+  return DT_OK;
+}
+
 static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t off, size_t n) {
   int codec = z->cfg.codec;
   size_t k = codec == DT_CODEC_TOPK ? dt__cz_topk_k(n, density(z)) : n;
   size_t fb = dt_cz_frame_bytes(codec, n, k);
-  DT_CHECK(grow((void **)&z->frames, &z->frames_cap, fb * (size_t)(z->nranks + 1)));
-  uint8_t *mine = z->frames + fb * (size_t)z->nranks;
+  int fused = z->fuse > 1;
+  uint8_t *mine;
+  if (fused) {
+    if (z->npend >= z->fuse)
+      return dt__seterr(DT_EINVAL, "compress: more than %d spans in one fused step", z->fuse);
+    DT_CHECK(grow((void **)&z->sbuf, &z->sbuf_cap, z->spos + fb));
+    mine = z->sbuf + z->spos;
+  } else {
+    DT_CHECK(grow((void **)&z->frames, &z->frames_cap, fb * (size_t)(z->nranks + 1)));
+    mine = z->frames + fb * (size_t)z->nranks;
+  }
   memset(mine, 0, fb); /* padding too: every byte on the wire is defined */
   dt_cz_rng rng = {z->cfg.seed, (uint64_t)z->step, ((uint64_t)z->rank << 32) | (uint32_t)off};
   float *resid = z->resid ? z->resid + off : NULL;
@@ -178,6 +226,11 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
       memcpy(&i, ix + 4 * j, 4);
       u[i] = 0;
     }
+  }
+  if (fused) {
+    z->pend[z->npend++] = (struct dt_cz_pend){g, n, fb, z->spos};
+    z->spos += fb;
+    return z->npend < z->fuse ? DT_OK : flush_framed(z, c);
   }
   int rc = dt_comm_allgather(c, mine, z->frames, fb, DT_U8);
   if (rc < 0) return comm_err(c, rc, "compressed gradients (allgather)");
