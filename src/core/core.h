@@ -66,7 +66,7 @@ void dt_log_set_json(int on);
   X(BIND_ADDR, STR, 0, NULL, 0, 0, "IPv4 address this node's workers listen on in a multi-node job (default: this machine's address towards the rendezvous)") \
   X(CHUNK_BYTES, INT, 2 << 20, NULL, 0, INT64_MAX, "chunk size of pipelined ring algorithms, bytes (at least 4096 is used)") \
   X(DATA_MAX_BYTES, INT, (int64_t)1 << 30, NULL, 1, INT64_MAX, "largest dataset file or array a reader accepts, bytes") \
-  X(CZ_FUSE, INT, 1, NULL, 0, 1, "compressed gradients (topk, sign, qsgd) of all buckets of a step in one allgather after the last bucket: 1 on, 0 one allgather per bucket") \
+  X(CZ_FUSE, INT, 1, NULL, 0, 1, "compressed gradients of all buckets of a step in one collective after the last bucket (topk, sign, qsgd: one allgather; powersgd: its two allreduces): 1 on, 0 per bucket") \
   X(DDP_OVERLAP, INT, -1, "auto", -1, 1, "reduce gradient buckets on a communication thread while backward runs: 1 on, 0 off, -1 auto") \
   X(GEMM, STR, 0, NULL, 0, 0, "matrix-multiply kernels: blas or avx512 (default: avx512 where the CPU has it)") \
   X(GRACE_SECONDS, INT, 8, NULL, 0, 86400, "seconds the launcher waits for the other workers after one fails before it stops them") \

@@ -46,6 +46,8 @@ struct dt_compress {
   /* fused framed collectives (dt_compress_fuse): this step's spans so far */
   int fuse;              /* spans per step sent in one allgather (0, 1: each alone) */
   int npend;
+  /* framed: g the span, fb its frame's bytes, at the frame's place in
+   * sbuf; powersgd: g the gradients' base, at the span's offset */
   struct dt_cz_pend { float *g; size_t n, fb, at; } *pend; /* fuse entries */
   uint8_t *sbuf;         /* this rank's frames of the step, back to back */
   size_t sbuf_cap, spos;

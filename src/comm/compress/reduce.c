@@ -20,6 +20,7 @@
  */
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -331,6 +332,31 @@ static int reduce_half(dt_compress *z, dt_comm *c, float *g, float *w, size_t of
   return DT_OK;
 }
 
+/* powersgd with dt_compress_fuse: the spans' values wait in work until
+ * the step's last one, then the whole range they cover is one span (two
+ * allreduces per step instead of two per bucket). The products per
+ * element and the allreduces' order per element do not depend on how the
+ * range was cut, so the bits are those of one reduction per bucket.
+ * g: this span. */
+static int powersgd_fused(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n) {
+  if (z->npend >= z->fuse)
+    return dt__seterr(DT_EINVAL, "compress: more than %d spans in one fused step", z->fuse);
+  z->pend[z->npend++] = (struct dt_cz_pend){g - off, n, 0, off};
+  if (z->npend < z->fuse) return DT_OK;
+  size_t lo = SIZE_MAX, hi = 0, tot = 0;
+  for (int j = 0; j < z->npend; j++) {
+    const struct dt_cz_pend *p = &z->pend[j];
+    lo = p->at < lo ? p->at : lo;
+    hi = p->at + p->n > hi ? p->at + p->n : hi;
+    tot += p->n;
+  }
+  z->npend = 0;
+  if (tot != hi - lo)
+    return dt__seterr(DT_EINVAL, "compress: the %d fused spans of a step (%zu values) do not "
+                      "cover one range (%zu..%zu)", z->fuse, tot, lo, hi);
+  return dt__cz_powersgd_reduce(z, c, z->pend[0].g + lo, lo, hi - lo);
+}
+
 int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n, float scale) {
   if (!z || !c || !g || off > z->nparams || n > z->nparams - off)
     return dt__seterr(DT_EINVAL, "compress: span %zu+%zu outside the %zu gradients", off, n,
@@ -411,7 +437,9 @@ int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t 
   switch (z->cfg.codec) {
   case DT_CODEC_FP16:
   case DT_CODEC_BF16: return reduce_half(z, c, g, w, off, n);
-  case DT_CODEC_POWERSGD: return dt__cz_powersgd_reduce(z, c, g, off, n);
+  case DT_CODEC_POWERSGD:
+    if (z->fuse > 1) return powersgd_fused(z, c, g, off, n);
+    return dt__cz_powersgd_reduce(z, c, g, off, n);
   case DT_CODEC_INT8: return reduce_int8_ring(z, c, g, w, off, n);
   default: return reduce_framed(z, c, g, w, off, n);
   }
