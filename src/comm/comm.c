@@ -124,6 +124,12 @@ int dt__comm_tolerate_loss(dt_comm *c) {
 
 int dt__comm_aborted(const dt_comm *c) { return c && atomic_load(&c->w->aborted); }
 
+void dt__comm_set_send_hook(dt_comm *c, void (*hook)(void *ud), void *ud) {
+  if (!c) return;
+  c->send_hook = hook;
+  c->send_hook_ud = ud;
+}
+
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : -1; }
 int dt_comm_size(const dt_comm *c) { return c ? c->size : 0; }
 int dt_comm_world_rank(const dt_comm *c, int r) { return r >= 0 && r < c->size ? c->wr[r] : -1; }
@@ -282,6 +288,7 @@ static void inline_req(dt_comm *c, int peer, struct comm_req *r) {
 int dt__coll_isend(dt_comm *c, int peer, const void *buf, size_t bytes, dt_comm_req *req) {
   uint64_t tag = (uint64_t)c->ctxid << 32 | TAG_COLL;
   struct comm_req *r = (struct comm_req *)req;
+  if (c->send_hook) c->send_hook(c->send_hook_ud);
   if (peer >= 0 && peer < c->size && peer != c->rank && !c->fp_sent[peer]) {
     /* First message to peer: fingerprint + the first FP_INL data bytes. */
     size_t inl = bytes < FP_INL ? bytes : FP_INL;

@@ -89,6 +89,11 @@ int dt__comm_aborted(const dt_comm *c);
  * the world on a loss. DT_ENOTSUP naming a transport that cannot (mpi).
  * Call on every rank before the first loss that is to be survived. */
 int dt__comm_tolerate_loss(dt_comm *c);
+/* Tests only (DTRAIN_TEST_KILL phase lastsend): hook(ud) is called on the
+ * sending thread before every point-to-point send a collective of c posts,
+ * so a test can kill a rank at an exact message of an allreduce. NULL: none.
+ * Not inherited by splits. */
+void dt__comm_set_send_hook(dt_comm *c, void (*hook)(void *ud), void *ud);
 /* The rank of c's member r in the world communicator c derives from. */
 int dt_comm_world_rank(const dt_comm *c, int r);
 const char *dt_comm_transport_name(const dt_comm *c, int peer); /* "self" for own rank */

@@ -84,6 +84,8 @@ struct dt_comm {
   dt_comm *host_comm, *leader_comm;
   bool host_built;
   char err[512];
+  void (*send_hook)(void *ud); /* tests: called before each collective send (dt__comm_set_send_hook) */
+  void *send_hook_ud;
 };
 
 /* comm.c: collective framing for dispatch.c. dt__coll_begin checks the

@@ -113,7 +113,7 @@ void dt_log_set_json(int on);
   X(TCP_USER_TIMEOUT_MS, INT, 0, NULL, 0, INT32_MAX, "tcp: TCP_USER_TIMEOUT for unacknowledged data, ms (0: off)") \
   X(TEST_SLOW_RANK, INT, -1, "none", -1, 1 << 20, "tests only: the rank DTRAIN_TEST_SLOW_US slows down (-1: none)") \
   X(TEST_SLOW_US, INT, 0, NULL, 0, 1000000, "tests only: microseconds rank DTRAIN_TEST_SLOW_RANK sleeps per sample of each step, a fake straggler") \
-  X(TEST_KILL, STR, 0, NULL, 0, 0, "tests of elastic training: ID:STEP:PHASE makes worker ID kill itself at global step STEP during forward, backward, allreduce or eval") \
+  X(TEST_KILL, STR, 0, NULL, 0, 0, "tests of elastic training: ID:STEP:PHASE makes worker ID kill itself at global step STEP during forward, backward, allreduce, eval or ckpt, before its last collective send of the step (lastsend) or after the step's reduction (reduced)") \
   X(TEST_TCP_SHED, INT, 0, NULL, 0, 1000, "tests only: a tcp listener closes this many of the first connections it accepts in mid-handshake, as one shedding strangers does") \
   X(TEST_VISITS, STR, 0, NULL, 0, 0, "tests of elastic training: directory where each worker appends the positions it trained on per epoch (visits.PID)") \
   X(TIMEOUT, INT, 60, NULL, 1, 86400 * 7, "deadline of every blocking step (connect, collective), seconds") \

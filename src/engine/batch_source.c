@@ -48,6 +48,7 @@ static int loader_plan(dt_batch_source *s, int64_t k, dt_step_plan *p) {
                       (long long)L->steps);
   p->k = k;
   p->n_local = p->n_global = L->cur.n;
+  p->start = L->cur.sample0;
   p->pieces = 1;
   p->pieces_global = 1;
   p->terms = L->steps;
@@ -145,6 +146,7 @@ static int shard_plan(dt_batch_source *s, int64_t k, dt_step_plan *p) {
   const int64_t r = S->rank, N = S->nranks;
   p->k = k;
   p->n_global = (int)g;
+  p->start = start;
   S->end = start + g;
   if (!S->micro) {
     int64_t lo, hi;

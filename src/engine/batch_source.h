@@ -33,6 +33,7 @@ typedef struct dt_step_plan {
   int64_t k;             /* global batch index within the epoch */
   int n_local;           /* samples this worker trains on (sum over its pieces) */
   int n_global;          /* samples in the global batch */
+  int64_t start;         /* its first position in the epoch order: it holds [start, start + n_global) */
   int pieces;            /* this worker's pieces; 0 is allowed (it still takes part) */
   int64_t pieces_global; /* pieces of the global batch over all workers */
   int64_t terms;         /* most pieces one worker trains in an epoch (tally bound) */

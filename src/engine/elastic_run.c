@@ -15,6 +15,7 @@
  * (the strategy does); nothing here runs unless the engine was given a
  * dt_elastic.
  */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,7 +129,8 @@ int dt__engine_set_joined(dt_engine *e, dt_elastic *el, const dt_elastic_gen *g)
   return DT_OK;
 }
 
-static const char *const phases[] = {"", "forward", "backward", "allreduce", "eval", "ckpt", NULL};
+static const char *const phases[] = {"",     "forward",  "backward", "allreduce", "eval",
+                                     "ckpt", "lastsend", "reduced",  NULL};
 
 /* Where position pos (dt__elastic_pos) is in the loop: epoch and step. */
 static void where(const dt_engine *e, int64_t pos, int *epoch, int64_t *k) {
@@ -174,6 +176,7 @@ int dt__elastic_begin(dt_engine *e, dt_ckpt_pos *start) {
   e->kill_phase = 0;
   e->visits = NULL;
   e->ended_at = -1;
+  e->done_step = -1;
   const char *k = dt_param_s(DT_PARAM_TEST_KILL);
   /* ID:STEP:PHASE[,ID:STEP:PHASE...]: the entry naming this member */
   for (; k && *k; k = strchr(k, ',') ? strchr(k, ',') + 1 : NULL) {
@@ -204,15 +207,50 @@ void dt__elastic_end(dt_engine *e) {
 }
 
 void dt__elastic_fault(const dt_engine *e, int phase) {
-  if (phase == e->kill_phase && e->strat.step == e->kill_step) {
+  /* "reduced" is checked once the step is counted */
+  const int64_t at = e->kill_step + (phase == DT_FAULT_REDUCED);
+  if (phase == e->kill_phase && e->strat.step == at) {
     fflush(NULL);
     raise(SIGKILL);
+  }
+}
+
+/* DTRAIN_TEST_KILL ID:STEP:lastsend — the communicator calls this before
+ * every collective send: the sends of step STEP-1 are counted, and in step
+ * STEP the worker dies before the one with the same number, its last. The
+ * peer waiting for that message cannot complete the step; the others can
+ * (ring, halving-doubling: one of the two survivors of three), which is
+ * how one survivor ends up a step ahead of another. */
+static void lastsend_hook(void *ud) {
+  dt_engine *e = ud;
+  if (++e->t_sends != e->t_kill_at) return;
+  DT_LOG_INFO("elastic: member %d: DTRAIN_TEST_KILL: SIGKILL before send %lld of step %lld, its "
+              "last", e->el_id, (long long)e->t_sends, (long long)e->strat.step);
+  fflush(NULL);
+  raise(SIGKILL);
+}
+
+static void lastsend_arm(dt_engine *e) {
+  const int64_t s = e->strat.step;
+  if (s == e->kill_step - 1 || s == e->kill_step) {
+    dt__comm_set_send_hook(e->comm, lastsend_hook, e);
+    e->t_sends = 0;
+    e->t_kill_at = s == e->kill_step ? e->t_per_step : 0;
+  }
+  if (s == e->kill_step && e->t_kill_at <= 0) {
+    /* nothing counted: step STEP-1 sent nothing (a shared-memory window
+     * reduces without messages), or STEP is the run's first step */
+    DT_LOG_WARN("DTRAIN_TEST_KILL %d:%lld:lastsend: no collective send counted in step %lld; "
+                "killed at the allreduce point instead", e->el_id, (long long)e->kill_step,
+                (long long)s - 1);
+    e->kill_phase = DT_FAULT_ALLREDUCE;
   }
 }
 
 void dt__elastic_step_begin(dt_engine *e) {
   if (e->bufs_snap)
     memcpy(e->bufs_snap, dt_model_bufs(e->model), dt_model_nbufs(e->model) * sizeof(float));
+  if (e->kill_phase == DT_FAULT_LASTSEND) lastsend_arm(e);
 }
 
 static double wall(void) {
@@ -247,6 +285,12 @@ int64_t dt__elastic_pos(const dt_engine *e) {
 
 void dt__elastic_step_done(dt_engine *e) {
   e->state_gen = dt_elastic_generation(e->elastic);
+  e->done_step = e->strat.step;
+  e->done_ep = e->plan_ep;
+  e->done_lo = e->plan_lo;
+  e->done_hi = e->plan_hi;
+  if (e->kill_phase == DT_FAULT_LASTSEND && e->strat.step == e->kill_step)
+    e->t_per_step = e->t_sends;
   const int k = e->cfg.standby_refresh_steps;
   if (e->sb && k > 0 && e->strat.step % k == 0) dt__standby_write(e, 1);
 }
@@ -363,6 +407,65 @@ static int adopt(dt_engine *e, const dt_elastic_gen *g) {
   return DT_OK;
 }
 
+/* The visit record (DTRAIN_TEST_VISITS) of the step the agreed state
+ * completed last, written by the source after every re-forming. Each
+ * worker records its share of a step when its reduction completes; a
+ * member lost inside that reduction may have sent its part (so the state
+ * holds it) and never recorded it, and whether it did cannot be told
+ * from here (it may also have completed the step and died in the next).
+ * So the source reads every worker's record in the directory (the lost
+ * members' files too) and records the positions of that step's global
+ * batch nobody holds: each position once. The members' own records of
+ * the step were written before they entered this generation's admission,
+ * which the source has passed. Tests only. */
+static void visits_complete(dt_engine *e) {
+  const dt_strategy *S = &e->strat;
+  const char *dir = dt_param_s(DT_PARAM_TEST_VISITS);
+  const int64_t lo = e->done_lo, hi = e->done_hi;
+  if (!dir || !*dir || e->done_step != S->step || S->step <= 0 || hi <= lo) return;
+  uint8_t *seen = calloc((size_t)(hi - lo), 1);
+  DIR *d = seen ? opendir(dir) : NULL;
+  if (!d) {
+    DT_LOG_WARN("DTRAIN_TEST_VISITS: cannot read %s: the record of step %lld may miss lost "
+                "members' positions", dir, (long long)S->step);
+    free(seen);
+    return;
+  }
+  fflush(e->visits);
+  for (struct dirent *de; (de = readdir(d));) {
+    if (strncmp(de->d_name, "visits.", 7)) continue;
+    char path[DT_CFG_PATH_MAX + 300];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    FILE *f = fopen(path, "r");
+    int ep;
+    long long a, b;
+    while (f && fscanf(f, "%d %lld %lld", &ep, &a, &b) == 3)
+      for (int64_t i = a > lo ? a : lo; ep == e->done_ep && i < b && i < hi; i++) seen[i - lo] = 1;
+    if (f) fclose(f);
+  }
+  closedir(d);
+  int64_t added = 0;
+  for (int64_t i = lo; i < hi;) {
+    if (seen[i - lo]) {
+      i++;
+      continue;
+    }
+    int64_t j = i;
+    while (j < hi && !seen[j - lo]) j++;
+    fprintf(e->visits, "%lld %lld %lld\n", (long long)e->done_ep, (long long)i, (long long)j);
+    added += j - i;
+    i = j;
+  }
+  fflush(e->visits);
+  free(seen);
+  if (added)
+    DT_LOG_INFO("elastic: member %d: visit record: %lld positions of step %lld (epoch %lld, "
+                "[%lld, %lld)) recorded that no worker had recorded (shares of members that did not "
+                "complete the step themselves)",
+                e->el_id, (long long)added, (long long)S->step - 1, (long long)e->done_ep,
+                (long long)lo, (long long)hi);
+}
+
 int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
   dt_strategy *S = &e->strat;
   char why[512];
@@ -374,10 +477,7 @@ int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
   if (!(e->el_failed_at > 0)) e->el_failed_at = t0;
   DT_LOG_INFO("elastic: member %d (rank %d) at step %lld: %s", e->el_id, e->rank,
               (long long)S->step, why);
-  /* the interrupted step, if the group completed it after all (the last
-   * message reached a peer): this worker's pieces were trained */
-  const int64_t was = S->step, vlo = e->vis_lo, vhi = e->vis_hi;
-  const int vep = *epoch;
+  const int64_t was = S->step;
   /* a spare woken to replace the lost worker reads the node's standby
    * copy at its admission: bring it up to date now, while the spare starts
    * and the members agree (one member writes; the others find it done or
@@ -409,10 +509,16 @@ int dt__elastic_recover(dt_engine *e, int in_step, int *epoch, int64_t *k) {
     if (rc < 0) return dt__preerr(rc, "member %d: generation %d", e->el_id, g.gen);
     break;
   }
-  if (in_step && S->step > was && e->visits && vhi > vlo) {
-    fprintf(e->visits, "%d %lld %lld\n", vep, (long long)vlo, (long long)vhi);
-    fflush(e->visits);
+  /* the interrupted step, if the agreed state completed it after all (the
+   * source's reduction got every message): the state's last step is the
+   * one this worker planned */
+  if (in_step && S->step == was + 1) {
+    e->done_step = S->step;
+    e->done_ep = e->plan_ep;
+    e->done_lo = e->plan_lo;
+    e->done_hi = e->plan_hi;
   }
+  if (e->visits && g.rank == g.source) visits_complete(e);
   where(e, g.pos, epoch, k); /* where the agreed position is in the loop */
   e->recoveries++;
   DT_LOG_INFO("elastic: generation %d: %d workers, going on at epoch %d step %lld (%.3f s)",

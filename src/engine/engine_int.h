@@ -105,6 +105,10 @@ struct dt_engine {
   int el_join;              /* a joiner: the generation it was admitted to (el_gen) */
   int el_partial;           /* a state copy into this worker was interrupted */
   int64_t vis_lo, vis_hi;   /* positions of the epoch this worker trains in the current step */
+  int64_t plan_ep, plan_lo, plan_hi; /* the current step's global batch: epoch, positions */
+  int64_t done_step, done_ep, done_lo, done_hi; /* the global batch of the step that took the
+                                                 * state to step count done_step */
+  int64_t t_sends, t_per_step, t_kill_at; /* DTRAIN_TEST_KILL phase lastsend: sends counted */
   int el_gen, el_source;
   int64_t el_pos;
   double el_join_t;         /* dt_now() when it was admitted */
@@ -178,7 +182,15 @@ void dt__eobs_end(dt_engine *e, const char *out_dir, int rc, const char *msg);
 /* ---- elastic training (elastic_run.c) ----------------------------------------- */
 
 /* Fault points of DTRAIN_TEST_KILL. */
-enum { DT_FAULT_FORWARD = 1, DT_FAULT_BACKWARD, DT_FAULT_ALLREDUCE, DT_FAULT_EVAL, DT_FAULT_CKPT };
+enum {
+  DT_FAULT_FORWARD = 1,
+  DT_FAULT_BACKWARD,
+  DT_FAULT_ALLREDUCE,
+  DT_FAULT_EVAL,
+  DT_FAULT_CKPT,
+  DT_FAULT_LASTSEND, /* before the last collective send of the step (a communicator hook) */
+  DT_FAULT_REDUCED,  /* after the step's reduction completed, before the step is recorded */
+};
 /* Start of the loop; a joiner takes the job's state here and *start
  * becomes where it goes on. */
 int dt__elastic_begin(dt_engine *e, dt_ckpt_pos *start);

@@ -322,6 +322,11 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
       lr = dt_sched_lr(&e->sched, S->step);
       if (e->elastic) dt__elastic_step_begin(e);
       DT_CHECK_GOTO(src->ops->plan(src, k, &plan), rc, step_failed);
+      if (e->elastic) { /* the global batch, for the visit record of a recovery */
+        e->plan_ep = epoch;
+        e->plan_lo = plan.start;
+        e->plan_hi = plan.start + plan.n_global;
+      }
       dt__ckpt_before_step(e);
       DT_CHECK_GOTO(S->ops->step_begin(S, &plan), rc, step_failed);
       if (S->ops->run_pieces) DT_CHECK_GOTO(S->ops->run_pieces(S, src, &plan, &st), rc, step_failed);
@@ -364,6 +369,7 @@ int dt_engine_run(dt_engine *e, const char *out_dir, const char *config_text,
         ep = (dt_tally){.fixed = S->ops->fixed_point}; /* redone steps are counted anew */
         goto resume;
       }
+      if (e->elastic) dt__elastic_fault(e, DT_FAULT_REDUCED);
       if (tr) {
         n1 = dt_now_ns();
         dt_obs_span(ob, "reduce+update", 0, n0, n1, -1);

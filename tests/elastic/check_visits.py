@@ -6,10 +6,12 @@ must cover every position 0..N-1 of every epoch exactly once: no sample
 skipped, none trained twice, whatever workers were lost or joined. With "partial" (a job that was
 stopped) only the second half holds: no sample trained twice. With
 "slack<=K" at most K positions in all may lack a record or have two: a
-worker cut off (not killed) in the allreduce of a step never records its
-pieces when the others completed the step with its gradients, and records
-them when it alone completed it and the others redo it (its update is
-lost with it); a cut-off side that trained on would show far more."""
+worker cut off or frozen (not killed) in a step records its pieces when it
+alone completed the step and the others redo it (its update is lost with
+it), or when it completes the step after the others' recovery recorded
+its share for it (the source of a new generation records the positions
+of the agreed state's last step that no record holds); a cut-off side
+that trained on would show far more."""
 import os
 import sys
 
