@@ -26,7 +26,13 @@ sides() {
 }
 
 TCP=(--set dist.min_workers=2 --set dist.transport=tcp)
-run last 1:45:lastsend "${TCP[@]}" && shrunk last 2
+# lastsend under recursive halving-doubling: with 3 ranks worker 1's last
+# send is the result handed back to worker 0, after worker 2 has all it
+# needs, so worker 2 completes the step and worker 0 does not, every time.
+# (Under the ring, chosen for deterministic mode's 1.9 MB of int64, the
+# survivor relaying the last block sometimes aborts before its own send
+# completes, and neither survivor completes: a case the other tests have.)
+DTRAIN_ALGO=rhd run last 1:45:lastsend "${TCP[@]}" && shrunk last 2
 sides last "45 46"
 grep -q "SIGKILL before send [0-9]* of step 45, its last" "$T/last/log" || fail "last: no kill before the last send in the log"
 
@@ -36,7 +42,8 @@ sides reduced "46 46"
 # deterministic mode: the survivor a step behind takes the other's state,
 # and the run ends with the bits of an uninterrupted one
 run det_ref "" --set dist.deterministic=true
-run det_last 1:45:lastsend "${TCP[@]}" --set dist.deterministic=true && shrunk det_last 2
+DTRAIN_ALGO=rhd run det_last 1:45:lastsend "${TCP[@]}" --set dist.deterministic=true &&
+  shrunk det_last 2
 sides det_last "45 46"
 a=$(json_str "$T/det_ref/out/summary.json" params_sha256)
 b=$(json_str "$T/det_last/out/summary.json" params_sha256)
