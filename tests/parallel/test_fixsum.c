@@ -469,7 +469,9 @@ static void test_slots_match_one_by_one(void **state) {
  * weight gradient (dy^T x per segment) converted by dt_fix_add segment by
  * segment: shapes with row and column tails (past one 128-column block),
  * segment lengths 1 .. 33, power-of-two and other weights, store and add,
- * and values past the bound counted alike. */
+ * and values past the bound or not finite counted alike (the kernel's
+ * fast path checks a tile's range once and redoes an out-of-range tile
+ * lane by lane). */
 static void test_wgrad_matches_gemm(void **state) {
   (void)state;
   if (!dt_fix_wgrad_ok()) skip();
@@ -487,6 +489,7 @@ static void test_wgrad_matches_gemm(void **state) {
     for (int i = 0; i < MAXN * MAXC; i++) x[j][i] = (float)fmod((double)x[j][i], 5.0);
   }
   x[2][5] = 1e30f; /* one product past the bound in segment 2 */
+  x[3][7] = NAN;   /* and a column of NaN products in segment 3 */
   const double bound = dt_fix_bound(16);
   for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
     for (int k = 1; k <= K; k++)
