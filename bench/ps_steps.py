@@ -8,7 +8,8 @@ scatter 3-10x, the p10 step much less), medians over rounds, ratio to ddp.
   python3 bench/ps_steps.py BUILD MODEL REPS MODE...
   e.g. python3 bench/ps_steps.py build/release mlp 6 ddp bsp asp asp,PS_PIECE=0
 
-A MODE is ddp, bsp or asp (ps colocated), then ,KNOB=VALUE for DTRAIN_KNOB
+A MODE is ddp, bsp or asp (ps colocated) or srv (bsp with 1 separate server,
+the RPC comparison's dtrain side), then ,KNOB=VALUE for DTRAIN_KNOB
 (X_... passes X_... as it is). Prints each run's samples/s, p10 step and
 params_sha256 prefix (bsp must equal ddp's), and the CPU time of the whole
 job (every process: getrusage of the children) per trained sample.
@@ -19,7 +20,9 @@ env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 common = ["--set", "optim.name=sgd", "--set", "optim.lr=0.05", "--set", "optim.momentum=0.9",
           "--set", "optim.weight_decay=0", "--set", "schedule.kind=constant", "--set", "train.batch=64"]
 M = {"ddp": ["--workers", "2"], "bsp": ["--workers", "2", "--set", "ps.colocate=true"],
-     "asp": ["--workers", "2", "--set", "ps.colocate=true", "--set", "ps.consistency=asp"]}
+     "asp": ["--workers", "2", "--set", "ps.colocate=true", "--set", "ps.consistency=asp"],
+     # the RPC comparison's dtrain side: 1 separate bsp server, 2 workers
+     "srv": ["--workers", "2", "--servers", "1"]}
 res = {}; cpus = {}
 for r in range(reps):
     line = f"round {r+1} load {os.getloadavg()[0]:.1f}:"

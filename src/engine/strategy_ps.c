@@ -272,8 +272,9 @@ static int ps_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all)
   me->comm_seconds = cs.wait_seconds;
   me->compute_seconds = me->train_seconds - cs.wait_seconds;
   me->comm_hidden = 0;
-  me->bytes_sent = (double)(sent - d->sent0);
-  me->bytes_received = (double)(recv - d->recv0);
+  /* what went through the windows counts as sent and received too */
+  me->bytes_sent = (double)(sent - d->sent0) + (double)cs.win_sent;
+  me->bytes_received = (double)(recv - d->recv0) + (double)cs.win_received;
   all[0] = *me;
   if (!s->comm || s->nranks < 2) return DT_OK;
   rc = dt_comm_allgather(s->comm, me, all, DT_WORKER_STATS_FIELDS, DT_F64);

@@ -176,6 +176,7 @@ int dt__psc_request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, i
     payload = NULL;
   }
   const int win = (m->flags & DT_PS_F_WIN) != 0;
+  if (win && m->type == DT_PS_PUSH) c->st.win_sent += (int64_t)(K->len * sizeof(float));
   const int h = dt__psc_holder(c, k);
   if (h < 0)
     return dt__seterr(DT_EPEERLOST, "ps worker %d: every server holding key %d (server %d's "
@@ -570,6 +571,13 @@ int dt_ps_client_quiesce(dt_ps_client *c) { LOCKED(c->local ? dt__psc_mark(c, 0)
 void dt_ps_client_stats_get(const dt_ps_client *c, dt_ps_client_stats *out) {
   dt__psc_enter((dt_ps_client *)c);
   *out = c->st;
+  if (c->local) {
+    /* the colocated server's window traffic is this process's too */
+    dt_ps_server_stats ss;
+    dt_ps_server_stats_get(c->local, &ss);
+    out->win_sent += ss.win_sent;
+    out->win_received += ss.win_received;
+  }
   dt__psc_leave((dt_ps_client *)c);
 }
 int64_t dt_ps_client_clock(const dt_ps_client *c) { return c->clock; }

@@ -165,6 +165,7 @@ static int settle(dt_ps_client *c, int k) {
     return DT_OK;
   }
   c->kver[k] = m.clock;
+  if (m.flags & DT_PS_F_WIN) c->st.win_received += (int64_t)(K->len * sizeof(float));
   if (m.flags & DT_PS_F_ROWS)
     scatter_rows(c, k, c->rbuf + c->kbuf0[k], m.count);
   else

@@ -224,6 +224,8 @@ typedef struct dt_ps_server_stats {
   int64_t violations;               /* ssp reads that missed more than s clocks */
   int64_t min_clock_seen;           /* unused; reserved */
   double busy_seconds;
+  int64_t win_sent, win_received;   /* bytes of replies written into and pushes read
+                                     * from workers' shared-memory windows */
 } dt_ps_server_stats;
 
 /* A server for index `index` of map, talking over comm (ranks as in opts).
@@ -282,6 +284,10 @@ typedef struct dt_ps_client_stats {
   int64_t max_staleness;    /* largest version gap of a push (asp) */
   int64_t failovers;        /* servers lost and survived (replicas) */
   double failover_seconds;  /* the last loss: from noticing it to the next completed clock */
+  int64_t win_sent, win_received; /* bytes of pushes and replies that went through the
+                                   * shared-memory windows instead of the transport
+                                   * (with a colocated server's, as the transport
+                                   * counts them) */
 } dt_ps_client_stats;
 
 /* Worker `worker` of opts over comm; params/grads are the model's buffers

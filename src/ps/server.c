@@ -324,6 +324,7 @@ static int reply(dt_ps_server *s, skey *k, int w) {
      * reads none of this key's until this header is in), one copy; the
      * header follows them, in order */
     memcpy(s->o.win_params[w] + k->K->off, k->p, len * sizeof(float));
+    s->st.win_sent += (int64_t)(len * sizeof(float));
     m.flags = DT_PS_F_WIN;
     uint8_t *h = k->shdr + (size_t)w * DT_PS_HDR_BYTES;
     dt_ps_msg_encode(&m, h);
@@ -518,6 +519,7 @@ static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
     /* the gradient stays in the worker's window: read in place (the worker
      * leaves it alone until the key's reply) */
     data = s->o.win_grads[w] + dt__pss_key(s, m.key)->K->off;
+    s->st.win_received += (int64_t)(m.count * sizeof(float));
   } else if (m.type == DT_PS_PUSH || (m.type == DT_PS_PULL && (m.flags & DT_PS_F_ROWS))) {
     skey *k = dt__pss_key(s, m.key);
     int sparse = (m.flags & DT_PS_F_SPARSE) != 0, rows = (m.flags & DT_PS_F_ROWS) != 0;
