@@ -118,6 +118,7 @@ typedef struct pipe_impl {
   dt_pipe *pipe;
   int det;           /* deterministic mode */
   dt_ddp *ddp;       /* det: the stage's fixed-point sums over its replicas */
+  dt_ddp *rddp;      /* R > 1, not det: the stage's gradient buckets over its replicas */
   float *xstep;      /* det: this step's micro-shards, side by side */
   int32_t *ystep;
   dt_optim *optim;   /* over this stage's span */
@@ -186,6 +187,7 @@ static void pipe_teardown(dt_strategy *s) {
   pipe_impl *d = s->impl;
   if (!d) return;
   dt_ddp_destroy(d->ddp);
+  dt_ddp_destroy(d->rddp);
   dt_pipe_destroy(d->pipe);
   dt_free(d->xstep);
   dt_free(d->ystep);
@@ -250,6 +252,7 @@ static int pipe_setup(dt_strategy *s) {
       .rc_rows = (int)dt_param_or(DT_PARAM_PIPE_RECOMPUTE_ROWS, 64),
       .wgrad = c->pipe_wgrad >= 0 ? c->pipe_wgrad : (int)dt_param_or(DT_PARAM_PIPE_WGRAD, 1),
       .wpack = (int)dt_param_or(DT_PARAM_PIPE_WPACK, 1),
+      .warm_extra = (int)dt_param_or(DT_PARAM_PIPE_WARMUP, 1),
       .det = det,
       .whole = s->model,
       .comm = d->pcomm,
@@ -307,6 +310,17 @@ static int pipe_setup(dt_strategy *s) {
       goto fail;
     }
   }
+  if (!det && d->scomm && d->part.params[st] && dt_param_or(DT_PARAM_PIPE_DDP, 1)) {
+    /* the stage's gradient over its replicas in ddp's buckets, each
+     * reduced as soon as the stage's last products have made it: the
+     * reduction overlaps the drain (pipe.h dt_pipe_set_ready); the
+     * gradients are already weighted by each replica's share, so scale 1.
+     * Through the transport, not a shared window (ddp.h says why). */
+    DT_CHECK_GOTO(dt__ddp_create_nowin(&d->rddp, dt_pipe_model(d->pipe), d->scomm,
+                                       c->bucket_bytes), rc, fail);
+    dt_pipe_grads_moved(d->pipe);
+    dt_pipe_set_ready(d->pipe, dt_ddp_grad_ready, d->rddp);
+  }
   DT_CHECK_GOTO(dt_optim_create(&d->optim, &c->optim, d->part.params[st] ? d->part.params[st] : 1),
                 rc, fail);
   d->mb = calloc((size_t)m, sizeof *d->mb);
@@ -329,6 +343,7 @@ static int pipe_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   if (d->det)
     dt_ddp_begin_step_det(d->ddp, plan->n_global, plan->pieces_global,
                           s->cfg->reduce == DT_DIST_SUM);
+  if (d->rddp) dt_ddp_begin_step(d->rddp, 1, 1);
   return DT_OK;
 }
 
@@ -400,6 +415,11 @@ static int pipe_step_finish(dt_strategy *s, float lr) {
   if (d->det) {
     int rc = dt_ddp_finish_step(d->ddp);
     if (rc < 0) return dt__preerr(rc, "rank %d (stage %d)", s->rank, st);
+  } else if (d->rddp) {
+    double t0 = dt_now();
+    int rc = dt_ddp_finish_step(d->rddp);
+    d->reduce_s += dt_now() - t0;
+    if (rc < 0) return name_lost_stage(s, dt__preerr(rc, "rank %d (stage %d)", s->rank, st));
   } else if (d->scomm && n) {
     /* the stage's gradient over its replicas (each already weighted by its
      * share of the global batch) */

@@ -722,12 +722,19 @@ static int stash_rows(dt_model *m, int i, const float *d, int B) {
 }
 
 void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows, int accumulate) {
-  for (int i = 0; i < m->n && i < s->n; i++) {
+  dt__model_wgrad_flush_ready(m, s, rows, accumulate, NULL, NULL);
+}
+
+void dt__model_wgrad_flush_ready(dt_model *m, const dt__wstash *s, int rows, int accumulate,
+                                 dt_grad_ready_fn on_ready, void *ud) {
+  /* last layer first, as backward reports them */
+  for (int i = m->n - 1; i >= 0; i--) {
     layer *l = &m->L[i];
-    if (!s->x[i] || !l->dw) continue;
-    /* dweight(OC,C) = dy^T(OC,rows) * x(rows,C) */
-    dt_sgemm_f(m->gemm_flags, 1, 0, l->s.oc, (int)l->in_el, rows, 1.0f, s->dy[i], l->s.oc,
-               s->x[i], (int)l->in_el, accumulate ? 1.0f : 0.0f, l->dw, (int)l->in_el);
+    if (s && rows > 0 && i < s->n && s->x[i] && l->dw)
+      /* dweight(OC,C) = dy^T(OC,rows) * x(rows,C) */
+      dt_sgemm_f(m->gemm_flags, 1, 0, l->s.oc, (int)l->in_el, rows, 1.0f, s->dy[i], l->s.oc,
+                 s->x[i], (int)l->in_el, accumulate ? 1.0f : 0.0f, l->dw, (int)l->in_el);
+    if (on_ready && l->s.info.nparams) on_ready(ud, l->s.info.param_off, l->s.info.nparams);
   }
 }
 

@@ -142,6 +142,12 @@ size_t dt__wstash_bytes(const dt__wstash *s);
 /* s NULL: backward makes weight gradients itself again. */
 void dt__model_set_wstash(dt_model *m, dt__wstash *s, int row0);
 void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows, int accumulate);
+/* The same, last layer first, then on_ready (if not NULL) for every layer
+ * with parameters right after its weight gradient is made (a layer the
+ * stash does not hold, or every layer with rows = 0 or s NULL, is only
+ * reported): a caller reducing the gradients overlaps the rest. */
+void dt__model_wgrad_flush_ready(dt_model *m, const dt__wstash *s, int rows, int accumulate,
+                                 dt_grad_ready_fn on_ready, void *ud);
 /* Layer i's stashed inputs (rows x in) and output gradients (rows x out),
  * row 0 first; NULL for a layer the stash does not hold (not linear). */
 void dt__wstash_rows(const dt__wstash *s, int i, const float **x, const float **dy);

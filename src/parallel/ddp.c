@@ -395,7 +395,7 @@ static int compressor(dt_ddp *d, dt_model *m, dt_comm *c, const dt_compress_cfg 
 }
 
 static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, int det,
-                  const dt_compress_cfg *cz) {
+                  const dt_compress_cfg *cz, int nowin) {
   *out = NULL;
   dt_ddp *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "ddp: out of memory");
@@ -554,7 +554,7 @@ static int create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes, i
       dt_ddp_destroy(d);
       return rc;
     }
-  } else if (!det && c && dt_comm_size(c) > 1 && np) {
+  } else if (!det && !nowin && c && dt_comm_size(c) > 1 && np) {
     int rc = dt_comm_window_create(c, np * sizeof(float), &d->win);
     if (rc == DT_OK) {
       dt_model_set_grads(m, dt_comm_window_base(d->win));
@@ -586,7 +586,15 @@ int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
     *out = NULL;
     return dt__seterr(DT_EINVAL, "ddp: a communicator is needed outside deterministic mode");
   }
-  return create(out, m, c, bucket_bytes, 0, NULL);
+  return create(out, m, c, bucket_bytes, 0, NULL, 0);
+}
+
+int dt__ddp_create_nowin(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
+  if (!c) {
+    *out = NULL;
+    return dt__seterr(DT_EINVAL, "ddp: a communicator is needed outside deterministic mode");
+  }
+  return create(out, m, c, bucket_bytes, 0, NULL, 1);
 }
 
 int dt_ddp_create_compressed(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes,
@@ -595,7 +603,7 @@ int dt_ddp_create_compressed(dt_ddp **out, dt_model *m, dt_comm *c, int64_t buck
     *out = NULL;
     return dt__seterr(DT_EINVAL, "ddp: a communicator is needed for compressed gradients");
   }
-  return create(out, m, c, bucket_bytes, 0, cz);
+  return create(out, m, c, bucket_bytes, 0, cz, 0);
 }
 
 void dt_ddp_set_step(dt_ddp *d, int64_t step, int epoch) {
@@ -612,7 +620,7 @@ void dt_ddp_compress_bytes(const dt_ddp *d, uint64_t *sent, uint64_t *dense) {
 struct dt_compress *dt_ddp_compressor(dt_ddp *d) { return d ? d->cz : NULL; }
 
 int dt_ddp_create_det(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes) {
-  return create(out, m, c, bucket_bytes, 1, NULL);
+  return create(out, m, c, bucket_bytes, 1, NULL, 0);
 }
 
 void dt_ddp_destroy(dt_ddp *d) {

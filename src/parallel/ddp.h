@@ -48,6 +48,12 @@ typedef struct dt_ddp_stats {
  * over m's gradient buffer and starts the communication thread. m and c must
  * outlive the handle. */
 int dt_ddp_create(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes);
+/* Like dt_ddp_create, but every bucket goes through the transport's
+ * allreduce, never a shared window (the pipeline's replica reduction: a
+ * window names a peer that exited, which there is often a replica that
+ * stopped because its own neighbour stage died, not the lost rank; the
+ * transport carries the job's abort reason). */
+int dt__ddp_create_nowin(dt_ddp **out, dt_model *m, dt_comm *c, int64_t bucket_bytes);
 /* Stops the thread (waits for an in-flight step to drain). NULL is a no-op. */
 void dt_ddp_destroy(dt_ddp *d);
 

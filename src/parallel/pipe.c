@@ -47,10 +47,22 @@ struct dt_pipe {
   int G;                     /* gpipe recompute: micro-batches recomputed and backward at once */
   float *xg;                 /* G > 1, stages after the first: a group's inputs, contiguous */
   double compute_s, wait_s;
+  dt_grad_ready_fn ready;    /* the stage's gradient spans, once final each step */
+  void *ready_ud;
 };
 
+/* 1f1b: forwards before the first backward. With e extra ones a stage
+ * before the last computes while its first micro-batch goes through the
+ * later stages and its gradients come back (that round trip is longer than
+ * one forward of its own); the last stage has no one to wait for. */
+static int nwarm(const dt_pipe_cfg *c) {
+  int s = c->stage, P = c->nstages;
+  int w = P - 1 - s + (s < P - 1 ? c->warm_extra : 0);
+  return w < c->micro ? w : c->micro;
+}
+
 static int nslots(const dt_pipe_cfg *c) {
-  int inflight = c->schedule == DT_PIPE_GPIPE ? c->micro : c->nstages - c->stage;
+  int inflight = c->schedule == DT_PIPE_GPIPE ? c->micro : nwarm(c) + 1;
   return inflight < c->micro ? inflight : c->micro;
 }
 
@@ -184,6 +196,15 @@ size_t dt_pipe_act_bytes(const dt_pipe *p, int *models, int *slots) {
 }
 
 void dt_pipe_set_det(dt_pipe *p, struct dt_ddp *ddp) { p->ddp = ddp; }
+
+void dt_pipe_set_ready(dt_pipe *p, dt_grad_ready_fn fn, void *ud) {
+  p->ready = fn;
+  p->ready_ud = ud;
+}
+
+void dt_pipe_grads_moved(dt_pipe *p) {
+  for (int k = 1; k < p->K; k++) dt__model_point_grads(p->inst[k], dt_model_grads(p->inst[0]));
+}
 
 void dt_pipe_times(const dt_pipe *p, double *compute_s, double *wait_s) {
   *compute_s = p->compute_s;
@@ -501,9 +522,9 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
   if (m == 0) {
     /* nothing to train on this step: zero gradients */
     memset(dt_model_grads(p->inst[0]), 0, dt_model_nparams(p->inst[0]) * sizeof(float));
+    if (p->ready) dt__model_wgrad_flush_ready(p->inst[0], NULL, 0, 0, p->ready, p->ready_ud);
     return DT_OK;
   }
-  const int s = p->c.stage, P = p->c.nstages;
   int rc = DT_OK;
   if (p->wpk) {
     /* the parameters changed since the last step (the optimizer, a
@@ -523,12 +544,30 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
       for (int j = 0; j < m && rc == DT_OK; j++)
         rc = bwd(p, mb, j, j == 0, n_global, seed, step, loss, correct);
   } else {
-    int warm = P - 1 - s < m ? P - 1 - s : m;
+    int warm = nwarm(&p->c) < m ? nwarm(&p->c) : m;
     for (int j = 0; j < warm && rc == DT_OK; j++) rc = fwd(p, mb, j, seed, step);
     for (int i = 0; i < m && rc == DT_OK; i++) {
       if (warm + i < m) rc = fwd(p, mb, warm + i, seed, step);
       if (rc == DT_OK) rc = bwd(p, mb, i, i == 0, n_global, seed, step, loss, correct);
     }
+  }
+  if (p->ready) {
+    /* every send of the step delivered before the caller's reduction
+     * starts (it may run on another thread, over another communicator);
+     * then the weight gradients not yet flushed, layer by layer, last
+     * first, each reported as soon as it is made, so its reduction over
+     * the replicas overlaps the products of the layers before it (without
+     * deferred weight gradients, or with none left, only the reports) */
+    if (p->c.comm) rc = drain(p, rc);
+    if (rc == DT_OK) {
+      int rows = p->wst ? p->wrows : 0;
+      double t0 = dt_now();
+      dt__model_wgrad_flush_ready(p->inst[0], p->wst, rows, p->wflushed > 0, p->ready,
+                                  p->ready_ud);
+      p->compute_s += dt_now() - t0;
+      if (rows) p->wflushed++, p->wrows = 0;
+    }
+    return rc;
   }
   /* the stage's weight gradients over the micro-batches not yet flushed
    * (without recompute: every one, in one product per layer, after the

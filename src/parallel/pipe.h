@@ -6,8 +6,9 @@
  * communicator (isend, so transfers overlap the next computation; blocking
  * receives). Schedules:
  *  - gpipe: every micro-batch forward, then every one backward (m in flight);
- *  - 1f1b: P-1-s warm-up forwards on stage s, then one forward one backward,
- *    then the drain (at most P-s micro-batches in flight on stage s).
+ *  - 1f1b: P-1-s+e warm-up forwards on stage s < P-1 (e = cfg.warm_extra),
+ *    none on the last, then one forward one backward, then the drain (at
+ *    most P-s+e micro-batches in flight on stage s, 1 on the last).
  * Any m >= 1 works with any number of stages. The stage's gradients are the
  * sum over micro-batches of n_j / n_global times each micro-batch's mean
  * gradient (accumulated in place: dt__model_set_accum), so one optimizer
@@ -44,6 +45,7 @@ typedef struct dt_pipe_cfg {
   int rc_rows;            /* recompute: rows of deferred weight gradients kept (pipe.c) */
   int wgrad;              /* deferred weight gradients (pipe.c) unless 0 */
   int wpack;              /* forward weights packed once per step (nn.h dt__wpack) unless 0 */
+  int warm_extra;         /* 1f1b: extra warm-up forwards on stages before the last */
   int det;                /* deterministic mode: see dt_pipe_set_det */
   dt_model *whole;        /* lends its parameters and state; must outlive the pipe */
   dt_comm *comm;          /* rank = stage; NULL with one stage */
@@ -69,6 +71,20 @@ void dt_pipe_destroy(dt_pipe *p);
  * name this stage and rank, the peer stage and rank, and the micro-batch. */
 int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t seed,
                  uint64_t step, float *loss, int *correct);
+
+/* Hybrid data x pipeline: fn(ud, off, n) is called once per step for
+ * every span of the stage model's gradient (offsets in dt_pipe_model's
+ * parameters) as soon as it is final, from dt_pipe_step after every send of
+ * the step was delivered: with deferred weight gradients each linear
+ * layer's right after its product, last layer first, so a reduction of
+ * the spans over the replicas (parallel/ddp.h dt_ddp_grad_ready) overlaps
+ * the products still to come. fn NULL: no reports. Not in deterministic
+ * mode (dt_pipe_set_det). */
+void dt_pipe_set_ready(dt_pipe *p, dt_grad_ready_fn fn, void *ud);
+/* After the caller moved the stage model's gradients (dt_model_set_grads on
+ * dt_pipe_model, e.g. into ddp's shared window): the stage's other models
+ * write there too. */
+void dt_pipe_grads_moved(dt_pipe *p);
 
 /* Deterministic mode (cfg.det): every micro-batch is a run of fixed
  * micro-shards (mb.shard samples each, the last may be shorter); each

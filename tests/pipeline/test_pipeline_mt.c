@@ -8,7 +8,9 @@
  *     relative after 51 steps (the last global batch one sample, so m > n);
  *     every rank holds the same bytes;
  *   - without batch norm, P = 2 equals plain one-process training (local
- *     strategy, whole batch) to 1e-5, and so do hybrid 2 x 2 replicas and
+ *     strategy, whole batch) to 1e-5, and so do hybrid 2 x 2 replicas (the
+ *     same bits with the replica reduction in ddp's buckets, with ddp's
+ *     thread on, and in one allreduce after the step) and
  *     recomputation, which gives the bits of keeping the activations with
  *     the same weight-gradient products (deferred per step or per group of
  *     rows, or per micro-batch); deferred weight gradients are 1e-6 of per
@@ -171,6 +173,31 @@ static void test_plain_reference(void **state) {
       assert_memory_equal(p, deferred, n * sizeof(float));
     } else if (i == 5)
       assert_memory_equal(p, first, n * sizeof(float));
+    if (i == 1) {
+      /* hybrid 2 x 2: the stage gradients reduced over the replicas in
+       * ddp's buckets as the last products make them (the default), with
+       * ddp's communication thread forced on and buckets of 256 bytes (the
+       * reductions overlap the stage's last weight-gradient products), and in one allreduce after the step
+       * (DTRAIN_PIPE_DDP=0): a sum of two replicas in any order, the same
+       * bits */
+      static const char *env[2][2] = {{"DTRAIN_DDP_OVERLAP", "1"}, {"DTRAIN_PIPE_DDP", "0"}};
+      for (int e = 0; e < 2; e++) {
+        setenv(env[e][0], env[e][1], 1);
+        dt__param_reload();
+        snprintf(tag, sizeof tag, "plain1_env%d", e);
+        size_t ne;
+        dt_run_cfg ce = c;
+        if (e == 0) ce.bucket_bytes = 256; /* several buckets: the thread has work */
+        float *q = run_ok(&ce, runs[i].W, tag, &ne);
+        unsetenv(env[e][0]);
+        dt__param_reload();
+        assert_int_equal(ne, n);
+        printf("# hybrid 2 x 2, %s=%s vs the default: relative difference %.3g\n", env[e][0],
+               env[e][1], rel_diff(q, p, n));
+        assert_memory_equal(q, p, n * sizeof(float));
+        free(q);
+      }
+    }
     if (i != 0 && i != 2) free(p);
   }
   free(deferred);
