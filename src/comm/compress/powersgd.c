@@ -89,6 +89,37 @@ static int pays(const dt_cz_matrix *mt, int r) {
   return (double)r * (mt->rows + mt->cols) * 2 < (double)mt->rows * mt->cols;
 }
 
+/* The sum of buf[0..len) over the ranks, in place, the same bits on every
+ * rank. Small vectors (len x 4 x ranks <= 64 KiB, where allgather is a
+ * direct exchange) go by one allgather and are summed here in rank order:
+ * one round in which every rank must be scheduled, where the allreduce's
+ * recursive doubling takes three for 3 ranks (fold, exchange, unfold).
+ * Larger ones by allreduce. */
+#define SUM_DIRECT_MAX (64 << 10)
+static int sum_ranks(dt_compress *z, dt_comm *c, float *buf, size_t len) {
+  size_t N = (size_t)z->nranks;
+  if (N == 1 || len == 0) return DT_OK;
+  if (len * sizeof(float) * N > SUM_DIRECT_MAX)
+    return dt_comm_allreduce(c, buf, buf, len, DT_F32, DT_OP_SUM);
+  size_t need = len * sizeof(float) * N;
+  if (z->frames_cap < need) {
+    uint8_t *f = realloc(z->frames, need);
+    if (!f) return dt__seterr(DT_ENOMEM, "powersgd: out of memory for %zu bytes", need);
+    z->frames = f;
+    z->frames_cap = need;
+  }
+  float *all = (float *)z->frames;
+  int rc = dt_comm_allgather(c, buf, all, len, DT_F32);
+  if (rc < 0) return rc;
+  memcpy(buf, all, len * sizeof *buf);
+  for (size_t r = 1; r < N; r++) {
+    const float *restrict a = all + r * len;
+    float *restrict b = buf;
+    for (size_t i = 0; i < len; i++) b[i] += a[i];
+  }
+  return DT_OK;
+}
+
 int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n) {
   const int r = z->cfg.rank;
   float *w = z->work + off;
@@ -135,7 +166,7 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
   }
   memcpy(dbuf + dat, w + at, (n - at) * sizeof *w);
   *note = z->note_out ? 1.0f : 0.0f;
-  int rc = dt_comm_allreduce(c, z->pq, z->pq, plen + dense + 1, DT_F32, DT_OP_SUM);
+  int rc = sum_ranks(z, c, z->pq, plen + dense + 1);
   if (rc < 0) return dt__seterr(rc, "powersgd P: %s", dt_comm_errmsg(c));
   if (*note != 0.0f) z->note_in = 1;
   /* Q = M^T P (P orthonormal); the local share's error feeds back */
@@ -164,7 +195,7 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     qat += (size_t)mt->cols * r;
   }
   if (qlen) {
-    rc = dt_comm_allreduce(c, qbuf, qbuf, qlen, DT_F32, DT_OP_SUM);
+    rc = sum_ranks(z, c, qbuf, qlen);
     if (rc < 0) return dt__seterr(rc, "powersgd Q: %s", dt_comm_errmsg(c));
   }
   z->st.bytes_sent += (plen + dense + 1 + qlen) * sizeof(float);
