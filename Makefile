@@ -10,13 +10,14 @@
 #   make bench-obs  observability: overhead, scrape time, trace size
 #   make bench-compress  gradient codecs: speed, one host, 3 emulated hosts at 100 Mbit/1 Gbit vs PyTorch hooks, accuracy with/without EF
 #   make bench-elastic  elastic training: recovery time of 10 kills (one host and across 3 namespaces), steps lost, cost when nothing fails, standby replacement, launch --join
+#   make bench-elastic-cost  elastic on/off while nothing fails: paired samples/s, CPU and switches per sample, elastic's own threads' share
 #   make install [PREFIX=/usr/local]  the dtrain binary, libdtrain (.a, .so),
 #                headers, dtrain.pc and the CMake package under PREFIX
 JOBS ?= $(shell nproc)
 BUILD ?= build/release
 PREFIX ?= /usr/local
 
-.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-straggler bench-pipeline bench-ckpt bench-ps bench-obs bench-compress bench-elastic clean deps deps-test deps-bench
+.PHONY: all build install demo test test-san test-tsan test-main bench bench-comm bench-straggler bench-pipeline bench-ckpt bench-ps bench-obs bench-compress bench-elastic bench-elastic-cost clean deps deps-test deps-bench
 
 all: build
 
@@ -69,6 +70,11 @@ bench: deps-bench build
 # elastic training: recovery time (median of 10 kills), steps lost, cost when nothing fails
 bench-elastic: build
 	DTRAIN=$(BUILD)/dtrain bench/elastic.sh
+
+# elastic training while nothing fails: on/off pairs (samples/s, CPU, context
+# switches, instructions per sample where perf has them) and elastic's own threads
+bench-elastic-cost: build
+	DTRAIN=$(BUILD)/dtrain STRACE=1 bench/elastic_cost.sh
 
 # parameter server: vs ddp, PyTorch's RPC parameter server, a throttled straggler
 bench-ps: deps-bench build

@@ -28,6 +28,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -345,6 +346,7 @@ static double expire_strangers(dt_store_server *s, double now, double next) {
 
 static void *server_main(void *arg) {
   dt_store_server *s = arg;
+  prctl(PR_SET_NAME, "dt-store"); /* its CPU and wake-ups by name (bench/elastic_cost.sh, top -H) */
   struct pollfd *pf = NULL;
   size_t pcap = 0;
   for (;;) {

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include "core/core.h"
@@ -265,6 +266,7 @@ static void watch_heartbeats(dt_elastic *el, struct hbw *w, double now) {
  * store calls per tick (heartbeat_timeout / 8, at most 0.25 s). */
 static void *watch(void *arg) {
   dt_elastic *el = arg;
+  prctl(PR_SET_NAME, "dt-watch"); /* its CPU and wake-ups by name (bench/elastic_cost.sh, top -H) */
   char ch[256], bell[256];
   key(el, ch, sizeof ch, "change", 0, 0);
   struct hbw w = {-1, 0, 0, NULL, NULL, NULL};

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# bench/elastic_cost.sh — what elastic training costs while nothing fails
+# (issue 11: "within 2% of today's data-parallel numbers"), `make
+# bench-elastic-cost`. PAIRS (default 6) pairs of the same 2-worker MLP
+# job (EPOCHS epochs, default 3), elastic off (plain ddp) and on
+# (dist.min_workers = 1: watcher thread, heartbeats, the launcher's store
+# serving them), in alternating order. Per run, under `perf stat` (the
+# launcher and its workers): task-clock, context switches and, where the
+# CPU exposes it, instructions:u (a VM without a PMU says "not supported":
+# then n/a); from summary.json the samples/s and the workers' CPU in the
+# training loop. Printed: per pair the on/off ratios, then paired medians
+# of samples/s (wall clock), CPU per sample (job and workers' loop),
+# context switches per sample and instructions per sample; and, from the
+# "on" runs, the CPU and wake-ups of elastic's own threads (dt-watch in
+# each worker, dt-store in the launcher, read from /proc schedstat over
+# the middle of the run) as a share of the workers' CPU: the cost that
+# does not depend on how busy the machine is.
+# STRACE=1 adds one pair under `strace -c -f` (1 epoch): syscalls per
+# sample, on and off, and the calls that differ most.
+# Takes ~PAIRS x 2 x (EPOCHS x 0.7 s + 2 s) on a quiet machine (~45 s).
+set -u
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+DTRAIN=${DTRAIN:-$SRC/build/rel/dtrain}
+PAIRS=${PAIRS:-6}
+EPOCHS=${EPOCHS:-3}
+T=$(mktemp -d /tmp/dtrain_bench_elcost.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+export OPENBLAS_NUM_THREADS=1
+med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{if (NR) print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
+perf stat -x, -e task-clock true >/dev/null 2>&1 || { echo "perf stat does not work here"; exit 77; }
+
+# threads NAME PIDS... — "cpu_ns slices" summed over the threads called NAME
+threads() {
+  local name=$1 p t ns=0 sl=0
+  shift
+  for p in "$@"; do
+    for t in /proc/"$p"/task/*; do
+      [ "$(cat "$t/comm" 2>/dev/null)" = "$name" ] || continue
+      set -- $(cat "$t/schedstat" 2>/dev/null) 0 0 0
+      ns=$((ns + $1)); sl=$((sl + $3))
+    done
+  done
+  echo "$ns $sl"
+}
+# all PIDS... — "cpu_ns slices" of every thread of PIDS
+all() {
+  local p t ns=0 sl=0
+  for p in "$@"; do
+    for t in /proc/"$p"/task/*; do
+      set -- $(cat "$t/schedstat" 2>/dev/null) 0 0 0
+      ns=$((ns + $1)); sl=$((sl + $3))
+    done
+  done
+  echo "$ns $sl"
+}
+
+# run ARM I — one job under perf stat; sets the figures of the run
+run() {
+  local arm=$1 i=$2 x=() d="$T/$1_$2"
+  [ "$arm" = on ] && x=(--set dist.min_workers=1)
+  perf stat -x, -o "$d.perf" -e task-clock,context-switches,instructions:u -- \
+    "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs="$EPOCHS" \
+    "${x[@]}" --out "$d" >"$d.log" 2>&1 </dev/null &
+  local job=$! launcher="" workers="" a b c
+  # the middle of the run: from the first epoch's end, 1.5 s of elastic's threads
+  for _ in $(seq 1 1200); do [ -s "$d/events.jsonl" ] && break; sleep 0.05; done
+  launcher=$(pgrep -P "$job" -x dtrain | head -1)
+  workers=$(pgrep -P "$launcher" -x dtrain | tr '\n' ' ')
+  if [ "$arm" = on ] && [ -n "$workers" ]; then
+    a=($(threads dt-watch $workers) $(threads dt-store "$launcher") $(all $workers))
+    sleep 1.5
+    b=($(threads dt-watch $workers) $(threads dt-store "$launcher") $(all $workers))
+    # watcher ns, slices; store ns, slices; workers' ns
+    echo "$((b[0] - a[0])) $((b[1] - a[1])) $((b[2] - a[2])) $((b[3] - a[3])) $((b[4] - a[4]))" >"$d.own"
+  fi
+  wait $job || { echo "$arm run $i failed: $(tail -3 "$d.log")"; return 1; }
+}
+
+# figs ARM I — "samples/s job_cpu_ms_per_sample loop_cpu_s cs_per_sample instr_per_sample"
+figs() {
+  local d="$T/$1_$2"
+  python3 - "$d/summary.json" "$d.perf" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+n = s['train_samples']
+w = s['per_worker']
+f = {}
+for line in open(sys.argv[2]):
+    p = line.strip().split(',')
+    if len(p) > 2 and not line.startswith('#'):
+        f[p[2]] = p[0]
+num = lambda k: float(f[k]) if k in f and f[k] not in ('<not supported>', '<not counted>', '') else None
+tc, cs, ins = num('task-clock'), num('context-switches'), num('instructions:u')
+print('%.1f %.5f %.6f %.4f %s' % (s['samples_per_second'], tc / n, sum(x['cpu_seconds'] for x in w) / n * 1e3,
+      cs / n, '%.0f' % (ins / n) if ins else 'n/a'))
+EOF
+}
+
+sps=(); cpu=(); loop=(); csw=(); ins=(); own=()
+echo "elastic on / off, 2-worker MLP, $EPOCHS epochs, $PAIRS pairs; load $(cut -d' ' -f1-3 /proc/loadavg)"
+for i in $(seq 1 "$PAIRS"); do
+  order="off on"; [ $((i % 2)) = 0 ] && order="on off"
+  ok=1
+  for arm in $order; do run "$arm" "$i" || ok=0; done
+  [ $ok = 1 ] || continue
+  read -r s0 c0 l0 w0 i0 <<<"$(figs off "$i")"
+  read -r s1 c1 l1 w1 i1 <<<"$(figs on "$i")"
+  r() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "n/a" || b == "n/a" || a == 0) print "n/a"; else printf "%.4f", b / a }'; }
+  sps+=("$(r "$s0" "$s1")"); cpu+=("$(r "$c0" "$c1")"); loop+=("$(r "$l0" "$l1")")
+  csw+=("$(r "$w0" "$w1")"); ins+=("$(r "$i0" "$i1")")
+  line="pair $i: samples/s off $s0 on $s1 (${sps[-1]}); job CPU ms/sample off $c0 on $c1 (${cpu[-1]}); workers' loop CPU ms/sample ${loop[-1]}; context switches/sample off $w0 on $w1; instructions/sample off $i0 on $i1"
+  if [ -s "$T/on_$i.own" ]; then
+    read -r wn ws sn ss an <"$T/on_$i.own"
+    o=$(awk -v w="$wn" -v s="$sn" -v a="$an" 'BEGIN{ if (a > 0) printf "%.3f", 100 * (w + s) / a; else print "n/a" }')
+    own+=("$o")
+    line="$line; elastic's threads over 1.5 s: dt-watch $((wn / 1000)) us in $ws wake-ups, dt-store $((sn / 1000)) us in $ss, = $o% of the workers' CPU"
+  fi
+  echo "$line"
+done
+if [ ${#sps[@]} -gt 0 ]; then
+  echo "paired medians over ${#sps[@]} pairs, on / off: samples/s $(med "${sps[@]}") (target >= 0.98), job CPU per sample $(med "${cpu[@]}"), workers' loop CPU per sample $(med "${loop[@]}") (target <= 1.02), context switches per sample $(med "${csw[@]}"), instructions per sample $(med "${ins[@]}")"
+  [ ${#own[@]} -gt 0 ] && echo "elastic's own threads (dt-watch + dt-store) while training: median $(med "${own[@]}")% of the workers' CPU; load $(cut -d' ' -f1-3 /proc/loadavg)"
+fi
+
+if [ "${STRACE:-0}" = 1 ] && command -v strace >/dev/null; then
+  for arm in off on; do
+    x=(); [ "$arm" = on ] && x=(--set dist.min_workers=1)
+    strace -c -f -o "$T/strace_$arm" "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 \
+      --set train.epochs=1 "${x[@]}" --out "$T/s_$arm" >/dev/null 2>&1 </dev/null
+  done
+  python3 - "$T/strace_off" "$T/strace_on" "$T/s_off/summary.json" "$T/s_on/summary.json" <<'EOF'
+import json, sys
+def calls(p):
+    d = {}
+    for line in open(p):
+        f = line.split()
+        if len(f) >= 5 and f[0][0].isdigit() and f[-1] != 'total':
+            d[f[-1]] = int(f[3])
+    return d
+off, on = calls(sys.argv[1]), calls(sys.argv[2])
+n0 = json.load(open(sys.argv[3]))['train_samples']
+n1 = json.load(open(sys.argv[4]))['train_samples']
+# sched_yield and getpid come from waits (the shm transport yields while a
+# peer is late and checks that it lives): they grow with the wait, which
+# tracing itself stretches, not with elastic training
+spin = ('sched_yield', 'getpid')
+rest = lambda d: sum(v for k, v in d.items() if k not in spin)
+print('strace -c -f, 1 epoch: syscalls per sample off %.2f, on %.2f; without the waits\' '
+      'sched_yield/getpid off %.3f, on %.3f' % (sum(off.values()) / n0, sum(on.values()) / n1,
+                                                rest(off) / n0, rest(on) / n1))
+diff = sorted(set(off) | set(on), key=lambda k: -abs(on.get(k, 0) / n1 - off.get(k, 0) / n0))
+for k in diff[:6]:
+    print('  %-16s off %8d  on %8d  (per sample %.3f -> %.3f)' % (k, off.get(k, 0), on.get(k, 0), off.get(k, 0) / n0, on.get(k, 0) / n1))
+EOF
+fi
