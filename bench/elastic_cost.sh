@@ -26,7 +26,7 @@ EPOCHS=${EPOCHS:-3}
 T=$(mktemp -d /tmp/dtrain_bench_elcost.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 export OPENBLAS_NUM_THREADS=1
-med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{if (NR) print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
+med() { printf '%s\n' "$@" | grep -v n/a | sort -g | awk '{a[NR]=$1} END{if (NR) print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2); else print "n/a"}'; }
 perf stat -x, -e task-clock true >/dev/null 2>&1 || { echo "perf stat does not work here"; exit 77; }
 
 # threads NAME PIDS... — "cpu_ns slices" summed over the threads called NAME
