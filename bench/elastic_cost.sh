@@ -15,6 +15,7 @@
 # each worker, dt-store in the launcher, read from /proc schedstat over
 # the middle of the run) as a share of the workers' CPU: the cost that
 # does not depend on how busy the machine is.
+# EPOCHS >= 3 (elastic's threads are read from the first epoch's end on).
 # STRACE=1 adds one pair under `strace -c -f` (1 epoch): syscalls per
 # sample, on and off, and the calls that differ most.
 # Takes ~PAIRS x 2 x (EPOCHS x 0.7 s + 2 s) on a quiet machine (~45 s).
@@ -29,24 +30,14 @@ export OPENBLAS_NUM_THREADS=1
 med() { printf '%s\n' "$@" | grep -v n/a | sort -g | awk '{a[NR]=$1} END{if (NR) print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2); else print "n/a"}'; }
 perf stat -x, -e task-clock true >/dev/null 2>&1 || { echo "perf stat does not work here"; exit 77; }
 
-# threads NAME PIDS... — "cpu_ns slices" summed over the threads called NAME
+# threads NAME PIDS... — "cpu_ns slices" summed over the threads of PIDS
+# called NAME (NAME '*': all of them)
 threads() {
   local name=$1 p t ns=0 sl=0
   shift
   for p in "$@"; do
     for t in /proc/"$p"/task/*; do
-      [ "$(cat "$t/comm" 2>/dev/null)" = "$name" ] || continue
-      set -- $(cat "$t/schedstat" 2>/dev/null) 0 0 0
-      ns=$((ns + $1)); sl=$((sl + $3))
-    done
-  done
-  echo "$ns $sl"
-}
-# all PIDS... — "cpu_ns slices" of every thread of PIDS
-all() {
-  local p t ns=0 sl=0
-  for p in "$@"; do
-    for t in /proc/"$p"/task/*; do
+      [ "$name" = '*' ] || [ "$(cat "$t/comm" 2>/dev/null)" = "$name" ] || continue
       set -- $(cat "$t/schedstat" 2>/dev/null) 0 0 0
       ns=$((ns + $1)); sl=$((sl + $3))
     done
@@ -67,9 +58,9 @@ run() {
   launcher=$(pgrep -P "$job" -x dtrain | head -1)
   workers=$(pgrep -P "$launcher" -x dtrain | tr '\n' ' ')
   if [ "$arm" = on ] && [ -n "$workers" ]; then
-    a=($(threads dt-watch $workers) $(threads dt-store "$launcher") $(all $workers))
+    a=($(threads dt-watch $workers) $(threads dt-store "$launcher") $(threads '*' $workers))
     sleep 1.5
-    b=($(threads dt-watch $workers) $(threads dt-store "$launcher") $(all $workers))
+    b=($(threads dt-watch $workers) $(threads dt-store "$launcher") $(threads '*' $workers))
     # watcher ns, slices; store ns, slices; workers' ns
     echo "$((b[0] - a[0])) $((b[1] - a[1])) $((b[2] - a[2])) $((b[3] - a[3])) $((b[4] - a[4]))" >"$d.own"
   fi
