@@ -60,6 +60,22 @@ down() {
   return 0
 }
 
+# Namespaces left by a run that was SIGKILLed (a ctest timeout kills the
+# test without running its EXIT trap): names PREFIX-h<i> / PREFIX-sw whose
+# prefix ends in the pid of a process that is gone and that hold no
+# process. Removed before a run sets up its own.
+sweep_stale() {
+  local ns pid
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+    [[ "$ns" =~ ^[A-Za-z_]+([0-9]+)-(h[0-9]|sw)$ ]] || continue
+    pid=${BASH_REMATCH[1]}
+    [ -d "/proc/$pid" ] && continue
+    [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] || continue
+    ip netns del "$ns" 2>/dev/null && echo "netns.sh: removed stale namespace $ns (pid $pid is gone)" >&2
+  done
+  return 0
+}
+
 # Shapes egress of one device: tbf with a burst of a few MTUs and a short
 # queue, so a sender sees the rate rather than a deep buffer.
 shape() { # ns dev
@@ -132,6 +148,7 @@ case "$cmd" in
     trap 'down' EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
+    sweep_stale
     if ! up; then die "setup failed; cleaned up"; fi
     NETNS_HOSTS=""; NETNS_ADDRS=""
     for ((i = 0; i < NHOSTS; i++)); do
