@@ -85,6 +85,53 @@ expect_bad() {
 json_num() { grep -Eo "\"$2\":[[:space:]]*-?[0-9.eE+-]+" "$1" | head -1 | sed -E 's/.*:[[:space:]]*//'; }
 json_str() { grep -Eo "\"$2\":[[:space:]]*\"[^\"]*\"" "$1" | head -1 | sed -E 's/.*:[[:space:]]*"//; s/"$//'; }
 
+# workers_of FILE — the worker pids a launcher printed ("workers: ... pid N").
+workers_of() { grep -m1 '^workers:' "$1" 2>/dev/null | grep -Eo 'pid [0-9]+' | awk '{print $2}'; }
+# signal_resume HASH ARGS... — a job stopped by a signal resumes exactly:
+# for `kill` (SIGKILL of the launcher and its workers) and `term` (SIGTERM
+# to the launcher: exit 143 and "stopped by a signal after step N ...
+# checkpoint written"), runs `dtrain train ARGS --set ckpt.every_steps=1
+# --out $T/WHAT` in the background (a checkpoint every step keeps it busy
+# long enough), signals it once step 3's checkpoint exists, resumes it with
+# `--resume` and the same ARGS, and checks that the resumed run ends with
+# params_sha256 HASH. A run that ended before the signal is a skipped part.
+signal_resume() {
+  local want=$1 what bg rc=0
+  shift
+  for what in kill term; do
+    "$DTRAIN" train "$@" --set ckpt.every_steps=1 --out "$T/$what" >"$T/$what.out" 2>"$T/$what.err" </dev/null &
+    bg=$!
+    PIDS="$PIDS $bg"
+    if ! wait_file "$T/$what/ckpt/step-00000003" 60 "$bg"; then
+      fail "$what: no checkpoint: $(tail -2 "$T/$what.err")"
+      continue
+    fi
+    if [ $what = kill ]; then
+      # shellcheck disable=SC2046
+      kill -9 "$bg" $(workers_of "$T/$what.out") 2>/dev/null
+      wait "$bg" 2>/dev/null
+    else
+      kill -TERM "$bg"
+      wait "$bg"
+      rc=$?
+    fi
+    if [ -e "$T/$what/summary.json" ]; then
+      skip_part $what "the run ended before the signal"
+      continue
+    fi
+    if [ $what = term ]; then
+      [ $rc = 143 ] && pass || fail "SIGTERM: exit $rc, want 143: $(cat "$T/term.err")"
+      grep -q 'stopped by a signal after step [0-9]* .*checkpoint written: .*step-' "$T/term.err" && pass \
+        || fail "SIGTERM: message: $(cat "$T/term.err")"
+    fi
+    "$DTRAIN" train "$@" --out "$T/$what" --resume >"$T/$what.r.out" 2>"$T/$what.r.err" \
+      || { fail "$what: resume: $(tail -1 "$T/$what.r.err")"; continue; }
+    local got
+    got=$(json_str "$T/$what/summary.json" params_sha256)
+    [ "$got" = "$want" ] && pass || fail "$what: resumed $got != uninterrupted $want"
+  done
+}
+
 # finish — the summary line; status 0 all passed, 1 something failed, 77
 # nothing failed but a part was skipped. Call it last: `finish` (or
 # `finish; exit $?` when it is not the last command).

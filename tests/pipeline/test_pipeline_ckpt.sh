@@ -89,39 +89,6 @@ done
 LONG=(--set train.epochs=6 --set data.limit_train=1200)
 train lref "${DET[@]}" "${LONG[@]}" || exit 1
 HL=$(sha "$T/lref")
-workers_of() { grep -m1 '^workers:' "$1" 2>/dev/null | grep -Eo 'pid [0-9]+' | awk '{print $2}'; }
-for what in kill term; do
-  # a checkpoint every step keeps the run busy long enough to be signalled
-  # shellcheck disable=SC2046
-  "$DTRAIN" train "${B[@]}" "${DET[@]}" "${LONG[@]}" $(p2 1f1b) --set ckpt.every_steps=1 \
-    --out "$T/$what" >"$T/$what.out" 2>"$T/$what.err" </dev/null &
-  BG=$!
-  PIDS="$PIDS $BG"
-  if ! wait_file "$T/$what/ckpt/step-00000003" 60 "$BG"; then
-    fail "$what: no checkpoint: $(tail -2 "$T/$what.err")"
-    continue
-  fi
-  if [ $what = kill ]; then
-    # shellcheck disable=SC2046
-    kill -9 "$BG" $(workers_of "$T/$what.out") 2>/dev/null
-    wait "$BG" 2>/dev/null
-  else
-    kill -TERM "$BG"
-    wait "$BG"
-    rc=$?
-  fi
-  if [ -e "$T/$what/summary.json" ]; then
-    skip_part $what "the run ended before the signal"
-    continue
-  fi
-  if [ $what = term ]; then
-    [ $rc = 143 ] && pass || fail "SIGTERM: exit $rc, want 143: $(cat "$T/term.err")"
-    grep -q 'stopped by a signal after step [0-9]* .*checkpoint written: .*step-' "$T/term.err" && pass \
-      || fail "SIGTERM: message: $(cat "$T/term.err")"
-  fi
-  # shellcheck disable=SC2046
-  "$DTRAIN" train "${B[@]}" "${DET[@]}" "${LONG[@]}" $(p2 1f1b) --out "$T/$what" --resume \
-    >"$T/$what.r.out" 2>"$T/$what.r.err" || { fail "$what: resume: $(tail -1 "$T/$what.r.err")"; continue; }
-  [ "$(sha "$T/$what")" = "$HL" ] && pass || fail "$what: resumed $(sha "$T/$what") != uninterrupted $HL"
-done
+# shellcheck disable=SC2046
+signal_resume "$HL" "${B[@]}" "${DET[@]}" "${LONG[@]}" $(p2 1f1b)
 finish
