@@ -35,7 +35,7 @@
 # Appends nothing by itself: the numbers go to stdout for bench/RESULTS.md.
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-DTRAIN=${DTRAIN:-$SRC/build/rel/dtrain}
+DTRAIN=${DTRAIN:-$SRC/${BUILD:-build/release}/dtrain}
 KILLS=${KILLS:-10}
 # samples per epoch of the kill and standby runs: on a quiet machine 6400 (the old
 # figure) trained 3 epochs in ~0.4 s and 6 of 10 runs ended before the kill

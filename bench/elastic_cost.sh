@@ -21,7 +21,7 @@
 # Takes ~PAIRS x 2 x (EPOCHS x 0.7 s + 2 s) on a quiet machine (~45 s).
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-DTRAIN=${DTRAIN:-$SRC/build/rel/dtrain}
+DTRAIN=${DTRAIN:-$SRC/${BUILD:-build/release}/dtrain} # make build's, as the other benches
 PAIRS=${PAIRS:-6}
 EPOCHS=${EPOCHS:-3}
 T=$(mktemp -d /tmp/dtrain_bench_elcost.XXXXXX)

@@ -17,7 +17,7 @@
 # Prints one line per run and the medians. Needs root (namespaces).
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-DTRAIN=${DTRAIN:-$SRC/build/rel/dtrain}
+DTRAIN=${DTRAIN:-$SRC/${BUILD:-build/release}/dtrain}
 
 if [ "${1:-}" != inner ]; then
   "$SRC/tools/netns.sh" check || { echo "elastic across hosts: skipped (no network namespaces)"; exit 0; }
