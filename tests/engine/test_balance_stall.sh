@@ -63,7 +63,11 @@ if took_over steal; then
   else fail "steal: params_sha256 $b after a 3 s freeze, $a with one worker"; fi
 fi
 
-frozen dynamic --set dist.balance=dynamic
+# normal mode trains an epoch of 1920 samples in ~20 ms on a quiet machine,
+# less than the 50 ms poll above: with 2 epochs the freeze could land after
+# training (a CI run saw "summary says 3 workers"); 40 epochs leave ~0.8 s
+# of training after epoch 1 for the freeze to land in
+frozen dynamic --set dist.balance=dynamic --set train.epochs=40
 if took_over dynamic; then
   acc=$(json_num "$T/dynamic/out/summary.json" test_accuracy)
   if awk -v a="$acc" 'BEGIN{exit !(a > 0.7)}'; then pass; else fail "dynamic: accuracy $acc"; fi
