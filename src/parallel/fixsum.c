@@ -223,6 +223,33 @@ AVX512 static inline __attribute__((always_inline)) unsigned wgrad_tile(
   return badm;
 }
 
+/* The 8-row tiles below (wgrad_tile8_p2 and its fast variant): the tile's
+ * int64 sums into registers (zeros when the tile is stored afresh), and
+ * one segment's float products of rows o0..o0+7 and columns c..c+15. */
+AVX512 static inline __attribute__((always_inline)) void tile8_load(
+    __m512i lo[8], __m512i hi[8], const int64_t *restrict acc, int C, int o0, int c,
+    __mmask8 mlo, __mmask8 mhi, int store) {
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; r++) {
+    const int64_t *a = acc + (size_t)(o0 + r) * C + c;
+    lo[r] = store ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi64(mlo, a);
+    hi[r] = store ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi64(mhi, a + 8);
+  }
+}
+
+AVX512 static inline __attribute__((always_inline)) void tile8_products(
+    __m512 f[8], const dt_fix_wseg *sg, int OC, int C, int o0, int c, __mmask16 m) {
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; r++) f[r] = _mm512_setzero_ps();
+  const float *x = sg->x + c, *dy = sg->dy + o0;
+  for (int q = 0; q < sg->n; q++) {
+    __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)q * C);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++)
+      f[r] = _mm512_fmadd_ps(_mm512_set1_ps(dy[(size_t)q * OC + r]), xv, f[r]);
+  }
+}
+
 /* wgrad_tile for 8 rows when every segment's scale is a power of two (the
  * float path): the int64 sums of the tile stay in registers across the
  * segments (16 of them) and are loaded and stored once, not once per
@@ -234,24 +261,11 @@ AVX512 static inline __attribute__((always_inline)) unsigned wgrad_tile8_p2(
   const __m512 vbf = _mm512_set1_ps(boundf);
   __mmask8 mlo = (__mmask8)m, mhi = (__mmask8)(m >> 8);
   __m512i lo[8], hi[8];
-#pragma GCC unroll 8
-  for (int r = 0; r < 8; r++) {
-    const int64_t *a = acc + (size_t)(o0 + r) * C + c;
-    lo[r] = store ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi64(mlo, a);
-    hi[r] = store ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi64(mhi, a + 8);
-  }
+  tile8_load(lo, hi, acc, C, o0, c, mlo, mhi, store);
   __mmask16 okall = m;
   for (int j = 0; j < k; j++) {
     __m512 f[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; r++) f[r] = _mm512_setzero_ps();
-    const float *x = sg[j].x + c, *dy = sg[j].dy + o0;
-    for (int q = 0; q < sg[j].n; q++) {
-      __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)q * C);
-#pragma GCC unroll 8
-      for (int r = 0; r < 8; r++)
-        f[r] = _mm512_fmadd_ps(_mm512_set1_ps(dy[(size_t)q * OC + r]), xv, f[r]);
-    }
+    tile8_products(f, &sg[j], OC, C, o0, c, m);
     const __m512 s = _mm512_set1_ps(sf[j]);
 #pragma GCC unroll 8
     for (int r = 0; r < 8; r++) {
@@ -289,23 +303,10 @@ AVX512 static inline __attribute__((always_inline)) int wgrad_tile8_p2_fast(
   memcpy(&bb, &boundf, sizeof bb);
   __mmask8 mlo = (__mmask8)m, mhi = (__mmask8)(m >> 8);
   __m512i lo[8], hi[8], mx = _mm512_setzero_si512();
-#pragma GCC unroll 8
-  for (int r = 0; r < 8; r++) {
-    const int64_t *a = acc + (size_t)(o0 + r) * C + c;
-    lo[r] = store ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi64(mlo, a);
-    hi[r] = store ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi64(mhi, a + 8);
-  }
+  tile8_load(lo, hi, acc, C, o0, c, mlo, mhi, store);
   for (int j = 0; j < k; j++) {
     __m512 f[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; r++) f[r] = _mm512_setzero_ps();
-    const float *x = sg[j].x + c, *dy = sg[j].dy + o0;
-    for (int q = 0; q < sg[j].n; q++) {
-      __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)q * C);
-#pragma GCC unroll 8
-      for (int r = 0; r < 8; r++)
-        f[r] = _mm512_fmadd_ps(_mm512_set1_ps(dy[(size_t)q * OC + r]), xv, f[r]);
-    }
+    tile8_products(f, &sg[j], OC, C, o0, c, m);
     const __m512 s = _mm512_set1_ps(sf[j]);
 #pragma GCC unroll 8
     for (int r = 0; r < 8; r++) {
