@@ -266,6 +266,67 @@ static void test_topk_ties(void **st) {
   free(f);
 }
 
+/* PowerSGD's products (dt__cz_psgd_*) against their definition as chains
+ * of fused multiply-adds, bit for bit: shapes with and without a multiple
+ * of 16 columns, 1..4 rows past a multiple of 4, ranks 1..9 and 17 (one
+ * and more blocks of 8). */
+static void test_powersgd_products(void **st) {
+  (void)st;
+  static const int shapes[][2] = {{1, 1}, {7, 37}, {13, 50}, {4, 16}, {10, 128}, {33, 17},
+                                  {6, 255}, {3, 784}};
+  static const int ranks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17};
+  for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+    for (size_t ri = 0; ri < sizeof ranks / sizeof *ranks; ri++) {
+      const int R = shapes[si][0], C = shapes[si][1], r = ranks[ri];
+      float *M = malloc((size_t)R * C * sizeof *M), *P = malloc((size_t)R * r * sizeof *P);
+      float *Q = malloc((size_t)r * C * sizeof *Q), *got = malloc((size_t)R * C * sizeof *got);
+      float *want = malloc((size_t)R * C * sizeof *want), *Pw = malloc((size_t)R * r * sizeof *Pw);
+      float *Qw = malloc((size_t)r * C * sizeof *Qw);
+      fill(M, (size_t)R * C, 11 + (int)si);
+      fill(Q, (size_t)r * C, 23 + (int)ri);
+      /* P = M Q: 16 lane sums, added in lane order, then the tail */
+      dt__cz_psgd_pmq(M, R, C, Q, r, P);
+      for (int a = 0; a < R; a++)
+        for (int j = 0; j < r; j++) {
+          float acc[16] = {0}, s = 0;
+          int i = 0;
+          for (; i + 16 <= C; i += 16)
+            for (int l = 0; l < 16; l++) acc[l] = fmaf(M[a * C + i + l], Q[j * C + i + l], acc[l]);
+          for (int l = 0; l < 16; l++) s += acc[l];
+          for (; i < C; i++) s = fmaf(M[a * C + i], Q[j * C + i], s);
+          Pw[a * r + j] = s;
+        }
+      assert_memory_equal(P, Pw, (size_t)R * r * sizeof *P);
+      /* Q = M^T P: over rows in order */
+      dt__cz_psgd_qmtp(M, R, C, P, r, Q);
+      for (int j = 0; j < r; j++)
+        for (int i = 0; i < C; i++) {
+          float s = 0;
+          for (int a = 0; a < R; a++) s = fmaf(P[a * r + j], M[a * C + i], s);
+          Qw[j * C + i] = s;
+        }
+      assert_memory_equal(Q, Qw, (size_t)r * C * sizeof *Q);
+      /* the residual M - P Q^T and the sum P Q^T: over j in order */
+      for (int sgn = -1; sgn <= 1; sgn += 2) {
+        dt__cz_psgd_pq(sgn < 0 ? M : NULL, R, C, P, r, Q, (float)sgn, got);
+        for (int a = 0; a < R; a++)
+          for (int i = 0; i < C; i++) {
+            float e = sgn < 0 ? M[a * C + i] : 0.0f;
+            for (int j = 0; j < r; j++) e = fmaf((float)sgn * P[a * r + j], Q[j * C + i], e);
+            want[a * C + i] = e;
+          }
+        assert_memory_equal(got, want, (size_t)R * C * sizeof *got);
+      }
+      free(M);
+      free(P);
+      free(Q);
+      free(got);
+      free(want);
+      free(Pw);
+      free(Qw);
+    }
+}
+
 static void check_orthonormal(const float *p, int m, int r, double tol) {
   for (int a = 0; a < r; a++)
     for (int b = 0; b < r; b++) {
@@ -563,6 +624,7 @@ int main(void) {
       cmocka_unit_test(test_uniform_counter_based), cmocka_unit_test(test_topk),
       cmocka_unit_test(test_topk_ties),         cmocka_unit_test(test_topk_one_bin),
       cmocka_unit_test(test_orthonormalize),
+      cmocka_unit_test(test_powersgd_products),
       cmocka_unit_test(test_malformed),         cmocka_unit_test(test_nonfinite),
       cmocka_unit_test(test_state),             cmocka_unit_test(test_int8_blocks),
   };

@@ -138,6 +138,19 @@ int dt__cz_i8b_decode_add(const void *frame, size_t bytes, size_t n, float *out,
  * Gram-Schmidt in double, twice. A column with no norm left becomes 0. */
 void dt__cz_orthonormalize(float *p, int m, int r);
 
+/* PowerSGD's products (powersgd.c; exposed for tests) of M (rows x cols,
+ * row-major), P (rows x r, row-major) and Q (r x cols: r contiguous
+ * columns), r <= 64: P = M Q; Q = M^T P; out = (M or 0) + sgn P Q^T. Every
+ * element is a chain of fused multiply-adds in a fixed order (P: 16 lane
+ * sums over the columns, added in lane order, then the columns past the
+ * last 16; Q: over rows; out: over j): the AVX-512 kernels and the
+ * portable loops (contracted to fused multiply-adds by the compiler where
+ * the machine has them) give the same bits. */
+void dt__cz_psgd_pmq(const float *M, int rows, int cols, const float *Q, int r, float *P);
+void dt__cz_psgd_qmtp(const float *M, int rows, int cols, const float *P, int r, float *Q);
+void dt__cz_psgd_pq(const float *M, int rows, int cols, const float *P, int r, const float *Q,
+                    float sgn, float *out);
+
 /* ---- the compressed reduction of a model's buckets ------------------------ */
 
 typedef struct dt_compress dt_compress;

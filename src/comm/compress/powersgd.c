@@ -68,8 +68,149 @@ void dt__cz_orthonormalize(float *p, int m, int r) {
   free(cols);
 }
 
-/* Q is kept as r contiguous columns (r x cols), so both products are dot
- * products and axpys over contiguous rows that vectorise. */
+/* The four products of a matrix M (rows x cols, row-major), P (rows x r)
+ * and Q (r x cols):
+ *   dt__cz_psgd_pmq:  P = M Q (each P[a][j] a dot product of row a and Q_j)
+ *   dt__cz_psgd_qmtp: Q = M^T P
+ *   dt__cz_psgd_pq:   E = M - P Q^T (the residual) or G = P Q^T (the sum)
+ * The portable versions (after #else) go one dot or axpy at a time. The
+ * AVX-512 versions block them: up to 8 columns of P/Q at once, so a
+ * value of M is loaded once per 8 multiply-adds instead of once per one;
+ * Q's partial sums stay in registers across all rows, and E's and G's
+ * chunks across all j and 4 rows, instead of being loaded and stored for
+ * every row (the axpy loops were bound by those loads and stores: 19.6%
+ * of a rank-6 MLP run's CPU samples against 30% for the layers' GEMMs;
+ * after, 8%: bench/RESULTS.md, eighth session). Each output element sees the same fused
+ * multiply-adds in the same order as the portable loops (the axpys run
+ * over rows a, or columns j, in order; the dot keeps its 16 lane sums and
+ * adds them up in lane order), so both give the same bits. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+static inline __mmask16 tail_mask(int left) {
+  return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
+
+/* P[a*r + j0 + jb] for jb < JB: JB dot products of row a with Q's columns */
+static inline __attribute__((always_inline)) void p_block(const float *restrict row,
+                                                          const float *restrict Q, int cols,
+                                                          float *restrict P, int JB) {
+  __m512 acc[8];
+  for (int jb = 0; jb < JB; jb++) acc[jb] = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= cols; i += 16) {
+    __m512 m = _mm512_loadu_ps(row + i);
+    for (int jb = 0; jb < JB; jb++)
+      acc[jb] = _mm512_fmadd_ps(m, _mm512_loadu_ps(Q + (size_t)jb * cols + i), acc[jb]);
+  }
+  for (int jb = 0; jb < JB; jb++) {
+    float t[16];
+    _mm512_storeu_ps(t, acc[jb]);
+    float s = 0;
+    for (int l = 0; l < 16; l++) s += t[l];
+    const float *b = Q + (size_t)jb * cols;
+    for (int k = i; k < cols; k++) s = fmaf(row[k], b[k], s);
+    P[jb] = s;
+  }
+}
+
+void dt__cz_psgd_pmq(const float *M, int rows, int cols, const float *Q, int r, float *P) {
+  for (int a = 0; a < rows; a++) {
+    const float *row = M + (size_t)a * cols;
+    float *pa = P + (size_t)a * r;
+    for (int j = 0; j < r; j += 8) {
+      const float *qj = Q + (size_t)j * cols;
+      switch (r - j >= 8 ? 8 : r - j) {
+      case 1: p_block(row, qj, cols, pa + j, 1); break;
+      case 2: p_block(row, qj, cols, pa + j, 2); break;
+      case 3: p_block(row, qj, cols, pa + j, 3); break;
+      case 4: p_block(row, qj, cols, pa + j, 4); break;
+      case 5: p_block(row, qj, cols, pa + j, 5); break;
+      case 6: p_block(row, qj, cols, pa + j, 6); break;
+      case 7: p_block(row, qj, cols, pa + j, 7); break;
+      default: p_block(row, qj, cols, pa + j, 8); break;
+      }
+    }
+  }
+}
+
+/* Q_j[c..c+32) = sum over rows a of P[a][j] M[a][c..], j in j0..j0+JB */
+static inline __attribute__((always_inline)) void q_block(const float *restrict M, int rows,
+                                                          int cols, const float *restrict P,
+                                                          int r, int j0, int c,
+                                                          float *restrict Q, int JB) {
+  __mmask16 k0 = tail_mask(cols - c), k1 = cols - c > 16 ? tail_mask(cols - c - 16) : 0;
+  __m512 a0[8], a1[8];
+  for (int jb = 0; jb < JB; jb++) a0[jb] = a1[jb] = _mm512_setzero_ps();
+  for (int a = 0; a < rows; a++) {
+    const float *mr = M + (size_t)a * cols + c;
+    __m512 m0 = _mm512_maskz_loadu_ps(k0, mr), m1 = _mm512_maskz_loadu_ps(k1, mr + 16);
+    const float *pa = P + (size_t)a * r + j0;
+    for (int jb = 0; jb < JB; jb++) {
+      __m512 p = _mm512_set1_ps(pa[jb]);
+      a0[jb] = _mm512_fmadd_ps(p, m0, a0[jb]);
+      a1[jb] = _mm512_fmadd_ps(p, m1, a1[jb]);
+    }
+  }
+  for (int jb = 0; jb < JB; jb++) {
+    float *q = Q + (size_t)(j0 + jb) * cols + c;
+    _mm512_mask_storeu_ps(q, k0, a0[jb]);
+    _mm512_mask_storeu_ps(q + 16, k1, a1[jb]);
+  }
+}
+
+void dt__cz_psgd_qmtp(const float *M, int rows, int cols, const float *P, int r, float *Q) {
+  for (int j = 0; j < r; j += 8)
+    for (int c = 0; c < cols; c += 32) {
+      switch (r - j >= 8 ? 8 : r - j) {
+      case 1: q_block(M, rows, cols, P, r, j, c, Q, 1); break;
+      case 2: q_block(M, rows, cols, P, r, j, c, Q, 2); break;
+      case 3: q_block(M, rows, cols, P, r, j, c, Q, 3); break;
+      case 4: q_block(M, rows, cols, P, r, j, c, Q, 4); break;
+      case 5: q_block(M, rows, cols, P, r, j, c, Q, 5); break;
+      case 6: q_block(M, rows, cols, P, r, j, c, Q, 6); break;
+      case 7: q_block(M, rows, cols, P, r, j, c, Q, 7); break;
+      default: q_block(M, rows, cols, P, r, j, c, Q, 8); break;
+      }
+    }
+}
+
+/* out = (M ? M : 0) + sgn * P Q^T for NB rows from row a0: each chunk of
+ * Q is loaded once for the NB rows; j in order within each element */
+static inline __attribute__((always_inline)) void pq_block(const float *M, int a0, int cols,
+                                                           const float (*pk)[64], int r,
+                                                           const float *Q, float *out, int NB) {
+  for (int c = 0; c < cols; c += 16) {
+    __mmask16 k = tail_mask(cols - c);
+    __m512 e[4];
+    for (int b = 0; b < NB; b++)
+      e[b] = M ? _mm512_maskz_loadu_ps(k, M + (size_t)(a0 + b) * cols + c) : _mm512_setzero_ps();
+    for (int j = 0; j < r; j++) {
+      __m512 q = _mm512_maskz_loadu_ps(k, Q + (size_t)j * cols + c);
+      for (int b = 0; b < NB; b++) e[b] = _mm512_fmadd_ps(_mm512_set1_ps(pk[b][j]), q, e[b]);
+    }
+    for (int b = 0; b < NB; b++) _mm512_mask_storeu_ps(out + (size_t)(a0 + b) * cols + c, k, e[b]);
+  }
+}
+
+/* out = (M ? M : 0) + sgn * P Q^T: the residual (M, sgn = -1) or the
+ * decoded sum (no M, sgn = +1); r <= 64 */
+void dt__cz_psgd_pq(const float *M, int rows, int cols, const float *P, int r, const float *Q,
+                    float sgn, float *out) {
+  float pk[4][64];
+  for (int a0 = 0; a0 < rows; a0 += 4) {
+    int nb = rows - a0 >= 4 ? 4 : rows - a0;
+    for (int b = 0; b < nb; b++)
+      for (int j = 0; j < r; j++) pk[b][j] = sgn * P[(size_t)(a0 + b) * r + j];
+    switch (nb) {
+    case 1: pq_block(M, a0, cols, (const float(*)[64])pk, r, Q, out, 1); break;
+    case 2: pq_block(M, a0, cols, (const float(*)[64])pk, r, Q, out, 2); break;
+    case 3: pq_block(M, a0, cols, (const float(*)[64])pk, r, Q, out, 3); break;
+    default: pq_block(M, a0, cols, (const float(*)[64])pk, r, Q, out, 4); break;
+    }
+  }
+}
+#else
 static float dot(const float *restrict a, const float *restrict b, int n) {
   float acc[16] = {0};
   int i = 0;
@@ -84,6 +225,32 @@ static float dot(const float *restrict a, const float *restrict b, int n) {
 static void axpy(float *restrict y, const float *restrict x, float a, int n) {
   for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
+
+void dt__cz_psgd_pmq(const float *M, int rows, int cols, const float *Q, int r, float *P) {
+  for (int a = 0; a < rows; a++) {
+    const float *row = M + (size_t)a * cols;
+    for (int j = 0; j < r; j++) P[(size_t)a * r + j] = dot(row, Q + (size_t)j * cols, cols);
+  }
+}
+
+void dt__cz_psgd_qmtp(const float *M, int rows, int cols, const float *P, int r, float *Q) {
+  memset(Q, 0, (size_t)cols * r * sizeof *Q);
+  for (int a = 0; a < rows; a++) {
+    const float *row = M + (size_t)a * cols;
+    for (int j = 0; j < r; j++) axpy(Q + (size_t)j * cols, row, P[(size_t)a * r + j], cols);
+  }
+}
+
+void dt__cz_psgd_pq(const float *M, int rows, int cols, const float *P, int r, const float *Q,
+                    float sgn, float *out) {
+  for (int a = 0; a < rows; a++) {
+    float *e = out + (size_t)a * cols;
+    if (M) memcpy(e, M + (size_t)a * cols, (size_t)cols * sizeof *e);
+    else memset(e, 0, (size_t)cols * sizeof *e);
+    for (int j = 0; j < r; j++) axpy(e, Q + (size_t)j * cols, sgn * P[(size_t)a * r + j], cols);
+  }
+}
+#endif
 
 static int pays(const dt_cz_matrix *mt, int r) {
   return (double)r * (mt->rows + mt->cols) * 2 < (double)mt->rows * mt->cols;
@@ -157,10 +324,7 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     dat += lo - at;
     const float *M = w + lo, *Q = z->q[i];
     float *P = pbuf + pat;
-    for (int a = 0; a < mt->rows; a++) {
-      const float *row = M + (size_t)a * mt->cols;
-      for (int j = 0; j < r; j++) P[(size_t)a * r + j] = dot(row, Q + (size_t)j * mt->cols, mt->cols);
-    }
+    dt__cz_psgd_pmq(M, mt->rows, mt->cols, Q, r, P);
     pat += (size_t)mt->rows * r;
     at = lo + (size_t)mt->rows * mt->cols;
   }
@@ -178,19 +342,8 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     float *P = pbuf + pat, *Q = qbuf + qat;
     dt__cz_orthonormalize(P, mt->rows, r);
     const float *M = w + (mt->off - off);
-    memset(Q, 0, (size_t)mt->cols * r * sizeof *Q);
-    for (int a = 0; a < mt->rows; a++) {
-      const float *row = M + (size_t)a * mt->cols;
-      for (int j = 0; j < r; j++) axpy(Q + (size_t)j * mt->cols, row, P[(size_t)a * r + j], mt->cols);
-    }
-    if (resid) {
-      float *E = resid + (mt->off - off);
-      for (int a = 0; a < mt->rows; a++) {
-        float *e = E + (size_t)a * mt->cols;
-        memcpy(e, M + (size_t)a * mt->cols, (size_t)mt->cols * sizeof *e);
-        for (int j = 0; j < r; j++) axpy(e, Q + (size_t)j * mt->cols, -P[(size_t)a * r + j], mt->cols);
-      }
-    }
+    dt__cz_psgd_qmtp(M, mt->rows, mt->cols, P, r, Q);
+    if (resid) dt__cz_psgd_pq(M, mt->rows, mt->cols, P, r, Q, -1.0f, resid + (mt->off - off));
     pat += (size_t)mt->rows * r;
     qat += (size_t)mt->cols * r;
   }
@@ -211,11 +364,7 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     dat += lo - at;
     const float *P = pbuf + pat, *Q = qbuf + qat;
     float *G = g + lo;
-    for (int a = 0; a < mt->rows; a++) {
-      float *gr = G + (size_t)a * mt->cols;
-      memset(gr, 0, (size_t)mt->cols * sizeof *gr);
-      for (int j = 0; j < r; j++) axpy(gr, Q + (size_t)j * mt->cols, P[(size_t)a * r + j], mt->cols);
-    }
+    dt__cz_psgd_pq(NULL, mt->rows, mt->cols, P, r, Q, 1.0f, G);
     memcpy(z->q[i], Q, (size_t)mt->cols * r * sizeof *Q); /* warm start */
     pat += (size_t)mt->rows * r;
     qat += (size_t)mt->cols * r;
