@@ -59,6 +59,8 @@ typedef struct ps_impl {
   dt_ps_map map;
   dt_ps_opts o;
   ps_win win;
+  dt_comm_window *tw; /* direct asp: the keys' shared table (a slot per server) */
+  dt_ps_direct *direct;
   dt_ps_server *srv; /* colocated */
   dt_ps_client *cl;
   dt_comm *job;
@@ -134,6 +136,39 @@ static void win_close(ps_win *pw, dt_model *model) {
   memset(pw, 0, sizeof *pw);
 }
 
+/* Direct asp (docs/ps.md): colocated asp whose workers all have windows
+ * (one host), without the features that need the servers' messages during
+ * steps (rows, the significance filter, lazy replies): every key's master
+ * copy goes into a shared table and each worker applies its own pushes; no
+ * server thread. Collective (the same verdict everywhere: config and the
+ * windows' collective verdict). */
+static int direct_open(ps_impl *d, dt_comm *job, const float *init, int me) {
+  dt_ps_opts *o = &d->o;
+  if (!dt_param(DT_PARAM_PS_DIRECT) || !o->colocate || o->consistency != DT_PS_ASP ||
+      !d->win.w || o->replicas > 1 || o->significance > 0 || dt_param(DT_PARAM_PS_LAZY))
+    return DT_OK;
+  for (int k = 0; k < d->map.nkeys; k++)
+    if (d->map.keys[k].rowlen > 1) return DT_OK;
+  int rc = dt_comm_window_create(job, dt_ps_direct_bytes(&d->map, o), &d->tw);
+  if (rc == DT_ENOTSUP) {
+    d->tw = NULL;
+    return DT_OK;
+  }
+  if (rc < 0) return dt__preerr(rc, "ps: direct asp's shared table");
+  void **slots = calloc((size_t)d->map.nservers, sizeof *slots);
+  if (!slots) return dt__seterr(DT_ENOMEM, "ps: out of memory");
+  for (int s = 0; s < d->map.nservers; s++) slots[s] = dt_comm_window_peer(d->tw, s);
+  rc = dt_ps_direct_create(&d->direct, &d->map, o, me, slots, init, dt_comm_timeout(job));
+  free(slots);
+  if (rc < 0) return rc;
+  o->direct = d->direct;
+  o->server_thread = 0;
+  if (me == 0)
+    DT_LOG_INFO("ps: direct asp: each worker applies its own pushes to the keys' shared master "
+                "copies (no server thread)");
+  return DT_OK;
+}
+
 static int err_rank(dt_strategy *s, int rc) { return dt__preerr(rc, "rank %d", s->rank); }
 
 static int ps_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
@@ -168,6 +203,7 @@ static int ps_setup(dt_strategy *s) {
   if (rc == DT_OK && d->o.replicas > 1) rc = dt__comm_tolerate_loss(job);
   if (rc == DT_OK)
     rc = win_open(&d->win, job, &d->o, s->model, dt_model_nparams(s->model));
+  if (rc == DT_OK) rc = direct_open(d, job, dt_model_params(s->model), s->rank);
   if (rc == DT_OK && d->o.colocate)
     rc = dt_ps_server_create(&d->srv, &d->map, &d->o, s->rank, job, dt_model_params(s->model));
   if (rc == DT_OK)
@@ -286,6 +322,8 @@ static void ps_teardown(dt_strategy *s) {
   if (d) {
     dt_ps_client_destroy(d->cl);
     dt_ps_server_destroy(d->srv);
+    dt_ps_direct_destroy(d->direct);
+    dt_comm_window_destroy(d->tw);
     win_close(&d->win, s->model);
     dt_ps_map_free(&d->map);
     free(d->rows);
@@ -332,6 +370,7 @@ static int ps_export(dt_strategy *s, const dt_state_writer *w) {
  * shard files. */
 static int restore_server(dt_ps_server *srv, const dt_ps_map *m, const dt_ps_opts *o, int index,
                           const dt_state_reader *r) {
+  /* direct asp: the records go into the shared table */
   uint8_t sha[32];
   size_t len = 0;
   DT_CHECK(r->get(r->ud, "ps.map", sha, sizeof sha, &len));
@@ -362,7 +401,9 @@ static int restore_server(dt_ps_server *srv, const dt_ps_map *m, const dt_ps_opt
     if (rc == DT_OK) rc = r->get_file(r->ud, file, name, &step, sizeof step, &len);
     if (rc == DT_OK && len != sizeof step)
       rc = dt__seterr(DT_ECORRUPT, "%s: '%s' is not a step count", file, name);
-    if (rc == DT_OK) rc = dt_ps_server_restore(srv, k, buf, step);
+    if (rc == DT_OK)
+      rc = o->direct ? dt_ps_direct_restore(o->direct, k, buf, step)
+                     : dt_ps_server_restore(srv, k, buf, step);
   }
   dt_free(buf);
   return rc;
@@ -377,6 +418,8 @@ static int ps_import(dt_strategy *s, const dt_state_reader *r) {
     return dt__seterr(DT_ECORRUPT, "ps checkpoint: a bad step count");
   /* a colocated server reads its own shard; separate ones did before serving */
   if (d && d->srv) DT_CHECK(restore_server(d->srv, &d->map, &d->o, s->rank, r));
+  /* direct asp: nobody pushes into a range before its owner restored it */
+  if (d && d->direct) DT_CHECK(dt_ps_client_quiesce(d->cl));
   s->step = step;
   return DT_OK;
 }

@@ -64,6 +64,15 @@ int dt__model_embedding_rows(const dt_model *m, const float *x, int B, int32_t *
 int dt__optim_step_rows(dt_optim *o, float *params, const float *grads, float lr,
                         const uint32_t *rows, size_t nrows, size_t rowlen);
 
+/* dt_optim_step's update with the state outside an optimizer object: n
+ * floats of params stepped by grads under cfg, with state (cfg's state
+ * floats per parameter: none for plain SGD, n for momentum, 2n for AdamW:
+ * m then v) and the step count *step (advanced once) held by the caller —
+ * e.g. in shared memory that several processes step in turn (the ps's
+ * direct asp). *maxbits (may be NULL) gets the largest |gradient|'s bits. */
+int dt__optim_step_state(const dt_optim_cfg *cfg, size_t n, float *params, const float *grads,
+                         float lr, float *state, int64_t *step, uint32_t *maxbits);
+
 /* Flat optimizer state for checkpoints: nstate floats plus the step count. */
 size_t dt_optim_state_floats(const dt_optim *o);
 float *dt_optim_state(dt_optim *o);

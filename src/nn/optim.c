@@ -151,32 +151,39 @@ static uint32_t adamw(float *restrict p, const float *restrict g, float *restric
   return big;
 }
 
-int dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
-  if (!o) return dt__seterr(DT_EINVAL, "optimizer step: optimizer is NULL");
+int dt__optim_step_state(const dt_optim_cfg *c, size_t n, float *params, const float *grads,
+                         float lr, float *state, int64_t *step, uint32_t *maxbits) {
   if (!params) return dt__seterr(DT_EINVAL, "optimizer step: params is NULL");
   if (!grads) return dt__seterr(DT_EINVAL, "optimizer step: grads is NULL");
   if (!(lr >= 0.0f) || isinf(lr))
     return dt__seterr(DT_EINVAL, "optimizer step: lr %g must be finite and >= 0", (double)lr);
-  const dt_optim_cfg *c = &o->cfg;
-  o->step++;
+  uint32_t big;
+  ++*step;
   if (c->kind == DT_OPT_SGD) {
     if (c->momentum == 0.0f)
-      o->grad_maxbits = sgd_plain(params, grads, o->n, lr, c->weight_decay);
+      big = sgd_plain(params, grads, n, lr, c->weight_decay);
     else
-      o->grad_maxbits = sgd_momentum(params, grads, o->state, o->n, lr, c->weight_decay, c->momentum, c->dampening,
-                   c->nesterov, o->step == 1);
-    return DT_OK;
+      big = sgd_momentum(params, grads, state, n, lr, c->weight_decay, c->momentum, c->dampening,
+                         c->nesterov, *step == 1);
+  } else {
+    /* PyTorch computes these scalars in Python doubles. */
+    double t = (double)*step;
+    double bc1 = 1.0 - pow((double)c->beta1, t);
+    double bc2 = 1.0 - pow((double)c->beta2, t);
+    float step_size = (float)((double)lr / bc1);
+    float inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+    float decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
+    big = adamw(params, grads, state, state + n, n, decay, c->beta1, c->beta2, step_size,
+                inv_bc2_sqrt, c->eps);
   }
-  /* PyTorch computes these scalars in Python doubles. */
-  double t = (double)o->step;
-  double bc1 = 1.0 - pow((double)c->beta1, t);
-  double bc2 = 1.0 - pow((double)c->beta2, t);
-  float step_size = (float)((double)lr / bc1);
-  float inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
-  float decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
-  o->grad_maxbits = adamw(params, grads, o->state, o->state + o->n, o->n, decay, c->beta1, c->beta2, step_size,
-        inv_bc2_sqrt, c->eps);
+  if (maxbits) *maxbits = big;
   return DT_OK;
+}
+
+int dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
+  if (!o) return dt__seterr(DT_EINVAL, "optimizer step: optimizer is NULL");
+  return dt__optim_step_state(&o->cfg, o->n, params, grads, lr, o->state, &o->step,
+                              &o->grad_maxbits);
 }
 
 int dt__optim_step_rows(dt_optim *o, float *params, const float *grads, float lr,

@@ -33,6 +33,12 @@
  * next step's begin (or before the key's next push), so the end of a step
  * waits for nothing; the version the forward read travels with the push.
  *
+ * Direct asp (dt_ps_opts.direct, colocated asp with windows): a push is
+ * applied by this thread to the key's master copy in the shared table
+ * (direct.c) and its new parameters taken at once; a key another worker
+ * holds is put off and tried again later in backward. No server thread,
+ * no messages during steps.
+ *
  * Windows (dt_ps_opts.win_params): this worker's parameters and gradients
  * are in shared memory every server maps; dense pushes and their replies
  * then send headers only (flag WIN): the server reads the gradient where
@@ -86,7 +92,8 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
   c->nreq = calloc((size_t)c->nk, 1);
   c->kver = calloc((size_t)c->nk, sizeof *c->kver);
   c->kfwd = calloc((size_t)c->nk, sizeof *c->kfwd);
-  c->lazy = local && opts->consistency == DT_PS_ASP && c->R == 1 && dt_param(DT_PARAM_PS_LAZY);
+  c->lazy = local && opts->consistency == DT_PS_ASP && c->R == 1 && !opts->direct &&
+            dt_param(DT_PARAM_PS_LAZY);
   if (c->lazy) c->stage = dt_alloc(map->nparams * sizeof(float));
   if (opts->significance > 0) {
     c->resid = dt_alloc(map->nparams * sizeof(float));
@@ -319,7 +326,8 @@ int dt_ps_client_start(dt_ps_client *c) {
 }
 
 static void begin_impl(dt_ps_client *c, float weight, float lr) {
-  if (c->local && !c->threaded) {
+  /* (direct asp: no messages come during steps) */
+  if (c->local && !c->threaded && !c->o.direct) {
     int busy = 0, rc = dt__psc_poll_local(c, &busy);
     if (rc < 0) {
       c->err = rc;
@@ -367,7 +375,18 @@ static int rows_impl(dt_ps_client *c, int layer, const int32_t *rows, int n) {
   return DT_OK;
 }
 
+/* Direct asp: the records straight out of the shared table. */
+static int export_direct(dt_ps_client *c, float *buf, int64_t *steps) {
+  size_t off = 0;
+  for (int k = 0; k < c->nk; k++) {
+    DT_CHECK(dt_ps_direct_record(c->o.direct, k, buf + off, &steps[k]));
+    off += dt_ps_key_state_floats(&c->o, &c->map->keys[k]);
+  }
+  return DT_OK;
+}
+
 static int export_impl(dt_ps_client *c, float *buf, int64_t *steps) {
+  if (c->o.direct) return export_direct(c, buf, steps);
   /* lazy: the last pushes' replies first (their request slots are reused) */
   if (c->lazy) DT_CHECK(dt__psc_wait_all(c));
   size_t *off = malloc(((size_t)c->nk + 1) * sizeof *off);
@@ -399,6 +418,37 @@ static int pull_rows_impl(dt_ps_client *c) {
   return dt__psc_wait_all(c);
 }
 
+/* Direct asp: this thread applies key k's (scaled) push to the key's
+ * master copy and takes its new parameters, under the key's lock. try:
+ * when another worker holds the key, the push is put off (K_DEFER) and
+ * tried again later in backward, so a short hold costs no wait. */
+static int push_direct(dt_ps_client *c, int k, int try) {
+  const dt_ps_key *K = &c->map->keys[k];
+  int rc = dt_ps_direct_push(c->o.direct, k, c->grads + K->off, c->lr, c->kver[k],
+                             c->params + K->off, &c->kver[k], try);
+  if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
+  if (rc == 1) {
+    if (!(c->kst[k] & K_DEFER)) c->kst[k] |= K_DEFER, c->ndefer++;
+    return DT_OK;
+  }
+  if (c->kst[k] & K_DEFER) c->kst[k] &= (uint8_t)~K_DEFER, c->ndefer--;
+  c->kst[k] |= K_DONE;
+  c->st.pushed_floats += (int64_t)K->len;
+  c->st.pulled_floats += (int64_t)K->len;
+  if (K->server != c->local_idx) {
+    c->st.win_sent += (int64_t)(K->len * sizeof(float));
+    c->st.win_received += (int64_t)(K->len * sizeof(float));
+  }
+  return DT_OK;
+}
+
+/* Direct asp: the pushes put off, tried again (try) or waited for. */
+static int push_deferred(dt_ps_client *c, int try) {
+  for (int k = c->nk - 1; k >= 0 && c->ndefer; k--)
+    if (c->kst[k] & K_DEFER) DT_CHECK(push_direct(c, k, try));
+  return DT_OK;
+}
+
 static int push_key(dt_ps_client *c, int k) {
   const dt_ps_key *K = &c->map->keys[k];
   float *g = c->grads + K->off;
@@ -424,6 +474,10 @@ static int push_key(dt_ps_client *c, int k) {
    * reused; its parameters go in now (backward is done with this key) */
   if (c->lazy && c->nreq[k]) DT_CHECK(dt__psc_reap(c, k, 1));
   for (size_t i = 0; i < K->len; i++) g[i] *= w;
+  if (c->o.direct) {
+    c->kst[k] = (uint8_t)((c->kst[k] & ~K_WAIT) | K_PUSHED);
+    return push_direct(c, k, 1);
+  }
   dt_ps_msg m = {.type = DT_PS_PUSH, .sender = c->me, .key = k, .flags = DT_PS_F_PULL,
                  .clock = c->clock, .count = K->len, .lr = c->lr, .weight = c->weight,
                  .aux = (uint64_t)(c->lazy ? c->kfwd[k] : c->kver[k])};
@@ -481,7 +535,7 @@ static int push_ready(dt_ps_client *c, int lo) {
 
 static void ready_impl(dt_ps_client *c, size_t off, size_t n) {
   if (c->err) return;
-  if (c->local && !c->threaded) {
+  if (c->local && !c->threaded && !c->o.direct) {
     /* a colocated server answers the other workers while this one is in
      * backward too (its replies to this worker only ever concern keys this
      * worker already pushed, whose layers backward is done with) */
@@ -495,7 +549,8 @@ static void ready_impl(dt_ps_client *c, size_t off, size_t n) {
   if (off < c->ready_lo && off + n >= c->ready_lo) c->ready_lo = off;
   int lo = c->next_key;
   while (lo >= 0 && c->map->keys[lo].off >= c->ready_lo) lo--;
-  int rc = push_ready(c, lo);
+  int rc = c->ndefer ? push_deferred(c, 1) : DT_OK;
+  if (rc == DT_OK) rc = push_ready(c, lo);
   if (rc < 0) {
     c->err = rc; /* reported by finish */
     snprintf(c->errmsg, sizeof c->errmsg, "%s", dt_errmsg());
@@ -505,6 +560,8 @@ static void ready_impl(dt_ps_client *c, size_t off, size_t n) {
 static int finish_impl(dt_ps_client *c) {
   if (c->err) return dt__seterr(c->err, "ps worker %d: during backward: %s", c->me, c->errmsg);
   DT_CHECK(push_ready(c, -1));
+  if (c->ndefer) DT_CHECK(push_deferred(c, 1));
+  if (c->ndefer) DT_CHECK(push_deferred(c, 0));
   /* lazy (asp): the replies are taken at the next step's begin */
   if (!c->lazy) DT_CHECK(dt__psc_wait_all(c));
   c->clock++;
@@ -522,7 +579,25 @@ static int finish_impl(dt_ps_client *c) {
   return DT_OK;
 }
 
+/* Direct asp: waits until every worker's pushes of this clock are in
+ * (serving meanwhile: the communicator notices a lost peer), then reads
+ * every key. */
+static int sync_direct(dt_ps_client *c) {
+  int idle = 0;
+  while (!dt_ps_direct_all_in(c->o.direct, c->clock)) {
+    int busy = 0;
+    int rc = dt__psc_poll_local(c, &busy);
+    if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
+    idle = busy ? 0 : idle + 1;
+    dt__ps_backoff(idle);
+  }
+  for (int k = 0; k < c->nk; k++)
+    DT_CHECK(dt_ps_direct_read(c->o.direct, k, c->params + c->map->keys[k].off, &c->kver[k]));
+  return dt__psc_mark(c, 0);
+}
+
 static int sync_impl(dt_ps_client *c) {
+  if (c->o.direct) return sync_direct(c);
   if (c->lazy) DT_CHECK(dt__psc_wait_all(c));
   for (int k = 0; k < c->nk; k++) {
     dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .flags = DT_PS_F_FINAL,

@@ -14,7 +14,7 @@
 #include "ps/ps.h"
 
 
-enum { K_PUSHED = 1, K_WAIT = 2, K_DONE = 4, K_LOST = 8, K_STAGED = 16 };
+enum { K_PUSHED = 1, K_WAIT = 2, K_DONE = 4, K_LOST = 8, K_STAGED = 16, K_DEFER = 32 };
 
 struct dt_ps_client {
   dt_obs *obs;         /* pushes and the pull wait as spans and histograms */
@@ -62,6 +62,9 @@ struct dt_ps_client {
   int64_t *xsteps;
   size_t ready_lo;
   int next_key;        /* pushes go from the last key down */
+  int ndefer;          /* direct asp: pushes put off (K_DEFER) because another worker
+                        * held the key; tried again later in backward, waited for
+                        * at the step's end */
   dt_ps_client_stats st;
   /* the server thread (colocated, server_thread) */
   int threaded;

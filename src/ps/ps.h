@@ -205,12 +205,48 @@ typedef struct dt_ps_opts {
    * model's parameters and gradients as this process maps them (NULL: no
    * windows; then every payload travels through the transport) */
   float *const *win_params, *const *win_grads;
+  /* Direct asp (colocated asp with windows, direct.c): every key's master
+   * copy in shared memory, each push applied by its worker (NULL: no) */
+  struct dt_ps_direct *direct;
 } dt_ps_opts;
 
 /* The world rank of server s and of worker w under opts. */
 static inline int dt_ps_server_rank(const dt_ps_opts *o, int s) {
   return o->colocate ? s : o->nworkers + s;
 }
+
+/* ---- direct asp (direct.c) ---------------------------------------------- */
+
+/* Colocated asp on one host (docs/ps.md "direct pushes"): the keys' master
+ * parameters, optimizer state, versions and push clocks in shared memory,
+ * server s's keys in its slot; a worker steps its own pushes under a
+ * per-key lock and copies the result into its parameters. */
+typedef struct dt_ps_direct dt_ps_direct;
+/* Bytes of every server's slot (the largest slot: the same on every rank). */
+size_t dt_ps_direct_bytes(const dt_ps_map *map, const dt_ps_opts *o);
+/* Worker `me` of o with slots[s] = server s's slot as this process maps it
+ * (zeroed); initialises its own server's keys from init (the whole model's
+ * parameters). Every worker must create its table before any pushes (the
+ * client's start passes a mark). timeout: seconds a lock may be waited for. */
+int dt_ps_direct_create(dt_ps_direct **out, const dt_ps_map *map, const dt_ps_opts *o, int me,
+                        void *const *slots, const float *init, double timeout);
+void dt_ps_direct_destroy(dt_ps_direct *d);
+/* Applies key k's gradient g (already scaled by the worker's share) with
+ * rate lr divided by the staleness (the key's version now minus `read`,
+ * the version the worker's parameters of k are at), then copies the key's
+ * new parameters into out and their version into *ver. try: when another
+ * worker holds the key, returns 1 at once without applying anything
+ * (else it waits for the key). */
+int dt_ps_direct_push(dt_ps_direct *d, int k, const float *g, float lr, int64_t read,
+                      float *out, int64_t *ver, int try);
+/* 1 when every worker's pushes of every key up to `clock` are applied. */
+int dt_ps_direct_all_in(const dt_ps_direct *d, int64_t clock);
+/* Key k's master parameters into out, their version into *ver. */
+int dt_ps_direct_read(dt_ps_direct *d, int k, float *out, int64_t *ver);
+/* Checkpoints: key k's record (parameters, then optimizer state, as
+ * dt_ps_key_state_floats) and step count, out of and into the table. */
+int dt_ps_direct_record(dt_ps_direct *d, int k, float *rec, int64_t *step);
+int dt_ps_direct_restore(dt_ps_direct *d, int k, const float *rec, int64_t step);
 
 /* ---- server (server.c) --------------------------------------------------- */
 
