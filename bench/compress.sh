@@ -31,7 +31,8 @@
 # Env: BUILD (default build/release), DT_CZ_SECTIONS (default "1 2 4 5 3"), DT_CZ_REPS (3), DT_CZ_RATES, DT_CZ_CODECS (default
 # "none fp16 int8 sign sign+mom topk powersgd"; a codec+mom runs it with
 # worker-side momentum before the codec, dist.compress_momentum = 0.9 and
-# optim.momentum = 0), DT_CZ_EPOCHS (5), DT_CZ_BATCH (256),
+# optim.momentum = 0; codec@key=value,... adds --set words to that codec's
+# runs only, e.g. powersgd@dist.powersgd_rank=2), DT_CZ_EPOCHS (5), DT_CZ_BATCH (256),
 # DT_CZ_LR (0.1), DT_CZ_TARGET (0.88), DT_CZ_TIMEOUT (600),
 # DT_CZ_MODEL (mlp, or cnn: examples/fashion_cnn.ini, target 0.91 unless
 # DT_CZ_TARGET says otherwise; section 3 only), DT_CZ_STOP (1: stop a run
@@ -250,13 +251,15 @@ for rate in $RATES; do
   [ $first = 1 ] && [ -z "${DT_CZ_NO_NOEF:-}" ] && runs="$runs sign:0 topk:0 int8:0"
   for r in $runs; do
     c=${r%:*} ef=${r#*:}
-    codec=${c%+mom} mom=()
-    [ "$codec" != "$c" ] && mom=(--set dist.compress_momentum=0.9 --set optim.momentum=0)
-    name="${MODEL}_${rate}_${c}_ef$ef"
+    codec=${c%%@*} more=()
+    case "$c" in *@*) IFS=, read -r -a kv <<<"${c#*@}"; for x in "${kv[@]}"; do more+=(--set "$x"); done ;; esac
+    codec=${codec%+mom} mom=()
+    [ "$codec" != "${c%%@*}" ] && mom=(--set dist.compress_momentum=0.9 --set optim.momentum=0)
+    name="${MODEL}_${rate}_$(printf '%s' "$c" | tr '@=,' '___')_ef$ef"
     rm -rf "$OUT/$name"
     tools/netns.sh run -p "dcz$$" -r "$rate" -- bash "$0" inner "$name" \
       --set dist.compress=$codec --set dist.error_feedback=$([ $ef = 1 ] && echo true || echo false) "${mom[@]}" \
-      ${DT_CZ_EXTRA:-}
+      "${more[@]}" ${DT_CZ_EXTRA:-}
     read -r t acc bps <<<"$(report "$name")"
     sp="-"
     if [ "$c" = none ]; then base=$t; fi

@@ -124,8 +124,9 @@ typedef struct dt_run_cfg {
   int powersgd_rank;                   /* powersgd: rank of the approximation */
   int compress_warmup_epochs;          /* topk: denser over the first epochs (DGC warm-up) */
   int64_t compress_start_step;         /* dense allreduce before this step; -1: the codec's
-                                        * own (one epoch for powersgd, two for sign and topk
-                                        * without compress_momentum, 0 for the others) */
+                                        * own (one epoch for powersgd below rank 6, two for
+                                        * sign and topk without compress_momentum, 0 for the
+                                        * others) */
   float compress_clip;                 /* local L2 clip of each bucket's gradient (0: off) */
   float compress_momentum;             /* topk: DGC momentum correction (0: off) */
   int compress_force;                  /* compress even when every rank shares one host */

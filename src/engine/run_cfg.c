@@ -76,7 +76,7 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->error_feedback = 1;
   c->compress_ratio = 0.01f;
   c->qsgd_levels = 15;
-  c->powersgd_rank = 2;
+  c->powersgd_rank = 6; /* from step 0 (docs/compress.md "Accuracy") */
   c->compress_warmup_epochs = 0;
   c->compress_start_step = -1; /* the codec's own (docs/compress.md) */
   c->compress_clip = 0;

@@ -189,13 +189,15 @@ static int compress_cfg(dt_strategy *s, dt_compress_cfg *cz) {
   cz->start_step = c->compress_start_step;
   /* -1: dense steps first for the codecs that otherwise end more than
    * half a point below dense (bench/RESULTS.md 2026-11-27, 3 seeds):
-   * powersgd one epoch; sign and topk with the optimizer's momentum after
-   * the codec two; sign with dist.compress_momentum three quarters of an
-   * epoch (its dense steps keep the worker momentum); topk with it none
-   * (DGC's momentum correction is enough) */
+   * powersgd below rank 6 one epoch (rank 2 from step 0: -1.35 points;
+   * rank 6 and 8 from step 0 are within 0.22: none for them); sign and
+   * topk with the optimizer's momentum after the codec two; sign with
+   * dist.compress_momentum three quarters of an epoch (its dense steps
+   * keep the worker momentum); topk with it none (DGC's momentum
+   * correction is enough) */
   if (c->compress_start_step < 0) {
     int64_t quarters = 0;
-    if (c->compress == DT_CODEC_POWERSGD) quarters = 4;
+    if (c->compress == DT_CODEC_POWERSGD) quarters = c->powersgd_rank < 6 ? 4 : 0;
     else if ((c->compress == DT_CODEC_SIGN || c->compress == DT_CODEC_TOPK) &&
              c->compress_momentum == 0)
       quarters = 8;
