@@ -18,6 +18,11 @@
 # EPOCHS >= 3 (elastic's threads are read from the first epoch's end on).
 # STRACE=1 adds one pair under `strace -c -f` (1 epoch): syscalls per
 # sample, on and off, and the calls that differ most.
+# HB_AMP=T adds a third run to each pair, elastic on with
+# dist.heartbeat_timeout = T (the watcher beats every T / 4 instead of every
+# 0.5 s): what N times the watcher's wake-ups cost, read against off; the
+# default's cost is at most that over N (the wake-ups are its only per-second
+# work), which bounds it below what the pairs' scatter can show.
 # Takes ~PAIRS x 2 x (EPOCHS x 0.7 s + 2 s) on a quiet machine (~45 s).
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,6 +33,18 @@ T=$(mktemp -d /tmp/dtrain_bench_elcost.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 export OPENBLAS_NUM_THREADS=1
 med() { printf '%s\n' "$@" | grep -v n/a | sort -g | awk '{a[NR]=$1} END{if (NR) print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2); else print "n/a"}'; }
+# ci X... — the median and its 95% bootstrap interval (2000 resamples of
+# the pairs): "0.991 [0.975, 1.004]"; 2% is shown when the interval lies
+# within [0.98, 1.02]
+ci() {
+  printf '%s\n' "$@" | grep -v n/a | python3 -c '
+import random, statistics, sys
+x = [float(v) for v in sys.stdin.read().split()]
+if not x: print("n/a"); sys.exit()
+rnd = random.Random(1)
+m = sorted(statistics.median(rnd.choices(x, k=len(x))) for _ in range(2000))
+print("%.4f [%.4f, %.4f]" % (statistics.median(x), m[50], m[1949]))'
+}
 perf stat -x, -e task-clock true >/dev/null 2>&1 || { echo "perf stat does not work here"; exit 77; }
 
 # threads NAME PIDS... — "cpu_ns slices" summed over the threads of PIDS
@@ -49,6 +66,7 @@ threads() {
 run() {
   local arm=$1 i=$2 x=() d="$T/$1_$2"
   [ "$arm" = on ] && x=(--set dist.min_workers=1)
+  [ "$arm" = amp ] && x=(--set dist.min_workers=1 --set dist.heartbeat_timeout="$HB_AMP")
   perf stat -x, -o "$d.perf" -e task-clock,context-switches,instructions:u -- \
     "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs="$EPOCHS" \
     "${x[@]}" --out "$d" >"$d.log" 2>&1 </dev/null &
@@ -57,7 +75,7 @@ run() {
   for _ in $(seq 1 1200); do [ -s "$d/events.jsonl" ] && break; sleep 0.05; done
   launcher=$(pgrep -P "$job" -x dtrain | head -1)
   workers=$(pgrep -P "$launcher" -x dtrain | tr '\n' ' ')
-  if [ "$arm" = on ] && [ -n "$workers" ]; then
+  if [ "$arm" != off ] && [ -n "$workers" ]; then
     a=($(threads dt-watch $workers) $(threads dt-store "$launcher") $(threads '*' $workers))
     sleep 1.5
     b=($(threads dt-watch $workers) $(threads dt-store "$launcher") $(threads '*' $workers))
@@ -87,10 +105,11 @@ print('%.1f %.5f %.6f %.4f %s' % (s['samples_per_second'], tc / n, sum(x['cpu_se
 EOF
 }
 
-sps=(); cpu=(); loop=(); csw=(); ins=(); own=()
+sps=(); cpu=(); loop=(); csw=(); ins=(); own=(); asps=(); aloop=(); acsw=(); awake=(); wake=()
 echo "elastic on / off, 2-worker MLP, $EPOCHS epochs, $PAIRS pairs; load $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq 1 "$PAIRS"); do
   order="off on"; [ $((i % 2)) = 0 ] && order="on off"
+  [ -n "${HB_AMP:-}" ] && order="$order amp"
   ok=1
   for arm in $order; do run "$arm" "$i" || ok=0; done
   [ $ok = 1 ] || continue
@@ -105,12 +124,25 @@ for i in $(seq 1 "$PAIRS"); do
     o=$(awk -v w="$wn" -v s="$sn" -v a="$an" 'BEGIN{ if (a > 0) printf "%.3f", 100 * (w + s) / a; else print "n/a" }')
     own+=("$o")
     line="$line; elastic's threads over 1.5 s: dt-watch $((wn / 1000)) us in $ws wake-ups, dt-store $((sn / 1000)) us in $ss, = $o% of the workers' CPU"
+    wake+=("$((ws + ss))")
+  fi
+  if [ -n "${HB_AMP:-}" ] && grep -qiE "re-form|generation [1-9]" "$T/amp_$i.log"; then
+    line="$line; heartbeat_timeout=$HB_AMP: re-formed (a beat came late), left out"
+  elif [ -n "${HB_AMP:-}" ] && [ -s "$T/amp_$i/summary.json" ]; then
+    read -r s2 c2 l2 w2 i2 <<<"$(figs amp "$i")"
+    asps+=("$(r "$s0" "$s2")"); aloop+=("$(r "$l0" "$l2")"); acsw+=("$(r "$w0" "$w2")")
+    line="$line; heartbeat_timeout=$HB_AMP: samples/s ${asps[-1]}, loop CPU/sample ${aloop[-1]}, context switches/sample ${acsw[-1]} of off"
+    [ -s "$T/amp_$i.own" ] && { read -r wn ws sn ss an <"$T/amp_$i.own"; awake+=("$((ws + ss))"); line="$line, elastic's wake-ups over 1.5 s $((ws + ss))"; }
   fi
   echo "$line"
 done
 if [ ${#sps[@]} -gt 0 ]; then
-  echo "paired medians over ${#sps[@]} pairs, on / off: samples/s $(med "${sps[@]}") (target >= 0.98), job CPU per sample $(med "${cpu[@]}"), workers' loop CPU per sample $(med "${loop[@]}") (target <= 1.02), context switches per sample $(med "${csw[@]}"), instructions per sample $(med "${ins[@]}")"
-  [ ${#own[@]} -gt 0 ] && echo "elastic's own threads (dt-watch + dt-store) while training: median $(med "${own[@]}")% of the workers' CPU; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "paired medians over ${#sps[@]} pairs, on / off, [95% bootstrap interval]: samples/s $(ci "${sps[@]}") (target >= 0.98), job CPU per sample $(ci "${cpu[@]}"), workers' loop CPU per sample $(ci "${loop[@]}") (target <= 1.02), context switches per sample $(ci "${csw[@]}"), instructions per sample $(med "${ins[@]}")"
+  [ ${#own[@]} -gt 0 ] && echo "elastic's own threads (dt-watch + dt-store) while training: median $(med "${own[@]}")% of the workers' CPU, $(med "${wake[@]}") wake-ups per 1.5 s; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  if [ ${#asps[@]} -gt 0 ]; then
+    n=$(awk -v a="$(med "${awake[@]}")" -v b="$(med "${wake[@]}")" 'BEGIN{ if (b > 0) printf "%.1f", a / b; else print "n/a" }')
+    echo "heartbeat_timeout=$HB_AMP ($n x the wake-ups), paired on / off: samples/s $(ci "${asps[@]}"), workers' loop CPU per sample $(ci "${aloop[@]}"), context switches per sample $(ci "${acsw[@]}"); the default's cost is at most 1/$n of that"
+  fi
 fi
 
 if [ "${STRACE:-0}" = 1 ] && command -v strace >/dev/null; then

@@ -77,6 +77,13 @@ int dt_store_delete(dt_store *s, const char *key, bool *existed, double timeout_
  * later call; only dt_store_destroy is left to do. A no-op for stores that
  * cannot (the file store, etcd: their calls end by their timeouts). */
 void dt_store_interrupt(dt_store *s);
+/* One heartbeat of elastic's watcher in one round trip (the built-in TCP
+ * store only; DT_ENOTSUP from the others): adds 1 to counter hb, then waits
+ * up to timeout_s for key to exist. DT_OK either way: *found says whether
+ * key exists, *value is counter report's value when answered (0: missing).
+ * Errors as the other calls (the store not reached, interrupted). */
+int dt__store_beat(dt_store *s, const char *key, const char *hb, const char *report,
+                   double timeout_s, bool *found, int64_t *value);
 
 /* ---- communicator (create, destroy, rank, size, abort: dtrain/comm.h) -- */
 

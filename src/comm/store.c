@@ -396,6 +396,35 @@ static void tc_interrupt(void *self) {
 static const struct dt_store_backend tcp_backend = {"tcp", tc_set, tc_get, tc_add, tc_cas, tc_del,
                                                     tc_destroy, tc_interrupt};
 
+struct beat_call {
+  const char *key, *hb, *report;
+  double t;
+  bool *found;
+  int64_t *value;
+};
+
+static int tc_beat(void *self, void *arg) {
+  struct beat_call *b = arg;
+  struct dt_kv_msg r;
+  DT_CHECK(tcp_call(self, DT_KV_BEAT, b->key, b->hb, strlen(b->hb), b->report, strlen(b->report),
+                    b->t, &r));
+  if (r.vlen != 1 || r.v2len > 30) return dt__seterr(DT_EPROTO, "store: malformed beat reply");
+  char num[32] = {0};
+  memcpy(num, r.val2, r.v2len);
+  *b->found = r.val[0] != 0;
+  *b->value = strtoll(num, NULL, 10);
+  return DT_OK;
+}
+
+int dt__store_beat(dt_store *s, const char *key, const char *hb, const char *report, double t,
+                   bool *found, int64_t *value) {
+  DT_CHECK(check_key(key));
+  DT_CHECK(check_key(hb));
+  DT_CHECK(check_key(report));
+  struct beat_call b = {key, hb, report, tmo(t), found, value};
+  return dt__store_with(s, &tcp_backend, tc_beat, &b);
+}
+
 int dt_store_connect(dt_store **out, const char *host, int port, const char *token, double timeout_s) {
   if (!out) return dt__seterr(DT_EINVAL, "store connect: out is NULL");
   if (!host || port <= 0 || port > 65535)

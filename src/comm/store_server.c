@@ -51,6 +51,7 @@ struct client {
   bool parked; /* waiting for key `pkey` */
   uint8_t pop;
   char pkey[DT_STORE_KEY_MAX + 1];
+  char pkey2[DT_STORE_KEY_MAX + 1]; /* DT_KV_BEAT: the key whose value the reply holds */
   double pdeadline;
   bool dead;
   double since; /* accepted at (dt_now) */
@@ -135,11 +136,19 @@ static void drop(struct client *c, const char *why) {
   c->dead = true;
 }
 
-/* Answers a parked or new GET/CHECK if its key exists. */
+/* DT_KV_BEAT's answer: whether its key exists, and the value of pkey2. */
+static void beat_reply(dt_store_server *s, struct client *c, bool found) {
+  uint8_t f = found;
+  struct kv *r = kv_find(s, c->pkey2);
+  reply(c, DT_OK, &f, 1, r ? r->val : NULL, r ? r->len : 0);
+}
+
+/* Answers a parked or new GET/CHECK/BEAT if its key exists. */
 static bool try_get(dt_store_server *s, struct client *c, uint8_t op, const char *key) {
   struct kv *e = kv_find(s, key);
   if (!e) return false;
   if (op == DT_KV_GET) reply(c, DT_OK, e->val, e->len, NULL, 0);
+  else if (op == DT_KV_BEAT) beat_reply(s, c, true);
   else reply(c, DT_OK, NULL, 0, NULL, 0);
   return true;
 }
@@ -150,10 +159,46 @@ static void serve_parked(dt_store_server *s, double now) {
     if (!c->parked) continue;
     if (try_get(s, c, c->pop, c->pkey)) c->parked = false;
     else if (now >= c->pdeadline) {
-      reply(c, DT_ETIMEDOUT, NULL, 0, NULL, 0);
+      if (c->pop == DT_KV_BEAT) beat_reply(s, c, false); /* not an error: the beat counted */
+      else reply(c, DT_ETIMEDOUT, NULL, 0, NULL, 0);
       c->parked = false;
     }
   }
+}
+
+/* Adds delta to the integer value of key (missing: 0); the new value's
+ * text in num (32 bytes), its length returned, or -1 out of memory. */
+static int kv_add(dt_store_server *s, const char *key, long long d, char *num) {
+  long long cur = 0;
+  struct kv *e = kv_find(s, key);
+  if (e) {
+    char tmp[32] = {0};
+    memcpy(tmp, e->val, e->len < 31 ? e->len : 31);
+    cur = strtoll(tmp, NULL, 10);
+  }
+  cur = (long long)((unsigned long long)cur + (unsigned long long)d);
+  int n = snprintf(num, 32, "%lld", cur);
+  return kv_put(s, key, num, (size_t)n) ? -1 : n;
+}
+
+/* A BEAT's second key (the counter to bump or the key to report): 1..KEY_MAX
+ * bytes without NUL, copied to out. */
+static bool beat_key(const uint8_t *p, uint32_t len, char *out) {
+  if (len == 0 || len > DT_STORE_KEY_MAX || memchr(p, 0, len)) return false;
+  memcpy(out, p, len);
+  out[len] = '\0';
+  return true;
+}
+
+/* A GET/CHECK/BEAT: answered now if its key exists, else parked until it
+ * is set or the request's timeout passes. */
+static void get_or_park(dt_store_server *s, struct client *c, const struct dt_kv_msg *m,
+                        const char *key, double now) {
+  if (try_get(s, c, m->op, key)) return;
+  c->parked = true;
+  c->pop = m->op;
+  memcpy(c->pkey, key, m->klen + 1);
+  c->pdeadline = now + m->timeout_ms / 1000.0;
 }
 
 static void handle(dt_store_server *s, struct client *c, const struct dt_kv_msg *m, double now) {
@@ -167,30 +212,28 @@ static void handle(dt_store_server *s, struct client *c, const struct dt_kv_msg 
     break;
   case DT_KV_GET:
   case DT_KV_CHECK:
-    if (!try_get(s, c, m->op, key)) {
-      c->parked = true;
-      c->pop = m->op;
-      memcpy(c->pkey, key, m->klen + 1);
-      c->pdeadline = now + m->timeout_ms / 1000.0;
-    }
+    get_or_park(s, c, m, key, now);
     break;
   case DT_KV_ADD: {
     char num[32] = {0};
     if (m->vlen == 0 || m->vlen > 30) { drop(c, "bad add operand"); return; }
     memcpy(num, m->val, m->vlen);
     char *end;
-    long long d = strtoll(num, &end, 10), cur = 0;
+    long long d = strtoll(num, &end, 10);
     if (*end) { drop(c, "add operand is not an integer"); return; }
-    struct kv *e = kv_find(s, key);
-    if (e) {
-      char tmp[32] = {0};
-      memcpy(tmp, e->val, e->len < 31 ? e->len : 31);
-      cur = strtoll(tmp, NULL, 10);
-    }
-    cur = (long long)((unsigned long long)cur + (unsigned long long)d);
-    int n = snprintf(num, sizeof num, "%lld", cur);
-    if (kv_put(s, key, num, (size_t)n)) reply(c, DT_ENOMEM, NULL, 0, NULL, 0);
+    int n = kv_add(s, key, d, num);
+    if (n < 0) reply(c, DT_ENOMEM, NULL, 0, NULL, 0);
     else reply(c, DT_OK, num, (size_t)n, NULL, 0);
+    break;
+  }
+  case DT_KV_BEAT: {
+    char hb[DT_STORE_KEY_MAX + 1], num[32];
+    if (!beat_key(m->val, m->vlen, hb) || !beat_key(m->val2, m->v2len, c->pkey2)) {
+      drop(c, "bad beat request");
+      return;
+    }
+    if (kv_add(s, hb, 1, num) < 0) { reply(c, DT_ENOMEM, NULL, 0, NULL, 0); break; }
+    get_or_park(s, c, m, key, now);
     break;
   }
   case DT_KV_CAS: {

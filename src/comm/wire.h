@@ -90,7 +90,13 @@ void dt__auth_token(const char *cfg_token, const uint8_t **tok, size_t *len);
 #define DT_KV_VERSION 1
 #define DT_KV_HDR 24
 
-enum dt_kv_op { DT_KV_SET = 1, DT_KV_GET, DT_KV_ADD, DT_KV_CAS, DT_KV_DEL, DT_KV_CHECK, DT_KV_OP_MAX = DT_KV_CHECK };
+/* DT_KV_BEAT (elastic's watcher, one call per heartbeat): adds 1 to the
+ * counter named by the value, then waits like GET for the key; the reply
+ * (DT_OK, also when the wait timed out) holds one byte (1: the key exists)
+ * and, as its second value, the value of the key named by the request's
+ * second value (empty if missing), read when answered. */
+enum dt_kv_op { DT_KV_SET = 1, DT_KV_GET, DT_KV_ADD, DT_KV_CAS, DT_KV_DEL, DT_KV_CHECK, DT_KV_BEAT,
+                DT_KV_OP_MAX = DT_KV_BEAT };
 
 struct dt_kv_msg {
   uint8_t op;          /* request op, or reply status (-rc) */

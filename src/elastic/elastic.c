@@ -259,33 +259,51 @@ static void watch_heartbeats(dt_elastic *el, struct hbw *w, double now) {
   }
 }
 
-/* The watcher: a heartbeat every tick; the change counter read every
- * heartbeat_timeout / 4 (etcd: every tick), and between beats (the built-in
- * store) a GET of the next change's bell parked in the store, so a change
- * wakes it at once and nothing else does: while nothing fails it costs two
- * store calls per tick (heartbeat_timeout / 8, at most 0.25 s). */
+/* The watcher: a heartbeat every tick (heartbeat_timeout / 4, at most
+ * 0.5 s; etcd: 50 ms). With the built-in store a tick is one call while
+ * nothing fails (DT_KV_BEAT): the heartbeat, then parked in the store on
+ * the next change's bell until the next beat is due, answered with the
+ * change counter — one round trip and three wake-ups per tick in all, so
+ * an idle watcher disturbs the training threads as little as it can. A
+ * change wakes it at once. Otherwise (etcd, between generations) a beat,
+ * the change counter every heartbeat_timeout / 4 (etcd: every tick) and,
+ * with the built-in store, a GET of the bell parked until the next beat. */
 static void *watch(void *arg) {
   dt_elastic *el = arg;
   prctl(PR_SET_NAME, "dt-watch"); /* its CPU and wake-ups by name (bench/elastic_cost.sh, top -H) */
-  char ch[256], bell[256];
+  char ch[256], bell[256], hb[256];
   key(el, ch, sizeof ch, "change", 0, 0);
+  key(el, hb, sizeof hb, "hb/%d", el->cfg.id, 0);
   struct hbw w = {-1, 0, 0, NULL, NULL, NULL};
   double next_check = 0, next_beat = 0;
   int64_t rang = 0; /* the bell of change counter value `rang` rang (0: none) */
   int beat_ok = 0;  /* the last heartbeat reached the store */
+  int park = !el->etcd; /* beat and wait in one call (0 once the store says it cannot) */
   pthread_mutex_lock(&el->mu);
   while (!el->stop) {
+    const int on = el->cur != NULL;
+    const int64_t next = el->seen + 1; /* the next change's bell */
     pthread_mutex_unlock(&el->mu);
     double now = dt_now();
+    int64_t c = -1;
+    int waited = 0; /* this pass's beat waited for the bell until the next beat */
     if (now >= next_beat) {
-      int r = beat(el, el->wst, now);
+      int r = -1;
+      if (park && on) {
+        snprintf(bell, sizeof bell, "%s/el/bell/%lld", el->job, (long long)next);
+        bool found = false;
+        int64_t v = 0;
+        int rc = dt__store_beat(el->wst, bell, hb, ch, el->tick, &found, &v);
+        if (rc == DT_ENOTSUP) park = 0;
+        if (rc == DT_OK) r = 1, c = v, rang = found ? next : 0, waited = 1;
+      }
+      if (!park || !on) r = beat(el, el->wst, now);
       beat_result(el, r, dt_now());
       beat_ok = r > 0;
       next_beat = now + el->tick;
     }
-    int64_t c = -1;
     now = dt_now();
-    if (el->etcd || now >= next_check) c = counter_t(el->wst, ch, 0, el->op_tmo);
+    if (el->etcd || (now >= next_check && !waited)) c = counter_t(el->wst, ch, 0, el->op_tmo);
     if (now >= next_check) {
       watch_heartbeats(el, &w, now);
       next_check = now + el->cfg.heartbeat_timeout_s / 4;
@@ -300,10 +318,11 @@ static void *watch(void *arg) {
     }
     rang = 0;
     if (el->stop) break;
-    if (!el->etcd && el->cur && beat_ok) {
+    if (waited) continue; /* the next beat is due */
+    if (!el->etcd && !park && el->cur && beat_ok) {
       /* parked on the next change's bell until the next beat or check */
-      const int64_t next = el->seen + 1;
-      snprintf(bell, sizeof bell, "%s/el/bell/%lld", el->job, (long long)next);
+      snprintf(bell, sizeof bell, "%s/el/bell/%lld", el->job, (long long)(el->seen + 1));
+      const int64_t nb = el->seen + 1;
       pthread_mutex_unlock(&el->mu);
       double until = next_beat < next_check ? next_beat : next_check, left = until - dt_now();
       char v[8];
@@ -311,7 +330,7 @@ static void *watch(void *arg) {
       int rc = DT_ETIMEDOUT;
       if (left > 0.001) rc = dt_store_get(el->wst, bell, v, sizeof v, &len, left);
       else if (left > 0) sleep_s(left);
-      if (rc == DT_OK) rang = next;
+      if (rc == DT_OK) rang = nb;
       pthread_mutex_lock(&el->mu);
       if (rc == DT_OK || rc == DT_ETIMEDOUT) continue;
       /* the store failed the call: the tick's sleep below, then a beat */
@@ -400,8 +419,8 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
   if (rc == DT_OK && cfg->join) rc = joiner_id(el);
   el->etcd = rc == DT_OK && dt__etcd_is(el->st);
   /* the watcher's tick (heartbeats; etcd: also the change counter's poll) */
-  el->tick = el->cfg.heartbeat_timeout_s / 8;
-  if (el->tick > (el->etcd ? 0.05 : 0.25)) el->tick = el->etcd ? 0.05 : 0.25;
+  el->tick = el->cfg.heartbeat_timeout_s / 4; /* 4 beats per timeout, as etcd's renewals */
+  if (el->tick > (el->etcd ? 0.05 : 0.5)) el->tick = el->etcd ? 0.05 : 0.5;
   if (el->etcd) rc = lease_start(el);
   if (rc == DT_OK) { /* where it runs: a cut link separates sites, never one site */
     char k[256];
