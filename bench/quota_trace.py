@@ -18,6 +18,7 @@ T = F0 + n0 c = (F1 + n1 c) / quota, n0 + n1 = batch. Needs root (cgroup v1
 cpu controller); every cgroup made is removed. Standard library only.
 
     python3 bench/quota_trace.py --build build/release
+    python3 bench/quota_trace.py --build build/release --reps 5 --ab DTRAIN_WINDOW_SPIN_US=0
 """
 import argparse, collections, json, os, re, statistics, subprocess, sys, tempfile, time
 
@@ -28,6 +29,10 @@ ap.add_argument("--quota", type=float, default=0.5)
 ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--reps", type=int, default=1)
 ap.add_argument("--set", action="append", default=[], help="section.key=value for every run")
+ap.add_argument("--ab", action="append", default=[], metavar="VAR=VALUE",
+                help="then --reps interleaved pairs of dynamic under the quota, as is and with this "
+                     "environment (e.g. DTRAIN_WINDOW_SPIN_US=0), and their paired ratio")
+ap.add_argument("--ab-only", action="store_true", help="only the --ab pairs (no reference runs)")
 a = ap.parse_args()
 root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 dtrain = os.path.join(a.build, "dtrain")
@@ -63,10 +68,11 @@ def cpustat(p):
     return {k: int(v) for k, v in (l.split() for l in open(os.path.join(p, "cpu.stat")))}
 
 
-def run(workers, balance, throttle):
+def run(workers, balance, throttle, extra_env=None):
     period = int(open(os.path.join(cg_root, "cpu.cfs_period_us")).read())
     boost = mkcg("boost", -1)
     slow = mkcg("slow", int(a.quota * period) if throttle else -1)
+    p = None
     try:
         with tempfile.TemporaryDirectory() as out:
             args = [dtrain, "train", os.path.join(root_dir, "examples", f"fashion_{a.model}.ini"),
@@ -78,7 +84,7 @@ def run(workers, balance, throttle):
             for kv in a.set:
                 args += ["--set", kv]
             log = os.path.join(out, "stdout.txt")
-            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **(extra_env or {}))
             st0 = cpustat(slow)
             p = subprocess.Popen(args, env=env, stdout=open(log, "w"), stderr=subprocess.DEVNULL,
                                  preexec_fn=lambda: open(os.path.join(boost, "cgroup.procs"), "w").write(str(os.getpid())))
@@ -102,6 +108,9 @@ def run(workers, balance, throttle):
             s = json.load(open(os.path.join(out, "summary.json")))
             t = json.load(open(os.path.join(out, "trace.json")))
     finally:
+        if p is not None and p.poll() is None:  # an error above: stop the job we started
+            p.kill()
+            p.wait()
         rmcg(slow)
         rmcg(boost)
     s["throttled"] = (st["nr_throttled"] - st0["nr_throttled"], st["nr_periods"] - st0["nr_periods"],
@@ -137,6 +146,29 @@ def run(workers, balance, throttle):
     return s
 
 
+def ab(kv):
+    k, v = kv.split("=", 1)
+    pairs = []
+    for _ in range(a.reps):
+        x = run(2, "dynamic", True)
+        y = run(2, "dynamic", True, {k: v})
+        pairs.append((x, y))
+        print(f"  pair: as is {x['samples_per_second']:.0f} samples/s (throttled {x['throttled'][0]} of "
+              f"{x['throttled'][1]} periods, rank 1 {100 * x['ranks'][1]['stall']:.1f}% in stalls), "
+              f"{kv} {y['samples_per_second']:.0f} (throttled {y['throttled'][0]} of {y['throttled'][1]}, "
+              f"{100 * y['ranks'][1]['stall']:.1f}%)", flush=True)
+    # a run whose rank 1 joined the cgroup late (a loaded machine) saw few quota periods
+    ok = [(x, y) for x, y in pairs if min(x["throttled"][1], y["throttled"][1]) >= 10]
+    r = [x["samples_per_second"] / y["samples_per_second"] for x, y in ok]
+    print(f"dynamic as is / with {kv}: paired median {statistics.median(r) if r else float('nan'):.3f}x "
+          f"samples/s over {len(ok)} pairs, as is faster in {sum(v > 1 for v in r)} "
+          f"({len(pairs) - len(ok)} left out: a run with fewer than 10 quota periods)", flush=True)
+
+
+if a.ab_only:
+    for kv in a.ab:
+        ab(kv)
+    sys.exit(0)
 ones = [run(1, "static", False) for _ in range(a.reps)]
 ref = statistics.median(x["samples_per_second"] for x in ones)
 ideal = (1 + a.quota) * ref
@@ -156,13 +188,20 @@ T = (BATCH * c + F0 + F1) / (1 + q)
 print(f"  a perfect split with these c and F: step {T:.0f} us = {BATCH / (T * 1e-6) / ideal:.2f} of the ideal; "
       f"with F1 = 0: {BATCH / ((BATCH * c + F0) / (1 + q) * 1e-6) / ideal:.2f}; with F0 = F1 = F / 2 "
       f"(the per-step work shared, done once): {BATCH / ((BATCH * c + (F0 + F1) / 2) / (1 + q) * 1e-6) / ideal:.2f}")
+sps_of = {}
 for bal in ("static", "dynamic"):
     rs = [run(2, bal, True) for _ in range(a.reps)]
-    sps = statistics.median(x["samples_per_second"] for x in rs)
+    sps = sps_of[bal] = statistics.median(x["samples_per_second"] for x in rs)
     s = rs[-1]
+    stalls = [100 * x["ranks"][1]["stall"] for x in rs]
     print(f"{bal} under the quota: {sps:.0f} samples/s = {sps / ideal:.2f} of the ideal "
-          f"(throttled {s['throttled'][0]} of {s['throttled'][1]} periods, {s['throttled'][2]:.2f} s)")
+          f"(last run: throttled {s['throttled'][0]} of {s['throttled'][1]} periods, {s['throttled'][2]:.2f} s; "
+          f"rank 1's wall in stalls per run: {', '.join(f'{v:.1f}%' for v in stalls)})")
     for r, x in enumerate(s["ranks"]):
         print(f"  rank {r}: {x['n']:.0f} samples/step, step median {x['step']:.0f} us, c = {x['c']:.2f} us "
               f"per sample (wall, calm steps), F = {x['F']:.0f} us fixed per step, "
               f"{100 * x['stall']:.1f}% of wall in stalls (spans >= 5 ms)")
+print(f"dynamic / static under the quota: {sps_of['dynamic'] / sps_of['static']:.2f}x "
+      f"(targets: dynamic >= 0.9 of the ideal, >= 1.3x static)")
+for kv in a.ab:
+    ab(kv)

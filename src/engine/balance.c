@@ -60,6 +60,15 @@
 /* How often a rank re-reads its CPU quota (a process can be moved into a
  * cgroup while it runs), seconds. */
 #define DT_BALANCE_QUOTA_S 1.0
+/* Pacing (dt__balance_pace): the share of the quota a paced rank uses, and
+ * the bucket's depth in CPU seconds: at most 4 ms and a fifth of what the
+ * quota allows per CFS period (q x 100 ms), so that the kernel's own
+ * accounting, whose periods are not ours, rarely finds the rank over its
+ * quota. */
+#define DT_BALANCE_PACE 0.9
+#define DT_BALANCE_PACE_DEPTH 0.004
+#define DT_BALANCE_CFS_PERIOD 0.1
+
 /* Gathered per rank at an epoch end: compute, wait, samples, share sum,
  * steps, backups ran, won, dropped. */
 #define EP_FIELDS 8
@@ -73,7 +82,9 @@ struct dt_balance {
   double step_wait;    /* this step's wait for later ranks */
   double cpu_last;     /* process CPU seconds at the last replan */
   double quota, quota_next; /* CPU quota in cores (0: none); when to re-read it */
-  double pace_t, pace_cpu, budget; /* stealing under a quota: the token bucket */
+  int pace;            /* dynamic: DTRAIN_DYNAMIC_PACE */
+  double quota_use;    /* dynamic: DTRAIN_DYNAMIC_QUOTA_PCT / 100 */
+  double pace_t, pace_cpu, budget; /* pacing under a quota: the token bucket */
   /* this rank, since the last replan */
   double win_compute, win_samples, win_wall;
   /* this rank, this epoch */
@@ -98,6 +109,8 @@ int dt__balance_create(dt_balance **out, const dt_run_cfg *cfg, int rank, int nr
   b->mode = cfg->balance;
   b->every = cfg->balance_every > 0 ? cfg->balance_every : 8;
   b->threshold = cfg->straggler_threshold;
+  b->pace = (int)dt_param(DT_PARAM_DYNAMIC_PACE);
+  b->quota_use = (double)dt_param(DT_PARAM_DYNAMIC_QUOTA_PCT) / 100.0;
   b->slow_us = dt_param(DT_PARAM_TEST_SLOW_RANK) == rank ? dt_param(DT_PARAM_TEST_SLOW_US) : 0;
   b->sum_sec = calloc(n, sizeof(double));
   b->sum_n = calloc(n, sizeof(double));
@@ -230,8 +243,17 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
   }
   /* CPU time only matters under a quota (a system call; skipped otherwise) */
   double cpu = b->quota > 0 ? cpu_seconds() : 0;
+  /* the quota it is charged against (charged()): under dynamic, the part
+   * of it DTRAIN_DYNAMIC_QUOTA_PCT lets the shares fill, and a rank that
+   * paces itself (dt__balance_step_pace) uses at most DT_BALANCE_PACE of
+   * its quota: that is its edge */
+  double q = b->quota;
+  if (b->mode == DT_BALANCE_DYNAMIC && q > 0 && q < 1.0) {
+    q *= b->quota_use;
+    if (b->pace) q *= DT_BALANCE_PACE;
+  }
   double mine[WIN_FIELDS] = {b->win_compute, b->win_samples, now - b->t_last,
-                             b->cpu_last > 0 ? cpu - b->cpu_last : 0, b->quota};
+                             b->cpu_last > 0 ? cpu - b->cpu_last : 0, q};
   b->cpu_last = cpu;
   int rc = dt_comm_allgather(c, mine, b->gather, WIN_FIELDS, DT_F64);
   if (rc < 0) {
@@ -256,16 +278,10 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
   return DT_OK;
 }
 
-/* Pacing (dt__balance_pace): the share of the quota a paced rank uses, and
- * the bucket's depth in CPU seconds: at most 4 ms and a fifth of what the
- * quota allows per CFS period (q x 100 ms), so that the kernel's own
- * accounting, whose periods are not ours, rarely finds the rank over its
- * quota. */
-#define DT_BALANCE_PACE 0.9
-#define DT_BALANCE_PACE_DEPTH 0.004
-#define DT_BALANCE_CFS_PERIOD 0.1
-
-void dt__balance_pace(dt_balance *b, struct dt_ddp *ddp) {
+/* Whether this rank paces itself now (its cgroup allows it less than one
+ * core; the quota re-read every second), and the bucket's state refilled
+ * up to now. */
+static int pace_on(dt_balance *b) {
   double now = dt_now();
   if (now >= b->quota_next) {
     b->quota = dt_cpu_quota();
@@ -273,29 +289,54 @@ void dt__balance_pace(dt_balance *b, struct dt_ddp *ddp) {
   }
   if (!(b->quota > 0 && b->quota < 1.0)) {
     b->pace_t = 0;
-    return;
+    return 0;
   }
-  const double rate = DT_BALANCE_PACE * b->quota;
   double depth = 0.2 * b->quota * DT_BALANCE_CFS_PERIOD;
   if (depth > DT_BALANCE_PACE_DEPTH) depth = DT_BALANCE_PACE_DEPTH;
   double cpu = cpu_seconds();
   if (b->pace_t == 0) {
-    b->pace_t = now;
-    b->pace_cpu = cpu;
     b->budget = depth;
+  } else {
+    b->budget += DT_BALANCE_PACE * b->quota * (now - b->pace_t) - (cpu - b->pace_cpu);
+    if (b->budget > depth) b->budget = depth;
+  }
+  b->pace_t = now;
+  b->pace_cpu = cpu;
+  return 1;
+}
+
+/* With a queue (steal): waits 50 us at a time while the bucket is empty
+ * and the queue is not. Without one (dynamic, at a step's start): sleeps
+ * once for as long as the bucket needs to fill up again, and goes on even
+ * if the CPU the process used meanwhile (its other threads, the wake-up)
+ * left it short: the debt is paid at the next step. Sleeping until the
+ * bucket is full again would never end under a small quota, where every
+ * wake-up costs more of the bucket than a millisecond's sleep refills. */
+static void pace(dt_balance *b, const struct dt_steal *q) {
+  if (!pace_on(b)) return;
+  if (!q) {
+    if (b->budget >= 0) return;
+    double s = -b->budget / (DT_BALANCE_PACE * b->quota);
+    if (s > 0.1) s = 0.1;
+    struct timespec ts = {0, (long)(s * 1e9)};
+    nanosleep(&ts, NULL);
+    pace_on(b);
     return;
   }
-  for (;;) {
-    b->budget += rate * (now - b->pace_t) - (cpu - b->pace_cpu);
-    if (b->budget > depth) b->budget = depth;
-    b->pace_t = now;
-    b->pace_cpu = cpu;
-    if (b->budget > 0 || dt_steal_left(dt_ddp_steal(ddp)) <= 0) return;
+  while (b->budget <= 0 && dt_steal_left(q) > 0) {
     struct timespec ts = {0, 50000};
     nanosleep(&ts, NULL);
-    now = dt_now();
-    cpu = cpu_seconds();
+    pace_on(b);
   }
+}
+
+void dt__balance_pace(dt_balance *b, struct dt_ddp *ddp) {
+  const struct dt_steal *q = dt_ddp_steal(ddp);
+  if (q) pace(b, q);
+}
+
+void dt__balance_step_pace(dt_balance *b) {
+  if (b->pace && b->mode == DT_BALANCE_DYNAMIC && b->nranks > 1) pace(b, NULL);
 }
 
 int dt__balance_throttled(const dt_balance *b) { return b->quota > 0 && b->quota < 1.0; }

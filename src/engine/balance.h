@@ -92,6 +92,14 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
  * one. A no-op without a quota (one clock read per second to see). */
 struct dt_ddp;
 void dt__balance_pace(dt_balance *b, struct dt_ddp *ddp);
+/* dist.balance = dynamic under a CPU quota below one core, at the start
+ * of each step (after dt__balance_step_begin, so the wait counts in the
+ * rank's busy time and its measured speed, hence its share, follows the
+ * pace): sleeps in steps of 50 us while the same token bucket is empty.
+ * The kernel then rarely stops the rank for the rest of a quota period
+ * with the others waiting for it at the reduction. A no-op in other modes,
+ * without a quota, or unless DTRAIN_DYNAMIC_PACE=1. */
+void dt__balance_step_pace(dt_balance *b);
 /* This rank's cgroup allows it less than one core (as last read by
  * dt__balance_pace or a replan; re-read every second). */
 int dt__balance_throttled(const dt_balance *b);

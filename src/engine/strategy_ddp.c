@@ -254,6 +254,7 @@ static int ddp_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   ddp_impl *d = s->impl;
   d->plan = *plan;
   dt__balance_step_begin(d->bal);
+  dt__balance_step_pace(d->bal);
   dt_ddp_set_step(d->ddp, s->step,
                   s->steps_per_epoch > 0 ? (int)(s->step / s->steps_per_epoch) : 0);
   dt_compress *z = dt_ddp_compressor(d->ddp);

@@ -147,6 +147,7 @@ static int det_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   DT_CHECK(det_wpack(s));
   d->plan = *plan;
   dt__balance_step_begin(d->bal);
+  dt__balance_step_pace(d->bal);
   d->taken = d->samples = 0;
   if (d->steal) dt_steal_begin(dt_ddp_steal(d->ddp), plan->pieces_global);
   dt_ddp_begin_step_det(d->ddp, plan->n_global, plan->pieces_global,
