@@ -23,11 +23,21 @@
 # 0.5 s): what N times the watcher's wake-ups cost, read against off; the
 # default's cost is at most that over N (the wake-ups are its only per-second
 # work), which bounds it below what the pairs' scatter can show.
+# RT=1 runs each job under `chrt -f 1` (SCHED_FIFO: the machine's other
+# processes cannot preempt it; root): wall clock and CPU per sample as on a
+# quiet machine while others load it. Keep such runs short: the job's
+# spinning workers leave the others only the kernel's RT throttling share.
+# ON_SET=KEY=VALUE replaces the "on" run's dist.min_workers=1: with a key
+# that changes nothing (ON_SET=train.seed=42) the pairs compare the job with
+# itself, which shows the bench's own bias and scatter.
 # Takes ~PAIRS x 2 x (EPOCHS x 0.7 s + 2 s) on a quiet machine (~45 s).
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 DTRAIN=${DTRAIN:-$SRC/${BUILD:-build/release}/dtrain} # make build's, as the other benches
 PAIRS=${PAIRS:-6}
+NAME=$(basename "$DTRAIN" | cut -c1-15) # the processes' name (pgrep -x)
+ON_SET=${ON_SET:-dist.min_workers=1} # the "on" run's --set (ON_SET=train.seed=42: an A/A calibration)
+OWN_S=${OWN_S:-1.5} # how long elastic's threads are read mid-run, s
 EPOCHS=${EPOCHS:-3}
 T=$(mktemp -d /tmp/dtrain_bench_elcost.XXXXXX)
 trap 'rm -rf "$T"' EXIT
@@ -46,6 +56,11 @@ m = sorted(statistics.median(rnd.choices(x, k=len(x))) for _ in range(2000))
 print("%.4f [%.4f, %.4f]" % (statistics.median(x), m[50], m[1949]))'
 }
 perf stat -x, -e task-clock true >/dev/null 2>&1 || { echo "perf stat does not work here"; exit 77; }
+rt=()
+if [ "${RT:-0}" = 1 ]; then
+  chrt -f 1 true 2>/dev/null || { echo "RT=1: chrt -f 1 is not allowed here"; exit 77; }
+  rt=(chrt -f 1)
+fi
 
 # threads NAME PIDS... — "cpu_ns slices" summed over the threads of PIDS
 # called NAME (NAME '*': all of them)
@@ -65,22 +80,23 @@ threads() {
 # run ARM I — one job under perf stat; sets the figures of the run
 run() {
   local arm=$1 i=$2 x=() d="$T/$1_$2"
-  [ "$arm" = on ] && x=(--set dist.min_workers=1)
+  [ "$arm" = on ] && x=(--set "$ON_SET")
   [ "$arm" = amp ] && x=(--set dist.min_workers=1 --set dist.heartbeat_timeout="$HB_AMP")
   perf stat -x, -o "$d.perf" -e task-clock,context-switches,instructions:u -- \
-    "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs="$EPOCHS" \
+    ${rt[@]+"${rt[@]}"} "$DTRAIN" train "$SRC/examples/fashion_mlp.ini" --workers 2 --set train.epochs="$EPOCHS" \
     "${x[@]}" --out "$d" >"$d.log" 2>&1 </dev/null &
   local job=$! launcher="" workers="" a b c
   # the middle of the run: from the first epoch's end, 1.5 s of elastic's threads
   for _ in $(seq 1 1200); do [ -s "$d/events.jsonl" ] && break; sleep 0.05; done
-  launcher=$(pgrep -P "$job" -x dtrain | head -1)
-  workers=$(pgrep -P "$launcher" -x dtrain | tr '\n' ' ')
+  launcher=$(pgrep -P "$job" -x "$NAME" | head -1)
+  workers=$(pgrep -P "$launcher" -x "$NAME" | tr '\n' ' ')
   if [ "$arm" != off ] && [ -n "$workers" ]; then
     a=($(threads dt-watch $workers) $(threads dt-store "$launcher") $(threads '*' $workers))
-    sleep 1.5
+    sleep "$OWN_S"
     b=($(threads dt-watch $workers) $(threads dt-store "$launcher") $(threads '*' $workers))
-    # watcher ns, slices; store ns, slices; workers' ns
-    echo "$((b[0] - a[0])) $((b[1] - a[1])) $((b[2] - a[2])) $((b[3] - a[3])) $((b[4] - a[4]))" >"$d.own"
+    # watcher ns, slices; store ns, slices; workers' ns (void if a worker ended meanwhile)
+    for p in $workers; do [ -d "/proc/$p" ] || b[4]=-1; done
+    [ "${b[4]}" -gt "${a[4]}" ] && echo "$((b[0] - a[0])) $((b[1] - a[1])) $((b[2] - a[2])) $((b[3] - a[3])) $((b[4] - a[4]))" >"$d.own"
   fi
   wait $job || { echo "$arm run $i failed: $(tail -3 "$d.log")"; return 1; }
 }
@@ -106,7 +122,7 @@ EOF
 }
 
 sps=(); cpu=(); loop=(); csw=(); ins=(); own=(); asps=(); aloop=(); acsw=(); awake=(); wake=()
-echo "elastic on / off, 2-worker MLP, $EPOCHS epochs, $PAIRS pairs; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "elastic on / off, 2-worker MLP, $EPOCHS epochs, $PAIRS pairs${rt[0]+, under chrt -f 1}; binary $DTRAIN; load $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq 1 "$PAIRS"); do
   order="off on"; [ $((i % 2)) = 0 ] && order="on off"
   [ -n "${HB_AMP:-}" ] && order="$order amp"
@@ -123,7 +139,7 @@ for i in $(seq 1 "$PAIRS"); do
     read -r wn ws sn ss an <"$T/on_$i.own"
     o=$(awk -v w="$wn" -v s="$sn" -v a="$an" 'BEGIN{ if (a > 0) printf "%.3f", 100 * (w + s) / a; else print "n/a" }')
     own+=("$o")
-    line="$line; elastic's threads over 1.5 s: dt-watch $((wn / 1000)) us in $ws wake-ups, dt-store $((sn / 1000)) us in $ss, = $o% of the workers' CPU"
+    line="$line; elastic's threads over ${OWN_S} s: dt-watch $((wn / 1000)) us in $ws wake-ups, dt-store $((sn / 1000)) us in $ss, = $o% of the workers' CPU"
     wake+=("$((ws + ss))")
   fi
   if [ -n "${HB_AMP:-}" ] && grep -qiE "re-form|generation [1-9]" "$T/amp_$i.log"; then
@@ -132,13 +148,13 @@ for i in $(seq 1 "$PAIRS"); do
     read -r s2 c2 l2 w2 i2 <<<"$(figs amp "$i")"
     asps+=("$(r "$s0" "$s2")"); aloop+=("$(r "$l0" "$l2")"); acsw+=("$(r "$w0" "$w2")")
     line="$line; heartbeat_timeout=$HB_AMP: samples/s ${asps[-1]}, loop CPU/sample ${aloop[-1]}, context switches/sample ${acsw[-1]} of off"
-    [ -s "$T/amp_$i.own" ] && { read -r wn ws sn ss an <"$T/amp_$i.own"; awake+=("$((ws + ss))"); line="$line, elastic's wake-ups over 1.5 s $((ws + ss))"; }
+    [ -s "$T/amp_$i.own" ] && { read -r wn ws sn ss an <"$T/amp_$i.own"; awake+=("$((ws + ss))"); line="$line, elastic's wake-ups over ${OWN_S} s $((ws + ss))"; }
   fi
   echo "$line"
 done
 if [ ${#sps[@]} -gt 0 ]; then
   echo "paired medians over ${#sps[@]} pairs, on / off, [95% bootstrap interval]: samples/s $(ci "${sps[@]}") (target >= 0.98), job CPU per sample $(ci "${cpu[@]}"), workers' loop CPU per sample $(ci "${loop[@]}") (target <= 1.02), context switches per sample $(ci "${csw[@]}"), instructions per sample $(med "${ins[@]}")"
-  [ ${#own[@]} -gt 0 ] && echo "elastic's own threads (dt-watch + dt-store) while training: median $(med "${own[@]}")% of the workers' CPU, $(med "${wake[@]}") wake-ups per 1.5 s; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  [ ${#own[@]} -gt 0 ] && echo "elastic's own threads (dt-watch + dt-store) while training: median $(med "${own[@]}")% of the workers' CPU, $(med "${wake[@]}") wake-ups per ${OWN_S} s; load $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ ${#asps[@]} -gt 0 ]; then
     n=$(awk -v a="$(med "${awake[@]}")" -v b="$(med "${wake[@]}")" 'BEGIN{ if (b > 0) printf "%.1f", a / b; else print "n/a" }')
     echo "heartbeat_timeout=$HB_AMP ($n x the wake-ups), paired on / off: samples/s $(ci "${asps[@]}"), workers' loop CPU per sample $(ci "${aloop[@]}"), context switches per sample $(ci "${acsw[@]}"); the default's cost is at most 1/$n of that"
