@@ -121,7 +121,7 @@ print('%.1f %.5f %.6f %.4f %s' % (s['samples_per_second'], tc / n, sum(x['cpu_se
 EOF
 }
 
-sps=(); cpu=(); loop=(); csw=(); ins=(); own=(); asps=(); aloop=(); acsw=(); awake=(); wake=()
+xcs=(); xown=(); sps=(); cpu=(); loop=(); csw=(); ins=(); own=(); asps=(); aloop=(); acsw=(); awake=(); wake=()
 echo "elastic on / off, 2-worker MLP, $EPOCHS epochs, $PAIRS pairs${rt[0]+, under chrt -f 1}; binary $DTRAIN; load $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq 1 "$PAIRS"); do
   order="off on"; [ $((i % 2)) = 0 ] && order="on off"
@@ -141,6 +141,12 @@ for i in $(seq 1 "$PAIRS"); do
     own+=("$o")
     line="$line; elastic's threads over ${OWN_S} s: dt-watch $((wn / 1000)) us in $ws wake-ups, dt-store $((sn / 1000)) us in $ss, = $o% of the workers' CPU"
     wake+=("$((ws + ss))")
+    # context switches the job gained per second of training, against the
+    # switches elastic's own threads make (one per wake-up): on a quiet
+    # machine the job switches so rarely that these are the ratio's change
+    xcs+=("$(awk -v a="$w0" -v b="$w1" -v s="$s1" 'BEGIN{ printf "%.0f", (b - a) * s }')")
+    xown+=("$(awk -v n="$((ws + ss))" -v t="$OWN_S" 'BEGIN{ printf "%.0f", n / t }')")
+    line="$line; context switches gained ${xcs[-1]}/s, elastic's wake-ups ${xown[-1]}/s"
   fi
   if [ -n "${HB_AMP:-}" ] && grep -qiE "re-form|generation [1-9]" "$T/amp_$i.log"; then
     line="$line; heartbeat_timeout=$HB_AMP: re-formed (a beat came late), left out"
@@ -154,7 +160,7 @@ for i in $(seq 1 "$PAIRS"); do
 done
 if [ ${#sps[@]} -gt 0 ]; then
   echo "paired medians over ${#sps[@]} pairs, on / off, [95% bootstrap interval]: samples/s $(ci "${sps[@]}") (target >= 0.98), job CPU per sample $(ci "${cpu[@]}"), workers' loop CPU per sample $(ci "${loop[@]}") (target <= 1.02), context switches per sample $(ci "${csw[@]}"), instructions per sample $(med "${ins[@]}")"
-  [ ${#own[@]} -gt 0 ] && echo "elastic's own threads (dt-watch + dt-store) while training: median $(med "${own[@]}")% of the workers' CPU, $(med "${wake[@]}") wake-ups per ${OWN_S} s; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  [ ${#own[@]} -gt 0 ] && echo "elastic's own threads (dt-watch + dt-store) while training: median $(med "${own[@]}")% of the workers' CPU, $(med "${wake[@]}") wake-ups per ${OWN_S} s; context switches on - off per second of training $(med "${xcs[@]}"), of which elastic's own wake-ups $(med "${xown[@]}"); load $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ ${#asps[@]} -gt 0 ]; then
     n=$(awk -v a="$(med "${awake[@]}")" -v b="$(med "${wake[@]}")" 'BEGIN{ if (b > 0) printf "%.1f", a / b; else print "n/a" }')
     echo "heartbeat_timeout=$HB_AMP ($n x the wake-ups), paired on / off: samples/s $(ci "${asps[@]}"), workers' loop CPU per sample $(ci "${aloop[@]}"), context switches per sample $(ci "${acsw[@]}"); the default's cost is at most 1/$n of that"
