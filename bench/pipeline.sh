@@ -10,13 +10,15 @@
 #   3. PyTorch 1.13 Pipe (2 stages on CPU, same model and m; target: dtrain
 #      >= 3x its samples/s);
 #   4. peak RSS per rank (VmHWM): 1f1b vs gpipe at m = 16, recompute;
-#   5. recomputation's extra step time and CPU (gpipe and 1f1b, m = 16, paired rounds).
+#   5. recomputation's extra step time and CPU (gpipe and 1f1b, m = 16, paired rounds);
+#   6. (gemm) the stage's products at 32 rows against one process's at 256,
+#      with the second core idle and busy (bench/bench_pipe_gemm.c).
 # Each dtrain figure is the median of DT_BENCH_REPS runs of DT_BENCH_STEPS
 # steps (training time only, from summary.json). The machine has 2 cores
 # and is shared: re-run before believing a single number.
 # Env: BUILD (default build/release), DT_BENCH_STEPS (30), DT_BENCH_REPS (3),
-#      DT_BENCH_ONLY (all, or one of speed wpack breakdown bubble recompute torch rss; or accuracy,
-#      the two accuracy runs, ~30 minutes, not part of all).
+#      DT_BENCH_ONLY (all, or one of speed wpack breakdown gemm bubble recompute torch rss; or accuracy,
+#      the two accuracy runs, ~30 minutes, not part of all), DT_BENCH_GEMM_ROUNDS (gemm's rounds, 15).
 set -u
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$SRC" || exit 1
@@ -136,12 +138,23 @@ for shape in "deep-256|256|" "deep-128|128|" "w1024-256|256|$W1024"; do
 done
 fi
 
+if want gemm; then
+# Why a stage's compute exceeds its share of one process's step: its
+# forward and input-gradient products have 32 rows (256 / m), one process's
+# 256, and the other core is busy (the other stage) where one process runs
+# alone. bench_pipe_gemm times both at the deep MLP's shapes (thread CPU
+# time, paired rounds) and weights them by stage 0's FLOPs.
+echo "== GEMM: 256 rows as 8 products of 32 vs 1 of 256, deep MLP shapes, second core idle / busy"
+cmake --build "$BUILD" --target bench_pipe_gemm -j2 >/dev/null 2>&1 || echo "FAILED: building bench_pipe_gemm" >&2
+"$BUILD/bench_pipe_gemm" "${DT_BENCH_GEMM_ROUNDS:-15}"
+fi
+
 if want breakdown; then
 # Where a step's time goes, per stage of 2 stages 1f1b m=8, next to one
 # process (plain training): each stage's step split into compute (its
 # forwards, backwards, weight packing and deferred weight gradients),
-# waiting for the neighbour (send/recv) and the rest (optimizer step on its
-# span, data, checkpoint decision); and its compute against its share of
+# waiting (send/recv, and ranks > 0 waiting for stage 0 in the per-step
+# checkpoint agreement) and the rest (optimizer step on its span, data); and its compute against its share of
 # the one process's step (the share of the model's
 # GEMM work: 3 products per linear parameter, 2 for the first layer, which
 # makes no input gradient; the stages' parameter counts are read from the
@@ -185,6 +198,11 @@ for r in (0, 1):
           f"share of the model {m[4]:.3f}: compute / (share x 1 process) = {m[5]:.2f}")
 print(f"speed-up {st.median(ratio):.2f}x (median of {len(ratio)} paired rounds); the slowest stage's "
       f"compute alone bounds it at {st.median(one) / max(st.median(x[1] for x in rows[r]) for r in (0, 1)):.2f}x")
+# the two stages' compute together against one process's step: with any
+# split and no waiting at all, 2 cores give at most 2 / that
+both = st.median(one) / (st.median(x[1] for x in rows[0]) + st.median(x[1] for x in rows[1]))
+print(f"both stages' compute together: {1 / both:.2f} of one process's step; with a perfect split "
+      f"and no waiting 2 stages reach at most {2 * both:.2f}x")
 PY
 fi
 

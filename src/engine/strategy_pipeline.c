@@ -128,6 +128,7 @@ typedef struct pipe_impl {
   dt_step_plan plan;
   uint64_t sent0, recv0;
   double reduce_s;
+  double agree_s;    /* waiting in the per-step checkpoint agreement (pipe_gather) */
   size_t act_bytes;  /* this stage's activation memory (dt_pipe_act_bytes) */
   /* checkpoints, rank 0: the other stages' optimizer states and counts */
   float *ck_optim;   /* stages 1..P-1 side by side (slots x params each) */
@@ -537,7 +538,7 @@ static int pipe_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *al
   uint64_t sent = 0, recv = 0;
   if (s->comm) dt_comm_bytes(s->comm, &sent, &recv);
   me->compute_seconds = comp;
-  me->comm_seconds = wait + d->reduce_s;
+  me->comm_seconds = wait + d->reduce_s + d->agree_s;
   me->comm_hidden = 0;
   me->bytes_sent = (double)(sent - d->sent0);
   me->bytes_received = (double)(recv - d->recv0);
@@ -572,7 +573,11 @@ static size_t optim_slots(const pipe_impl *d) {
 static int pipe_gather(dt_strategy *s, int32_t *flags) {
   pipe_impl *d = s->impl;
   if (s->comm && s->nranks > 1) {
+    /* after every step: the other ranks wait here for rank 0 (stage 0)
+     * to finish its step; that is waiting for a stage, counted as such */
+    double t0 = dt_now();
     int rc = dt_comm_broadcast(s->comm, flags, 1, DT_I32, 0);
+    d->agree_s += dt_now() - t0;
     if (rc < 0) return pcomm_err(s, rc, "agreeing on a checkpoint");
   }
   if (!(*flags & DT__CK_TAKE) || !d->pcomm || d->replica != 0) return DT_OK;
