@@ -79,11 +79,12 @@ void dt__cz_orthonormalize(float *p, int m, int r) {
  * Q's partial sums stay in registers across all rows, and E's and G's
  * chunks across all j and 4 rows, instead of being loaded and stored for
  * every row (the axpy loops were bound by those loads and stores: 19.6%
- * of a rank-6 MLP run's CPU samples against 30% for the layers' GEMMs;
- * after, 8%: bench/RESULTS.md, eighth session). Each output element sees the same fused
- * multiply-adds in the same order as the portable loops (the axpys run
- * over rows a, or columns j, in order; the dot keeps its 16 lane sums and
- * adds them up in lane order), so both give the same bits. */
+ * of a rank-6 MLP run's CPU samples against 29.5% for the layers' GEMMs;
+ * after, 15.5% against 30.9%: bench/RESULTS.md, eighth session). Each
+ * output element sees the same fused multiply-adds in the same order as
+ * the portable loops (the axpys run over rows a, or columns j, in order;
+ * the dot keeps its 16 lane sums and adds them up in lane order), so both
+ * give the same bits. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
