@@ -1,11 +1,10 @@
 /*
  * elastic.c — generations of members in the rendezvous store (elastic.h):
- * the watcher thread (heartbeat + change counter, aborting the current
- * communicator when a change is announced; fencing a member cut off from
- * the store), the agreement on the next generation (registrations, deaths
- * reported by launchers, silent heartbeats or expired etcd leases, a
- * majority of the last generation, then one compare-and-set) and the
- * communicator of each generation.
+ * the store helpers, create and join, the agreement on the next
+ * generation (registrations, deaths reported by launchers, silent
+ * heartbeats or expired etcd leases, a majority of the last generation,
+ * then one compare-and-set) and the communicator of each generation. The
+ * heartbeats and the watcher thread are watch.c's.
  *
  * It deliberately keeps no model state and never reads files: what a
  * member knows (its position) travels as one integer per registration; the
@@ -15,50 +14,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <time.h>
 
 #include "core/core.h"
-#include "elastic/elastic.h"
+#include "elastic/elastic_int.h"
 #include "elastic/store_etcd.h"
 
-#define MAX_MEMBERS 4096
-#define GEN_MAX (32 + MAX_MEMBERS * 8)
-
-struct dt_elastic {
-  dt_elastic_cfg cfg;
-  char job[128];
-  dt_store *st, *wst;           /* caller's and watcher's store clients */
-  int gen;
-  int64_t seen;                 /* change counter accounted for by this generation */
-  int *members, nmembers;       /* ids of the current generation, rank order */
-  dt_comm *cur, *own, *old;     /* watched; made here (current); made here (previous) */
-  char cjob[160];               /* the current generation's comm prefix */
-  pthread_t thread;
-  int started;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int stop;
-  double tick;
-  int saver;                    /* gave up below min_workers and keeps the state */
-  /* heartbeats: counters in the built-in store, a lease per member in etcd */
-  int etcd;
-  int64_t lease;                /* this member's lease (etcd), 0: none */
-  int ttl;                      /* its TTL, s */
-  double next_keep;             /* when the lease is renewed next */
-  double op_tmo;                /* a store call of the watcher or the agreement, s */
-  double hb_ok;                 /* the store last took this member's heartbeat */
-  double fence_s;               /* without the store this long, a member stops */
-  int fenced;                   /* cut off (store unreachable, lease expired): stop */
-  char fence_why[400];
-};
-
-static void sleep_s(double s) {
+void dt__el_sleep(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
   nanosleep(&ts, NULL);
 }
 
-static void key(const dt_elastic *el, char *buf, size_t cap, const char *fmt, int a, int b) {
+void dt__el_key(const dt_elastic *el, char *buf, size_t cap, const char *fmt, int a, int b) {
   char tail[96];
   snprintf(tail, sizeof tail, fmt, a, b);
   snprintf(buf, cap, "%s/el/%s", el->job, tail);
@@ -95,7 +62,7 @@ static int parse_gen(const char *s, int *gen, int64_t *change, int **ids, int *n
 static int read_gen_t(dt_elastic *el, char *buf, size_t cap, double t) {
   char k[256];
   size_t len = 0;
-  key(el, k, sizeof k, "gen", 0, 0);
+  dt__el_key(el, k, sizeof k, "gen", 0, 0);
   DT_CHECK(dt_store_get(el->st, k, buf, cap - 1, &len, t));
   buf[len] = '\0';
   return DT_OK;
@@ -105,14 +72,14 @@ static int read_gen(dt_elastic *el, char *buf, size_t cap) {
   return read_gen_t(el, buf, cap, el->cfg.cc.timeout_s);
 }
 
-static int64_t counter_t(dt_store *st, const char *k, int64_t add, double t) {
+int64_t dt__el_counter_t(dt_store *st, const char *k, int64_t add, double t) {
   int64_t v = 0;
   if (dt_store_add(st, k, add, &v, t) < 0) return -1;
   return v;
 }
 
 static int64_t counter(dt_store *st, const char *k, int64_t add) {
-  return counter_t(st, k, add, 10.0);
+  return dt__el_counter_t(st, k, add, 10.0);
 }
 
 /* Announces a membership change: the change counter bumped, then the bell
@@ -120,7 +87,7 @@ static int64_t counter(dt_store *st, const char *k, int64_t add) {
  * parked on it (the built-in store). A bell never rung (its announcer died
  * in between) is made up for by the watchers' own read of the counter every
  * heartbeat_timeout / 4. */
-static int announce(dt_store *st, const char *job, double t) {
+int dt__el_announce(dt_store *st, const char *job, double t) {
   char k[256];
   int64_t v = 0;
   snprintf(k, sizeof k, "%s/el/change", job);
@@ -130,223 +97,6 @@ static int announce(dt_store *st, const char *job, double t) {
   return DT_OK;
 }
 
-/* ---- heartbeats and fencing ----------------------------------------------------- */
-
-/* etcd: this member's lease and its heartbeat key P/el/hb/ID attached to it
- * (made at create, so the key exists before any other member looks). */
-static int lease_start(dt_elastic *el) {
-  char k[256];
-  DT_CHECK(dt__etcd_lease_grant(el->st, el->ttl, el->cfg.cc.timeout_s, &el->lease));
-  key(el, k, sizeof k, "hb/%d", el->cfg.id, 0);
-  DT_CHECK(dt__etcd_put_leased(el->st, k, "1", el->lease, el->cfg.cc.timeout_s));
-  el->next_keep = dt_now() + el->ttl / 4.0;
-  return DT_OK;
-}
-
-/* Cut off: the reason is kept (the agreement returns it) and the current
- * generation's collectives are aborted. Called with el->mu held. */
-static void fence(dt_elastic *el, const char *why) {
-  if (el->fenced) return;
-  el->fenced = 1;
-  snprintf(el->fence_why, sizeof el->fence_why, "%s", why);
-  if (el->cur) dt_comm_abort(el->cur, DT_EPEERLOST, "cut off from the job's store");
-  el->cur = NULL;
-}
-
-/* One heartbeat on store st (the watcher's, or the caller's while a joiner
- * waits): the counter bumped, or the lease renewed when due. 1 when the
- * store took it, 0 when it was not due, -1 when the store was not reached;
- * an expired lease fences this member. */
-static int beat(dt_elastic *el, dt_store *st, double now) {
-  if (el->etcd) {
-    if (!el->lease || now < el->next_keep) return 0;
-    int64_t left = 0;
-    if (dt__etcd_lease_keepalive(st, el->lease, el->op_tmo, &left) < 0) return -1;
-    if (left <= 0) {
-      char why[400];
-      snprintf(why, sizeof why, "elastic: member %d: its etcd lease expired (cut off from etcd "
-               "for longer than dist.heartbeat_timeout = %.1f s), so the job has gone on without "
-               "it; stopping (a member cut off never trains on alone)", el->cfg.id,
-               el->cfg.heartbeat_timeout_s);
-      pthread_mutex_lock(&el->mu);
-      fence(el, why);
-      pthread_mutex_unlock(&el->mu);
-      return -1;
-    }
-    el->next_keep = now + el->ttl / 4.0;
-    return 1;
-  }
-  char k[256];
-  key(el, k, sizeof k, "hb/%d", el->cfg.id, 0);
-  return counter_t(st, k, 1, el->op_tmo) < 0 ? -1 : 1;
-}
-
-/* After a heartbeat's result r: a member that has not reached the store
- * for fence_s is cut off (a cut link, or the store's node lost) and stops;
- * the other side, if it holds a majority, has gone on without it. */
-static void beat_result(dt_elastic *el, int r, double now) {
-  if (r > 0) el->hb_ok = now;
-  if (r >= 0 || now - el->hb_ok <= el->fence_s) return;
-  char why[400];
-  snprintf(why, sizeof why, "elastic: member %d cannot reach the job's %s at %s:%d for %.1f s "
-           "(a cut link, or that node lost); stopping (a member cut off never trains on alone "
-           "or writes checkpoints)", el->cfg.id, el->etcd ? "etcd" : "rendezvous store",
-           el->etcd ? el->cfg.host + 7 : el->cfg.host, el->cfg.port, now - el->hb_ok);
-  pthread_mutex_lock(&el->mu);
-  fence(el, why);
-  pthread_mutex_unlock(&el->mu);
-}
-
-/* Whether this member was cut off: DT_EABORTED with the reason. */
-static int fenced(dt_elastic *el) {
-  pthread_mutex_lock(&el->mu);
-  int f = el->fenced;
-  pthread_mutex_unlock(&el->mu);
-  return f ? dt__seterr(DT_EABORTED, "%s", el->fence_why) : DT_OK;
-}
-
-/* ---- the watcher ------------------------------------------------------------ */
-
-/* The lowest member of a generation also watches the others' heartbeats:
- * one silent for heartbeat_timeout (frozen, cut off, its host gone) is
- * announced as a change, so nobody waits for it at a collective deadline. */
-struct hbw {
-  int gen, n, told;
-  int *ids;
-  int64_t *val;
-  double *at;
-};
-
-static void watch_heartbeats(dt_elastic *el, struct hbw *w, double now) {
-  pthread_mutex_lock(&el->mu);
-  int lead = el->nmembers > 1 && el->members[0] == el->cfg.id;
-  if (lead && w->gen != el->gen) {
-    free(w->ids), free(w->val), free(w->at);
-    w->n = el->nmembers;
-    w->ids = malloc((size_t)w->n * sizeof *w->ids);
-    w->val = calloc((size_t)w->n, sizeof *w->val);
-    w->at = calloc((size_t)w->n, sizeof *w->at);
-    if (w->ids) memcpy(w->ids, el->members, (size_t)w->n * sizeof *w->ids);
-    w->gen = el->gen;
-    w->told = 0;
-  }
-  pthread_mutex_unlock(&el->mu);
-  if (!lead || !w->ids || !w->val || !w->at || w->told) return;
-  char k[256];
-  for (int i = 0; i < w->n; i++) {
-    if (w->ids[i] == el->cfg.id) continue;
-    key(el, k, sizeof k, "hb/%d", w->ids[i], 0);
-    if (el->etcd) {
-      /* etcd: the member's heartbeat key lives as long as its lease */
-      int found = 1;
-      if (dt__etcd_exists(el->wst, k, el->op_tmo, &found) < 0 || found) continue;
-      DT_LOG_WARN("elastic: member %d's etcd lease expired (silent for dist.heartbeat_timeout); "
-                  "re-forming without it", w->ids[i]);
-      announce(el->wst, el->job, 10.0);
-      w->told = 1;
-      return;
-    }
-    int64_t v = counter_t(el->wst, k, 0, el->op_tmo);
-    if (v < 0) continue; /* the store did not answer: nothing learnt */
-    if (v != w->val[i] || w->at[i] == 0) w->val[i] = v, w->at[i] = now;
-    if (now - w->at[i] > el->cfg.heartbeat_timeout_s) {
-      DT_LOG_WARN("elastic: member %d has been silent for %.1f s (dist.heartbeat_timeout); "
-                  "re-forming without it", w->ids[i], now - w->at[i]);
-      announce(el->wst, el->job, 10.0);
-      w->told = 1;
-      return;
-    }
-  }
-}
-
-/* The watcher: a heartbeat every tick (heartbeat_timeout / 4, at most
- * 0.5 s; etcd: 50 ms). With the built-in store a tick is one call while
- * nothing fails (DT_KV_BEAT): the heartbeat, then parked in the store on
- * the next change's bell until the next beat is due, answered with the
- * change counter — one round trip and three wake-ups per tick in all, so
- * an idle watcher disturbs the training threads as little as it can. A
- * change wakes it at once. Otherwise (etcd, between generations) a beat,
- * the change counter every heartbeat_timeout / 4 (etcd: every tick) and,
- * with the built-in store, a GET of the bell parked until the next beat. */
-static void *watch(void *arg) {
-  dt_elastic *el = arg;
-  prctl(PR_SET_NAME, "dt-watch"); /* its CPU and wake-ups by name (bench/elastic_cost.sh, top -H) */
-  char ch[256], bell[256], hb[256];
-  key(el, ch, sizeof ch, "change", 0, 0);
-  key(el, hb, sizeof hb, "hb/%d", el->cfg.id, 0);
-  struct hbw w = {-1, 0, 0, NULL, NULL, NULL};
-  double next_check = 0, next_beat = 0;
-  int64_t rang = 0; /* the bell of change counter value `rang` rang (0: none) */
-  int beat_ok = 0;  /* the last heartbeat reached the store */
-  int park = !el->etcd; /* beat and wait in one call (0 once the store says it cannot) */
-  pthread_mutex_lock(&el->mu);
-  while (!el->stop) {
-    const int on = el->cur != NULL;
-    const int64_t next = el->seen + 1; /* the next change's bell */
-    pthread_mutex_unlock(&el->mu);
-    double now = dt_now();
-    int64_t c = -1;
-    int waited = 0; /* this pass's beat waited for the bell until the next beat */
-    if (now >= next_beat) {
-      int r = -1;
-      if (park && on) {
-        snprintf(bell, sizeof bell, "%s/el/bell/%lld", el->job, (long long)next);
-        bool found = false;
-        int64_t v = 0;
-        int rc = dt__store_beat(el->wst, bell, hb, ch, el->tick, &found, &v);
-        if (rc == DT_ENOTSUP) park = 0;
-        if (rc == DT_OK) r = 1, c = v, rang = found ? next : 0, waited = 1;
-      }
-      if (!park || !on) r = beat(el, el->wst, now);
-      beat_result(el, r, dt_now());
-      beat_ok = r > 0;
-      next_beat = now + el->tick;
-    }
-    now = dt_now();
-    if (el->etcd || (now >= next_check && !waited)) c = counter_t(el->wst, ch, 0, el->op_tmo);
-    if (now >= next_check) {
-      watch_heartbeats(el, &w, now);
-      next_check = now + el->cfg.heartbeat_timeout_s / 4;
-    }
-    pthread_mutex_lock(&el->mu);
-    if (el->fenced && el->cur) fence(el, el->fence_why); /* (a comm set since) */
-    if ((c > el->seen || rang > el->seen) && el->cur) {
-      /* some member failed or a launcher saw a death: leave any collective
-       * of this generation now instead of at its deadline */
-      dt_comm_abort(el->cur, DT_EPEERLOST, "membership change announced");
-      el->cur = NULL;
-    }
-    rang = 0;
-    if (el->stop) break;
-    if (waited) continue; /* the next beat is due */
-    if (!el->etcd && !park && el->cur && beat_ok) {
-      /* parked on the next change's bell until the next beat or check */
-      snprintf(bell, sizeof bell, "%s/el/bell/%lld", el->job, (long long)(el->seen + 1));
-      const int64_t nb = el->seen + 1;
-      pthread_mutex_unlock(&el->mu);
-      double until = next_beat < next_check ? next_beat : next_check, left = until - dt_now();
-      char v[8];
-      size_t len = 0;
-      int rc = DT_ETIMEDOUT;
-      if (left > 0.001) rc = dt_store_get(el->wst, bell, v, sizeof v, &len, left);
-      else if (left > 0) sleep_s(left);
-      if (rc == DT_OK) rang = nb;
-      pthread_mutex_lock(&el->mu);
-      if (rc == DT_OK || rc == DT_ETIMEDOUT) continue;
-      /* the store failed the call: the tick's sleep below, then a beat */
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double t = el->tick;
-    ts.tv_sec += (time_t)t;
-    ts.tv_nsec += (long)((t - (double)(time_t)t) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    if (!el->stop) pthread_cond_timedwait(&el->cv, &el->mu, &ts);
-  }
-  pthread_mutex_unlock(&el->mu);
-  free(w.ids), free(w.val), free(w.at);
-  return NULL;
-}
 
 /* ---- create / destroy --------------------------------------------------------- */
 
@@ -356,10 +106,10 @@ static int publish_job(dt_elastic *el) {
   char k[256], v[32];
   bool sw;
   int n = snprintf(v, sizeof v, "%d", el->cfg.size0);
-  key(el, k, sizeof k, "size0", 0, 0);
+  dt__el_key(el, k, sizeof k, "size0", 0, 0);
   DT_CHECK(dt_store_cas(el->st, k, NULL, 0, v, (size_t)n, &sw, NULL, 0, NULL, el->cfg.cc.timeout_s));
   if (!el->cfg.fp_len) return DT_OK;
-  key(el, k, sizeof k, "fp", 0, 0);
+  dt__el_key(el, k, sizeof k, "fp", 0, 0);
   return dt_store_cas(el->st, k, NULL, 0, el->cfg.fp, el->cfg.fp_len, &sw, NULL, 0, NULL,
                       el->cfg.cc.timeout_s);
 }
@@ -370,7 +120,7 @@ static int joiner_id(dt_elastic *el) {
   char k[256], v[64];
   size_t len = 0;
   const double tmo = el->cfg.cc.timeout_s;
-  key(el, k, sizeof k, "size0", 0, 0);
+  dt__el_key(el, k, sizeof k, "size0", 0, 0);
   int rc = dt_store_get(el->st, k, v, sizeof v - 1, &len, tmo);
   if (rc < 0) return dt__preerr(rc, "joining: the job's record %s", k);
   v[len] = '\0';
@@ -378,7 +128,7 @@ static int joiner_id(dt_elastic *el) {
   if (size0 < 1 || size0 > MAX_MEMBERS)
     return dt__seterr(DT_EPROTO, "elastic: joining: bad record %s = '%.20s'", k, v);
   if (el->cfg.check_fp) {
-    key(el, k, sizeof k, "fp", 0, 0);
+    dt__el_key(el, k, sizeof k, "fp", 0, 0);
     char *fp = malloc(65536);
     if (!fp) return dt__seterr(DT_ENOMEM, "elastic: out of memory");
     rc = dt_store_get(el->st, k, fp, 65536, &len, tmo);
@@ -387,7 +137,7 @@ static int joiner_id(dt_elastic *el) {
     DT_CHECK(rc);
   }
   int64_t n = 0;
-  key(el, k, sizeof k, "nextid", 0, 0);
+  dt__el_key(el, k, sizeof k, "nextid", 0, 0);
   DT_CHECK(dt_store_add(el->st, k, 1, &n, tmo));
   el->cfg.size0 = size0;
   el->cfg.id = size0 + (int)n - 1;
@@ -421,11 +171,11 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
   /* the watcher's tick (heartbeats; etcd: also the change counter's poll) */
   el->tick = el->cfg.heartbeat_timeout_s / 4; /* 4 beats per timeout, as etcd's renewals */
   if (el->tick > (el->etcd ? 0.05 : 0.5)) el->tick = el->etcd ? 0.05 : 0.5;
-  if (el->etcd) rc = lease_start(el);
+  if (el->etcd) rc = dt__el_lease_start(el);
   if (rc == DT_OK) { /* where it runs: a cut link separates sites, never one site */
     char k[256];
     const char *site = el->cfg.cc.bind_addr ? el->cfg.cc.bind_addr : "127.0.0.1";
-    key(el, k, sizeof k, "site/%d", el->cfg.id, 0);
+    dt__el_key(el, k, sizeof k, "site/%d", el->cfg.id, 0);
     rc = dt_store_set(el->st, k, site, strlen(site), el->cfg.cc.timeout_s);
   }
   el->nmembers = el->cfg.size0 > 0 ? el->cfg.size0 : 1;
@@ -442,7 +192,7 @@ int dt_elastic_create(dt_elastic **out, const dt_elastic_cfg *cfg) {
       n += (size_t)snprintf(rec + n, GEN_MAX - n, "%s%d", i ? "," : "", i);
     }
     char k[256];
-    key(el, k, sizeof k, "gen", 0, 0);
+    dt__el_key(el, k, sizeof k, "gen", 0, 0);
     bool sw;
     if (rec) rc = dt_store_cas(el->st, k, NULL, 0, rec, n, &sw, NULL, 0, NULL, el->cfg.cc.timeout_s);
     free(rec);
@@ -463,7 +213,7 @@ int dt_elastic_start(dt_elastic *el, dt_comm *c) {
   el->cur = c;
   pthread_mutex_unlock(&el->mu);
   if (el->started) return DT_OK;
-  if (pthread_create(&el->thread, NULL, watch, el) != 0)
+  if (pthread_create(&el->thread, NULL, dt__el_watch, el) != 0)
     return dt__seterr(DT_EIO, "elastic: cannot start the watcher thread");
   el->started = 1;
   return DT_OK;
@@ -524,7 +274,7 @@ int dt_elastic_report_dead(dt_store *st, const char *job, int id, double timeout
     }
   }
   free(rec);
-  if (member) DT_CHECK(announce(st, job, timeout_s));
+  if (member) DT_CHECK(dt__el_announce(st, job, timeout_s));
   snprintf(k, sizeof k, "%s/el/dead/%d", job, id);
   return dt_store_add(st, k, 1, NULL, timeout_s);
 }
@@ -575,7 +325,7 @@ static int same_site(dt_elastic *el, int id, double t) {
   char k[256], v[128];
   size_t len = 0;
   const char *mine = el->cfg.cc.bind_addr ? el->cfg.cc.bind_addr : "127.0.0.1";
-  key(el, k, sizeof k, "site/%d", id, 0);
+  dt__el_key(el, k, sizeof k, "site/%d", id, 0);
   if (dt_store_get(el->st, k, v, sizeof v - 1, &len, t) < 0) return 0;
   v[len] = '\0';
   return !strcmp(v, mine);
@@ -585,15 +335,15 @@ static int same_site(dt_elastic *el, int id, double t) {
  * of the current generation, not reported dead), ascending, at most cap. */
 static int joiners(dt_elastic *el, int g, int *ids, int cap) {
   char k[256];
-  key(el, k, sizeof k, "nextid", 0, 0);
+  dt__el_key(el, k, sizeof k, "nextid", 0, 0);
   int64_t nj = counter(el->st, k, 0), n = 0;
   for (int64_t j = 0; j < nj && n < cap; j++) {
     int id = el->cfg.size0 + (int)j, member = 0;
     for (int i = 0; i < el->nmembers; i++) member |= el->members[i] == id;
     if (member) continue;
-    key(el, k, sizeof k, "g%d/in/%d", g, id);
+    dt__el_key(el, k, sizeof k, "g%d/in/%d", g, id);
     if (counter(el->st, k, 0) <= 0) continue;
-    key(el, k, sizeof k, "dead/%d", id, 0);
+    dt__el_key(el, k, sizeof k, "dead/%d", id, 0);
     if (counter(el->st, k, 0) > 0) continue;
     ids[n++] = id;
   }
@@ -610,7 +360,7 @@ static int enter(dt_elastic *el, const char *rec, double t0, dt_elastic_gen *out
   int64_t best = -1;
   int src = -1;
   for (int i = 0; i < el->nmembers; i++) {
-    key(el, k, sizeof k, "g%d/in/%d", el->gen, el->members[i]);
+    dt__el_key(el, k, sizeof k, "g%d/in/%d", el->gen, el->members[i]);
     int64_t v = counter(el->st, k, 0) - 2;
     if (v > best) best = v, src = i;
   }
@@ -666,34 +416,34 @@ int dt_elastic_join(dt_elastic *el, dt_elastic_gen *out) {
       goto done;
     }
     /* full and nobody re-forming: wait for room (a loss re-forms the group) */
-    key(el, k, sizeof k, "change", 0, 0);
+    dt__el_key(el, k, sizeof k, "change", 0, 0);
     int64_t ch = counter(el->st, k, 0);
     if (el->cfg.max_workers > 0 && n >= el->cfg.max_workers && ch <= c) {
       if (!told)
         DT_LOG_INFO("elastic: joiner %d waits: generation %d is full (%d workers, "
                     "dist.max_workers)", el->cfg.id, g, n);
       told = 1;
-      if (el->etcd) beat(el, el->st, dt_now()); /* its lease lives while it waits */
-      sleep_s(0.05);
+      if (el->etcd) dt__el_beat(el, el->st, dt_now()); /* its lease lives while it waits */
+      dt__el_sleep(0.05);
       continue;
     }
     /* ask for the next generation: register, then announce a change (the
      * members leave their step in flight and re-form with us) */
-    key(el, k, sizeof k, "g%d/in/%d", g + 1, el->cfg.id);
+    dt__el_key(el, k, sizeof k, "g%d/in/%d", g + 1, el->cfg.id);
     int64_t v = 0;
     DT_CHECK_GOTO(dt_store_add(el->st, k, 0, &v, tmo), rc, done);
     if (v <= 0) DT_CHECK_GOTO(dt_store_add(el->st, k, 1, NULL, tmo), rc, done); /* no state */
     if (counted) { /* registered: the members need not wait for this spare any more */
-      key(el, k, sizeof k, "coming", 0, 0);
+      dt__el_key(el, k, sizeof k, "coming", 0, 0);
       DT_CHECK_GOTO(dt_store_add(el->st, k, -1, NULL, tmo), rc, done);
       counted = 0;
     }
     if (ch <= c) /* nobody re-forming yet: ask for it */
-      DT_CHECK_GOTO(announce(el->st, el->job, tmo), rc, done);
+      DT_CHECK_GOTO(dt__el_announce(el->st, el->job, tmo), rc, done);
     /* until generation g + 1 is decided (with us or, in a race, without) */
     while (atoi(rec) <= g && dt_now() < until) {
-      if (el->etcd) beat(el, el->st, dt_now());
-      sleep_s(0.002);
+      if (el->etcd) dt__el_beat(el, el->st, dt_now());
+      dt__el_sleep(0.002);
       DT_CHECK_GOTO(read_gen(el, rec, GEN_MAX), rc, done);
     }
   }
@@ -726,12 +476,12 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
    * deadline). A generation decided without this member (it was frozen,
    * say) needs no announcement: it only has to find out and leave. */
   for (int step = 0; step < 2;) {
-    DT_CHECK_GOTO(fenced(el), rc, done);
+    DT_CHECK_GOTO(dt__el_fenced(el), rc, done);
     if (step == 0) {
       rc = read_gen_t(el, rec, GEN_MAX, ot);
-      if (rc == DT_OK && atoi(rec) < g) rc = announce(el->st, el->job, ot);
+      if (rc == DT_OK && atoi(rec) < g) rc = dt__el_announce(el->st, el->job, ot);
     } else {
-      key(el, k, sizeof k, "g%d/in/%d", g, el->cfg.id);
+      dt__el_key(el, k, sizeof k, "g%d/in/%d", g, el->cfg.id);
       rc = dt_store_add(el->st, k, (pos < 0 ? -1 : pos) + 2, NULL, ot);
     }
     if (rc == DT_OK) {
@@ -739,17 +489,17 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
       continue;
     }
     if (dt_now() - t0 > tmo + el->fence_s) goto done;
-    sleep_s(0.05);
+    dt__el_sleep(0.05);
   }
 
   int below_since = 0;
   double below_t = 0, coming_t = 0;
   for (;;) {
-    DT_CHECK_GOTO(fenced(el), rc, done);
+    DT_CHECK_GOTO(dt__el_fenced(el), rc, done);
     rc = read_gen_t(el, rec, GEN_MAX, ot);
     if (rc < 0) { /* the store did not answer: until this member is fenced */
       if (dt_now() - t0 > tmo + el->fence_s) goto done;
-      sleep_s(0.05);
+      dt__el_sleep(0.05);
       continue;
     }
     int cg = atoi(rec);
@@ -761,19 +511,19 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
       struct seen *s = &sn[i];
       int id = el->members[i];
       if (s->in <= 0) {
-        key(el, k, sizeof k, "g%d/in/%d", g, id);
-        s->in = counter_t(el->st, k, 0, ot);
+        dt__el_key(el, k, sizeof k, "g%d/in/%d", g, id);
+        s->in = dt__el_counter_t(el->st, k, 0, ot);
       }
       if (s->in > 0) {
         alive++;
         continue;
       }
       if (!s->dead) {
-        key(el, k, sizeof k, "dead/%d", id, 0);
-        s->dead = counter_t(el->st, k, 0, ot) > 0;
+        dt__el_key(el, k, sizeof k, "dead/%d", id, 0);
+        s->dead = dt__el_counter_t(el->st, k, 0, ot) > 0;
       }
       if (s->dead) continue;
-      key(el, k, sizeof k, "hb/%d", id, 0);
+      dt__el_key(el, k, sizeof k, "hb/%d", id, 0);
       if (el->etcd) {
         /* etcd: its heartbeat key lives as long as its lease; gone, the
          * member is lost (it fences itself when it finds its lease ended) */
@@ -782,7 +532,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
         else open++;
         continue;
       }
-      int64_t h = counter_t(el->st, k, 0, ot);
+      int64_t h = dt__el_counter_t(el->st, k, 0, ot);
       if (h < 0) { /* no answer: nothing learnt */
         open++;
         continue;
@@ -793,8 +543,8 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
     if (!open) {
       /* a spare its launcher woke for this loss: wait for it (up to 1 s), so
        * the loss and the replacement make one generation, not two */
-      key(el, k, sizeof k, "coming", 0, 0);
-      if (counter_t(el->st, k, 0, ot) > 0) {
+      dt__el_key(el, k, sizeof k, "coming", 0, 0);
+      if (dt__el_counter_t(el->st, k, 0, ot) > 0) {
         if (coming_t == 0) coming_t = now;
         if (now - coming_t < 1.0) open++;
       }
@@ -873,7 +623,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
         qsort(ids, (size_t)n, sizeof *ids, cmp_int);
         if (n > maxw) n = maxw; /* (members above dist.max_workers: the lowest ids stay) */
         for (int i = 0; i < nj && n < maxw; i++) ids[n++] = jids[i]; /* joiners after them */
-        key(el, k, sizeof k, "change", 0, 0);
+        dt__el_key(el, k, sizeof k, "change", 0, 0);
         int64_t c = counter(el->st, k, 0);
         char *want = malloc(GEN_MAX);
         size_t wl = 0;
@@ -888,7 +638,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
           rc = dt__seterr(DT_ENOMEM, "elastic: out of memory");
           goto done;
         }
-        key(el, k, sizeof k, "gen", 0, 0);
+        dt__el_key(el, k, sizeof k, "gen", 0, 0);
         bool sw = false;
         rc = dt_store_cas(el->st, k, rec, strlen(rec), want, wl, &sw, NULL, 0, NULL, tmo);
         free(want);
@@ -902,7 +652,7 @@ int dt_elastic_reform(dt_elastic *el, int64_t pos, dt_elastic_gen *out) {
                       "%.0f s", el->cfg.id, g, dt_now() - t0);
       goto done;
     }
-    sleep_s(0.002);
+    dt__el_sleep(0.002);
   }
   DT_CHECK_GOTO(enter(el, rec, t0, out), rc, done);
 done:
