@@ -45,6 +45,7 @@ struct span_fp {
   uint32_t seq;
   uint32_t elem; /* 4: f32 scaled sums, 8: int64 sums */
   uint32_t cut_sum; /* checksum of the slice fractions (0: equal slices) */
+  uint32_t apply;   /* 1: reduce-apply (sums stay in each rank's own window) */
   int64_t t_ready; /* CLOCK_MONOTONIC ns when the rank joined the call */
 };
 
@@ -464,9 +465,17 @@ struct f32out {
   double k;
 };
 
+/* ap (f32 sums by the shares only): the sums of this rank's slice stay in
+ * its own window and fn(ud, first, end) is called on them (element indices
+ * in the window) before the rank posts `done`. */
+struct apply_cb {
+  dt_window_apply_fn fn;
+  void *ud;
+};
+
 static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scale,
                          uint32_t elem, const size_t *ranges, int nranges,
-                         const struct f32out *fo) {
+                         const struct f32out *fo, const struct apply_cb *ap) {
   int n = w->size, r = w->rank;
   const char *what = elem == 4 ? "floats" : "int64s";
   if (off % elem || off + count * elem > w->bytes || off + count * elem < off)
@@ -485,7 +494,8 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
   int64_t fr = dt_obs_fr_begin(obs, "allreduce", DT_OBS_STREAM_WINDOW, seq, (uint64_t)count * 4, -1);
   struct win_hdr *me = w->hdr[r];
   const int64_t t_ready = dt_now_ns();
-  me->fp[seq & 1] = (struct span_fp){off, count, scale, seq, elem, w->cut_sum, t_ready};
+  me->fp[seq & 1] = (struct span_fp){off, count, scale, seq, elem, w->cut_sum, ap != NULL,
+                                      t_ready};
   post(me, &me->ready, seq);
   int64_t deadline = dt_now_ns() + (int64_t)(dt_comm_timeout(w->c) * 1e9);
   int64_t last = t_ready; /* the latest peer's join, then finish */
@@ -502,6 +512,12 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
     if (f->seq == seq && f->cut_sum != w->cut_sum && !ranges) {
       rc = dt__seterr(DT_EMISMATCH, "window allreduce #%u: rank %d cuts the slices with "
                       "shares %08x, rank %d with %08x", seq, q, f->cut_sum, r, w->cut_sum);
+      goto out;
+    }
+    if (f->seq == seq && f->apply != (ap != NULL)) {
+      rc = dt__seterr(DT_EMISMATCH, "window allreduce #%u: rank %d %s, rank %d %s", seq, q,
+                      f->apply ? "updates its slice in place" : "sums for every rank", r,
+                      ap ? "updates its slice in place" : "sums for every rank");
       goto out;
     }
     if (f->seq != seq || f->off != off || f->count != count || f->elem != elem) {
@@ -564,6 +580,7 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
       void *dst = (char *)w->data[r] + off + j * elem;
       if (elem == 4) reduce_block(dst, (float *const *)src, sv, n, k);
       else if (ki) reduce_block_i64(dst, (int64_t *const *)src, n, ki);
+      if (ap) continue; /* the sums stay here: fn applies them below */
       for (int q = 0; q < n && ki; q++)
         if (q != r) memcpy((char *)w->data[q] + off + j * elem, dst, ki * elem);
       wrote += ki * elem;
@@ -578,6 +595,7 @@ static int window_reduce(dt_comm_window *w, size_t off, size_t count, float scal
     }
     count_bytes(&w->read, (uint64_t)(n - 1) * (hi - lo) * elem);
     count_bytes(&w->written, (uint64_t)(n - 1) * wrote);
+    if (ap && (rc = ap->fn(ap->ud, off / elem + lo, off / elem + hi)) < 0) goto out;
   }
   const int64_t t_done = dt_now_ns();
   me->t_done[seq & 1] = t_done;
@@ -601,7 +619,14 @@ out:
 }
 
 int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, float scale) {
-  return window_reduce(w, off, count, scale, 4, NULL, 0, NULL);
+  return window_reduce(w, off, count, scale, 4, NULL, 0, NULL, NULL);
+}
+
+int dt_comm_window_reduce_apply_f32(dt_comm_window *w, size_t off, size_t count, float scale,
+                                    dt_window_apply_fn fn, void *ud) {
+  if (!fn) return dt__seterr(DT_EINVAL, "window reduce-apply: no function");
+  struct apply_cb ap = {fn, ud};
+  return window_reduce(w, off, count, scale, 4, NULL, 0, NULL, &ap);
 }
 
 int dt_comm_window_reduce_local_f32(dt_comm_window *w, size_t off, size_t count, float scale,
@@ -612,11 +637,11 @@ int dt_comm_window_reduce_local_f32(dt_comm_window *w, size_t off, size_t count,
     if (ranges[2 * g] > ranges[2 * g + 1] || ranges[2 * g + 1] > count)
       return dt__seterr(DT_EINVAL, "window reduce: range %d [%zu, %zu) outside the span of %zu "
                         "floats", g, ranges[2 * g], ranges[2 * g + 1], count);
-  return window_reduce(w, off, count, scale, 4, ranges, nranges, NULL);
+  return window_reduce(w, off, count, scale, 4, ranges, nranges, NULL, NULL);
 }
 
 int dt_comm_window_allreduce_i64(dt_comm_window *w, size_t off, size_t count) {
-  return window_reduce(w, off, count, 1.0f, 8, NULL, 0, NULL);
+  return window_reduce(w, off, count, 1.0f, 8, NULL, 0, NULL, NULL);
 }
 
 int dt_comm_window_allreduce_i64_f32(dt_comm_window *w, size_t off, size_t count, size_t nint,
@@ -624,7 +649,7 @@ int dt_comm_window_allreduce_i64_f32(dt_comm_window *w, size_t off, size_t count
   if (!(k > 0) || !isfinite(k) || (float)k == 1.0f || !((float)k > 0))
     return dt__seterr(DT_EINVAL, "window allreduce: scale %g for int64 sums as floats", k);
   struct f32out fo = {nint, foff, k};
-  return window_reduce(w, off, count, (float)k, 8, NULL, 0, &fo);
+  return window_reduce(w, off, count, (float)k, 8, NULL, 0, &fo, NULL);
 }
 
 /* A launcher's sweep after it has reaped its workers: the window segments

@@ -66,6 +66,21 @@ int dt_comm_window_allreduce_f32(dt_comm_window *w, size_t off, size_t count, fl
  * writes its sums in place while peers read). */
 int dt_comm_window_reduce_local_f32(dt_comm_window *w, size_t off, size_t count, float scale,
                                     const size_t *ranges, int nranges);
+/* Called by dt_comm_window_reduce_apply_f32 on this rank's slice: floats
+ * [first, end) of its own window (element indices from the window's start)
+ * hold the sums. Returns DT_OK or a negative DT_E* (the call then fails
+ * and aborts the window). */
+typedef int (*dt_window_apply_fn)(void *ud, size_t first, size_t end);
+/* Collective like dt_comm_window_allreduce_f32 (the same span, slices cut
+ * by the shares, the same sums), but the sums of a rank's slice are left
+ * in its own window only, and fn is called on them before the rank
+ * reports its slice done; the call returns once every rank's fn has
+ * returned. So each rank can apply an update to its slice of memory every
+ * rank shares (parallel/shupd.c: one parameter copy, the optimizer step
+ * split by speed) and on return every slice is updated. Every rank must
+ * use this call, or the allreduce, alike (DT_EMISMATCH naming both). */
+int dt_comm_window_reduce_apply_f32(dt_comm_window *w, size_t off, size_t count, float scale,
+                                    dt_window_apply_fn fn, void *ud);
 /* The same for the int64 span [off, off + count*8): every rank's span
  * becomes the plain sum over ranks (exact: the same bits in any order; the
  * fixed-point gradients of deterministic mode). off must be a multiple of 8. */

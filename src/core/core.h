@@ -68,6 +68,7 @@ void dt_log_set_json(int on);
   X(DATA_MAX_BYTES, INT, (int64_t)1 << 30, NULL, 1, INT64_MAX, "largest dataset file or array a reader accepts, bytes") \
   X(CZ_FUSE, INT, 1, NULL, 0, 1, "compressed gradients of all buckets of a step in one collective after the last bucket (topk, sign, qsgd: one allgather; powersgd: its two allreduces): 1 on, 0 per bucket") \
   X(DDP_OVERLAP, INT, -1, "auto", -1, 1, "reduce gradient buckets on a communication thread while backward runs: 1 on, 0 off, -1 auto") \
+  X(SHUPD, INT, 1, NULL, 0, 1, "dist.balance = dynamic on one host: one parameter copy and optimizer state per host, each worker applying the optimizer to its speed-weighted slice inside the gradient reduction (1), or every worker updating all parameters (0)") \
   X(DYNAMIC_PACE, INT, 0, NULL, 0, 1, "dist.balance = dynamic: a worker whose cgroup allows it less than one core paces itself at 0.9 of its quota (a token bucket, one sleep at a step's start), so the kernel does not stop it for the rest of a quota period (1), or runs until the kernel does (0)") \
   X(DYNAMIC_QUOTA_PCT, INT, 80, NULL, 10, 100, "dist.balance = dynamic: a worker under a CPU quota is charged its CPU seconds / (this percent of its quota) when that exceeds its busy time, so the shares keep its CPU that far under the quota and the kernel throttles it less often (100: no margin, as before 2026-11-27 13:30)") \
   X(GEMM, STR, 0, NULL, 0, 0, "matrix-multiply kernels: blas or avx512 (default: avx512 where the CPU has it)") \

@@ -25,10 +25,12 @@
 #include "engine/strategy.h"
 #include "comm/compress/compress.h"
 #include "parallel/ddp.h"
+#include "parallel/shupd.h"
 
 typedef struct ddp_impl {
   dt_ddp *ddp;
   dt_balance *bal;
+  dt_shupd *up;          /* the shared update (docs/ddp.md): NULL, every rank updates all */
   dt_step_plan plan;
   uint64_t sent0, recv0; /* communicator bytes at start */
 } ddp_impl;
@@ -211,6 +213,32 @@ static int compress_cfg(dt_strategy *s, dt_compress_cfg *cz) {
   return DT_OK;
 }
 
+/* The shared update (parallel/shupd.h, docs/ddp.md): with dist.balance =
+ * dynamic on one host (a shared gradient window), one parameter copy and
+ * optimizer state per host, each rank updating its speed-weighted slice
+ * inside the reduction. Not with elastic membership (dist.min_workers): a
+ * step aborted between two ranks' updates would leave the one copy half
+ * stepped, and the redone step would step that half twice. DTRAIN_SHUPD=0
+ * turns it off. Every rank decides alike (config, knob, and the window
+ * verdict, which is collective). */
+static int shared_update(dt_strategy *s, ddp_impl *d) {
+  const dt_run_cfg *c = s->cfg;
+  if (c->balance != DT_BALANCE_DYNAMIC || c->min_workers > 0 || !dt_param(DT_PARAM_SHUPD))
+    return DT_OK;
+  if (dt_ddp_set_apply(d->ddp, dt_shupd_apply, NULL) == DT_ENOTSUP) {
+    dt__clearerr(); /* no window here (tcp, several hosts, DTRAIN_WINDOW=0) */
+    return DT_OK;
+  }
+  int rc = dt_shupd_create(&d->up, s->model, s->optim, &c->optim, s->comm);
+  if (rc == DT_ENOTSUP) {
+    dt__clearerr();
+    return dt_ddp_set_apply(d->ddp, NULL, NULL);
+  }
+  if (rc < 0) return dt__preerr(rc, "rank %d: shared update", s->rank);
+  dt_shupd_set_grads(d->up, dt_model_grads(s->model));
+  return dt_ddp_set_apply(d->ddp, dt_shupd_apply, d->up);
+}
+
 /* ---- the strategy -------------------------------------------------------------- */
 
 static int ddp_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
@@ -239,7 +267,9 @@ static int ddp_setup(dt_strategy *s) {
                ? dt_ddp_create_compressed(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes, &cz)
                : dt_ddp_create(&d->ddp, s->model, s->comm, s->cfg->bucket_bytes);
   if (rc == DT_OK) rc = dt__ddp_balance_create(s, &d->bal);
+  if (rc == DT_OK && cz.codec == DT_CODEC_NONE) rc = shared_update(s, d);
   if (rc < 0) {
+    dt_shupd_destroy(d->up, s->model, s->optim);
     dt_ddp_destroy(d->ddp);
     free(d);
     return rc;
@@ -253,6 +283,9 @@ static int ddp_setup(dt_strategy *s) {
 static int ddp_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   ddp_impl *d = s->impl;
   d->plan = *plan;
+  /* the shared update runs inside the reduction, maybe before step_finish
+   * (the communication thread): the step's rate now, as the loop's */
+  if (d->up) dt_shupd_begin(d->up, s->optim, dt_sched_lr(s->sched, s->step));
   dt__balance_step_begin(d->bal);
   dt__balance_step_pace(d->bal);
   dt_ddp_set_step(d->ddp, s->step,
@@ -279,7 +312,8 @@ static int ddp_step_finish(dt_strategy *s, float lr) {
   DT_CHECK(dt__ddp_exchange(s, d->ddp, d->bal, &d->plan));
   dt_compress *z = dt_ddp_compressor(d->ddp);
   s->ckpt_note_in = s->ckpt_notes && z ? dt_compress_note_get(z) : 0;
-  DT_CHECK(dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr));
+  if (d->up) dt_shupd_end(d->up, s->optim); /* every slice is stepped already */
+  else DT_CHECK(dt_optim_step(s->optim, dt_model_params(s->model), dt_model_grads(s->model), lr));
   s->step++;
   return dt__ddp_replan(s, d->ddp, d->bal);
 }
@@ -335,6 +369,11 @@ static int ddp_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all
 
 static int ddp_membership(dt_strategy *s, const dt_membership *m) {
   ddp_impl *d = s->impl;
+  if (d && d->up) { /* not made with elastic membership; should one exist, undo it */
+    dt_ddp_set_apply(d->ddp, NULL, NULL);
+    dt_shupd_destroy(d->up, s->model, s->optim);
+    d->up = NULL;
+  }
   DT_CHECK(dt__ddp_membership(s, m, d ? &d->ddp : NULL, 0));
   /* a fresh synchroniser over the new communicator (buckets, a new window
    * on one host; compression restarts with empty error-feedback residuals) */
@@ -371,9 +410,28 @@ static int ddp_rank_load(dt_strategy *s, const void *buf, size_t len) {
   return dt_compress_state_load(z, buf, len);
 }
 
+/* Checkpoints with the shared update: the state is read out of the one
+ * copy (rank 0 exports before its next step's reduction, which no rank can
+ * update in before rank 0 joins it), and after an import rank 0 writes it
+ * back before its first step (the same argument). The parameters are the
+ * shared copy itself. */
+static int ddp_export(dt_strategy *s, const dt_state_writer *w) {
+  ddp_impl *d = s->impl;
+  if (d && d->up) dt_shupd_state_out(d->up, s->optim);
+  return dt__strategy_export_optim(s, w);
+}
+
+static int ddp_import(dt_strategy *s, const dt_state_reader *r) {
+  ddp_impl *d = s->impl;
+  DT_CHECK(dt__strategy_import_optim(s, r));
+  if (d && d->up && s->rank == 0) dt_shupd_state_in(d->up, s->optim);
+  return DT_OK;
+}
+
 static void ddp_teardown(dt_strategy *s) {
   ddp_impl *d = s->impl;
   if (d) {
+    dt_shupd_destroy(d->up, s->model, s->optim); /* the model's own copy back */
     dt_ddp_destroy(d->ddp);
     dt__ddp_balance_destroy(s, d->bal);
   }
@@ -393,8 +451,8 @@ const struct dt_strategy_ops dt__strategy_ddp = {
     .eval_begin = dt__ddp_eval_begin,
     .eval_reduce = dt__ddp_eval_reduce,
     .epoch_end = ddp_epoch_end,
-    .state_export = dt__strategy_export_optim,
-    .state_import = dt__strategy_import_optim,
+    .state_export = ddp_export,
+    .state_import = ddp_import,
     .rank_state_save = ddp_rank_save,
     .rank_state_load = ddp_rank_load,
     .membership_change = ddp_membership,

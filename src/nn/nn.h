@@ -73,6 +73,18 @@ int dt__optim_step_rows(dt_optim *o, float *params, const float *grads, float lr
 int dt__optim_step_state(const dt_optim_cfg *cfg, size_t n, float *params, const float *grads,
                          float lr, float *state, int64_t *step, uint32_t *maxbits);
 
+/* The update of elements [lo, hi) of an n-float model only, with state in
+ * the whole model's layout (dt_optim_state's: SGD's buffer at state[i],
+ * AdamW's m at state[i] and v at state[n + i]) at step number t (counted
+ * by the caller, >= 1): the same bits per element as dt_optim_step over
+ * all n. *maxbits gets the bits of the span's largest |gradient|. Ranks
+ * that update one shared copy in slices use it (parallel/shupd.c). */
+int dt__optim_step_span(const dt_optim_cfg *cfg, size_t n, size_t lo, size_t hi, float *params,
+                        const float *grads, float lr, float *state, int64_t t,
+                        uint32_t *maxbits);
+/* Sets what dt__optim_grad_maxabs reports (the bits of |x|): the largest
+ * |gradient| of a step some other code applied. */
+void dt__optim_set_grad_maxbits(dt_optim *o, uint32_t bits);
 /* Flat optimizer state for checkpoints: nstate floats plus the step count. */
 size_t dt_optim_state_floats(const dt_optim *o);
 float *dt_optim_state(dt_optim *o);

@@ -180,6 +180,43 @@ int dt__optim_step_state(const dt_optim_cfg *c, size_t n, float *params, const f
   return DT_OK;
 }
 
+int dt__optim_step_span(const dt_optim_cfg *c, size_t n, size_t lo, size_t hi, float *params,
+                        const float *grads, float lr, float *state, int64_t t,
+                        uint32_t *maxbits) {
+  if (!params || !grads || lo > hi || hi > n || t < 1)
+    return dt__seterr(DT_EINVAL, "optimizer span step: bad arguments ([%zu, %zu) of %zu, step "
+                      "%lld)", lo, hi, n, (long long)t);
+  if (!(lr >= 0.0f) || isinf(lr))
+    return dt__seterr(DT_EINVAL, "optimizer step: lr %g must be finite and >= 0", (double)lr);
+  const size_t k = hi - lo;
+  float *p = params + lo;
+  const float *g = grads + lo;
+  uint32_t big = 0;
+  if (k && c->kind == DT_OPT_SGD) {
+    if (c->momentum == 0.0f)
+      big = sgd_plain(p, g, k, lr, c->weight_decay);
+    else
+      big = sgd_momentum(p, g, state + lo, k, lr, c->weight_decay, c->momentum, c->dampening,
+                         c->nesterov, t == 1);
+  } else if (k) {
+    /* the scalars of dt__optim_step_state, so the same bits per element */
+    double td = (double)t;
+    double bc1 = 1.0 - pow((double)c->beta1, td);
+    double bc2 = 1.0 - pow((double)c->beta2, td);
+    float step_size = (float)((double)lr / bc1);
+    float inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+    float decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
+    big = adamw(p, g, state + lo, state + n + lo, k, decay, c->beta1, c->beta2, step_size,
+                inv_bc2_sqrt, c->eps);
+  }
+  if (maxbits) *maxbits = big;
+  return DT_OK;
+}
+
+void dt__optim_set_grad_maxbits(dt_optim *o, uint32_t bits) {
+  if (o) o->grad_maxbits = bits;
+}
+
 int dt_optim_step(dt_optim *o, float *params, const float *grads, float lr) {
   if (!o) return dt__seterr(DT_EINVAL, "optimizer step: optimizer is NULL");
   return dt__optim_step_state(&o->cfg, o->n, params, grads, lr, o->state, &o->step,

@@ -86,6 +86,8 @@ struct dt_ddp {
   char errmsg[512];
   dt_ddp_stats st;
   dt_compress *cz;         /* compressed buckets (NULL: plain allreduce) */
+  dt_window_apply_fn apply; /* dt_ddp_set_apply: each rank updates its slice (NULL: allreduce) */
+  void *apply_ud;
   /* deterministic mode */
   int det;
   size_t nparams, nbufs, head; /* nbufs + 1 (the overflow count), rounded up to 8 */
@@ -277,6 +279,9 @@ static int reduce_bucket_now(dt_ddp *d, int i, float scale) {
   float *g = d->grads + d->b[i].off;
   size_t n = d->b[i].n;
   if (d->cz) return dt_compress_reduce(d->cz, d->comm, d->grads, d->b[i].off, n, scale);
+  if (!d->det && d->win && d->apply)
+    return dt_comm_window_reduce_apply_f32(d->win, d->b[i].off * sizeof(float), n, scale,
+                                           d->apply, d->apply_ud);
   if (!d->det && d->win)
     return dt_comm_window_allreduce_f32(d->win, d->b[i].off * sizeof(float), n, scale);
   if (!d->det) {
@@ -871,6 +876,15 @@ void dt__ddp_det_nofuse(dt_ddp *d) {
   dt__wstash_destroy(d->wst);
   d->wst = NULL;
   d->nwl = 0;
+}
+
+int dt_ddp_set_apply(dt_ddp *d, dt_window_apply_fn fn, void *ud) {
+  if (fn && (d->det || d->cz || !d->win))
+    return dt__seterr(DT_ENOTSUP, "ddp: the update in the reduction needs a shared gradient "
+                      "window, plain float sums and no compression");
+  d->apply = fn;
+  d->apply_ud = ud;
+  return DT_OK;
 }
 
 double dt_ddp_blocked_seconds(const dt_ddp *d) {

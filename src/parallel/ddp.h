@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "comm/window.h"
 #include "nn/nn.h"
 
 typedef struct dt_ddp dt_ddp;
@@ -76,6 +77,14 @@ int dt_ddp_finish_step(dt_ddp *d);
  * rank sums less of every bucket. Every rank calls it with the same
  * weights between the same steps. A no-op without a window. */
 int dt_ddp_set_shares(dt_ddp *d, const double *weights);
+/* The shared update (parallel/shupd.h): from the next bucket on, each
+ * rank's slice of a bucket is summed into its own window only and fn(ud,
+ * first, end) applied to it inside the reduction
+ * (dt_comm_window_reduce_apply_f32), so after dt_ddp_finish_step the
+ * model's gradient buffer holds the sums of this rank's slices only. NULL
+ * goes back to the allreduce. Every rank alike, between steps. DT_ENOTSUP
+ * without a shared window, in deterministic mode or with compression. */
+int dt_ddp_set_apply(dt_ddp *d, dt_window_apply_fn fn, void *ud);
 
 void dt_ddp_get_stats(const dt_ddp *d, dt_ddp_stats *out);
 /* Seconds this rank has waited, over the run, for ranks that reached a

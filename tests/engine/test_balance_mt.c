@@ -8,6 +8,11 @@
  *     mean whatever the cut), both ranks hold the same bytes, and the
  *     records show the cut moved (rank 1's share below one half) and name
  *     rank 1 as the straggler in events.jsonl and summary.json;
+ *   - the shared update (parallel/shupd.h: one parameter copy, each rank
+ *     stepping its slice inside the reduction, on by default with dynamic):
+ *     3 workers with AdamW, dynamic that never re-plans (the equal cut)
+ *     against static: bitwise equal on every rank (the sums and the
+ *     element-wise update have the same bits whoever makes them);
  *   - the same in deterministic mode: dynamic cuts whole micro-shards, so
  *     the parameters are bitwise those of the static run;
  *   - dist.balance = steal (shared micro-shard queue): 2 workers with rank 1
@@ -271,6 +276,48 @@ static void test_steal(void **state) {
   free(ref);
 }
 
+static void run_three(const char *tag, int balance) {
+  dt_run_cfg cfgs[3];
+  for (int r = 0; r < 3; r++) {
+    base_cfg(&cfgs[r], 3);
+    cfgs[r].optim.kind = DT_OPT_ADAMW;
+    cfgs[r].optim.lr = 0.01f;
+    cfgs[r].optim.weight_decay = 0.01f;
+    cfgs[r].balance = balance;
+    cfgs[r].balance_every = 1000000; /* no re-plan: the equal cut */
+  }
+  int st[3];
+  run_job(cfgs, 3, tag, st);
+  for (int r = 0; r < 3; r++) {
+    char msg[600];
+    read_err(tag, r, msg, sizeof msg);
+    if (st[r] != 0) fail_msg("%s: rank %d exit %d: %s", tag, r, st[r], msg);
+  }
+}
+
+static void test_shared_update(void **state) {
+  (void)state;
+  run_three("su_static", DT_BALANCE_STATIC);
+  run_three("su_dynamic", DT_BALANCE_DYNAMIC);
+  size_t n, m;
+  float *a = read_params("su_static", 0, &n);
+  for (int r = 0; r < 3; r++) {
+    float *b = read_params("su_dynamic", r, &m);
+    assert_int_equal(n, m);
+    assert_memory_equal(a, b, n * sizeof(float));
+    free(b);
+  }
+  free(a);
+  /* and it was the shared update: the sums stayed in each rank's own
+   * window, so the ranks wrote (almost) nothing into each other's */
+  for (int r = 0; r < 3; r++) {
+    double ws = summary_num("su_static", r, "bytes_sent");
+    double wd = summary_num("su_dynamic", r, "bytes_sent");
+    printf("# shared update: rank %d sent %.0f bytes (static %.0f)\n", r, wd, ws);
+    assert_true(ws > 0 && wd >= 0 && wd < ws / 4);
+  }
+}
+
 static void test_dynamic_normal(void **state) {
   (void)state;
   check_balance(0);
@@ -297,6 +344,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_split_range),
       cmocka_unit_test(test_dynamic_normal),
+      cmocka_unit_test(test_shared_update),
       cmocka_unit_test(test_dynamic_det),
       cmocka_unit_test(test_steal),
   };
