@@ -157,6 +157,9 @@ def ab(kv):
               f"{x['throttled'][1]} periods, rank 1 {100 * x['ranks'][1]['stall']:.1f}% in stalls), "
               f"{kv} {y['samples_per_second']:.0f} (throttled {y['throttled'][0]} of {y['throttled'][1]}, "
               f"{100 * y['ranks'][1]['stall']:.1f}%)", flush=True)
+        print("        per step (n samples, F us): " + "; ".join(
+              f"{lab} rank 0 {z['ranks'][0]['n']:.0f}, {z['ranks'][0]['F']:.0f}, rank 1 {z['ranks'][1]['n']:.0f}, "
+              f"{z['ranks'][1]['F']:.0f}" for lab, z in (("as is", x), (kv, y))), flush=True)
     # a run whose rank 1 joined the cgroup late (a loaded machine) saw few quota periods
     ok = [(x, y) for x, y in pairs if min(x["throttled"][1], y["throttled"][1]) >= 10]
     r = [x["samples_per_second"] / y["samples_per_second"] for x, y in ok]
