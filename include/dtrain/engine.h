@@ -122,11 +122,14 @@ typedef struct dt_run_cfg {
   float compress_ratio;                /* topk: fraction of values sent */
   int qsgd_levels;                     /* qsgd: levels per sign (1..127) */
   int powersgd_rank;                   /* powersgd: rank of the approximation */
+  int powersgd_warm_rank;              /* powersgd: rank of the first warm_steps steps (0: none;
+                                        * -1: 6 below rank 6, none from it) */
+  int64_t powersgd_warm_steps;         /* powersgd: steps at the warm rank; -1: two epochs */
   int compress_warmup_epochs;          /* topk: denser over the first epochs (DGC warm-up) */
   int64_t compress_start_step;         /* dense allreduce before this step; -1: the codec's
-                                        * own (one epoch for powersgd below rank 6, two for
-                                        * sign and topk without compress_momentum, 0 for the
-                                        * others) */
+                                        * own (one epoch for powersgd below rank 6 without a
+                                        * warm rank, two for sign and topk without
+                                        * compress_momentum, 0 for the others) */
   float compress_clip;                 /* local L2 clip of each bucket's gradient (0: off) */
   float compress_momentum;             /* topk: DGC momentum correction (0: off) */
   int compress_force;                  /* compress even when every rank shares one host */

@@ -125,6 +125,8 @@ static const key keys[] = {
     {"dist", "compress_ratio", K_FLOAT, OFF(compress_ratio), 0, 1, R_LO_OPEN, NULL},
     {"dist", "qsgd_levels", K_INT, OFF(qsgd_levels), 1, 127, 0, NULL},
     {"dist", "powersgd_rank", K_INT, OFF(powersgd_rank), 1, 64, 0, NULL},
+    {"dist", "powersgd_warm_rank", K_INT, OFF(powersgd_warm_rank), -1, 64, 0, NULL},
+    {"dist", "powersgd_warm_steps", K_I64, OFF(powersgd_warm_steps), -1, BIG, 0, NULL},
     {"dist", "compress_warmup_epochs", K_INT, OFF(compress_warmup_epochs), 0, 1000000, 0, NULL},
     {"dist", "compress_start_step", K_I64, OFF(compress_start_step), -1, BIG, 0, NULL},
     {"dist", "compress_clip", K_FLOAT, OFF(compress_clip), 0, 1e30, 0, NULL},

@@ -77,6 +77,8 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->compress_ratio = 0.01f;
   c->qsgd_levels = 15;
   c->powersgd_rank = 6; /* from step 0 (docs/compress.md "Accuracy") */
+  c->powersgd_warm_rank = -1;  /* 6 below rank 6 (docs/compress.md "Accuracy") */
+  c->powersgd_warm_steps = -1; /* two epochs */
   c->compress_warmup_epochs = 0;
   c->compress_start_step = -1; /* the codec's own (docs/compress.md) */
   c->compress_clip = 0;

@@ -187,19 +187,28 @@ static int compress_cfg(dt_strategy *s, dt_compress_cfg *cz) {
   cz->ratio = c->compress_ratio;
   cz->qsgd_levels = c->qsgd_levels;
   cz->rank = c->powersgd_rank;
+  /* powersgd below rank 6 starts at rank 6 for two epochs (-1, the
+   * default): rank 2 from step 0 ends 0.92-1.35 points below dense; after
+   * two epochs at rank 6 within 0.31, after one dense epoch (the default
+   * before) within 0.41, and it reaches 0.88 an epoch sooner (bench/
+   * RESULTS.md, ninth session, 3 seeds). 0 turns it off. */
+  cz->warm_rank = c->powersgd_warm_rank;
+  if (cz->warm_rank < 0) cz->warm_rank = c->powersgd_rank < 6 ? 6 : 0;
+  cz->warm_steps = c->powersgd_warm_steps < 0 ? 2 * s->steps_per_epoch : c->powersgd_warm_steps;
   cz->warmup_epochs = c->compress_warmup_epochs;
   cz->start_step = c->compress_start_step;
   /* -1: dense steps first for the codecs that otherwise end more than
    * half a point below dense (bench/RESULTS.md 2026-11-27, 3 seeds):
-   * powersgd below rank 6 one epoch (rank 2 from step 0: -1.35 points;
-   * rank 6 and 8 from step 0 are within 0.22: none for them); sign and
+   * powersgd below rank 6 without a warm rank one epoch (rank 2 from
+   * step 0: -1.35 points; rank 6 and 8 from step 0 are within 0.22: none
+   * for them; with the warm rank none); sign and
    * topk with the optimizer's momentum after the codec two; sign with
    * dist.compress_momentum three quarters of an epoch (its dense steps
    * keep the worker momentum); topk with it none (DGC's momentum
    * correction is enough) */
   if (c->compress_start_step < 0) {
     int64_t quarters = 0;
-    if (c->compress == DT_CODEC_POWERSGD) quarters = c->powersgd_rank < 6 ? 4 : 0;
+    if (c->compress == DT_CODEC_POWERSGD) quarters = c->powersgd_rank < 6 && !cz->warm_rank ? 4 : 0;
     else if ((c->compress == DT_CODEC_SIGN || c->compress == DT_CODEC_TOPK) &&
              c->compress_momentum == 0)
       quarters = 8;

@@ -10,7 +10,9 @@
  *  - a second run with the same seed gives the same bits (the randomness is
  *    counter-based);
  *  - one step of topk sends exactly k values per rank; the deterministic
- *    dense path (codec none) is exact.
+ *    dense path (codec none) is exact;
+ *  - powersgd's warm rank (higher for the first steps) keeps the
+ *    bookkeeping across the switch.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -141,6 +143,10 @@ static void test_fused(void **st) {
         cfg.codec = codec < DT_CODEC_COUNT ? codec : DT_CODEC_TOPK;
         cfg.ratio = 0.05;
         cfg.start_step = codec == DT_CODEC_POWERSGD ? 1 : 0;
+        if (codec == DT_CODEC_POWERSGD) { /* rank 4 for steps 1-2, then 2 */
+          cfg.warm_rank = 4;
+          cfg.warm_steps = 3;
+        }
         if (codec == DT_CODEC_COUNT) { /* topk + worker momentum, warm-up, a dense step */
           cfg.momentum = 0.9f;
           cfg.warmup_epochs = 1;
@@ -207,6 +213,19 @@ static void matrix(const char *tp, const int *ns, int nn) {
    * bookkeeping against the velocities failed) */
   cfg.start_step = 2;
   run_one(tp, ns[nn - 1], &cfg, a);
+  /* powersgd with a warm rank (dist.powersgd_warm_rank): rank 4 for two
+   * steps, then rank 2 from Q's first columns; the 10x20 matrix rides
+   * dense at rank 4 and is compressed at rank 2. The bookkeeping holds
+   * across the switch (run_one), and the warm steps change the result. */
+  cfg = (dt_compress_cfg)DT_COMPRESS_CFG_INIT;
+  cfg.codec = DT_CODEC_POWERSGD;
+  cfg.rank = 2;
+  run_one(tp, ns[nn - 1], &cfg, a);
+  cfg.warm_rank = 4;
+  cfg.warm_steps = 2;
+  run_one(tp, ns[nn - 1], &cfg, b);
+  if (!memcmp(a, b, NP * sizeof *a))
+    fail_msg("%s n=%d powersgd: warm rank 4 for two steps gave rank 2's bits", tp, ns[nn - 1]);
   free(a);
   free(b);
 }

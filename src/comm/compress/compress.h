@@ -58,13 +58,15 @@ typedef struct dt_compress_cfg {
   double ratio;          /* topk: fraction of values sent (dist.compress_ratio) */
   int qsgd_levels;       /* qsgd: levels per sign, 1..127 (dist.qsgd_levels) */
   int rank;              /* powersgd: rank of the approximation (dist.powersgd_rank) */
+  int warm_rank;         /* powersgd: rank before step warm_steps, 0 = rank (dist.powersgd_warm_rank) */
+  int64_t warm_steps;    /* powersgd: steps at warm_rank (dist.powersgd_warm_steps) */
   int warmup_epochs;     /* topk: density 1/4, 1/16, ... over these epochs */
   int64_t start_step;    /* dense allreduce before this step (dist.compress_start_step) */
   float clip;            /* local L2 clip of a bucket's gradient, 0 = off */
   float momentum;        /* worker momentum before the codec (0 = off); topk also masks what it sent (DGC) */
   uint64_t seed;         /* train.seed */
 } dt_compress_cfg;
-#define DT_COMPRESS_CFG_INIT {DT_CODEC_NONE, 1, 0.01, 15, 2, 0, 0, 0.0f, 0.0f, 42}
+#define DT_COMPRESS_CFG_INIT {DT_CODEC_NONE, 1, 0.01, 15, 2, 0, 0, 0, 0, 0.0f, 0.0f, 42}
 
 /* Linear codecs are reduced by allreduce, the others by allgather. */
 int dt_codec_is_linear(int codec);

@@ -63,4 +63,10 @@ struct dt_compress {
 
 int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n);
 
+/* powersgd: the columns each matrix's Q keeps (the larger of the rank and
+ * the warm rank; the steps at the lower one use Q's first columns). */
+static inline int dt__cz_qrank(const dt_compress *z) {
+  return z->cfg.warm_rank > z->cfg.rank ? z->cfg.warm_rank : z->cfg.rank;
+}
+
 #endif /* DT_COMM_COMPRESS_INT_H */

@@ -289,7 +289,11 @@ static int sum_ranks(dt_compress *z, dt_comm *c, float *buf, size_t len) {
 }
 
 int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n) {
-  const int r = z->cfg.rank;
+  /* the warm rank for the first steps (dist.powersgd_warm_rank), then the
+   * rank: Q keeps the larger count of columns, and a step at the lower
+   * rank warm-starts from Q's first ones (the subspace iteration keeps
+   * its leading columns a subspace iteration of their own) */
+  const int r = z->cfg.warm_rank > 0 && z->step < z->cfg.warm_steps ? z->cfg.warm_rank : z->cfg.rank;
   float *w = z->work + off;
   float *resid = z->resid ? z->resid + off : NULL;
   /* the matrices inside this span that gain */

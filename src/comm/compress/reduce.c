@@ -36,6 +36,9 @@ static int check_cfg(const dt_compress_cfg *c) {
     return dt__seterr(DT_EINVAL, "dist.qsgd_levels = %d: must be 1..127", c->qsgd_levels);
   if (c->codec == DT_CODEC_POWERSGD && (c->rank < 1 || c->rank > 64))
     return dt__seterr(DT_EINVAL, "dist.powersgd_rank = %d: must be 1..64", c->rank);
+  if (c->codec == DT_CODEC_POWERSGD && (c->warm_rank < 0 || c->warm_rank > 64 || c->warm_steps < 0))
+    return dt__seterr(DT_EINVAL, "dist.powersgd_warm_rank = %d / dist.powersgd_warm_steps = %lld: "
+                      "must be 0..64 and >= 0", c->warm_rank, (long long)c->warm_steps);
   if (!(c->clip >= 0) || !isfinite(c->clip))
     return dt__seterr(DT_EINVAL, "dist.compress_clip = %g: must be >= 0", (double)c->clip);
   if (!(c->momentum >= 0 && c->momentum < 1))
@@ -90,7 +93,7 @@ int dt_compress_create(dt_compress **out, const dt_compress_cfg *cfg, size_t npa
                             "gradients or overlapping its predecessor", i, mats[i].rows,
                             mats[i].cols, mats[i].off, nparams);
         }
-        size_t qn = (size_t)mats[i].cols * (size_t)cfg->rank;
+        size_t qn = (size_t)mats[i].cols * (size_t)dt__cz_qrank(z);
         z->q[i] = malloc(qn * sizeof(float));
         fail |= !z->q[i];
         /* the same first Q on every rank: keyed by seed and matrix only */

@@ -46,7 +46,7 @@ static uint32_t parts_of(const dt_compress *z) {
 }
 
 static size_t q_floats(const dt_compress *z, int i) {
-  return (size_t)z->mats[i].cols * (size_t)z->cfg.rank;
+  return (size_t)z->mats[i].cols * (size_t)dt__cz_qrank(z);
 }
 
 static size_t body_floats(const dt_compress *z, uint32_t parts) {
@@ -102,7 +102,7 @@ int dt_compress_state_save(const dt_compress *z, void *buf, size_t len) {
     return dt__seterr(DT_EINVAL, "compress state: a buffer of %zu bytes for %zu", len, want);
   state_hdr h = {STATE_MAGIC, STATE_VERSION, (uint32_t)z->cfg.codec, parts_of(z),
                  z->nparams, (uint32_t)z->rank, (uint32_t)z->nranks, (uint32_t)z->nmats,
-                 (uint32_t)(z->nmats ? z->cfg.rank : 0), z->step};
+                 (uint32_t)(z->nmats ? dt__cz_qrank(z) : 0), z->step};
   uint8_t *p = buf;
   put_hdr(p, &h);
   p += STATE_HDR;
@@ -151,9 +151,9 @@ int dt_compress_state_load(dt_compress *z, const void *buf, size_t len) {
     return dt__seterr(DT_EMISMATCH, "saved with%s, this run keeps%s (dist.error_feedback or "
                       "dist.compress_momentum changed)", a, b);
   }
-  if (h.nmats != (uint32_t)z->nmats || (z->nmats && h.qrank != (uint32_t)z->cfg.rank))
+  if (h.nmats != (uint32_t)z->nmats || (z->nmats && h.qrank != (uint32_t)dt__cz_qrank(z)))
     return dt__seterr(DT_EMISMATCH, "saved with %u PowerSGD matrices of rank %u, this run has "
-                      "%d of rank %d", h.nmats, h.qrank, z->nmats, z->cfg.rank);
+                      "%d of rank %d", h.nmats, h.qrank, z->nmats, dt__cz_qrank(z));
   if (len != STATE_HDR + body_floats(z, parts) * sizeof(float))
     return dt__seterr(DT_ECORRUPT, "compress state: %zu bytes, its header needs %zu", len,
                       STATE_HDR + body_floats(z, parts) * sizeof(float));
