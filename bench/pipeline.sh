@@ -9,7 +9,9 @@
 #      for its neighbours) next to (p-1)/(m+p-1), m = 2, 4, 8, 16;
 #   3. PyTorch 1.13 Pipe (2 stages on CPU, same model and m; target: dtrain
 #      >= 3x its samples/s);
-#   4. peak RSS per rank (VmHWM): 1f1b vs gpipe at m = 16, recompute;
+#   4. peak RSS per rank (VmHWM): 1f1b vs gpipe at m = 16, recompute (rss);
+#      and per rank for P = 1, 2, 3 stages against each stage's parameters,
+#      gradients and momentum (memory: issue 14's "about 1/P of the whole");
 #   5. recomputation's extra step time and CPU (gpipe and 1f1b, m = 16, paired rounds);
 #   6. (gemm) the stage's products at 32 rows against one process's at 256,
 #      with the second core idle and busy (bench/bench_pipe_gemm.c).
@@ -17,7 +19,7 @@
 # steps (training time only, from summary.json). The machine has 2 cores
 # and is shared: re-run before believing a single number.
 # Env: BUILD (default build/release), DT_BENCH_STEPS (30), DT_BENCH_REPS (3),
-#      DT_BENCH_ONLY (all, or one of speed wpack breakdown gemm bubble recompute torch rss; or accuracy,
+#      DT_BENCH_ONLY (all, or one of speed wpack breakdown gemm bubble recompute torch rss memory; or accuracy,
 #      the two accuracy runs, ~30 minutes, not part of all), DT_BENCH_GEMM_ROUNDS (gemm's rounds, 15).
 set -u
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
@@ -276,6 +278,67 @@ for cfg in examples/fashion_deep_mlp.ini examples/fashion_deep_cnn.ini; do
   "$DT" train "$cfg" --workers 2 --set dist.pipeline_stages=2 --out "$OUT/acc" 2>&1 | grep -E '^epoch'
   rm -rf "$OUT/acc"
 done
+fi
+
+if want memory; then
+echo "== memory per rank (issue 14: per-stage parameters + optimizer state about 1/P of the whole): peak RSS of each rank (summary.json per_worker peak_rss_bytes, VmHWM) minus a baseline run with the same data and worker count (a 10-output linear model); deep MLP, $STEPS steps, no checkpoints"
+# The data set (about 220 MiB of floats) is in every rank (inherited from
+# the launcher); the baseline takes it out. What is left: the stage's
+# parameters, gradients and momentum (3 x 4 bytes per parameter), with
+# m > 1 the packed forward weights (one more copy of the stage's linear
+# weights, DTRAIN_PIPE_WPACK), activations and the deferred weight
+# gradients' stash.
+# memrun NAME ARGS... -> every rank's peak RSS in MiB, rank order
+memrun() {
+  local name=$1
+  shift
+  "$DT" train "$CFG" "${BASE[@]}" "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1 ||
+    { echo "FAILED: $name: $(tail -2 "$OUT/$name.log")" >&2; return; }
+  /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(' '.join('%.0f' % (w['peak_rss_bytes'] / 1048576) for w in d.get('per_worker') or [d]))" "$OUT/$name/summary.json"
+}
+# the whole model: 1 process, plain training (18.4M parameters, 3 x 4 bytes each)
+/usr/bin/python3 - <<'PY'
+n = 784 * 2048 + 2048 + 4 * (2048 * 2048 + 2048) + 2048 * 10 + 10
+print("whole model: %.1fM parameters; parameters + gradients + momentum %.0f MiB" % (n / 1e6, 3 * 4 * n / 1048576))
+PY
+declare -A B
+for W in 1 2 3 4; do
+  B[$W]=$(memrun "mb$W" --set "model.layers=flatten linear(10)" --set dist.micro_batches=1 --workers "$W")
+  echo "baseline ($W worker(s), per rank): ${B[$W]} MiB"
+done
+memshow() { # LABEL W NAME ARGS...
+  local label=$1 w=$2 name=$3
+  shift 3
+  local r
+  r=$(memrun "$name" "$@")
+  /usr/bin/python3 - "$label" "$r" "${B[$w]}" "$OUT/$name.log" <<'PY'
+import re, sys
+label, r, b, log = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4]
+stages = re.findall(r"stage (\d+): layers .*?, ([\d.]+)M params", open(log).read())
+above = [int(x) - int(y) for x, y in zip(r, b)]
+out = "%-40s peak RSS above baseline per rank: %s MiB" % (label, ", ".join(map(str, above)))
+if stages:
+    out += "; params+grads+momentum per stage %s MiB" % ", ".join("%.0f" % (12 * float(p) * 1e6 / 1048576) for _, p in stages)
+print(out)
+PY
+}
+memshow "1 process (plain, m=1)" 1 w1 --set dist.micro_batches=1
+# fixed cuts (the measured balance moves with the load): 2 stages as the
+# balanced split cuts (10.0M / 8.4M parameters); 3 stages 5.8M / 8.4M /
+# 4.2M (2048 x 2048 layers of 4.2M each allow no better)
+S2=(--workers 2 --set dist.pipeline_stages=2 --set model.stages=7 --set dist.micro_batches=16)
+S3=(--workers 3 --set dist.pipeline_stages=3 --set model.stages=6,9 --set dist.micro_batches=16)
+memshow "2 stages 1f1b m=16" 2 w2 "${S2[@]}" --set dist.schedule=1f1b
+DTRAIN_PIPE_WPACK=0 memshow "2 stages 1f1b m=16, no packed weights" 2 w2p "${S2[@]}" --set dist.schedule=1f1b
+memshow "2 stages gpipe m=16" 2 w2g "${S2[@]}" --set dist.schedule=gpipe
+memshow "3 stages 1f1b m=16" 3 w3 "${S3[@]}" --set dist.schedule=1f1b
+DTRAIN_PIPE_WPACK=0 memshow "3 stages 1f1b m=16, no packed weights" 3 w3p "${S3[@]}" --set dist.schedule=1f1b
+# hybrid 2 replicas x 2 stages: each stage's momentum over its 2 replicas with dist.zero
+S22=(--workers 4 --set dist.pipeline_stages=2 --set model.stages=7 --set dist.micro_batches=16 --set dist.schedule=1f1b)
+memshow "2 replicas x 2 stages 1f1b m=16" 4 w22 "${S22[@]}"
+memshow "2 x 2, dist.zero=1 (momentum 1/2 per rank)" 4 w22z "${S22[@]}" --set dist.zero=1
+echo "activation memory per stage as allocated (rank 0's start line): 2 stages 1f1b, gpipe, 3 stages 1f1b, m = 16"
+for n in w2 w2g w3; do grep -h "activation memory" "$OUT/$n.log"; done
 fi
 
 if want rss; then

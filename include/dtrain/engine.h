@@ -223,8 +223,11 @@ typedef struct dt_worker_stats {
   double cpu_seconds;                 /* CPU time (user + system, every thread) of this worker's
                                        * process from the first step to the end (evaluations
                                        * included): what a loaded machine disturbs least */
+  double peak_rss_bytes;              /* the process's peak resident memory (VmHWM, getrusage
+                                       * ru_maxrss) at the end of the run, pages inherited
+                                       * from the process that forked it included */
 } dt_worker_stats;
-#define DT_WORKER_STATS_FIELDS 9
+#define DT_WORKER_STATS_FIELDS 10
 
 /* What summary.json holds (the main fields). */
 typedef struct dt_run_summary {

@@ -669,10 +669,9 @@ int dt_config_validate(const dt_config *c) {
     return key_error(c, find_key("dist", "compress"), "not with %s yet (compression runs inside "
                      "the ddp strategy)", r->zero ? "dist.zero" : "the pipeline strategy "
                      "(dist.pipeline_stages, dist.micro_batches, train.recompute)");
-  if (r->zero && (r->pipeline_stages > 1 || r->deterministic || ps_on))
+  if (r->zero && (r->deterministic || ps_on))
     return key_error(c, find_key("dist", "zero"), "not with %s yet",
-                     r->deterministic ? "dist.deterministic"
-                     : ps_on ? "a parameter server" : "dist.pipeline_stages > 1");
+                     r->deterministic ? "dist.deterministic" : "a parameter server");
   if (r->workers > 1 && r->min_workers > r->workers)
     return key_error(c, find_key("dist", "min_workers"), "%d is more than dist.workers = %d",
                      r->min_workers, r->workers);

@@ -244,6 +244,13 @@ static inline uint64_t dt_get_le64(const uint8_t *p) {
 uint32_t dt_crc32c(uint32_t crc, const void *buf, size_t len);
 /* SHA-256 of buf, the 32 raw bytes (OpenSSL libcrypto). */
 void dt_sha256(const void *buf, size_t len, uint8_t out[32]);
+/* The same over pieces: begin (NULL when out of memory; update and end
+ * accept NULL and then give 32 zero bytes), update in order, end writes
+ * the digest and frees the context. */
+typedef struct dt_sha256_ctx dt_sha256_ctx;
+dt_sha256_ctx *dt_sha256_begin(void);
+void dt_sha256_update(dt_sha256_ctx *c, const void *buf, size_t len);
+void dt_sha256_end(dt_sha256_ctx *c, uint8_t out[32]);
 /* SHA-256 of buf as 64 lowercase hex digits plus NUL. */
 void dt_sha256_hex(const void *buf, size_t len, char out[65]);
 /* n bytes as 2n lowercase hex digits plus NUL (out holds 2n + 1 chars). */

@@ -447,7 +447,9 @@ int dt_engine_resume(dt_engine *e, const char *path) {
     dt__ckpt_resume_free(r);
     return rc;
   }
-  /* the weights are in the model; the rest waits for dt_engine_run */
+  /* the weights are in the model (a stage initialises nothing now); the
+   * rest waits for dt_engine_run */
+  e->strat.params_lazy = 0;
   dt__st_free(&r->model_st);
   free(r->model_buf);
   r->model_buf = NULL;

@@ -156,7 +156,17 @@ static int build(dt_engine *e) {
     dt_dataset_normalize(&e->test, e->mean, e->std);
   }
 
-  rc = dt_model_create(&e->model, cfg->layers, e->train.c, e->train.h, e->train.w, cfg->batch);
+  /* The strategy, by name; its batch source below (data-parallel sources
+   * start no thread, so the engine may be created before the workers
+   * fork). Pipeline stages initialise their own spans (strategy.h
+   * init_own): the whole model's parameter buffer is then never written
+   * here, so the forked workers do not inherit it resident. */
+  const char *name = dt__strategy_for(cfg);
+  e->strat.ops = dt__strategy_find(name);
+  if (!e->strat.ops) return dt__seterr(DT_EINVAL, "engine: no strategy called '%s'", name);
+  e->strat.params_lazy = e->strat.ops->init_own && cfg->pipeline_stages > 1 && !cfg->model_init[0];
+  rc = (e->strat.params_lazy ? dt__model_create_noinit : dt_model_create)(
+      &e->model, cfg->layers, e->train.c, e->train.h, e->train.w, cfg->batch);
   if (rc < 0) return dt__preerr(rc, "model.layers");
   int classes = e->train.nclasses > e->test.nclasses ? e->train.nclasses : e->test.nclasses;
   if (cfg->loss) {
@@ -165,14 +175,8 @@ static int build(dt_engine *e) {
   } else if (dt_model_out_dim(e->model) < classes)
     return dt__seterr(DT_EINVAL, "model.layers: the last layer has %d outputs but the data has %d "
                       "classes", dt_model_out_dim(e->model), classes);
-  dt_model_init(e->model, cfg->seed);
+  if (!e->strat.params_lazy) dt_model_init(e->model, cfg->seed);
   if (cfg->model_init[0]) DT_CHECK(dt__ckpt_model_init(e, cfg->model_init));
-
-  /* The strategy, by name; its batch source now (data-parallel sources start
-   * no thread, so the engine may be created before the workers fork). */
-  const char *name = dt__strategy_for(cfg);
-  e->strat.ops = dt__strategy_find(name);
-  if (!e->strat.ops) return dt__seterr(DT_EINVAL, "engine: no strategy called '%s'", name);
   /* a strategy with optimizers of its own gets a one-float one here */
   DT_CHECK(dt_optim_create(&e->optim, &cfg->optim,
                            e->strat.ops->own_optim ? 1 : dt_model_nparams(e->model)));
@@ -255,6 +259,11 @@ const dt_model *dt_engine_model(const dt_engine *e) { return e ? e->model : NULL
 int64_t dt_engine_train_samples(const dt_engine *e) { return e ? e->train.n : 0; }
 int64_t dt_engine_test_samples(const dt_engine *e) { return e ? e->test.n : 0; }
 const char *dt_engine_strategy(const dt_engine *e) { return e ? e->strat.ops->name : NULL; }
+
+void dt__engine_param_span(const dt_engine *e, size_t *off, size_t *n) {
+  *off = e && e->strat.own_n ? e->strat.own_off : 0;
+  *n = e && e->strat.own_n ? e->strat.own_n : dt_model_nparams(e ? e->model : NULL);
+}
 
 int dt_engine_set_out_dir(dt_engine *e, const char *dir) {
   if (!e) return dt__seterr(DT_EINVAL, "dt_engine_set_out_dir: engine is NULL");

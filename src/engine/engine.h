@@ -79,4 +79,8 @@ int dt__engine_standby_map(dt_engine *e);
  * state written page by page, so they are the spare's own memory and the
  * state it takes when woken costs no copy-on-write faults. */
 void dt__engine_standby_warm(dt_engine *e);
+/* The parameters this rank holds after a run: [*off, *off + *n) of the
+ * model's; all of them but on a pipeline stage (with P > 1 stages a rank
+ * holds its own span only, docs/pipeline.md "Memory"). */
+void dt__engine_param_span(const dt_engine *e, size_t *off, size_t *n);
 #endif /* DT_ENGINE_H */

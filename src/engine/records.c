@@ -135,6 +135,7 @@ static void add_worker(cJSON *o, const dt_worker_stats *w) {
   cJSON_AddNumberToObject(o, "bytes_sent", w->bytes_sent);
   cJSON_AddNumberToObject(o, "bytes_received", w->bytes_received);
   cJSON_AddNumberToObject(o, "cpu_seconds", w->cpu_seconds);
+  cJSON_AddNumberToObject(o, "peak_rss_bytes", w->peak_rss_bytes);
 }
 
 /* Pretty-printed JSON plus a final newline, written atomically. */
@@ -233,6 +234,11 @@ int dt__records_summary(dt_records *r, const dt_engine *e, const dt_run_summary 
   cJSON_AddNumberToObject(o, "compute_seconds", nper ? comp_s / nper : comp_s);
   cJSON_AddNumberToObject(o, "comm_seconds", nper ? comm_s / nper : 0);
   cJSON_AddNumberToObject(o, "comm_hidden_fraction", comm_s > 0 ? hidden / comm_s : 0);
+  /* the largest worker's peak resident memory (per_worker has each) */
+  double rss = s->self.peak_rss_bytes;
+  for (int i = 0; i < nper; i++)
+    if (per[i].peak_rss_bytes > rss) rss = per[i].peak_rss_bytes;
+  cJSON_AddNumberToObject(o, "peak_rss_bytes", rss);
   if (nper) {
     cJSON *arr = cJSON_AddArrayToObject(o, "per_worker");
     for (int i = 0; arr && i < nper; i++) {

@@ -86,6 +86,19 @@ typedef struct dt_strategy {
    * 0's flag on every rank — how the others learn of a checkpoint only
    * rank 0 decided (a timer, a signal) without a collective of its own. */
   int ckpt_notes, ckpt_note_out, ckpt_note_in;
+  /* Set by the loop: 1 when the model's parameters were left uninitialised
+   * for the strategy (ops.init_own; no model.init file, no resume): setup
+   * initialises the part this rank trains (dt__model_init_range). */
+  int params_lazy;
+  /* Set by setup of strategies whose ranks hold part of the parameters
+   * (pipeline stages): the span [own_off, own_off + own_n) this rank
+   * holds; own_n 0: all of them. */
+  size_t own_off, own_n;
+  /* Set by run_end of those strategies: SHA-256 of the whole model's
+   * parameters made from the parts in order, which the summary reports
+   * instead of a hash of this rank's model. */
+  int params_hashed;
+  uint8_t params_sha[32];
 } dt_strategy;
 
 /* Named blobs of a strategy's state, for checkpoints. put copies len bytes
@@ -137,6 +150,10 @@ struct dt_strategy_ops {
    * (s->optim) is then made for one float, so no rank holds state for the
    * whole model. */
   int own_optim;
+  /* 1: with dist.pipeline_stages > 1 each rank initialises only its own
+   * part of the parameters (s->params_lazy), so the process that forks
+   * the workers never writes (and they never inherit) the whole model. */
+  int init_own;
   /* At dt_engine_create (no communicator yet, may precede a fork): the
    * batch source this strategy trains from. */
   int (*open_source)(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out);
@@ -180,6 +197,12 @@ struct dt_strategy_ops {
    * positions [*lo, *hi) (the loop walks them in chunks of chunk samples
    * starting at *lo). Needs no setup (dt_engine_evaluate may come first). */
   int (*eval_begin)(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi);
+  /* Runs the whole evaluation itself (may be NULL): every test sample in
+   * chunks of chunk samples, the tally summed over every worker into *t
+   * on every rank (a collective). Returns 1 when it cannot (before setup):
+   * the loop then evaluates through eval_begin and eval_reduce. For
+   * strategies whose ranks hold part of the model (pipeline stages). */
+  int (*evaluate)(dt_strategy *s, const dt_dataset *test, int chunk, dt_tally *t);
   /* Sums a tally over every worker in place (an evaluation's). */
   int (*eval_reduce)(dt_strategy *s, dt_tally *t);
   /* End of an epoch: combines the epoch's train tally over workers (sums;
@@ -261,6 +284,9 @@ int dt__strategy_no_membership(dt_strategy *s, const dt_membership *m);
  * parameter check and statistics, and a message naming this rank and the
  * communicator's reason. */
 int dt__ddp_startup(dt_strategy *s);
+/* The configuration check of dt__ddp_startup alone (pipeline stages, who
+ * hold different parameters). */
+int dt__ddp_check_cfg(dt_strategy *s);
 int dt__ddp_finish(dt_strategy *s, dt_ddp *ddp, uint64_t sent0, uint64_t recv0,
                    dt_worker_stats *me, dt_worker_stats *all);
 int dt__ddp_comm_err(dt_strategy *s, int rc, const char *what);

@@ -42,14 +42,19 @@ int dt__ddp_comm_err(dt_strategy *s, int rc, const char *what) {
   return dt__seterr(rc, "rank %d: %s: %s", s->rank, what, m && *m ? m : dt_errmsg());
 }
 
-int dt__ddp_startup(dt_strategy *s) {
+int dt__ddp_check_cfg(dt_strategy *s) {
   if (!s->comm) return DT_OK;
   dt_ddp_fingerprint fp;
   dt__config_fingerprint(s->cfg, s->train_n, s->test_n, dt_model_nparams(s->model),
                          s->config_sha, &fp);
   int rc = dt_ddp_check_config(s->comm, &fp);
-  if (rc < 0) return dt__preerr(rc, "rank %d", s->rank);
-  rc = dt_ddp_broadcast_params(s->model, s->comm);
+  return rc < 0 ? dt__preerr(rc, "rank %d", s->rank) : DT_OK;
+}
+
+int dt__ddp_startup(dt_strategy *s) {
+  if (!s->comm) return DT_OK;
+  DT_CHECK(dt__ddp_check_cfg(s));
+  int rc = dt_ddp_broadcast_params(s->model, s->comm);
   if (rc < 0) return dt__preerr(rc, "rank %d", s->rank);
   return DT_OK;
 }

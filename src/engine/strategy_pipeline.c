@@ -11,9 +11,13 @@
  * accumulation in one process (with train.recompute: keeping only the
  * micro-batches' inputs).
  *
- * The whole model stays on every rank as the place the stages' spans live
- * (a stage trains its span in place) and evaluation runs on it after every
- * stage's span is broadcast to its replica, like ddp's sharded evaluation.
+ * The whole model's buffers stay on every rank as the address space the
+ * stages' spans live in (a stage trains its span in place), but with
+ * P > 1 a stage writes, and so holds in memory, only its own span: it
+ * initialises only that (the engine leaves the rest unwritten), evaluation
+ * goes through the stages and the end's check and params_sha256 are made
+ * from the stages' spans (pipeline_parts.c). Checkpoints still bring every
+ * stage's span to rank 0, which writes the whole model.
  * Its batch source is a "replica" view of the shards source: rank r trains
  * on replica r / P's slice of every global batch, one piece per step that
  * run_pieces cuts into micro-batches.
@@ -25,7 +29,8 @@
  * communicator), so params_sha256 is ddp_det's for any P, m, schedule and
  * replica count.
  *
- * It does not do ZeRO or elastic membership.
+ * With dist.zero = 1 each stage's optimizer state is sharded over its
+ * replicas (pipeline_zero.c). It does not do elastic membership.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +40,7 @@
 #include "engine/strategy.h"
 #include "parallel/partition.h"
 #include "parallel/pipe.h"
+#include "engine/pipeline_int.h"
 #include "tensor/tensor.h"
 
 /* ---- the replica source ------------------------------------------------------ */
@@ -82,6 +88,8 @@ static int check_settings(const dt_run_cfg *c, const dt_dataset *train) {
   const int P = c->pipeline_stages;
   if (c->deterministic && c->micro_batch < 1)
     return dt__seterr(DT_EINVAL, "dist.micro_batch = %d: expects at least 1", c->micro_batch);
+  if (c->zero && c->deterministic)
+    return dt__seterr(DT_EINVAL, "dist.zero = 1: not with dist.deterministic yet");
   if (c->micro_batches < 1)
     return dt__seterr(DT_EINVAL, "dist.micro_batches = %d: expects at least 1", c->micro_batches);
   if (c->workers % P)
@@ -110,36 +118,12 @@ static int pipe_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_
 
 /* ---- the strategy --------------------------------------------------------------- */
 
-typedef struct pipe_impl {
-  dt_partition part;
-  int P, R, stage, replica;
-  dt_comm *pcomm;    /* this replica's stages (rank = stage); NULL with P = 1 */
-  dt_comm *scomm;    /* this stage over the replicas (rank = replica); NULL with R = 1 */
-  dt_pipe *pipe;
-  int det;           /* deterministic mode */
-  dt_ddp *ddp;       /* det: the stage's fixed-point sums over its replicas */
-  dt_ddp *rddp;      /* R > 1, not det: the stage's gradient buckets over its replicas */
-  float *xstep;      /* det: this step's micro-shards, side by side */
-  int32_t *ystep;
-  dt_optim *optim;   /* over this stage's span */
-  dt_pipe_mb *mb;
-  float *loss;
-  int *correct;
-  dt_step_plan plan;
-  uint64_t sent0, recv0;
-  double reduce_s;
-  double agree_s;    /* waiting in the per-step checkpoint agreement (pipe_gather) */
-  size_t act_bytes;  /* this stage's activation memory (dt_pipe_act_bytes) */
-  /* checkpoints, rank 0: the other stages' optimizer states and counts */
-  float *ck_optim;   /* stages 1..P-1 side by side (slots x params each) */
-  int64_t *ck_ostep; /* P */
-} pipe_impl;
 
 /* A communication error that names a rank which exited or was killed
  * (the transports say "rank K (pid P) exited", "rank K exited") gets that
  * rank's place in the pipeline added, so every rank's last line names the
  * lost stage and rank, whichever collective or neighbour it was waiting in. */
-static int name_lost_stage(dt_strategy *s, int rc) {
+int dt__pipe_name_lost(dt_strategy *s, int rc) {
   char m[1024];
   snprintf(m, sizeof m, "%s", dt_errmsg());
   const char *hit = strstr(m, " exited");
@@ -153,8 +137,8 @@ static int name_lost_stage(dt_strategy *s, int rc) {
                     lost / P);
 }
 
-static int pcomm_err(dt_strategy *s, int rc, const char *what) {
-  return name_lost_stage(s, dt__ddp_comm_err(s, rc, what));
+int dt__pipe_comm_err(dt_strategy *s, int rc, const char *what) {
+  return dt__pipe_name_lost(s, dt__ddp_comm_err(s, rc, what));
 }
 
 /* Every rank's partition: cut points, or balanced by costs rank 0 measured. */
@@ -176,7 +160,7 @@ static int partition(dt_strategy *s, pipe_impl *d) {
   int ok = rc == DT_OK;
   int rc2 = dt_comm_broadcast(s->comm, &ok, 1, DT_I32, 0);
   if (rc2 == DT_OK && ok) rc2 = dt_comm_broadcast(s->comm, cost, (size_t)n, DT_F64, 0);
-  if (rc2 < 0) rc = pcomm_err(s, rc2, "pipeline partition");
+  if (rc2 < 0) rc = dt__pipe_comm_err(s, rc2, "pipeline partition");
   else if (!ok && rc == DT_OK) rc = dt__seterr(DT_EIO, "rank %d: pipeline partition: rank 0 "
                                                "could not profile the layers", s->rank);
   if (rc == DT_OK) rc = dt_partition_balance(&d->part, m, d->P, cost);
@@ -192,7 +176,7 @@ static void pipe_teardown(dt_strategy *s) {
   dt_pipe_destroy(d->pipe);
   dt_free(d->xstep);
   dt_free(d->ystep);
-  dt_optim_destroy(d->optim);
+  dt__pipe_optim_destroy(d);
   dt_free(d->ck_optim);
   free(d->ck_ostep);
   dt_comm_destroy(d->scomm);
@@ -214,7 +198,7 @@ static int pipe_setup(dt_strategy *s) {
   const int det = c->deterministic;
   /* deterministic: every product through our own kernels (ddp_det's rule) */
   if (det) dt_model_set_gemm_flags(s->model, DT_GEMM_FIXED);
-  DT_CHECK(dt__ddp_startup(s));
+  DT_CHECK(dt__ddp_check_cfg(s)); /* dt__pipe_start makes the parameters equal */
   pipe_impl *d = calloc(1, sizeof *d);
   if (!d) return dt__seterr(DT_ENOMEM, "pipeline: out of memory");
   s->impl = d;
@@ -228,7 +212,7 @@ static int pipe_setup(dt_strategy *s) {
     dt_comm_bytes(s->comm, &d->sent0, &d->recv0);
     if ((rc = dt_comm_split(s->comm, d->replica, d->stage, &d->pcomm)) < 0 ||
         (rc = dt_comm_split(s->comm, d->stage, d->replica, &d->scomm)) < 0) {
-      rc = pcomm_err(s, rc, "pipeline communicators");
+      rc = dt__pipe_comm_err(s, rc, "pipeline communicators");
       goto fail;
     }
     if (P == 1) dt_comm_destroy(d->pcomm), d->pcomm = NULL;
@@ -265,6 +249,10 @@ static int pipe_setup(dt_strategy *s) {
     pc.max_batch = per_replica;
   }
   DT_CHECK_GOTO(dt_pipe_create(&d->pipe, &pc), rc, fail);
+  d->pc = pc;
+  /* this stage's span initialised (or every rank's whole model checked
+   * equal with P = 1) before anything reads it */
+  DT_CHECK_GOTO(dt__pipe_start(s, d), rc, fail);
   /* the stages keep stage-sized gradients: no rank holds the whole model's */
   dt__model_drop_grads(s->model);
   {
@@ -279,7 +267,7 @@ static int pipe_setup(dt_strategy *s) {
     }
     if (s->comm && (rc = dt_comm_allgather(s->comm, &ab, all, 1, DT_F64)) < 0) {
       free(all);
-      rc = pcomm_err(s, rc, "pipeline start");
+      rc = dt__pipe_comm_err(s, rc, "pipeline start");
       goto fail;
     }
     if (s->rank == 0 && (P > 1 || c->recompute)) {
@@ -322,8 +310,7 @@ static int pipe_setup(dt_strategy *s) {
     dt_pipe_grads_moved(d->pipe);
     dt_pipe_set_ready(d->pipe, dt_ddp_grad_ready, d->rddp);
   }
-  DT_CHECK_GOTO(dt_optim_create(&d->optim, &c->optim, d->part.params[st] ? d->part.params[st] : 1),
-                rc, fail);
+  DT_CHECK_GOTO(dt__pipe_optim_create(s, d), rc, fail);
   d->mb = calloc((size_t)m, sizeof *d->mb);
   d->loss = calloc((size_t)m, sizeof *d->loss);
   d->correct = calloc((size_t)m, sizeof *d->correct);
@@ -403,7 +390,7 @@ static int pipe_run(dt_strategy *s, dt_batch_source *src, const dt_step_plan *pl
   }
   int rc = dt_pipe_step(d->pipe, d->mb, m, plan->n_global, s->cfg->seed, (uint64_t)s->step,
                         d->loss, d->correct);
-  if (rc < 0) return name_lost_stage(s, rc);
+  if (rc < 0) return dt__pipe_name_lost(s, rc);
   for (int j = 0; j < m; j++) dt__tally_add(t, d->loss[j], d->mb[j].n, d->correct[j], plan->terms);
   return DT_OK;
 }
@@ -420,36 +407,17 @@ static int pipe_step_finish(dt_strategy *s, float lr) {
     double t0 = dt_now();
     int rc = dt_ddp_finish_step(d->rddp);
     d->reduce_s += dt_now() - t0;
-    if (rc < 0) return name_lost_stage(s, dt__preerr(rc, "rank %d (stage %d)", s->rank, st));
+    if (rc < 0) return dt__pipe_name_lost(s, dt__preerr(rc, "rank %d (stage %d)", s->rank, st));
   } else if (d->scomm && n) {
     /* the stage's gradient over its replicas (each already weighted by its
      * share of the global batch) */
     double t0 = dt_now();
     int rc = dt_comm_allreduce(d->scomm, g, g, n, DT_F32, DT_OP_SUM);
     d->reduce_s += dt_now() - t0;
-    if (rc < 0) return pcomm_err(s, rc, "stage gradient allreduce");
+    if (rc < 0) return dt__pipe_comm_err(s, rc, "stage gradient allreduce");
   }
-  if (n) DT_CHECK(dt_optim_step(d->optim, dt_model_params(s->model) + off, g, lr));
+  if (n) DT_CHECK(dt__pipe_optim_step(s, d, dt_model_params(s->model) + off, g, lr));
   s->step++;
-  return DT_OK;
-}
-
-/* Every stage's span of the parameters and running statistics to every
- * rank of its replica; running statistics averaged over the replicas. */
-static int gather_whole(dt_strategy *s) {
-  pipe_impl *d = s->impl;
-  dt_model *m = s->model;
-  if (!d || !d->pcomm) return DT_OK;
-  for (int t = 0; t < d->P; t++) {
-    int rc = DT_OK;
-    if (d->part.params[t])
-      rc = dt_comm_broadcast(d->pcomm, dt_model_params(m) + d->part.param_off[t],
-                             d->part.params[t], DT_F32, t);
-    if (rc == DT_OK && d->part.nbufs[t])
-      rc = dt_comm_broadcast(d->pcomm, dt_model_bufs(m) + d->part.buf_off[t], d->part.nbufs[t],
-                             DT_F32, t);
-    if (rc < 0) return pcomm_err(s, rc, "gathering the stages' parameters");
-  }
   return DT_OK;
 }
 
@@ -458,7 +426,8 @@ static int pipe_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, in
   *lo = 0;
   *hi = n;
   if (!s->comm || s->nranks < 2) return DT_OK;
-  DT_CHECK(gather_whole(s));
+  /* here with P = 1 (every rank holds the whole model) or before setup;
+   * stages evaluate through dt__pipe_evaluate */
   dt_model *m = s->model;
   pipe_impl *d = s->impl;
   if (d && d->det) {
@@ -474,7 +443,7 @@ static int pipe_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, in
   if (dt_model_nbufs(m)) {
     int rc = dt_comm_allreduce(s->comm, dt_model_bufs(m), dt_model_bufs(m), dt_model_nbufs(m),
                                DT_F32, DT_OP_AVG);
-    if (rc < 0) return pcomm_err(s, rc, "evaluation buffers");
+    if (rc < 0) return dt__pipe_comm_err(s, rc, "evaluation buffers");
   }
   *lo = n * s->rank / s->nranks;
   *hi = n * (s->rank + 1) / s->nranks;
@@ -486,14 +455,14 @@ static int pipe_eval_reduce(dt_strategy *s, dt_tally *t) {
   if (t->fixed) {
     int64_t v[2] = {t->loss_q, t->correct};
     int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_I64, DT_OP_SUM);
-    if (rc < 0) return pcomm_err(s, rc, "evaluation");
+    if (rc < 0) return dt__pipe_comm_err(s, rc, "evaluation");
     t->loss_q = v[0];
     t->correct = v[1];
     return DT_OK;
   }
   double v[2] = {t->loss, (double)t->correct};
   int rc = dt_comm_allreduce(s->comm, v, v, 2, DT_F64, DT_OP_SUM);
-  if (rc < 0) return pcomm_err(s, rc, "evaluation");
+  if (rc < 0) return dt__pipe_comm_err(s, rc, "evaluation");
   t->loss = v[0];
   t->correct = (int64_t)(v[1] + 0.5);
   return DT_OK;
@@ -510,7 +479,7 @@ static int pipe_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
     int rc = dt_comm_allreduce(s->comm, q, q, 3, DT_I64, DT_OP_SUM);
     if (rc == DT_OK)
       rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
-    if (rc < 0) return pcomm_err(s, rc, "epoch statistics");
+    if (rc < 0) return dt__pipe_comm_err(s, rc, "epoch statistics");
     t->loss_q = q[0];
     t->correct = q[1];
     t->samples = q[2];
@@ -519,7 +488,7 @@ static int pipe_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
   double v[3] = {mine ? t->loss : 0, mine ? (double)t->correct : 0, mine ? (double)t->samples : 0};
   int rc = dt_comm_allreduce(s->comm, v, v, 3, DT_F64, DT_OP_SUM);
   if (rc == DT_OK) rc = dt_comm_allreduce(s->comm, &t->seconds, &t->seconds, 1, DT_F64, DT_OP_MAX);
-  if (rc < 0) return pcomm_err(s, rc, "epoch statistics");
+  if (rc < 0) return dt__pipe_comm_err(s, rc, "epoch statistics");
   t->loss = v[0];
   t->correct = (int64_t)(v[1] + 0.5);
   t->samples = (int64_t)(v[2] + 0.5);
@@ -528,8 +497,9 @@ static int pipe_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
 
 static int pipe_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all) {
   pipe_impl *d = s->impl;
-  DT_CHECK(gather_whole(s));
-  if (s->comm) {
+  if (d->P > 1) {
+    DT_CHECK(dt__pipe_end_check(s, d));
+  } else if (s->comm) {
     int rc = dt_ddp_check_params(s->model, s->comm);
     if (rc < 0) return dt__preerr(rc, "rank %d", s->rank);
   }
@@ -545,7 +515,7 @@ static int pipe_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *al
   all[0] = *me;
   if (!s->comm) return DT_OK;
   int rc = dt_comm_allgather(s->comm, me, all, DT_WORKER_STATS_FIELDS, DT_F64);
-  return rc < 0 ? pcomm_err(s, rc, "summary statistics") : DT_OK;
+  return rc < 0 ? dt__pipe_comm_err(s, rc, "summary statistics") : DT_OK;
 }
 
 /* ---- checkpoints ----------------------------------------------------------------- */
@@ -565,10 +535,7 @@ static int pipe_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *al
 
 /* Optimizer floats per parameter (a stage without parameters has an
  * optimizer of one float: dt_optim_create needs n >= 1). */
-static size_t optim_slots(const pipe_impl *d) {
-  const size_t n = d->part.params[d->stage];
-  return dt_optim_state_floats(d->optim) / (n ? n : 1);
-}
+static size_t optim_slots(const pipe_impl *d) { return dt__pipe_optim_slots(d); }
 
 static int pipe_gather(dt_strategy *s, int32_t *flags) {
   pipe_impl *d = s->impl;
@@ -578,9 +545,14 @@ static int pipe_gather(dt_strategy *s, int32_t *flags) {
     double t0 = dt_now();
     int rc = dt_comm_broadcast(s->comm, flags, 1, DT_I32, 0);
     d->agree_s += dt_now() - t0;
-    if (rc < 0) return pcomm_err(s, rc, "agreeing on a checkpoint");
+    if (rc < 0) return dt__pipe_comm_err(s, rc, "agreeing on a checkpoint");
   }
-  if (!(*flags & DT__CK_TAKE) || !d->pcomm || d->replica != 0) return DT_OK;
+  if (!(*flags & DT__CK_TAKE)) return DT_OK;
+  /* the stage's whole optimizer state on replica 0 (with ZeRO-1 its
+   * replicas' blocks put together) */
+  const float *state = NULL;
+  DT_CHECK(dt__pipe_optim_whole(s, d, &state));
+  if (!d->pcomm || d->replica != 0) return DT_OK;
   const size_t slots = optim_slots(d);
   float *params = dt_model_params(s->model), *bufs = dt_model_bufs(s->model);
   dt_comm *c = d->pcomm;
@@ -593,10 +565,9 @@ static int pipe_gather(dt_strategy *s, int32_t *flags) {
     if (rc == DT_OK && d->part.nbufs[t])
       rc = dt_comm_send(c, 0, TAG_CKPT, bufs + d->part.buf_off[t], d->part.nbufs[t] * sizeof(float));
     if (rc == DT_OK && slots && d->part.params[t])
-      rc = dt_comm_send(c, 0, TAG_CKPT, dt_optim_state(d->optim),
-                        slots * d->part.params[t] * sizeof(float));
-    if (rc == DT_OK) rc = dt_comm_send(c, 0, TAG_CKPT, dt_optim_step_count(d->optim), sizeof(int64_t));
-    return rc < 0 ? pcomm_err(s, rc, "sending a stage's state for a checkpoint") : DT_OK;
+      rc = dt_comm_send(c, 0, TAG_CKPT, state, slots * d->part.params[t] * sizeof(float));
+    if (rc == DT_OK) rc = dt_comm_send(c, 0, TAG_CKPT, dt__pipe_optim_count(d), sizeof(int64_t));
+    return rc < 0 ? dt__pipe_comm_err(s, rc, "sending a stage's state for a checkpoint") : DT_OK;
   }
   if (!d->ck_ostep) {
     size_t total = 0;
@@ -618,7 +589,7 @@ static int pipe_gather(dt_strategy *s, int32_t *flags) {
     if (rc == DT_OK) rc = dt_comm_recv(c, t, TAG_CKPT, &d->ck_ostep[t], sizeof(int64_t));
     o += slots * d->part.params[t];
   }
-  return rc < 0 ? pcomm_err(s, rc, "gathering the stages' state for a checkpoint") : DT_OK;
+  return rc < 0 ? dt__pipe_comm_err(s, rc, "gathering the stages' state for a checkpoint") : DT_OK;
 }
 
 /* Rank 0 (stage 0 of replica 0), after pipe_gather (or alone: P = 1). */
@@ -632,6 +603,8 @@ static int pipe_export(dt_strategy *s, const dt_state_writer *w) {
                       s->ops->name);
   const size_t slots = optim_slots(d);
   const int32_t P = d->P;
+  const float *state0 = d->zero ? d->zfull : dt_optim_state(d->optim);
+  if (!state0) DT_CHECK(dt__pipe_optim_whole(s, d, &state0)); /* ZeRO-1 alone (R = 1) */
   int64_t *span = malloc(2 * (size_t)P * sizeof *span);
   if (!span) return dt__seterr(DT_ENOMEM, "pipeline checkpoint: out of memory");
   for (int t = 0; t < P; t++) {
@@ -640,7 +613,7 @@ static int pipe_export(dt_strategy *s, const dt_state_writer *w) {
   }
   /* the optimizer's step count: every stage with parameters has the same
    * (a stage without any never steps) */
-  int64_t ostep = *dt_optim_step_count(d->optim);
+  int64_t ostep = *dt__pipe_optim_count(d);
   for (int t = 1; t < P; t++)
     if (d->ck_ostep[t] > ostep) ostep = d->ck_ostep[t];
   int rc = w->put(w->ud, "step", &s->step, sizeof s->step);
@@ -653,8 +626,8 @@ static int pipe_export(dt_strategy *s, const dt_state_writer *w) {
     char file[64], owner[32];
     snprintf(file, sizeof file, "stage-%d.safetensors", t);
     snprintf(owner, sizeof owner, "stage-%d", t);
-    const int64_t *os = t ? &d->ck_ostep[t] : dt_optim_step_count(d->optim);
-    const float *state = t ? o : dt_optim_state(d->optim);
+    const int64_t *os = t ? &d->ck_ostep[t] : dt__pipe_optim_count(d);
+    const float *state = t ? o : state0;
     const size_t n = slots * d->part.params[t];
     rc = w->put_file(w->ud, file, owner, "optim_step", os, sizeof *os);
     if (rc == DT_OK && n) rc = w->put_file(w->ud, file, owner, "optim", state, n * sizeof(float));
@@ -674,11 +647,9 @@ static int pipe_import(dt_strategy *s, const dt_state_reader *r) {
   if (step < 0 || ostep < 0)
     return dt__seterr(DT_ECORRUPT, "strategy state: negative step count (%lld, %lld)",
                       (long long)step, (long long)ostep);
-  const size_t n = d->part.params[d->stage];
-  if (n)
-    DT_CHECK(dt__import_optim_span(r, dt_model_nparams(s->model), optim_slots(d),
-                                   d->part.param_off[d->stage], n, dt_optim_state(d->optim)));
+  DT_CHECK(dt__pipe_optim_import(s, d, r));
   *dt_optim_step_count(d->optim) = ostep;
+  if (d->otail) *dt_optim_step_count(d->otail) = ostep;
   s->step = step;
   return DT_OK;
 }
@@ -688,9 +659,10 @@ static int pipe_import(dt_strategy *s, const dt_state_reader *r) {
   {                                                                                              \
     .name = NAME, .fixed_point = FIXED,                                                          \
     .state_sharded = 1, /* each stage its own parameters and optimizer: gathered to rank 0 */ \
-    .own_optim = 1, .open_source = pipe_source, .setup = pipe_setup,                             \
+    .own_optim = 1, .init_own = 1, .open_source = pipe_source, .setup = pipe_setup,              \
     .step_begin = pipe_step_begin, .run_pieces = pipe_run, .backward_begin = NULL,               \
     .grad_ready = NULL, .step_finish = pipe_step_finish, .eval_begin = pipe_eval_begin,          \
+    .evaluate = dt__pipe_evaluate,                                                               \
     .eval_reduce = pipe_eval_reduce, .epoch_end = pipe_epoch_end, .state_gather = pipe_gather,   \
     .state_export = pipe_export, .state_import = pipe_import,                                    \
     .membership_change = dt__strategy_no_membership,                                             \

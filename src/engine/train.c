@@ -39,6 +39,12 @@ static double cpu_seconds(void) {
          (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
+/* This process's peak resident memory in bytes (Linux: ru_maxrss in KiB). */
+static double peak_rss(void) {
+  struct rusage u;
+  return getrusage(RUSAGE_SELF, &u) < 0 ? 0 : (double)u.ru_maxrss * 1024.0;
+}
+
 static const char *num(double v, char *buf, size_t cap) {
   if (isnan(v)) return "NaN";
   if (isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -121,11 +127,18 @@ static int evaluate(dt_engine *e, double *loss, double *accuracy) {
   dt_strategy *S = &e->strat;
   const int B = e->cfg.batch;
   const int64_t n = e->test.n;
-  int64_t lo, hi;
-  DT_CHECK(S->ops->eval_begin(S, n, B, &lo, &hi));
+  int64_t lo = 0, hi = 0;
   dt_tally t = {.fixed = S->ops->fixed_point};
+  int own = S->ops->evaluate ? S->ops->evaluate(S, &e->test, B, &t) : 1;
+  if (own < 0) return own;
+  if (own == 1 && S->params_lazy) {
+    /* before the strategy initialised its part (dt_engine_evaluate first) */
+    DT_CHECK(dt_model_init(e->model, e->cfg.seed));
+    S->params_lazy = 0;
+  }
+  if (own == 1) DT_CHECK(S->ops->eval_begin(S, n, B, &lo, &hi));
   dt_step_ctx ctx = {0, e->cfg.seed, 0, 0};
-  for (int64_t i = lo; i < hi; i += B) {
+  for (int64_t i = lo; own == 1 && i < hi; i += B) {
     int m = (int)(hi - i < B ? hi - i : B);
     ctx.sample0 = i;
     DT_CHECK(dt_model_forward(e->model, e->test.x + i * e->test.dim, m, &ctx));
@@ -134,7 +147,7 @@ static int evaluate(dt_engine *e, double *loss, double *accuracy) {
     DT_CHECK(dt_model_loss(e->model, e->test.y + i, m, &l, &nc));
     dt__tally_add(&t, l, m, nc, (n + B - 1) / B);
   }
-  DT_CHECK(S->ops->eval_reduce(S, &t));
+  if (own == 1) DT_CHECK(S->ops->eval_reduce(S, &t));
   /* a non-finite test loss is reported as such, not as a wrapped integer */
   *loss = t.fixed && t.bad ? NAN : dt__tally_sum(&t) / (double)n;
   *accuracy = (double)t.correct / (double)n;
@@ -435,6 +448,7 @@ finished:
   s.self.train_seconds = train_seconds;
   s.self.samples_per_second = train_seconds > 0 ? (double)samples_total / train_seconds : 0;
   s.self.cpu_seconds = cpu_seconds() - cpu_start;
+  s.self.peak_rss_bytes = peak_rss();
   rc = S->ops->run_end(S, &s.self, all);
   if (rc < 0) {
     if (!dt__elastic_recoverable(e, rc)) goto done;
@@ -461,7 +475,8 @@ finished:
   s.rank = e->rank; /* elastic: rank 0 may have changed */
   s.params = dt_model_nparams(e->model);
   uint8_t psha[32];
-  dt__params_sha256(e->model, psha);
+  if (S->params_hashed) memcpy(psha, S->params_sha, 32);
+  else dt__params_sha256(e->model, psha);
   dt_hex(psha, 32, s.params_sha256);
   dt__ckpt_finish(e); /* the last checkpoint on disk before the summary reports it */
   rc = dt__records_summary(&rec, e, &s, e->comm ? all : NULL, e->comm ? e->nranks : 0);

@@ -70,8 +70,9 @@ static int relu_pool_at(const dt__spec *sp, int i) {
  * written: calloc of a large block is a fresh mapping the C library does
  * not clear by hand (dt_calloc writes every byte). For the gradient buffer,
  * which a pipeline stage's whole model never writes (its stages keep their
- * own) and which forked workers would otherwise inherit resident. *raw is
- * what to free(). */
+ * own) and which forked workers would otherwise inherit resident, and for
+ * the parameters, of which a pipeline stage writes (and so holds) only its
+ * own span (dt__model_init_range). *raw is what to free(). */
 static float *zalloc64(size_t n, void **raw) {
   *raw = calloc(n * sizeof(float) + 64, 1);
   if (!*raw) return NULL;
@@ -85,7 +86,7 @@ static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 void dt_model_destroy(dt_model *m) {
   if (!m) return;
   if (!m->shared) {
-    dt_free(m->own_params ? m->own_params : m->params);
+    free(m->params_raw);
     dt_free(m->bufs);
   }
   free(m->grads_raw);
@@ -102,9 +103,10 @@ void dt_model_destroy(dt_model *m) {
 
 /* The model of a parsed spec (freed here, success or not). stage != 0: a
  * pipeline stage (no chunked first-conv backward, so that accumulation and
- * input gradients take the plain path). */
+ * input gradients take the plain path). init: dt_model_init(m, 0) (else
+ * the parameters stay zero and unwritten, so not resident). */
 static int create_from(dt_model **out, dt__spec sp, int c, int h, int w, int max_batch,
-                       int stage) {
+                       int stage, int init) {
   int rc = DT_OK;
   dt_model *m = calloc(1, sizeof *m);
   if (!m) {
@@ -183,7 +185,7 @@ static int create_from(dt_model **out, dt__spec sp, int c, int h, int w, int max
       ntmp = sp.L[i].info.nparams;
 
   /* Pass 2: allocate once and lay the pointers into the arenas. */
-  m->params = dt_calloc((m->nparams ? m->nparams : 1) * sizeof(float));
+  m->params = zalloc64(m->nparams ? m->nparams : 1, &m->params_raw);
   m->grads = m->own_grads = zalloc64((m->nparams ? m->nparams : 1), &m->grads_raw);
   m->bufs = dt_calloc((m->nbufs ? m->nbufs : 1) * sizeof(float));
   m->acts = dt_alloc((nacts ? nacts : 1) * sizeof(float));
@@ -242,7 +244,7 @@ static int create_from(dt_model **out, dt__spec sp, int c, int h, int w, int max
     m->infos[i] = *in;
   }
   dt__spec_free(&sp);
-  dt_model_init(m, 0);
+  if (init) dt_model_init(m, 0);
   *out = m;
   return DT_OK;
 nomem:
@@ -254,7 +256,8 @@ fail:
   return rc;
 }
 
-int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int max_batch) {
+static int create(dt_model **out, const char *spec, int c, int h, int w, int max_batch,
+                  int init) {
   if (!out) return dt__seterr(DT_EINVAL, "model create: out is NULL");
   *out = NULL;
   if (!spec) return dt__seterr(DT_EINVAL, "model create: spec is NULL");
@@ -262,7 +265,16 @@ int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int m
     return dt__seterr(DT_EINVAL, "model: max_batch %d must be in [1, %d]", max_batch, 1 << 24);
   dt__spec sp;
   DT_CHECK(dt__spec_parse(&sp, spec, c, h, w));
-  return create_from(out, sp, c, h, w, max_batch, 0);
+  return create_from(out, sp, c, h, w, max_batch, 0, init);
+}
+
+int dt_model_create(dt_model **out, const char *spec, int c, int h, int w, int max_batch) {
+  return create(out, spec, c, h, w, max_batch, 1);
+}
+
+int dt__model_create_noinit(dt_model **out, const char *spec, int c, int h, int w,
+                            int max_batch) {
+  return create(out, spec, c, h, w, max_batch, 0);
 }
 
 int dt__model_spec_layers(const char *spec, int c, int h, int w, int *nlayers) {
@@ -312,7 +324,7 @@ int dt__model_create_range(dt_model **out, const char *spec, int c, int h, int w
   dt__spec_free(&sp);
   /* the chunked first-conv backward neither accumulates nor gives dx */
   int plain = need_dx || !(flags & DT__STAGE_KEEP_CHUNKS);
-  DT_CHECK(create_from(out, sub, ic, ih, iw, max_batch, plain));
+  DT_CHECK(create_from(out, sub, ic, ih, iw, max_batch, plain, 0));
   (*out)->layer_base = l0;
   (*out)->need_dx = need_dx;
   return DT_OK;
@@ -336,7 +348,8 @@ void dt__model_share(dt_model *m, dt_model *owner, size_t param_off, size_t buf_
     }
   }
   if (!m->shared) {
-    dt_free(m->params);
+    free(m->params_raw);
+    m->params_raw = NULL;
     dt_free(m->bufs);
   }
   if (grads && m->own_grads) {
@@ -378,7 +391,13 @@ void dt__model_set_accum(dt_model *m, int accumulate, float gscale) {
 
 int dt_model_init(dt_model *m, uint64_t seed) {
   if (!m) return dt__seterr(DT_EINVAL, "model init: model is NULL");
-  for (int i = 0; i < m->n; i++) {
+  return dt__model_init_range(m, seed, 0, m->n);
+}
+
+int dt__model_init_range(dt_model *m, uint64_t seed, int l0, int l1) {
+  if (!m || l0 < 0 || l1 > m->n || l0 > l1)
+    return dt__seterr(DT_EINVAL, "model init: layers [%d, %d) outside the model", l0, l1);
+  for (int i = l0; i < l1; i++) {
     layer *l = &m->L[i];
     const dt_layer_info *in = &l->s.info;
     switch (in->kind) {

@@ -55,6 +55,7 @@ struct dt_model {
   size_t nparams, nbufs;
   float *params, *grads, *bufs;
   float *own_grads;       /* the grads allocated here (grads may be borrowed) */
+  void *params_raw;       /* the params' allocation (zalloc64) */
   float *own_params;      /* dt__model_point_params: the params allocated here while
                           * params are borrowed (NULL: params are its own) */
   void *grads_raw;        /* own_grads' allocation (zalloc64) */

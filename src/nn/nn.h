@@ -100,8 +100,10 @@ float dt__optim_grad_maxabs(const dt_optim *o);
 
 /* How many layers spec has for input (c,h,w). DT_EINVAL as dt_model_create. */
 int dt__model_spec_layers(const char *spec, int c, int h, int w, int *nlayers);
-/* A model of layers [l0, l1) of spec (input: what layer l0 receives). Its
- * dropout masks are those of the whole model's layers l0.. . Flags:
+/* A model of layers [l0, l1) of spec (input: what layer l0 receives), its
+ * parameters zero and unwritten (it usually shares a whole model's:
+ * dt__model_share). Its dropout masks are those of the whole model's
+ * layers l0.. . Flags:
  * DT__STAGE_NEED_DX: its backward also produces the input gradient (every
  * stage but the first); DT__STAGE_KEEP_CHUNKS: a first-layer conv keeps the
  * whole model's chunked backward (bitwise the whole model's gradients, for
@@ -133,6 +135,16 @@ int dt__model_point_params(dt_model *m, float *params);
  * sparse rows, no deferred weight gradients, not sharing another model's),
  * so gradients may go to a different buffer each backward. */
 int dt__model_grads_rewritten(const dt_model *m);
+/* dt_model_create without initialising anything: the parameters stay
+ * zero and unwritten, so they take no memory until written (a pipeline
+ * stage's whole model, of which it writes only its own span). */
+int dt__model_create_noinit(dt_model **out, const char *spec, int c, int h, int w,
+                            int max_batch);
+/* dt_model_init of layers [l0, l1) only (the same values as the whole
+ * model's init gives them: keyed by the layer's index in m): a pipeline
+ * stage initialises, and so makes resident, only its own span of the whole
+ * model's parameter buffer, which costs no memory until written. */
+int dt__model_init_range(dt_model *m, uint64_t seed, int l0, int l1);
 /* Frees the model's own gradient buffer (a whole model whose stages keep
  * their own): dt_model_grads is NULL after; backward must not run again. */
 void dt__model_drop_grads(dt_model *m);

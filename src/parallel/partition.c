@@ -115,6 +115,7 @@ int dt_partition_profile(const char *spec, int c, int h, int w, int batch, int r
     dt_model *m = NULL;
     DT_CHECK(dt__model_create_range(&m, spec, c, h, w, batch, l, l + 1,
                                     l > 0 ? DT__STAGE_NEED_DX : 0));
+    dt_model_init(m, 0); /* timed on initialised weights */
     size_t in = (size_t)dt_model_in_dim(m) * batch, out = (size_t)dt_model_out_dim(m) * batch;
     float *x = dt_alloc(in * sizeof(float)), *dy = dt_alloc(out * sizeof(float));
     if (!x || !dy) rc = dt__seterr(DT_ENOMEM, "pipeline profile: out of memory");

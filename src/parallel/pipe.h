@@ -110,4 +110,24 @@ size_t dt_pipe_act_bytes(const dt_pipe *p, int *models, int *slots);
  * every step so far (the bubble is the waiting share). */
 void dt_pipe_times(const dt_pipe *p, double *compute_s, double *wait_s);
 
+/* ---- evaluation through the stages (pipe_eval.c) ---- */
+
+/* A stage's forward-only evaluation: its layers of cfg (the same cfg as
+ * its dt_pipe's) at up to rows samples per chunk, over cfg->whole's span
+ * of the parameters and running statistics; loss: the whole model's loss
+ * (dt__model_set_loss; 0 = the default). Made for one evaluation and
+ * destroyed after (its activations are one chunk's). */
+typedef struct dt_pipe_eval dt_pipe_eval;
+int dt_pipe_eval_create(dt_pipe_eval **out, const dt_pipe_cfg *cfg, int rows, int loss);
+void dt_pipe_eval_destroy(dt_pipe_eval *e);
+/* Called on the last stage for every chunk: its mean loss, samples and
+ * correct count, in sample order. */
+typedef void (*dt_pipe_eval_fn)(void *ud, float loss, int n, int correct);
+/* Samples [lo, hi) forward in chunks of rows, from lo (x read on stage 0,
+ * y on the last stage; every stage of the replica passes the same lo and
+ * hi); fn on the last stage. Errors name this stage, the peer and the
+ * chunk. */
+int dt_pipe_eval_run(dt_pipe_eval *e, const float *x, const int32_t *y, int64_t lo, int64_t hi,
+                     dt_pipe_eval_fn fn, void *ud);
+
 #endif /* DT_PARALLEL_PIPE_H */

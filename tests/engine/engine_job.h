@@ -2,7 +2,7 @@
  * engine_job.h — what the engine tests that fork a job of workers share:
  * a temporary directory with CSV data sets, one forked worker per run
  * config (each file defines child(), the worker's body, and writes
- * <tmp>/<tag>_<rank>.params / .acc / .err), and readers of what the
+ * <tmp>/<tag>_<rank>.params / .span / .acc / .err), and readers of what the
  * workers left. Included by one test file each (static functions, like
  * fork_workers.h); the including file defines setup() (its own tmpdir
  * name and data sizes) and child(). Include it after <cmocka.h> and
@@ -36,6 +36,13 @@ __attribute__((unused)) static int job_write_results(dt_engine *e, const dt_run_
   const dt_model *m = dt_engine_model(e);
   size_t n = dt_model_nparams(m);
   if (!f || fwrite(dt_model_params((dt_model *)m), sizeof(float), n, f) != n) rc = DT_EIO;
+  if (f) fclose(f);
+  /* the span this rank holds (a pipeline stage: its own) */
+  size_t off = 0, len = 0;
+  dt__engine_param_span(e, &off, &len);
+  snprintf(p, sizeof p, "%s/%s_%d.span", tmpdir, tag, rank);
+  f = fopen(p, "w");
+  if (!f || fprintf(f, "%zu %zu\n", off, len) < 0) rc = DT_EIO;
   if (f) fclose(f);
   snprintf(p, sizeof p, "%s/%s_%d.acc", tmpdir, tag, rank);
   f = fopen(p, "w");
@@ -132,6 +139,16 @@ __attribute__((unused)) static float *read_params(const char *tag, int rank, siz
   fclose(f);
   *n = (size_t)len / sizeof(float);
   return v;
+}
+
+/* The span of the parameters rank held ([*off, *off + *n)). */
+__attribute__((unused)) static void read_span(const char *tag, int rank, size_t *off, size_t *n) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s_%d.span", tmpdir, tag, rank);
+  FILE *f = fopen(p, "r");
+  assert_non_null(f);
+  assert_int_equal(fscanf(f, "%zu %zu", off, n), 2);
+  fclose(f);
 }
 
 __attribute__((unused)) static double read_acc(const char *tag, int rank) {

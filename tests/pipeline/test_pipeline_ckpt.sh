@@ -11,6 +11,8 @@
 #    stages, a hybrid 2 x 2 job's checkpoint resumed by 3 stages: all end
 #    with the same hash;
 #  - normal mode, 2 stages, gpipe and 1f1b: resumed == uninterrupted;
+#  - ZeRO-1 inside a hybrid 2 x 2 job (dist.zero): its checkpoint resumed
+#    sharded and unsharded == uninterrupted;
 #  - SIGKILL of every process after a checkpoint, then --resume; SIGTERM to
 #    the job: exit 143, every rank stops after rank 0 wrote, resume exact;
 #  - `dtrain ckpt verify` passes and `dtrain export` gives the whole model,
@@ -84,6 +86,16 @@ for s in 1f1b gpipe; do
   train n_${s}_r $(p2 $s) --resume "$T/n_$s/ckpt/step-00000007" || continue
   [ "$(sha "$T/n_${s}_r")" = "$(sha "$T/n_$s")" ] && pass || fail "normal $s: resumed $(sha "$T/n_${s}_r") != $(sha "$T/n_$s")"
 done
+
+# --- ZeRO-1 in the hybrid groups: each stage's optimizer state sharded over
+# its 2 replicas, put together in the checkpoint; resumed sharded and not
+Z=(--workers 4 --set dist.pipeline_stages=2 --set dist.micro_batches=3)
+if train z22 "${Z[@]}" --set dist.zero=1 --set ckpt.every_steps=7; then
+  train z22r "${Z[@]}" --set dist.zero=1 --resume "$T/z22/ckpt/step-00000007" \
+    && { [ "$(sha "$T/z22r")" = "$(sha "$T/z22")" ] && pass || fail "ZeRO-1 2 x 2 resumed: $(sha "$T/z22r") != $(sha "$T/z22")"; }
+  train z22u "${Z[@]}" --resume "$T/z22/ckpt/step-00000007" \
+    && { [ "$(sha "$T/z22u")" = "$(sha "$T/z22")" ] && pass || fail "ZeRO-1 2 x 2 resumed unsharded: $(sha "$T/z22u") != $(sha "$T/z22")"; }
+fi
 
 # --- SIGKILL after a checkpoint; SIGTERM -------------------------------------
 LONG=(--set train.epochs=6 --set data.limit_train=1200)

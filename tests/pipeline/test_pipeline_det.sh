@@ -3,12 +3,14 @@
 # params_sha256 as one ddp_det worker for P in {1, 2, 3} stages, several
 # micro-batch counts, both schedules, recomputation and data-parallel widths
 # 1 and 2 (hybrid 2 x 2), on an MLP with dropout and batch norm and on a CNN
-# whose first layer is a convolution.
+# whose first layer is a convolution; and the same test_loss and
+# test_accuracy: with P > 1 the evaluation goes forward through the stages
+# (no rank holds the whole model), and gives the whole model's bits.
 . "$(dirname "$0")/../cli/lib.sh"
 
 D=(--set data.limit_train=600 --set data.limit_test=200 --set train.epochs=1 --set train.batch=48
    --set dist.deterministic=true --set dist.micro_batch=8)
-sha() { /usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['params_sha256'])" "$1"; }
+sha() { /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['params_sha256'], repr(d['test_loss']), repr(d['test_accuracy']))" "$1"; }
 
 check() { # NAME SPEC REF_SHA ARGS...
   local name=$1 spec=$2 ref=$3
@@ -20,7 +22,7 @@ check() { # NAME SPEC REF_SHA ARGS...
   fi
   local got
   got=$(sha "$T/$name/summary.json")
-  [ "$got" = "$ref" ] && pass || fail "$name ($*): params_sha256 $got, one ddp_det worker $ref"
+  [ "$got" = "$ref" ] && pass || fail "$name ($*): params_sha256 test_loss test_accuracy $got, one ddp_det worker $ref"
 }
 
 MLP="flatten linear(32) relu dropout(0.3) linear(24) batchnorm relu linear(10)"
