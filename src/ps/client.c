@@ -88,6 +88,7 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
   c->rflags = calloc((size_t)c->nk, sizeof *c->rflags);
   c->rfrom = calloc((size_t)c->nk, sizeof *c->rfrom);
   c->sdead = calloc((size_t)map->nservers, 1);
+  c->stold = calloc((size_t)map->nservers, 1);
   c->kst = calloc((size_t)c->nk, 1);
   c->nreq = calloc((size_t)c->nk, 1);
   c->kver = calloc((size_t)c->nk, sizeof *c->kver);
@@ -115,7 +116,7 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
     c->rbuf = dt_alloc((c->kbuf0[c->nk] ? c->kbuf0[c->nk] : 1) * sizeof(float));
   }
   if (!c->hout || !c->hin || !c->kreq || !c->kpeer || !c->rclock || !c->rflags || !c->rfrom ||
-      !c->sdead || !c->kst || !c->nreq || !c->kver || !c->kfwd || (c->lazy && !c->stage) ||
+      !c->sdead || !c->stold || !c->kst || !c->nreq || !c->kver || !c->kfwd || (c->lazy && !c->stage) ||
       !c->knrows ||
       !c->krow0 || !c->kbuf0 || !c->rows || !c->rbuf ||
       (opts->significance > 0 && (!c->resid || !c->pairs))) {
@@ -145,6 +146,7 @@ void dt_ps_client_destroy(dt_ps_client *c) {
   free(c->rflags);
   free(c->rfrom);
   free(c->sdead);
+  free(c->stold);
   free(c->kst);
   free(c->nreq);
   free(c->kver);
@@ -164,6 +166,7 @@ void dt_ps_client_destroy(dt_ps_client *c) {
  * holder, the reply asked of the first); a reply is expected when expect
  * is set (posted first, into the parameters). */
 int dt__psc_request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, int expect) {
+  if (c->untold) DT_CHECK(dt__psc_tell_losses(c));
   int k = m->key;
   const dt_ps_key *K = &c->map->keys[k];
   if (expect) c->kst[k] = (uint8_t)((c->kst[k] & ~K_DONE) | K_WAIT);
@@ -230,9 +233,13 @@ int dt__psc_request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, i
   size_t bytes = (m->flags & DT_PS_F_SPARSE ? 2 : 1) * m->count * sizeof(float);
   if (rows) bytes = m->count * (m->type == DT_PS_PUSH ? 1 + K->rowlen : 1) * sizeof(float);
   /* a push goes to every live holder (each applies it); a read to one */
-  const int fan = m->type == DT_PS_PUSH ? c->R : 1;
+  /* (the holders as this worker sees them: a loss adds a new one,
+   * dt_ps_holders; every loss is told to the servers before this) */
+  int hl[DT_PS_MAX_REPLICAS];
+  const int nh = dt_ps_holders(c->map, K->server, c->sdead, hl);
+  const int fan = m->type == DT_PS_PUSH ? nh : 1;
   for (int j = 0; j < fan; j++) {
-    int t = (K->server + j) % c->map->nservers;
+    int t = hl[j];
     if (fan == 1) t = h;
     if (c->sdead[t]) continue;
     dt_ps_msg mm = *m;

@@ -40,6 +40,8 @@ struct dt_ps_client {
   uint32_t *rflags;
   int *rfrom;          /* per key: the server its reply comes from */
   uint8_t *sdead;      /* per server: lost */
+  uint8_t *stold;      /* per server: its loss told to every live server (DT_PS_LOST) */
+  int untold;          /* a loss not told yet: told before the next request */
   int64_t lost_ns;     /* when the last loss was seen (0: no fail-over pending) */
   int lost_srv;
   int64_t *kver;       /* per key: version of the parameters held */
@@ -88,6 +90,7 @@ void dt__psc_local_reply(void *ud, const dt_ps_msg *m, const float *payload);
 int dt__psc_comm_fail(dt_ps_client *c, int rc, const char *what);
 int dt__psc_holder(const dt_ps_client *c, int k);
 int dt__psc_survivable(dt_ps_client *c, int rc, int srv);
+int dt__psc_tell_losses(dt_ps_client *c);
 int dt__psc_poll_local(dt_ps_client *c, int *busy);
 int dt__psc_reap(dt_ps_client *c, int k0, int block);
 int dt__psc_wait_all(dt_ps_client *c);

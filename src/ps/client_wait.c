@@ -89,32 +89,76 @@ int dt__psc_poll_local(dt_ps_client *c, int *busy) {
 }
 
 /* The server that answers reads of key k: the first live one of its
- * range's holders; -1 when every one is lost. */
+ * range's holders (dt_ps_holders); -1 when every one is lost. */
 int dt__psc_holder(const dt_ps_client *c, int k) {
-  const int S = c->map->nservers, r = c->map->keys[k].server;
-  for (int j = 0; j < c->R; j++)
-    if (!c->sdead[(r + j) % S]) return (r + j) % S;
-  return -1;
+  int hl[DT_PS_MAX_REPLICAS];
+  const int r = c->map->keys[k].server;
+  if (c->R < 2) return c->sdead[r] ? -1 : r;
+  /* a range's first holders are the only ones with its state from the
+   * start: if all R of them are lost before a copy was made, the range is */
+  int n = dt_ps_holders(c->map, r, c->sdead, hl);
+  return n ? hl[0] : -1;
 }
 
-/* Server srv is lost (replicas): later requests go to the next holders. */
+/* Server srv is lost (replicas): later requests go to the next holders;
+ * the servers hear of it before this worker's next request. */
 static void lose(dt_ps_client *c, int srv) {
   if (c->sdead[srv]) return;
+  const dt_ps_map *m = c->map;
+  int before[DT_PS_MAX_REPLICAS], after[DT_PS_MAX_REPLICAS];
   c->sdead[srv] = 1;
+  c->untold = 1;
   c->lost_ns = dt_now_ns();
   c->lost_srv = srv;
   c->st.failovers++;
-  const dt_ps_map *m = c->map;
   DT_LOG_WARN("ps worker %d: server %d (rank %d) lost at clock %lld: %s", c->me, srv,
               dt__psc_srv_rank(c, srv), (long long)c->clock, dt_errmsg());
   for (int g = 0; g < m->nservers; g++) {
-    if (m->srv_key0[g] == m->srv_key0[g + 1] || dt__psc_holder(c, m->srv_key0[g]) == g) continue;
-    int h = dt__psc_holder(c, m->srv_key0[g]);
-    if (h >= 0 && !c->sdead[g]) continue;
-    if (h >= 0)
+    if (m->srv_key0[g] == m->srv_key0[g + 1]) continue;
+    c->sdead[srv] = 0;
+    int nb = dt_ps_holders(m, g, c->sdead, before);
+    c->sdead[srv] = 1;
+    int na = dt_ps_holders(m, g, c->sdead, after);
+    int had = 0;
+    for (int j = 0; j < nb; j++) had |= before[j] == srv;
+    if (!had || !na) continue;
+    if (before[0] == srv)
       DT_LOG_WARN("ps worker %d: keys %d-%d (server %d's range) are now read from server %d",
-                  c->me, m->srv_key0[g], m->srv_key0[g + 1] - 1, g, h);
+                  c->me, m->srv_key0[g], m->srv_key0[g + 1] - 1, g, after[0]);
+    if (na == nb)
+      DT_LOG_WARN("ps worker %d: keys %d-%d (server %d's range) get a new copy on server %d",
+                  c->me, m->srv_key0[g], m->srv_key0[g + 1] - 1, g, after[na - 1]);
+    else
+      DT_LOG_WARN("ps worker %d: keys %d-%d (server %d's range) now run on %d cop%s: no free "
+                  "server for a new one (%d servers, %d replicas)", c->me, m->srv_key0[g],
+                  m->srv_key0[g + 1] - 1, g, na, na == 1 ? "y" : "ies", m->nservers, c->R);
   }
+}
+
+/* Tells every live server of each loss not told yet (DT_PS_LOST), before
+ * anything else is sent: a server that gets a later push of this worker
+ * knows who else holds its range, and a range's primary knows from which
+ * point on this worker's pushes reach a new holder too. */
+int dt__psc_tell_losses(dt_ps_client *c) {
+  while (c->untold) {
+    c->untold = 0;
+    for (int d = 0; d < c->map->nservers; d++) {
+      if (!c->sdead[d] || c->stold[d]) continue;
+      c->stold[d] = 1;
+      dt_ps_msg m = {.type = DT_PS_LOST, .sender = c->me, .aux = (uint64_t)d};
+      uint8_t h[DT_PS_HDR_BYTES];
+      dt_ps_msg_encode(&m, h);
+      for (int s = 0; s < c->map->nservers; s++) {
+        if (c->sdead[s]) continue;
+        dt_comm_req r;
+        int rc = dt_comm_isend(c->comm, dt__psc_srv_rank(c, s), DT_PS_TAG_REQ, h, sizeof h, &r);
+        if (rc == DT_OK) rc = dt_comm_waitall(c->comm, &r, 1);
+        if (rc < 0 && !dt__psc_survivable(c, rc, s))
+          return dt__psc_comm_fail(c, rc, "telling the servers of a lost one");
+      }
+    }
+  }
+  return DT_OK;
 }
 
 /* A failed request to srv: with replicas, a lost server is survivable. */
@@ -268,6 +312,7 @@ int dt__psc_wait_all(dt_ps_client *c) {
  * final flag ends it), then serve until every worker reached it here. */
 int dt__psc_mark(dt_ps_client *c, uint32_t flags) {
   if (c->lazy) DT_CHECK(dt__psc_wait_all(c));
+  if (c->untold) DT_CHECK(dt__psc_tell_losses(c));
   c->marks++;
   dt_ps_msg m = {.type = DT_PS_BYE, .sender = c->me, .flags = flags, .clock = c->marks};
   for (int s = 0; s < c->map->nservers; s++) {

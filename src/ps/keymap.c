@@ -172,9 +172,9 @@ oom:
 }
 
 int dt_ps_map_set_replicas(dt_ps_map *m, int replicas) {
-  if (replicas < 1 || replicas > m->nservers)
-    return dt__seterr(DT_EINVAL, "ps.replicas = %d needs 1 to %d (the number of servers)",
-                      replicas, m->nservers);
+  if (replicas < 1 || replicas > m->nservers || replicas > DT_PS_MAX_REPLICAS)
+    return dt__seterr(DT_EINVAL, "ps.replicas = %d needs 1 to %d (the number of servers, at "
+                      "most %d)", replicas, m->nservers, DT_PS_MAX_REPLICAS);
   m->replicas = replicas;
   return DT_OK;
 }

@@ -17,7 +17,8 @@
 #include "ps/ps.h"
 
 static const char *const type_names[] = {"?",      "hello", "welcome", "push",
-                                         "pull",   "params", "bye",    "err"};
+                                         "pull",   "params", "bye",    "err",
+                                         "lost",   "copy"};
 
 const char *dt_ps_type_name(int type) {
   return type > 0 && type < DT_PS_TYPE_MAX ? type_names[type] : "?";
@@ -66,6 +67,19 @@ void dt_ps_msg_encode(const dt_ps_msg *m, uint8_t out[DT_PS_HDR_BYTES]) {
   put64(out + 48, m->aux);
 }
 
+/* The fields of a 64-byte header (magic and version checked by the caller). */
+static void decode(const uint8_t *buf, dt_ps_msg *m) {
+  m->type = (int)(get32(buf + 4) >> 16);
+  m->sender = (int32_t)get32(buf + 8);
+  m->key = (int32_t)get32(buf + 12);
+  m->flags = get32(buf + 16);
+  m->lr = bitsf(get32(buf + 20));
+  m->clock = (int64_t)get64(buf + 24);
+  m->count = get64(buf + 32);
+  m->weight = bitsf(get32(buf + 40));
+  m->aux = get64(buf + 48);
+}
+
 int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nworkers, int to,
                     int from, dt_ps_msg *out) {
   const char *who = to >= 0 ? "worker" : "server";
@@ -81,18 +95,11 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
     return dt__seterr(DT_EPROTO, "ps: %s %d speaks protocol version %u (this is %d)", who, from,
                       vt & 0xffff, DT_PS_VERSION);
   dt_ps_msg m;
-  m.type = (int)(vt >> 16);
-  m.sender = (int32_t)get32(buf + 8);
-  m.key = (int32_t)get32(buf + 12);
-  m.flags = get32(buf + 16);
-  m.lr = bitsf(get32(buf + 20));
-  m.clock = (int64_t)get64(buf + 24);
-  m.count = get64(buf + 32);
-  m.weight = bitsf(get32(buf + 40));
-  m.aux = get64(buf + 48);
+  decode(buf, &m);
   const int to_server = to >= 0;
   int ok_type = to_server ? (m.type == DT_PS_HELLO || m.type == DT_PS_PUSH ||
-                             m.type == DT_PS_PULL || m.type == DT_PS_BYE)
+                             m.type == DT_PS_PULL || m.type == DT_PS_BYE ||
+                             (m.type == DT_PS_LOST && map->replicas > 1))
                           : (m.type == DT_PS_WELCOME || m.type == DT_PS_PARAMS ||
                              m.type == DT_PS_ERR);
   if (!ok_type)
@@ -116,6 +123,13 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
   if (m.clock < 0)
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s with negative clock %lld", who, from,
                       dt_ps_type_name(m.type), (long long)m.clock);
+  if (m.type == DT_PS_LOST) {
+    if (m.count || m.key || m.flags || m.aux >= (uint64_t)map->nservers)
+      return dt__seterr(DT_EPROTO, "ps: worker %d sent a malformed loss notice (server %llu)",
+                        from, (unsigned long long)m.aux);
+    *out = m;
+    return DT_OK;
+  }
   if (m.type == DT_PS_HELLO || m.type == DT_PS_WELCOME || m.type == DT_PS_BYE) {
     if (m.type == DT_PS_BYE && (m.count || m.key))
       return dt__seterr(DT_EPROTO, "ps: worker %d sent a malformed bye", from);
@@ -128,7 +142,9 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for unknown key %d (the map has %d keys)",
                       who, from, dt_ps_type_name(m.type), m.key, map->nkeys);
   const dt_ps_key *K = &map->keys[m.key];
-  if (!dt_ps_map_holds(map, srv, m.key))
+  /* with replicas a loss moves ranges to other servers (dt_ps_holders):
+   * the server checks what it holds */
+  if (map->replicas < 2 && !dt_ps_map_holds(map, srv, m.key))
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s for key %d, held by server %d%s, not %d", who,
                       from, dt_ps_type_name(m.type), m.key, K->server,
                       map->replicas > 1 ? " and its replicas" : "", srv);
@@ -183,6 +199,27 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
                                m.weight < 0 || m.weight > 1))
     return dt__seterr(DT_EPROTO, "ps: worker %d sent push for key %d with lr %g weight %g", from,
                       m.key, (double)m.lr, (double)m.weight);
+  *out = m;
+  return DT_OK;
+}
+
+int dt_ps_msg_parse_copy(const uint8_t *buf, size_t len, const dt_ps_map *map, int from,
+                         dt_ps_msg *out) {
+  if (!buf || !map || !out) return dt__seterr(DT_EINVAL, "ps message: NULL argument");
+  if (len != DT_PS_HDR_BYTES || get32(buf) != DT_PS_MAGIC ||
+      (get32(buf + 4) & 0xffff) != DT_PS_VERSION)
+    return dt__seterr(DT_EPROTO, "ps: server %d sent a malformed copy header", from);
+  dt_ps_msg m;
+  decode(buf, &m);
+  if (m.type != DT_PS_COPY || m.sender != from || m.key < 0 || m.key >= map->nkeys ||
+      m.clock < 0 || m.flags > 2)
+    return dt__seterr(DT_EPROTO, "ps: server %d sent a malformed copy (type %d, key %d, clock "
+                      "%lld, flags 0x%x)", from, m.type, m.key, (long long)m.clock, m.flags);
+  const uint64_t n = map->keys[m.key].len;
+  if (m.count != n && m.count != 2 * n && m.count != 3 * n)
+    return dt__seterr(DT_EPROTO, "ps: server %d sent a copy of key %d with %llu floats (the key "
+                      "has %llu)", from, m.key, (unsigned long long)m.count,
+                      (unsigned long long)n);
   *out = m;
   return DT_OK;
 }

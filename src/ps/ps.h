@@ -20,6 +20,9 @@
  * live holder (each applies it exactly as the primary does: in bsp the
  * same rank-order sums, so the replicas stay bit-identical) and read from
  * the first live one; when it dies they read from the next (client.c).
+ * A loss also moves the next free server into a range's holders
+ * (dt_ps_holders), which takes a copy of it from the range's primary
+ * (server_copy.c: re-replication).
  *
  * It does not train, load data or pick learning rates: workers send the
  * rate with each push.
@@ -97,14 +100,37 @@ uint64_t dt_ps_piece(int consistency);
  * cut; an explicit value cuts every dense layer. */
 int dt_ps_map_from_model(dt_ps_map *m, const dt_model *model, int nservers, int consistency);
 void dt_ps_map_free(dt_ps_map *m);
+/* At most this many copies of a range (workers keep a holder list on the stack). */
+#define DT_PS_MAX_REPLICAS 64
 /* Replicated shards: key range r (server r's) is also held by servers r+1,
  * ..., r+R-1 (mod S), which apply the same pushes; the first live one
- * answers reads. DT_EINVAL unless 1 <= R <= nservers. */
+ * answers reads. DT_EINVAL unless 1 <= R <= nservers and R <= 64. */
 int dt_ps_map_set_replicas(dt_ps_map *m, int replicas);
-/* Whether server s holds key k (as its primary or as a replica). */
+/* Whether server s holds key k (as its primary or as a replica) while no
+ * server is lost. */
 static inline int dt_ps_map_holds(const dt_ps_map *m, int s, int k) {
   int r = m->keys[k].server, d = ((s - r) % m->nservers + m->nservers) % m->nservers;
   return d < (m->replicas > 1 ? m->replicas : 1);
+}
+/* The servers holding key range g (server g's) when the servers with
+ * dead[s] != 0 are lost (dead NULL: none): the first R live ones of g,
+ * g+1, ..., g+S-1 (mod S), the first of them its primary. With no loss
+ * that is g..g+R-1; a loss moves the next live server into the list (it
+ * takes a copy of the range: re-replication), or, with no server left
+ * outside it, the range runs on fewer copies. Writes up to R servers into
+ * out and returns how many. Without replicas: g alone, whatever is lost. */
+static inline int dt_ps_holders(const dt_ps_map *m, int g, const uint8_t *dead, int *out) {
+  const int S = m->nservers, R = m->replicas > 1 ? m->replicas : 1;
+  if (R == 1) {
+    out[0] = g;
+    return 1;
+  }
+  int n = 0;
+  for (int j = 0; j < S && n < R; j++) {
+    int t = (g + j) % S;
+    if (!dead || !dead[t]) out[n++] = t;
+  }
+  return n;
 }
 /* One line per server: "server 1: keys 3-5, floats [52000, 104100) (407 KiB):
  * layer 3 'linear' [52000, 100480), ..." into buf (always terminated);
@@ -121,6 +147,12 @@ enum dt_ps_type {
   DT_PS_PARAMS,    /* server -> worker: a key's parameters (count floats follow) */
   DT_PS_BYE,       /* worker -> server: this worker is done */
   DT_PS_ERR,       /* server -> worker: a refusal; a DT_PS_ERR_TEXT message follows */
+  DT_PS_LOST,      /* worker -> server: server `aux` is lost (replicas); sent to every
+                    * live server before this worker's next push */
+  DT_PS_COPY,      /* server -> server (re-replication): a key's record (count floats:
+                    * parameters, then optimizer state; then the workers' push clocks,
+                    * N int64), at version `clock`, optimizer step count `aux`,
+                    * the key's row mode + 1 in `flags` */
   DT_PS_TYPE_MAX
 };
 
@@ -174,6 +206,12 @@ void dt_ps_msg_encode(const dt_ps_msg *m, uint8_t out[DT_PS_HDR_BYTES]);
  * naming the sender, the key and what is wrong. */
 int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nworkers, int to,
                     int from, dt_ps_msg *out);
+/* Decodes and checks a COPY header that server `to` got from server
+ * `from`: magic, version, type, sender, key in range, count = the key's
+ * record (len, 2 len or 3 len floats), clock >= 0, flags <= 2. DT_EPROTO
+ * naming the sender. */
+int dt_ps_msg_parse_copy(const uint8_t *buf, size_t len, const dt_ps_map *map, int from,
+                         dt_ps_msg *out);
 const char *dt_ps_type_name(int type);
 
 /* Tags: requests (header, then payload), server control (ERR, WELCOME),

@@ -44,9 +44,12 @@
  * This file holds the state, takes and parses messages, answers reads and
  * runs the serving loops; server_apply.c aggregates and applies pushes.
  *
- * It does not pick learning rates (they come with the pushes), copy state
- * to other servers (workers send it to every replica), or know about
- * models beyond the key-range map.
+ * After a loss (replicas), a range's new holder takes a copy of it from
+ * its primary (server_copy.c); otherwise servers exchange nothing, the
+ * workers send each push to every holder.
+ *
+ * It does not pick learning rates (they come with the pushes) or know
+ * about models beyond the key-range map.
  */
 #include <sched.h>
 #include <stdio.h>
@@ -58,6 +61,50 @@
 #include "ps/server_int.h"
 
 static int srank(const dt_ps_server *s, int w) { (void)s; return w; } /* workers are ranks 0..N-1 */
+
+/* Key k (index `key` of the map; its parameters k->p set by the caller)
+ * gets its optimizer and the per-worker state. */
+int dt__pss_key_init(dt_ps_server *s, skey *k, int key) {
+  const int N = s->N;
+  k->K = &s->map->keys[key];
+  k->idx = key;
+  size_t len = k->K->len;
+  if (dt_optim_create(&k->opt, &s->o.optim, len) < 0) return DT_ENOMEM;
+  k->wclock = calloc((size_t)N, sizeof *k->wclock);
+  k->arr = calloc((size_t)N, 1);
+  k->wweight = calloc((size_t)N, sizeof(float));
+  k->wlr = calloc((size_t)N, sizeof(float));
+  k->wsrc = calloc((size_t)N, sizeof *k->wsrc);
+  k->nrows = k->K->rowlen > 1 ? len / k->K->rowlen : 0;
+  k->stride = len + k->nrows;
+  k->rowmode = -1;
+  k->pb = dt_alloc((size_t)N * k->stride * sizeof(float));
+  if (k->nrows) {
+    k->pcount = calloc((size_t)N, sizeof *k->pcount);
+    k->wrows = malloc((size_t)N * k->nrows * sizeof *k->wrows);
+    k->wnrows = calloc((size_t)N, sizeof *k->wnrows);
+    k->mark = calloc(k->nrows, 1);
+    k->pos = malloc(k->nrows * sizeof *k->pos);
+    k->touched = malloc(k->nrows * sizeof *k->touched);
+    if (!k->pcount || !k->wrows || !k->wnrows || !k->mark || !k->pos || !k->touched) goto oom;
+  }
+  k->sum = dt_alloc(len * sizeof(float));
+  k->want = malloc((size_t)N * sizeof *k->want);
+  k->wflags = calloc((size_t)N, sizeof *k->wflags);
+  k->sreq = calloc((size_t)N * 2, sizeof *k->sreq);
+  k->sent = calloc((size_t)N, 1);
+  k->shdr = calloc((size_t)N, DT_PS_HDR_BYTES);
+  k->snap = dt_alloc((size_t)N * len * sizeof(float));
+  k->pairs = dt_alloc(2 * len * sizeof(float));
+  if (!k->pairs || !k->wsrc || !k->wclock || !k->arr || !k->wweight || !k->wlr || !k->pb || !k->sum || !k->want ||
+      !k->wflags || !k->sreq || !k->sent || !k->shdr || !k->snap)
+    goto oom;
+  for (int w = 0; w < N; w++) k->want[w] = -1;
+  k->live = 1;
+  return DT_OK;
+oom:
+  return dt__seterr(DT_ENOMEM, "ps server %d: out of memory", s->index);
+}
 
 int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_opts *opts,
                         int index, dt_comm *comm, const float *init) {
@@ -86,7 +133,8 @@ int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_op
     s->nk += map->srv_key0[g + 1] - map->srv_key0[g];
   }
   s->params = dt_alloc((floats ? floats : 1) * sizeof(float));
-  s->keys = calloc((size_t)(s->nk ? s->nk : 1), sizeof *s->keys);
+  /* room for every key: a loss may give this server more ranges */
+  s->keys = calloc((size_t)map->nkeys, sizeof *s->keys);
   s->kpos = malloc((size_t)map->nkeys * sizeof *s->kpos);
   s->hdr = calloc((size_t)N, DT_PS_HDR_BYTES);
   s->req = calloc((size_t)N, sizeof *s->req);
@@ -112,42 +160,9 @@ int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_op
     }
     at += hi - lo;
   }
-  for (int i = 0; i < s->nk; i++) {
-    skey *k = &s->keys[i];
-    k->K = &map->keys[k->idx];
-    size_t len = k->K->len;
-    if (dt_optim_create(&k->opt, &opts->optim, len) < 0) goto fail;
-    k->wclock = calloc((size_t)N, sizeof *k->wclock);
-    k->arr = calloc((size_t)N, 1);
-    k->wweight = calloc((size_t)N, sizeof(float));
-    k->wlr = calloc((size_t)N, sizeof(float));
-    k->wsrc = calloc((size_t)N, sizeof *k->wsrc);
-    k->nrows = k->K->rowlen > 1 ? len / k->K->rowlen : 0;
-    k->stride = len + k->nrows;
-    k->rowmode = -1;
-    k->pb = dt_alloc((size_t)N * k->stride * sizeof(float));
-    if (k->nrows) {
-      k->pcount = calloc((size_t)N, sizeof *k->pcount);
-      k->wrows = malloc((size_t)N * k->nrows * sizeof *k->wrows);
-      k->wnrows = calloc((size_t)N, sizeof *k->wnrows);
-      k->mark = calloc(k->nrows, 1);
-      k->pos = malloc(k->nrows * sizeof *k->pos);
-      k->touched = malloc(k->nrows * sizeof *k->touched);
-      if (!k->pcount || !k->wrows || !k->wnrows || !k->mark || !k->pos || !k->touched) goto oom;
-    }
-    k->sum = dt_alloc(len * sizeof(float));
-    k->want = malloc((size_t)N * sizeof *k->want);
-    k->wflags = calloc((size_t)N, sizeof *k->wflags);
-    k->sreq = calloc((size_t)N * 2, sizeof *k->sreq);
-    k->sent = calloc((size_t)N, 1);
-    k->shdr = calloc((size_t)N, DT_PS_HDR_BYTES);
-    k->snap = dt_alloc((size_t)N * len * sizeof(float));
-    k->pairs = dt_alloc(2 * len * sizeof(float));
-    if (!k->pairs || !k->wsrc || !k->wclock || !k->arr || !k->wweight || !k->wlr || !k->pb || !k->sum || !k->want ||
-        !k->wflags || !k->sreq || !k->sent || !k->shdr || !k->snap)
-      goto oom;
-    for (int w = 0; w < N; w++) k->want[w] = -1;
-  }
+  for (int i = 0; i < s->nk; i++)
+    if (dt__pss_key_init(s, &s->keys[i], s->keys[i].idx) < 0) goto fail;
+  if (map->replicas > 1 && dt__pss_copy_init(s) < 0) goto fail;
   *out = s;
   return DT_OK;
 oom:
@@ -157,33 +172,38 @@ fail:
   return DT_ENOMEM;
 }
 
+void dt__pss_key_free(skey *k) {
+  dt_optim_destroy(k->opt);
+  free(k->wclock);
+  free(k->arr);
+  free(k->wweight);
+  free(k->wlr);
+  free(k->wsrc);
+  dt_free(k->pb);
+  dt_free(k->sum);
+  free(k->want);
+  free(k->wflags);
+  free(k->sreq);
+  free(k->sent);
+  free(k->shdr);
+  dt_free(k->snap);
+  dt_free(k->pairs);
+  free(k->pcount);
+  free(k->wrows);
+  free(k->wnrows);
+  free(k->mark);
+  free(k->pos);
+  free(k->touched);
+  dt_free(k->rec);
+  dt_free(k->own);
+  dt_free(k->cbuf);
+  free(k->creq);
+}
+
 void dt_ps_server_destroy(dt_ps_server *s) {
   if (!s) return;
-  for (int i = 0; s->keys && i < s->nk; i++) {
-    skey *k = &s->keys[i];
-    dt_optim_destroy(k->opt);
-    free(k->wclock);
-    free(k->arr);
-    free(k->wweight);
-    free(k->wlr);
-    free(k->wsrc);
-    dt_free(k->pb);
-    dt_free(k->sum);
-    free(k->want);
-    free(k->wflags);
-    free(k->sreq);
-    free(k->sent);
-    free(k->shdr);
-    dt_free(k->snap);
-    dt_free(k->pairs);
-    free(k->pcount);
-    free(k->wrows);
-    free(k->wnrows);
-    free(k->mark);
-    free(k->pos);
-    free(k->touched);
-    dt_free(k->rec);
-  }
+  for (int i = 0; s->keys && i < s->nk; i++) dt__pss_key_free(&s->keys[i]);
+  dt__pss_copy_free(s);
   free(s->keys);
   free(s->kpos);
   dt_free(s->params);
@@ -417,8 +437,22 @@ int dt__pss_try_replies(dt_ps_server *s, skey *k) {
   return DT_OK;
 }
 
-static int handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data) {
+/* A key whose copy never came (its holders died first): a push to it is
+ * dropped, a read of it ends the job naming the range. */
+static int key_lost(dt_ps_server *s, int w, const dt_ps_msg *m) {
+  const dt_ps_key *K = &s->map->keys[m->key];
+  if (m->type == DT_PS_PUSH) return DT_OK;
+  return dt__seterr(DT_EPEERLOST, "ps server %d: worker %d read key %d (server %d's range), "
+                    "but every server holding that range died before this one had its copy",
+                    s->index, w, m->key, K->server);
+}
+
+int dt__pss_handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data) {
+  if ((m->type == DT_PS_PUSH || m->type == DT_PS_PULL) && dt__pss_key(s, m->key)->live < 0)
+    return key_lost(s, w, m);
   switch (m->type) {
+  case DT_PS_LOST:
+    return dt__pss_lost(s, w, (int)m->aux);
   case DT_PS_HELLO: {
     uint64_t mine = 0;
     const int R = s->map->replicas > 1 ? s->map->replicas : 1;
@@ -492,7 +526,7 @@ static int fail(dt_ps_server *s, int rc) {
 
 int dt_ps_server_local(dt_ps_server *s, const dt_ps_msg *m, const float *payload) {
   if (s->failed) return dt__seterr(DT_EABORTED, "ps server %d: failed earlier", s->index);
-  int rc = handle(s, m->sender, m, payload);
+  int rc = dt__pss_handle(s, m->sender, m, payload);
   return rc < 0 ? fail(s, rc) : DT_OK;
 }
 
@@ -515,6 +549,8 @@ static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
     return dt__seterr(DT_EPROTO, "ps server %d: worker %d sent %s for key %d through a "
                       "shared-memory window, but this server has none (DTRAIN_PS_WINDOW must "
                       "be the same everywhere)", s->index, w, dt_ps_type_name(m.type), m.key);
+  /* a key whose copy has not come yet: the message waits, payload and all */
+  const int queue = s->cp && dt__pss_must_queue(s, w, &m);
   if (m.type == DT_PS_PUSH && (m.flags & DT_PS_F_WIN)) {
     /* the gradient stays in the worker's window: read in place (the worker
      * leaves it alone until the key's reply) */
@@ -523,14 +559,23 @@ static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
   } else if (m.type == DT_PS_PUSH || (m.type == DT_PS_PULL && (m.flags & DT_PS_F_ROWS))) {
     skey *k = dt__pss_key(s, m.key);
     int sparse = (m.flags & DT_PS_F_SPARSE) != 0, rows = (m.flags & DT_PS_F_ROWS) != 0;
-    float *dst = sparse || rows ? k->pairs : dt__pss_push_dest(s, k, w, &m);
     size_t bytes = (sparse ? 2 : 1) * m.count * sizeof(float);
     if (rows) bytes = m.count * (m.type == DT_PS_PUSH ? 1 + k->K->rowlen : 1) * sizeof(float);
+    float *dst = queue ? (bytes ? dt_alloc(bytes) : NULL)
+                 : sparse || rows ? k->pairs : dt__pss_push_dest(s, k, w, &m);
+    if (queue && bytes && !dst) return dt__seterr(DT_ENOMEM, "ps server %d: out of memory", s->index);
     if (bytes) rc = dt_comm_recv(s->comm, srank(s, w), DT_PS_TAG_REQ_DATA, dst, bytes);
-    if (rc < 0) return comm_fail(s, rc, "receiving a push");
+    if (rc < 0) {
+      if (queue) dt_free(dst);
+      return comm_fail(s, rc, "receiving a push");
+    }
     data = dst;
   }
-  DT_CHECK(handle(s, w, &m, data));
+  if (queue) {
+    DT_CHECK(dt__pss_enqueue(s, w, &m, (float *)data));
+  } else {
+    DT_CHECK(dt__pss_handle(s, w, &m, data));
+  }
   if (!s->bye[w]) DT_CHECK(post(s, w));
   return DT_OK;
 }
@@ -539,9 +584,11 @@ static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
  * worker's push of clock c (that worker's primary closed clock c and
  * answered; the other's messages to the replica are still on their way):
  * it waits, parked, with that worker's later messages behind it. */
-static int must_park(dt_ps_server *s, const dt_ps_msg *m) {
-  return s->map->replicas > 1 && s->o.consistency == DT_PS_BSP && m->type == DT_PS_PUSH &&
-         m->clock > dt__pss_key(s, m->key)->version;
+static int must_park(dt_ps_server *s, int w, const dt_ps_msg *m) {
+  if (s->map->replicas < 2 || s->o.consistency != DT_PS_BSP || m->type != DT_PS_PUSH) return 0;
+  const skey *k = dt__pss_key(s, m->key);
+  /* (a key waiting for its copy queues its messages instead) */
+  return k->live == 1 && !dt__pss_must_queue(s, w, m) && m->clock > k->version;
 }
 
 static int arrived(dt_ps_server *s, int w) {
@@ -550,7 +597,10 @@ static int arrived(dt_ps_server *s, int w) {
   int rc = dt_ps_msg_parse(s->hdr + (size_t)w * DT_PS_HDR_BYTES, DT_PS_HDR_BYTES, s->map, s->N,
                            s->index, w, &m);
   if (rc < 0) return dt__preerr(rc, "ps server %d refused a message", s->index);
-  if (must_park(s, &m)) {
+  if ((m.type == DT_PS_PUSH || m.type == DT_PS_PULL) && s->kpos[m.key] < 0)
+    return dt__seterr(DT_EPROTO, "ps server %d: worker %d sent %s for key %d, which this server "
+                      "does not hold", s->index, w, dt_ps_type_name(m.type), m.key);
+  if (must_park(s, w, &m)) {
     s->parked[w] = 1;
     s->pmsg[w] = m;
     return DT_OK;
@@ -565,7 +615,7 @@ int dt_ps_server_poll(dt_ps_server *s, int *busy) {
   for (int w = 0; w < s->N && rc == DT_OK; w++) {
     if (w == s->local || s->bye[w]) continue;
     if (s->parked[w]) {
-      if (must_park(s, &s->pmsg[w])) continue;
+      if (must_park(s, w, &s->pmsg[w])) continue;
       s->parked[w] = 0;
       *busy = 1;
       rc = take(s, w, &s->pmsg[w]);
@@ -585,6 +635,12 @@ int dt_ps_server_poll(dt_ps_server *s, int *busy) {
       *busy = 1;
       rc = arrived(s, w);
     }
+  }
+  /* re-replication: copies to send, copies coming in, messages they held */
+  if (rc == DT_OK && s->cp) {
+    int b = 0;
+    rc = dt__pss_copy_poll(s, &b);
+    *busy |= b;
   }
   return rc < 0 ? fail(s, rc) : DT_OK;
 }
@@ -646,5 +702,6 @@ int dt_ps_server_run(dt_ps_server *s) {
     dt__ps_backoff(idle);
   }
   if (rc == DT_OK) rc = finish_sends(s);
+  if (s->cp) dt__pss_copy_finish(s);
   return rc < 0 ? fail(s, rc) : DT_OK;
 }

@@ -187,6 +187,16 @@ int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const f
                         rows ? "whole" : "by rows");
     k->rowmode = rows;
   }
+  if (k->copied && m->clock < k->wclock[w]) {
+    /* re-replication: the copy this key was installed from holds this push
+     * already (the worker sent it to the copy's source too) */
+    if (m->flags & DT_PS_F_PULL) {
+      k->want[w] = m->clock + 1;
+      k->wflags[w] = m->flags & DT_PS_F_WIN;
+      return dt__pss_try_replies(s, k);
+    }
+    return DT_OK;
+  }
   if (m->flags & DT_PS_F_ROWS) {
     if (m->clock != k->wclock[w])
       return dt__seterr(DT_EPROTO, "ps server %d: worker %d pushed clock %lld of key %d, "

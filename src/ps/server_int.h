@@ -42,7 +42,25 @@ typedef struct skey {
   uint32_t *pos, *touched; /* per row: its place in sum; the rows summed */
   int rowmode;       /* -1 not yet, 0 dense pushes, 1 row pushes (never mixed) */
   float *rec;        /* a checkpoint record (parameters + optimizer state), on demand */
+  /* re-replication (server_copy.c) */
+  float *own;        /* the parameters of a range taken over after a loss (others: in
+                      * s->params) */
+  int live;          /* 1 serving; 0 waiting for its copy; -1 its copy never came */
+  int copied;        /* installed from a copy: pushes the copy already holds are dropped */
+  float *cbuf;       /* the copy being sent or received: record, then N push clocks */
+  uint8_t chdr[DT_PS_HDR_BYTES];
+  dt_comm_req *creq; /* 2 per server: header and record, sent or received */
+  uint8_t *cpend;    /* per request of creq: in flight */
+  int cbusy;         /* requests of creq in flight */
 } skey;
+
+/* A message for a key whose copy has not come yet (re-replication): kept,
+ * payload and all, until the copy is in, then handled in arrival order. */
+typedef struct pss_queued {
+  int w;
+  dt_ps_msg m;
+  float *data;
+} pss_queued;
 
 struct dt_ps_server {
   const dt_ps_map *map;
@@ -73,6 +91,17 @@ struct dt_ps_server {
   dt_ps_server_stats st;
   int failed;
   int extra;         /* the last message was a checkpoint pull: not a turn of its worker */
+  /* re-replication (server_copy.c; replicas only, cp != 0) */
+  int cp;
+  uint8_t *dead;     /* per server: lost, as the workers said (DT_PS_LOST) */
+  uint8_t *told;     /* N x S: worker w said server d is lost */
+  int *hold, *nhold; /* per range: its holders as this server sees them (S x R) */
+  uint8_t *cp_want;  /* S x S: range g (this server its primary) is to be copied to server t */
+  int *cp_from;      /* per range this server waits for: the server its copy comes from */
+  int *cp_left;      /* ... and its keys still to come */
+  int64_t cp_t0;     /* when the last loss was first reported here */
+  pss_queued *q;
+  int nq, capq;
 };
 
 static inline skey *dt__pss_key(dt_ps_server *s, int idx) { return &s->keys[s->kpos[idx]]; }
@@ -81,6 +110,17 @@ static inline skey *dt__pss_key(dt_ps_server *s, int idx) { return &s->keys[s->k
 int dt__pss_try_replies(dt_ps_server *s, skey *k);
 int dt__pss_wait_sent(dt_ps_server *s, skey *k, int w);
 int dt__pss_settle(dt_ps_server *s, skey *k);
+int dt__pss_handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data);
+int dt__pss_key_init(dt_ps_server *s, skey *k, int key);
+void dt__pss_key_free(skey *k);
+/* server_copy.c */
+int dt__pss_copy_init(dt_ps_server *s);
+void dt__pss_copy_free(dt_ps_server *s);
+int dt__pss_lost(dt_ps_server *s, int w, int d);
+int dt__pss_copy_poll(dt_ps_server *s, int *busy);
+int dt__pss_must_queue(const dt_ps_server *s, int w, const dt_ps_msg *m);
+int dt__pss_enqueue(dt_ps_server *s, int w, const dt_ps_msg *m, float *data);
+void dt__pss_copy_finish(dt_ps_server *s);
 /* server_apply.c */
 int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data);
 float *dt__pss_push_dest(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m);

@@ -4,10 +4,14 @@
  * sender, the next 64 are a header. Every accepted header must satisfy what
  * the server and the worker rely on before they read a payload (a known
  * type for that direction, the sender it came from, a key of the map held
- * by the server involved (its primary, or with replicas its replica), a payload size equal to the key's length, a
+ * by the server involved (without replicas; with replicas a loss moves
+ * ranges, so the server checks what it holds), a payload size equal to the key's length, a
  * finite rate and weight; rows only of a key of rows, no more than it
  * has), and re-encode to the same bytes but the
- * reserved fields; a refusal must leave a message.
+ * reserved fields; a refusal must leave a message. Bit 0x40 of the first
+ * byte feeds the header to the re-replication copy parser
+ * (dt_ps_msg_parse_copy) instead: a copy names a key of the map, a record
+ * of one, two or three floats per parameter, and its sender.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -34,21 +38,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   data += 2;
   size -= 2;
   dt_ps_msg m;
+  if (data[-2] & 0x40) {
+    if (dt_ps_msg_parse_copy(data, size, mp, from, &m) < 0) {
+      if (!dt_errmsg()[0]) abort();
+      return 0;
+    }
+    if (size != DT_PS_HDR_BYTES || m.type != DT_PS_COPY || m.sender != from || m.key < 0 ||
+        m.key >= mp->nkeys || m.clock < 0 || m.flags > 2)
+      abort();
+    const uint64_t L = mp->keys[m.key].len;
+    if (m.count != L && m.count != 2 * L && m.count != 3 * L) abort();
+    return 0;
+  }
   if (dt_ps_msg_parse(data, size, mp, 3, to, from, &m) < 0) {
     if (!dt_errmsg()[0]) abort();
     return 0;
   }
   if (size != DT_PS_HDR_BYTES || m.sender != from) abort();
   if (to >= 0 && !(m.type == DT_PS_HELLO || m.type == DT_PS_PUSH || m.type == DT_PS_PULL ||
-                   m.type == DT_PS_BYE))
+                   m.type == DT_PS_BYE || (m.type == DT_PS_LOST && mp->replicas > 1)))
     abort();
+  if (m.type == DT_PS_LOST && (m.aux >= 3 || m.key || m.count || m.flags)) abort();
   if (to < 0 && !(m.type == DT_PS_WELCOME || m.type == DT_PS_PARAMS || m.type == DT_PS_ERR))
     abort();
   if (m.type == DT_PS_PUSH || m.type == DT_PS_PULL || m.type == DT_PS_PARAMS) {
     if (m.key < 0 || m.key >= mp->nkeys) abort();
-    /* the server involved holds the key: its primary, or the next one with replicas */
+    /* without replicas the server involved holds the key */
     int d = ((to >= 0 ? to : from) - mp->keys[m.key].server + 3) % 3;
-    if (d >= mp->replicas) abort();
+    if (mp->replicas < 2 && d != 0) abort();
     if (m.flags & DT_PS_F_STATE) {
       const uint64_t L = mp->keys[m.key].len;
       if (m.flags != DT_PS_F_STATE || m.type == DT_PS_PUSH) abort();

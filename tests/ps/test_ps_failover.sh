@@ -10,6 +10,8 @@
 #    twice); the time from the SIGKILL to the later of the two workers'
 #    first completed clocks is printed (the bench target is ≤ 2 s; here it
 #    must be below 20 s whatever the load); no process is left;
+#    with 2 servers no server is free for a new copy: the workers and the
+#    surviving server say the range runs on one copy;
 #  - the same over tcp (DTRAIN_TRANSPORT=tcp): a closed connection is the
 #    loss; the job goes on with the same params_sha256;
 #  - both servers killed: the job ends with a non-zero status within 30 s,
@@ -37,41 +39,7 @@ run() { # NAME ARGS...
   pass
 }
 
-# start NAME ARGS... — runs in the background (pid in $parent) and waits
-# for the first epoch record; 1 if it did not come within 30 s
-start() {
-  local name=$1
-  shift
-  "$DTRAIN" train "$MLP" $Q "$@" --out "$T/$name" >"$T/$name.out" 2>"$T/$name.err" </dev/null &
-  parent=$!
-  PIDS="$PIDS $parent"
-  local t0
-  t0=$(now)
-  while elapsed_ok "$t0" "$(now)" 30; do
-    if [ -s "$T/$name/events.jsonl" ] && grep -q '"epoch"' "$T/$name/events.jsonl" &&
-       grep -q '^workers:' "$T/$name.out"; then return 0; fi
-    kill -0 "$parent" 2>/dev/null || break
-    sleep 0.02
-  done
-  fail "$name: no epoch record within 30 s: $(head -c 400 "$T/$name.err")"
-  return 1
-}
-pid_of() { grep -m1 '^workers:' "$T/$1.out" | sed -nE "s/.*rank $2 pid ([0-9]+).*/\1/p"; }
-# wait_end NAME SECONDS — waits for $parent; its status in $rc (124: still running)
-wait_end() {
-  local t0
-  t0=$(now)
-  while kill -0 "$parent" 2>/dev/null && elapsed_ok "$t0" "$(now)" "$2"; do sleep 0.05; done
-  if kill -0 "$parent" 2>/dev/null; then rc=124; return; fi
-  wait "$parent"
-  rc=$?
-}
-no_procs() { # NAME
-  for r in 0 1 2 3; do
-    p=$(pid_of "$1" $r)
-    [ -n "$p" ] && kill -0 "$p" 2>/dev/null && fail "$1: rank $r (pid $p) still running" || pass
-  done
-}
+. "$(dirname "$0")/kill_lib.sh"
 
 run plain --servers 2
 run rep --servers 2 --set ps.replicas=2 &&
@@ -102,10 +70,15 @@ if start kill --servers 2 --set ps.replicas=2; then
     else
       fail "kill: no 'completed ... after server 0 was lost' line from both workers"
     fi
+    # 2 servers, 2 replicas: no free server for a new copy (test_ps_rereplicate.sh has one)
+    n=$(grep -c "ps worker [01]: keys [0-9-]* (server 0's range) now run on 1 copy: no free server" "$T/kill.err")
+    [ "$n" = 2 ] && pass || fail "kill: $n workers said server 0's range runs on one copy"
+    grep -q "ps server 1: server 0 is lost; keys [0-9-]* (server 0's range) now run on 1 copy" "$T/kill.err" &&
+      pass || fail "kill: server 1 did not say server 0's range runs on one copy"
     grep -q 'rank 2 (pid [0-9]*) was killed by signal 9; the others go on' "$T/kill.err" && pass ||
       fail "kill: the launcher did not report the lost server"
   fi
-  no_procs kill
+  no_procs kill 4
 fi
 
 # the same over tcp
@@ -119,7 +92,7 @@ if DTRAIN_TRANSPORT=tcp start ktcp --servers 2 --set ps.replicas=2; then
     [ "$(sha ktcp)" = "$ref" ] && pass || fail "ktcp: params_sha256 $(sha ktcp), not $ref"
     grep -q 'tcp: rank 0: rank 2 lost' "$T/ktcp.err" && pass || fail "ktcp: not over tcp: $(head -c 400 "$T/ktcp.err")"
   fi
-  no_procs ktcp
+  no_procs ktcp 4
 fi
 
 # both servers killed: every holder of a range is gone, the job ends
@@ -134,7 +107,7 @@ if start kill2 --servers 2 --set ps.replicas=2; then
       fail "kill2: no message naming the lost range: $(head -c 600 "$T/kill2.err")"
     [ ! -e "$T/kill2/summary.json" ] && pass || fail "kill2: summary.json written"
   fi
-  no_procs kill2
+  no_procs kill2 4
 fi
 
 expect_bad few "ps.replicas: 2 replicas need at least 2 servers" train "$MLP" --workers 2 --servers 1 --set ps.replicas=2
