@@ -228,22 +228,23 @@ static int compress_cfg(dt_strategy *s, dt_compress_cfg *cz) {
 }
 
 /* The shared update (parallel/shupd.h, docs/ddp.md): with dist.balance =
- * dynamic on one host (a shared gradient window), one parameter copy and
- * optimizer state per host, each rank updating its speed-weighted slice
- * inside the reduction. Not with elastic membership (dist.min_workers): a
- * step aborted between two ranks' updates would leave the one copy half
- * stepped, and the redone step would step that half twice. DTRAIN_SHUPD=0
- * turns it off. Every rank decides alike (config, knob, and the window
- * verdict, which is collective). */
+ * dynamic on one host (a shared gradient window) and DTRAIN_SHUPD = 1 or
+ * 2, the optimizer state once per host and each rank stepping its
+ * speed-weighted slice inside the reduction (off by default: measured no
+ * faster). Not with elastic membership (dist.min_workers): a step aborted
+ * between two ranks' updates would leave the shared state half stepped,
+ * and the redone step would step that half twice. Every rank decides
+ * alike (config, knob, and the window verdict, which is collective). */
 static int shared_update(dt_strategy *s, ddp_impl *d) {
   const dt_run_cfg *c = s->cfg;
-  if (c->balance != DT_BALANCE_DYNAMIC || c->min_workers > 0 || !dt_param(DT_PARAM_SHUPD))
-    return DT_OK;
+  const int64_t mode = dt_param(DT_PARAM_SHUPD);
+  if (c->balance != DT_BALANCE_DYNAMIC || c->min_workers > 0 || !mode) return DT_OK;
   if (dt_ddp_set_apply(d->ddp, dt_shupd_apply, NULL) == DT_ENOTSUP) {
     dt__clearerr(); /* no window here (tcp, several hosts, DTRAIN_WINDOW=0) */
     return DT_OK;
   }
-  int rc = dt_shupd_create(&d->up, s->model, s->optim, &c->optim, s->comm);
+  int rc = dt_shupd_create(&d->up, s->model, s->optim, &c->optim, s->comm, mode == 2,
+                           (size_t)dt_model_nlayers(s->model) + 1);
   if (rc == DT_ENOTSUP) {
     dt__clearerr();
     return dt_ddp_set_apply(d->ddp, NULL, NULL);

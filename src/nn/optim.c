@@ -157,27 +157,8 @@ int dt__optim_step_state(const dt_optim_cfg *c, size_t n, float *params, const f
   if (!grads) return dt__seterr(DT_EINVAL, "optimizer step: grads is NULL");
   if (!(lr >= 0.0f) || isinf(lr))
     return dt__seterr(DT_EINVAL, "optimizer step: lr %g must be finite and >= 0", (double)lr);
-  uint32_t big;
   ++*step;
-  if (c->kind == DT_OPT_SGD) {
-    if (c->momentum == 0.0f)
-      big = sgd_plain(params, grads, n, lr, c->weight_decay);
-    else
-      big = sgd_momentum(params, grads, state, n, lr, c->weight_decay, c->momentum, c->dampening,
-                         c->nesterov, *step == 1);
-  } else {
-    /* PyTorch computes these scalars in Python doubles. */
-    double t = (double)*step;
-    double bc1 = 1.0 - pow((double)c->beta1, t);
-    double bc2 = 1.0 - pow((double)c->beta2, t);
-    float step_size = (float)((double)lr / bc1);
-    float inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
-    float decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
-    big = adamw(params, grads, state, state + n, n, decay, c->beta1, c->beta2, step_size,
-                inv_bc2_sqrt, c->eps);
-  }
-  if (maxbits) *maxbits = big;
-  return DT_OK;
+  return dt__optim_step_span(c, n, 0, n, params, grads, lr, state, *step, maxbits);
 }
 
 int dt__optim_step_span(const dt_optim_cfg *c, size_t n, size_t lo, size_t hi, float *params,

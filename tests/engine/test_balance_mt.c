@@ -7,12 +7,15 @@
  *     parameters agree to 1e-5 relative (the gradient is the global-batch
  *     mean whatever the cut), both ranks hold the same bytes, and the
  *     records show the cut moved (rank 1's share below one half) and name
- *     rank 1 as the straggler in events.jsonl and summary.json;
- *   - the shared update (parallel/shupd.h: one parameter copy, each rank
- *     stepping its slice inside the reduction, on by default with dynamic):
- *     3 workers with AdamW, dynamic that never re-plans (the equal cut)
- *     against static: bitwise equal on every rank (the sums and the
- *     element-wise update have the same bits whoever makes them);
+ *     rank 1 as the straggler in events.jsonl and summary.json; the same
+ *     again with the shared update (DTRAIN_SHUPD=2);
+ *   - the shared update (parallel/shupd.h: each rank steps its slice of
+ *     the parameters inside the reduction, DTRAIN_SHUPD=2 pulling the
+ *     others' slices into its copy, =1 one copy for all): 3 workers with
+ *     AdamW, dynamic that never re-plans (the equal cut) against static:
+ *     bitwise equal on every rank in both modes (the sums and the
+ *     element-wise update have the same bits whoever makes them), and
+ *     no rank wrote sums into another's window;
  *   - the same in deterministic mode: dynamic cuts whole micro-shards, so
  *     the parameters are bitwise those of the static run;
  *   - dist.balance = steal (shared micro-shard queue): 2 workers with rank 1
@@ -153,15 +156,15 @@ static void run_pair(const char *tag, int deterministic, int balance, int *st) {
   }
 }
 
-static void check_balance(int deterministic) {
+static void check_balance(int deterministic, int shupd) {
   setenv("DTRAIN_TEST_SLOW_RANK", "1", 1);
   /* 3 ms: at load 20 on 2 cores the unslowed rank's busy time reached
    * 1.5 ms per sample, and the static run flagged it instead of rank 1 */
   setenv("DTRAIN_TEST_SLOW_US", "3000", 1);
   dt__param_reload(); /* the knob table caches the environment; children inherit it */
   int st[2];
-  const char *ts = deterministic ? "det_static" : "static";
-  const char *td = deterministic ? "det_dynamic" : "dynamic";
+  const char *ts = deterministic ? "det_static" : shupd ? "shupd_static" : "static";
+  const char *td = deterministic ? "det_dynamic" : shupd ? "shupd_dynamic" : "dynamic";
   run_pair(ts, deterministic, DT_BALANCE_STATIC, st);
   run_pair(td, deterministic, DT_BALANCE_DYNAMIC, st);
   unsetenv("DTRAIN_TEST_SLOW_RANK");
@@ -178,8 +181,9 @@ static void check_balance(int deterministic) {
     den += (double)a[i] * a[i];
   }
   double rel = sqrt(num / den);
-  printf("# %s: dynamic vs static after 51 steps: relative difference %.3g; rank 1's share "
-         "%.3f (static %.3f)\n", deterministic ? "deterministic" : "normal", rel,
+  printf("# %s%s: dynamic vs static after 51 steps: relative difference %.3g; rank 1's share "
+         "%.3f (static %.3f)\n", deterministic ? "deterministic" : "normal",
+         shupd ? ", shared update" : "", rel,
          summary_share(td, 1), summary_share(ts, 1));
   if (deterministic) assert_memory_equal(a, b, n * sizeof(float));
   else assert_true(rel < 1e-5);
@@ -298,34 +302,45 @@ static void run_three(const char *tag, int balance) {
 static void test_shared_update(void **state) {
   (void)state;
   run_three("su_static", DT_BALANCE_STATIC);
-  run_three("su_dynamic", DT_BALANCE_DYNAMIC);
   size_t n, m;
   float *a = read_params("su_static", 0, &n);
-  for (int r = 0; r < 3; r++) {
-    float *b = read_params("su_dynamic", r, &m);
-    assert_int_equal(n, m);
-    assert_memory_equal(a, b, n * sizeof(float));
-    free(b);
+  const char *modes[2] = {"2", "1"}, *tags[2] = {"su_pull", "su_one"};
+  for (int k = 0; k < 2; k++) {
+    setenv("DTRAIN_SHUPD", modes[k], 1);
+    dt__param_reload(); /* children inherit it */
+    run_three(tags[k], DT_BALANCE_DYNAMIC);
+    unsetenv("DTRAIN_SHUPD");
+    dt__param_reload();
+    for (int r = 0; r < 3; r++) {
+      float *b = read_params(tags[k], r, &m);
+      assert_int_equal(n, m);
+      assert_memory_equal(a, b, n * sizeof(float));
+      free(b);
+      /* and it was the shared update: the sums stayed in each rank's own
+       * window, so the ranks wrote (almost) nothing into each other's */
+      double ws = summary_num("su_static", r, "bytes_sent");
+      double wd = summary_num(tags[k], r, "bytes_sent");
+      printf("# shared update, DTRAIN_SHUPD=%s: rank %d sent %.0f bytes (static %.0f)\n",
+             modes[k], r, wd, ws);
+      assert_true(ws > 0 && wd >= 0 && wd < ws / 4);
+    }
   }
   free(a);
-  /* and it was the shared update: the sums stayed in each rank's own
-   * window, so the ranks wrote (almost) nothing into each other's */
-  for (int r = 0; r < 3; r++) {
-    double ws = summary_num("su_static", r, "bytes_sent");
-    double wd = summary_num("su_dynamic", r, "bytes_sent");
-    printf("# shared update: rank %d sent %.0f bytes (static %.0f)\n", r, wd, ws);
-    assert_true(ws > 0 && wd >= 0 && wd < ws / 4);
-  }
 }
 
 static void test_dynamic_normal(void **state) {
   (void)state;
-  check_balance(0);
+  check_balance(0, 0);
+  /* again with the shared update, whose slices move with every re-plan */
+  setenv("DTRAIN_SHUPD", "2", 1);
+  check_balance(0, 1);
+  unsetenv("DTRAIN_SHUPD");
+  dt__param_reload();
 }
 
 static void test_dynamic_det(void **state) {
   (void)state;
-  check_balance(1);
+  check_balance(1, 0);
 }
 
 static int setup(void **state) {
