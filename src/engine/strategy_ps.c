@@ -217,8 +217,11 @@ static int ps_setup(dt_strategy *s) {
     dt__model_set_sparse_grads(s->model, 1);
   }
   /* the first layer's gradient in the keys' pieces: its last pieces are
-   * pushed while backward makes the first ones */
-  dt__model_set_ready_piece(s->model, (size_t)dt_ps_piece(d->o.consistency));
+   * pushed while backward makes the first ones. Not in direct asp, whose
+   * pushes run in the worker's own thread (nothing to overlap): one
+   * product is cheaper than the pieces' (docs/ps.md "Pieces") */
+  dt__model_set_ready_piece(s->model,
+                            d->direct ? 0 : (size_t)dt_ps_piece(d->o.consistency));
   if (rc == DT_OK) rc = dt_ps_client_start(d->cl);
   if (rc < 0) {
     ps_teardown(s);
