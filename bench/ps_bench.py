@@ -43,11 +43,19 @@ Parts (--parts, default speed,rpc,straggler,sparse):
              clocks after it (their log lines give the wall time), its
              median (target <= 2 s), and whether params_sha256 equals the
              run without the kill (bsp stays deterministic).
+  rereplicate  (not in the default list) 2 workers, 3 separate servers,
+             ps.replicas = 2, bsp, the same MLP: server 0 SIGKILLed after
+             the first epoch record, then, once both of its ranges have a
+             new copy (each new holder's "holds its copy" line), server 1
+             (range 0's new primary); the time from the first SIGKILL to
+             the later copy line (the lines' own timestamps), its median,
+             and whether params_sha256 after both kills equals the run
+             without kills.
 Training time only where dtrain reports it (summary samples_per_second);
 time-to-accuracy from events.jsonl (wall time of the epoch record).
 Standard library only.
 """
-import argparse, json, os, random, re, statistics, subprocess, sys, tempfile, threading, time
+import argparse, datetime, json, os, random, re, statistics, subprocess, sys, tempfile, threading, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--build", default="build/release")
@@ -300,6 +308,71 @@ def failover():
               f"{'met' if med <= 2 else 'missed'}); params_sha256 unchanged in {same} of "
               f"{a.failover_reps} runs")
 
+def rereplicate():
+    """Re-replication (docs/ps.md): 3 servers, 2 copies of each range; server
+    0 SIGKILLed after epoch 1, then, once both new copies are in, server 1
+    (range 0's new primary). Prints the time from the first SIGKILL to the
+    later of the two "holds its copy" lines (their own timestamps) and
+    whether bsp ends with the params_sha256 of the run without kills."""
+    ep = a.failover_epochs
+    print(f"== re-replication: MLP, 2 workers + 3 servers, ps.replicas=2, bsp, {ep} epochs of 3200 "
+          f"samples; server 0 SIGKILLed after epoch 1, server 1 once both new copies are in "
+          f"({a.failover_reps} runs)")
+    args = [dtrain, "train", "examples/fashion_mlp.ini", "--workers", "2", "--servers", "3",
+            "--set", "ps.replicas=2", "--set", f"train.epochs={ep}", "--set", "data.limit_train=3200",
+            "--set", "data.limit_test=500", "--set", "ckpt.epoch_end=false"]
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run(args + ["--out", out], env=env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        with open(os.path.join(out, "summary.json")) as f:
+            ref = json.load(f)["params_sha256"]
+    def stamp(line):  # the log line's own UTC time
+        m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", line)
+        return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
+            tzinfo=datetime.timezone.utc).timestamp() if m else time.time()
+    times, same = [], 0
+    for r in range(a.failover_reps):
+        with tempfile.TemporaryDirectory() as out:
+            p = subprocess.Popen(args + ["--out", out], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            pids = {}
+            for line in p.stdout:
+                pids = {int(k): int(v) for k, v in re.findall(r"rank (\d+) pid (\d+)", line)}
+                if pids:
+                    break
+            ev = os.path.join(out, "events.jsonl")
+            t_end = time.time() + 60
+            while time.time() < t_end and not (os.path.exists(ev) and os.path.getsize(ev) > 0):
+                time.sleep(0.01)
+            t_kill = time.time()
+            os.kill(pids[2], 9)
+            copies, err = [], []
+            for line in p.stderr:
+                err.append(line)
+                if "holds its copy of keys" in line:
+                    copies.append(stamp(line))
+                    if len(copies) == 2:
+                        break
+            if len(copies) == 2:
+                os.kill(pids[3], 9)
+            _, rest = p.communicate(timeout=300)
+            sha = None
+            if p.returncode == 0:
+                with open(os.path.join(out, "summary.json")) as f:
+                    sha = json.load(f)["params_sha256"]
+            same += sha == ref
+            if len(copies) == 2:
+                times.append(max(copies) - t_kill)
+                print(f"  run {r + 1}: SIGKILL -> both new copies in {times[-1]:.3f} s, then server 1 "
+                      f"killed: exit {p.returncode}, params_sha256 "
+                      f"{'same as' if sha == ref else 'differs from'} the run without kills", flush=True)
+            else:
+                print(f"  run {r + 1}: exit {p.returncode}, {len(copies)} copies: "
+                      f"{(''.join(err) + rest)[-400:]}", flush=True)
+    if times:
+        print(f"  median SIGKILL -> both new copies in {statistics.median(times):.3f} s; "
+              f"params_sha256 unchanged after both kills in {same} of {a.failover_reps} runs")
+
 def breakdown():
     """Where a step's time goes: one traced epoch of the MLP per mode (2 workers,
     global batch 64), the mean of each span per step and rank: forward,
@@ -342,5 +415,5 @@ def breakdown():
 
 for part in a.parts.split(","):
     {"speed": speed, "rpc": rpc, "straggler": straggler, "sparse": sparse,
-     "failover": failover, "breakdown": breakdown}[part]()
+     "failover": failover, "rereplicate": rereplicate, "breakdown": breakdown}[part]()
     print(flush=True)
