@@ -257,6 +257,17 @@ def sparse_one(per_user):
     print(f"  test RMSE {rmse:.4f}, floor {meta['rmse_floor']:.4f} (linear {meta['rmse_floor_linear']:.4f}): "
           f"{rmse / meta['rmse_floor']:.3f}x the floor (target <= 1.05)")
 
+def out_sha(out):
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)["params_sha256"]
+
+def ref_sha(args):
+    """params_sha256 of a run of args without kills (the kill parts' reference)."""
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run(args + ["--out", out], env=env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        return out_sha(out)
+
 def failover():
     ep = a.failover_epochs
     print(f"== failover: MLP, 2 workers + 2 servers, ps.replicas=2, bsp, {ep} epochs of 3200 samples; "
@@ -264,11 +275,7 @@ def failover():
     args = [dtrain, "train", "examples/fashion_mlp.ini", "--workers", "2", "--servers", "2",
             "--set", "ps.replicas=2", "--set", f"train.epochs={ep}", "--set", "data.limit_train=3200",
             "--set", "data.limit_test=500", "--set", "ckpt.epoch_end=false"]
-    with tempfile.TemporaryDirectory() as out:
-        subprocess.run(args + ["--out", out], env=env, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-        with open(os.path.join(out, "summary.json")) as f:
-            ref = json.load(f)["params_sha256"]
+    ref = ref_sha(args)
     times, same = [], 0
     for r in range(a.failover_reps):
         with tempfile.TemporaryDirectory() as out:
@@ -289,10 +296,7 @@ def failover():
             _, err = p.communicate(timeout=300)
             done = [float(x) for x in re.findall(r"completed [0-9.]+ s after server 0 was lost "
                                                  r"\(at unix time ([0-9.]+)\)", err)]
-            sha = None
-            if p.returncode == 0:
-                with open(os.path.join(out, "summary.json")) as f:
-                    sha = json.load(f)["params_sha256"]
+            sha = out_sha(out) if p.returncode == 0 else None
             same += sha == ref
             if len(done) == 2:
                 times.append(max(done) - t_kill)
@@ -321,11 +325,7 @@ def rereplicate():
     args = [dtrain, "train", "examples/fashion_mlp.ini", "--workers", "2", "--servers", "3",
             "--set", "ps.replicas=2", "--set", f"train.epochs={ep}", "--set", "data.limit_train=3200",
             "--set", "data.limit_test=500", "--set", "ckpt.epoch_end=false"]
-    with tempfile.TemporaryDirectory() as out:
-        subprocess.run(args + ["--out", out], env=env, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-        with open(os.path.join(out, "summary.json")) as f:
-            ref = json.load(f)["params_sha256"]
+    ref = ref_sha(args)
     def stamp(line):  # the log line's own UTC time
         m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", line)
         return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
@@ -356,10 +356,7 @@ def rereplicate():
             if len(copies) == 2:
                 os.kill(pids[3], 9)
             _, rest = p.communicate(timeout=300)
-            sha = None
-            if p.returncode == 0:
-                with open(os.path.join(out, "summary.json")) as f:
-                    sha = json.load(f)["params_sha256"]
+            sha = out_sha(out) if p.returncode == 0 else None
             same += sha == ref
             if len(copies) == 2:
                 times.append(max(copies) - t_kill)
