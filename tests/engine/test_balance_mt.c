@@ -11,8 +11,8 @@
  *     again with the shared update (DTRAIN_SHUPD=2);
  *   - the shared update (parallel/shupd.h: each rank steps its slice of
  *     the parameters inside the reduction, DTRAIN_SHUPD=2 pulling the
- *     others' slices into its copy, =1 one copy for all): 3 workers with
- *     AdamW, dynamic that never re-plans (the equal cut) against static:
+ *     others' slices into its copy, =1 one copy for all, the default
+ *     with AdamW =2): 3 workers with AdamW, dynamic that never re-plans (the equal cut) against static:
  *     bitwise equal on every rank in both modes (the sums and the
  *     element-wise update have the same bits whoever makes them), and
  *     no rank wrote sums into another's window;
@@ -304,9 +304,10 @@ static void test_shared_update(void **state) {
   run_three("su_static", DT_BALANCE_STATIC);
   size_t n, m;
   float *a = read_params("su_static", 0, &n);
-  const char *modes[2] = {"2", "1"}, *tags[2] = {"su_pull", "su_one"};
-  for (int k = 0; k < 2; k++) {
-    setenv("DTRAIN_SHUPD", modes[k], 1);
+  /* NULL: the default, which with AdamW is the pull mode */
+  const char *modes[3] = {"2", "1", NULL}, *tags[3] = {"su_pull", "su_one", "su_auto"};
+  for (int k = 0; k < 3; k++) {
+    if (modes[k]) setenv("DTRAIN_SHUPD", modes[k], 1);
     dt__param_reload(); /* children inherit it */
     run_three(tags[k], DT_BALANCE_DYNAMIC);
     unsetenv("DTRAIN_SHUPD");
@@ -321,7 +322,7 @@ static void test_shared_update(void **state) {
       double ws = summary_num("su_static", r, "bytes_sent");
       double wd = summary_num(tags[k], r, "bytes_sent");
       printf("# shared update, DTRAIN_SHUPD=%s: rank %d sent %.0f bytes (static %.0f)\n",
-             modes[k], r, wd, ws);
+             modes[k] ? modes[k] : "auto", r, wd, ws);
       assert_true(ws > 0 && wd >= 0 && wd < ws / 4);
     }
   }
