@@ -261,8 +261,8 @@ int64_t dt_engine_test_samples(const dt_engine *e) { return e ? e->test.n : 0; }
 const char *dt_engine_strategy(const dt_engine *e) { return e ? e->strat.ops->name : NULL; }
 
 void dt__engine_param_span(const dt_engine *e, size_t *off, size_t *n) {
-  *off = e && e->strat.own_n ? e->strat.own_off : 0;
-  *n = e && e->strat.own_n ? e->strat.own_n : dt_model_nparams(e ? e->model : NULL);
+  *off = e && e->strat.own ? e->strat.own_off : 0;
+  *n = e && e->strat.own ? e->strat.own_n : dt_model_nparams(e ? e->model : NULL);
 }
 
 int dt_engine_set_out_dir(dt_engine *e, const char *dir) {

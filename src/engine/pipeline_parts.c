@@ -40,6 +40,7 @@ int dt__pipe_start(dt_strategy *s, pipe_impl *d) {
   }
   const int st = d->stage;
   const size_t off = d->part.param_off[st], n = d->part.params[st];
+  s->own = 1;
   s->own_off = off;
   s->own_n = n;
   if (s->params_lazy) {

@@ -91,8 +91,10 @@ typedef struct dt_strategy {
    * initialises the part this rank trains (dt__model_init_range). */
   int params_lazy;
   /* Set by setup of strategies whose ranks hold part of the parameters
-   * (pipeline stages): the span [own_off, own_off + own_n) this rank
-   * holds; own_n 0: all of them. */
+   * (pipeline stages): own 1 and the span [own_off, own_off + own_n)
+   * this rank holds (own_n 0: a stage without parameters); own 0: all of
+   * them. */
+  int own;
   size_t own_off, own_n;
   /* Set by run_end of those strategies: SHA-256 of the whole model's
    * parameters made from the parts in order, which the summary reports

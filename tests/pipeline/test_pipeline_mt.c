@@ -138,6 +138,26 @@ static void test_equivalence(void **state) {
       free(ref);
     }
   }
+  /* a stage without parameters (cuts 2,3: stage 1 is the dropout alone,
+   * which the measured-cost partition picks at times under load): its
+   * rank holds an empty span, not the whole model */
+  dt_run_cfg c;
+  base_cfg(&c, 1);
+  c.micro_batches = 4;
+  size_t n0, n;
+  float *ref = run_ok(&c, 1, "ref_cut", &n0);
+  base_cfg(&c, 3);
+  c.pipeline_stages = 3;
+  c.micro_batches = 4;
+  c.schedule = 1;
+  c.stages[0] = 2, c.stages[1] = 2, c.stages[2] = 3;
+  float *p = run_ok(&c, 3, "p3_cut23", &n);
+  assert_int_equal(n, n0);
+  double rel = rel_diff(p, ref, n);
+  printf("# P=3 m=4 1f1b, stage 1 without parameters, vs one process: relative difference %.3g\n", rel);
+  assert_true(rel < 1e-5);
+  free(p);
+  free(ref);
 }
 
 /* Without batch norm a micro-batched pipeline is the whole-batch step. */
