@@ -261,6 +261,13 @@ def out_sha(out):
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)["params_sha256"]
 
+def wait_first_event(out):
+    """Waits (60 s at most) for the run's first line in events.jsonl: the kill parts kill after it."""
+    ev = os.path.join(out, "events.jsonl")
+    t_end = time.time() + 60
+    while time.time() < t_end and not (os.path.exists(ev) and os.path.getsize(ev) > 0):
+        time.sleep(0.01)
+
 def ref_sha(args):
     """params_sha256 of a run of args without kills (the kill parts' reference)."""
     with tempfile.TemporaryDirectory() as out:
@@ -287,10 +294,7 @@ def failover():
                 if m:
                     spid = int(m.group(1))
                     break
-            ev = os.path.join(out, "events.jsonl")
-            t_end = time.time() + 60
-            while time.time() < t_end and not (os.path.exists(ev) and os.path.getsize(ev) > 0):
-                time.sleep(0.01)
+            wait_first_event(out)
             t_kill = time.time()
             os.kill(spid, 9)
             _, err = p.communicate(timeout=300)
@@ -340,10 +344,7 @@ def rereplicate():
                 pids = {int(k): int(v) for k, v in re.findall(r"rank (\d+) pid (\d+)", line)}
                 if pids:
                     break
-            ev = os.path.join(out, "events.jsonl")
-            t_end = time.time() + 60
-            while time.time() < t_end and not (os.path.exists(ev) and os.path.getsize(ev) > 0):
-                time.sleep(0.01)
+            wait_first_event(out)
             t_kill = time.time()
             os.kill(pids[2], 9)
             copies, err = [], []
