@@ -14,13 +14,19 @@
 #      gradients and momentum (memory: issue 14's "about 1/P of the whole");
 #   5. recomputation's extra step time and CPU (gpipe and 1f1b, m = 16, paired rounds);
 #   6. (gemm) the stage's products at 32 rows against one process's at 256,
-#      with the second core idle and busy (bench/bench_pipe_gemm.c).
+#      with the second core idle and busy (bench/bench_pipe_gemm.c);
+#   7. (wgrad, not part of all) deferred weight gradients on and off
+#      (DTRAIN_PIPE_WGRAD=1/0), 2 stages 1f1b m = 8, in alternating pairs:
+#      the ranks' CPU per sample (a count the load moves little) and
+#      samples/s, per pair and as paired medians, and each stage's
+#      activation memory with and without the stash.
 # Each dtrain figure is the median of DT_BENCH_REPS runs of DT_BENCH_STEPS
 # steps (training time only, from summary.json). The machine has 2 cores
 # and is shared: re-run before believing a single number.
 # Env: BUILD (default build/release), DT_BENCH_STEPS (30), DT_BENCH_REPS (3),
 #      DT_BENCH_ONLY (all, or one of speed wpack breakdown gemm bubble recompute torch rss memory; or accuracy,
-#      the two accuracy runs, ~30 minutes, not part of all), DT_BENCH_GEMM_ROUNDS (gemm's rounds, 15).
+#      the two accuracy runs, ~30 minutes, or wgrad, not part of all), DT_BENCH_GEMM_ROUNDS (gemm's rounds, 15),
+#      DT_BENCH_PAIRS (wgrad's pairs, 5).
 set -u
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$SRC" || exit 1
@@ -367,3 +373,33 @@ echo "activation memory per stage as allocated (rank 0's start line):"
 for n in m2 m3 m4 m5; do grep -h "activation memory" "$OUT/$n.log"; done
 fi
 
+if [ "$ONLY" = wgrad ]; then
+PAIRS="${DT_BENCH_PAIRS:-5}"
+echo "== deferred weight gradients: 2 stages 1f1b m=8, $STEPS steps, $PAIRS pairs (DTRAIN_PIPE_WGRAD=1 then =0)"
+P2=(--workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist.micro_batches=8)
+for i in $(seq "$PAIRS"); do
+  DTRAIN_PIPE_WGRAD=1 run "wg1_$i" "${P2[@]}" >/dev/null
+  DTRAIN_PIPE_WGRAD=0 run "wg0_$i" "${P2[@]}" >/dev/null
+done
+/usr/bin/python3 - "$OUT" "$PAIRS" <<'PY'
+import json, statistics as st, sys
+out, n = sys.argv[1], int(sys.argv[2])
+def get(name):
+    try:
+        d = json.load(open(f"{out}/{name}/summary.json"))
+    except OSError:
+        return None
+    return 1000 * sum(w["cpu_seconds"] for w in d["per_worker"]) / d["train_samples"], d["samples_per_second"]
+cpu, sps = [], []
+for i in range(1, n + 1):
+    a, b = get(f"wg1_{i}"), get(f"wg0_{i}")
+    if not a or not b:
+        continue
+    cpu.append(b[0] / a[0]); sps.append(a[1] / b[1])
+    print(f"pair {i}: ranks' CPU ms per sample on {a[0]:.3f} off {b[0]:.3f} (off/on {b[0] / a[0]:.2f}); samples/s on {a[1]:.1f} off {b[1]:.1f} (on/off {a[1] / b[1]:.2f})")
+if not cpu:
+    sys.exit("wgrad: no complete pair")
+print(f"paired medians: CPU per sample off/on {st.median(cpu):.2f}x; samples/s on/off {st.median(sps):.2f}x")
+PY
+for w in 1 0; do echo "DTRAIN_PIPE_WGRAD=$w: $(grep -h "activation memory" "$OUT/wg${w}_1.log")"; done
+fi
