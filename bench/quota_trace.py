@@ -20,7 +20,11 @@ cpu controller); every cgroup made is removed. Standard library only.
     python3 bench/quota_trace.py --build build/release
     python3 bench/quota_trace.py --build build/release --reps 5 --ab DTRAIN_WINDOW_SPIN_US=0
 """
-import argparse, collections, json, os, re, statistics, subprocess, sys, tempfile, time
+import argparse, collections, json, os, re, signal, statistics, subprocess, sys, tempfile, time
+
+# SIGTERM (a killed bench) unwinds like an error: the finally clauses stop the
+# job and remove the cgroups this run made
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--build", default="build/release")
