@@ -195,8 +195,13 @@ static void test_plain_reference(void **state) {
            "%.3g\n", runs[i].W, runs[i].P, runs[i].m, runs[i].recompute, runs[i].wgrad, rel);
     assert_true(rel < 1e-5);
     /* recomputation gives the gradients, hence the parameters, of keeping
-     * the activations with the same weight-gradient products: the same bits
-     * (run 2 as run 4, run 5 as run 0) */
+     * the activations with the same weight-gradient products: run 5
+     * (1f1b, recomputed per micro-batch) has run 0's bits; run 2 (gpipe,
+     * recomputed in one group of the step's rows) repeats the forward and
+     * input-gradient products with 4 micro-batches' rows at once, which
+     * has run 4's bits only where the BLAS sums an output element the same
+     * way for any row count (bitwise on an AVX-512 EPYC; 2.8e-8 apart on
+     * an AVX2 one, 2026-11-27): the same sums to rounding */
     if (i == 0) first = p;
     else if (i == 2) deferred = p;
     else if (i == 4) {
@@ -204,7 +209,10 @@ static void test_plain_reference(void **state) {
       double d = rel_diff(p, first, n);
       printf("# deferred vs per-micro-batch weight gradients: relative difference %.3g\n", d);
       assert_true(d < 1e-6);
-      assert_memory_equal(p, deferred, n * sizeof(float));
+      double g = rel_diff(p, deferred, n);
+      printf("# gpipe recomputed in one group vs 1f1b keeping activations: relative difference "
+             "%.3g\n", g);
+      assert_true(g < 1e-6);
     } else if (i == 5)
       assert_memory_equal(p, first, n * sizeof(float));
     if (i == 1) {

@@ -212,19 +212,23 @@ void dt__cz_psgd_pq(const float *M, int rows, int cols, const float *P, int r, c
   }
 }
 #else
+/* The portable products: the same chains of fused multiply-adds as the
+ * AVX-512 kernels (explicit fmaf, so the bits do not depend on whether the
+ * compiler contracts; one instruction where the CPU has FMA), hence the
+ * same bits on every machine. */
 static float dot(const float *restrict a, const float *restrict b, int n) {
   float acc[16] = {0};
   int i = 0;
   for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; l < 16; l++) acc[l] = fmaf(a[i + l], b[i + l], acc[l]);
   float s = 0;
   for (int l = 0; l < 16; l++) s += acc[l];
-  for (; i < n; i++) s += a[i] * b[i];
+  for (; i < n; i++) s = fmaf(a[i], b[i], s);
   return s;
 }
 
 static void axpy(float *restrict y, const float *restrict x, float a, int n) {
-  for (int i = 0; i < n; i++) y[i] += a * x[i];
+  for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
 void dt__cz_psgd_pmq(const float *M, int rows, int cols, const float *Q, int r, float *P) {
