@@ -465,6 +465,66 @@ static void test_slots_match_one_by_one(void **state) {
   assert_int_equal(z[3], 0);
 }
 
+/* The vector forms (AVX-512, or AVX2's add-1.5*2^52 rounding on a CPU
+ * without it) against the definition written out here, one value at a
+ * time: rint of the exact product, 0 past the bound. Ties (+-0.5, 2.5,
+ * -3.5 after scaling), -0, values in range but at or above 2^51 after
+ * scaling (the AVX2 form redoes such a block in scalar), the bound itself,
+ * NaN and infinities, store and add, a tail of every length. */
+static int64_t ref_term(float x, double w, double bound) {
+  double y = (double)x * (w * TWO32);
+  return fabs(y) <= bound ? (int64_t)rint(y) : 0;
+}
+
+static void test_add_matches_definition(void **state) {
+  (void)state;
+  enum { N = 67, K = 3 };
+  static float x[K][N];
+  const double ws[K] = {1, 3, 8};
+  const double bound = dt_fix_bound(4); /* 2^60 */
+  for (int j = 0; j < K; j++) make_terms(x[j], N, 300 + (uint64_t)j);
+  x[0][0] = (float)ldexp(1.0, -33);   /* 0.5 */
+  x[0][1] = (float)ldexp(-1.0, -33);  /* -0.5 */
+  x[0][2] = (float)ldexp(5.0, -33);   /* 2.5 */
+  x[0][3] = (float)ldexp(-7.0, -33);  /* -3.5 */
+  x[0][4] = -0.0f;
+  x[0][9] = 1e6f;                     /* ~2^51.9 after scaling: in range */
+  x[1][10] = -3e6f;
+  x[2][11] = (float)ldexp(1.0, 19);   /* 2^54 */
+  x[0][12] = (float)ldexp(1.0, 28);   /* 2^60: the bound itself */
+  x[0][13] = (float)ldexp(1.0, 29);   /* past it */
+  x[1][20] = NAN;
+  x[2][21] = INFINITY;
+  x[0][N - 1] = ldexpf(3.0f, -33);    /* 1.5: a tie in the tail */
+  const float *xs[K];
+  for (int j = 0; j < K; j++) xs[j] = x[j];
+  for (int store = 0; store < 2; store++)
+    for (size_t n = 1; n <= N; n++) {
+      static int64_t a[N], b[N], c[N];
+      size_t bad_ref = 0;
+      for (size_t i = 0; i < N; i++) a[i] = b[i] = c[i] = (int64_t)(i * 104729) - 7000;
+      for (size_t i = 0; i < n; i++) {
+        int64_t v = store ? 0 : b[i];
+        for (int j = 0; j < K; j++) {
+          v += ref_term(x[j][i], ws[j], bound);
+          bad_ref += !(fabs((double)x[j][i] * ws[j] * TWO32) <= bound);
+        }
+        b[i] = v;
+      }
+      size_t bad = dt_fix_add_slots(a, xs, ws, K, n, bound, store, NULL, NULL);
+      assert_int_equal(bad, bad_ref);
+      assert_memory_equal(a, b, sizeof a);
+      /* dt_fix_add alone, slot 0 */
+      size_t bad0 = dt_fix_add(c, x[0], n, ws[0], bound, store, NULL), bad0_ref = 0;
+      for (size_t i = 0; i < n; i++) {
+        int64_t want = (store ? 0 : (int64_t)(i * 104729) - 7000) + ref_term(x[0][i], ws[0], bound);
+        bad0_ref += !(fabs((double)x[0][i] * ws[0] * TWO32) <= bound);
+        assert_true(c[i] == want);
+      }
+      assert_int_equal(bad0, bad0_ref);
+    }
+}
+
 /* dt_fix_add_wgrad gives exactly the sums of the deterministic GEMM's
  * weight gradient (dy^T x per segment) converted by dt_fix_add segment by
  * segment: shapes with row and column tails (past one 128-column block),
@@ -578,6 +638,7 @@ int main(void) {
       cmocka_unit_test(test_sub_undoes_add),
       cmocka_unit_test(test_ddp_step_erange),
       cmocka_unit_test(test_slots_match_one_by_one),
+      cmocka_unit_test(test_add_matches_definition),
       cmocka_unit_test(test_wgrad_matches_gemm),
       cmocka_unit_test(test_ddp_fused_step_same_bits),
   };
