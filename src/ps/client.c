@@ -431,7 +431,7 @@ static int pull_rows_impl(dt_ps_client *c) {
  * tried again later in backward, so a short hold costs no wait. */
 static int push_direct(dt_ps_client *c, int k, int try) {
   const dt_ps_key *K = &c->map->keys[k];
-  int rc = dt_ps_direct_push(c->o.direct, k, c->grads + K->off, c->lr, c->kver[k],
+  int rc = dt_ps_direct_push(c->o.direct, k, c->grads + K->off, c->weight, c->lr, c->kver[k],
                              c->params + K->off, &c->kver[k], try);
   if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
   if (rc == 1) {
@@ -480,11 +480,12 @@ static int push_key(dt_ps_client *c, int k) {
   /* lazy: the key's last reply (and its sends) complete before the slot is
    * reused; its parameters go in now (backward is done with this key) */
   if (c->lazy && c->nreq[k]) DT_CHECK(dt__psc_reap(c, k, 1));
-  for (size_t i = 0; i < K->len; i++) g[i] *= w;
   if (c->o.direct) {
+    /* scaled by the weight inside the push's one pass (direct.c) */
     c->kst[k] = (uint8_t)((c->kst[k] & ~K_WAIT) | K_PUSHED);
     return push_direct(c, k, 1);
   }
+  for (size_t i = 0; i < K->len; i++) g[i] *= w;
   dt_ps_msg m = {.type = DT_PS_PUSH, .sender = c->me, .key = k, .flags = DT_PS_F_PULL,
                  .clock = c->clock, .count = K->len, .lr = c->lr, .weight = c->weight,
                  .aux = (uint64_t)(c->lazy ? c->kfwd[k] : c->kver[k])};

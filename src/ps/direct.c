@@ -21,6 +21,7 @@
  * DT_ETIMEDOUT) and in dt_ps_direct_all_in's callers; a dead peer is
  * noticed by the communicator the callers poll.
  */
+#include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -151,7 +152,74 @@ static int trylock(dt_ps_direct *d, int k) {
                                                  memory_order_relaxed);
 }
 
-int dt_ps_direct_push(dt_ps_direct *d, int k, const float *g, float lr, int64_t read,
+/* One pass over a key for the common optimizers: the gradient scaled by
+ * the worker's share w, the optimizer's update of the master (and its
+ * state) and the new value stored into the worker's own parameters too —
+ * the same IEEE operations, in the same order, as scaling g, then
+ * dt__optim_step_state, then a copy (this file is compiled without FMA
+ * contraction, as optim.c: the same bits), but the key is read and
+ * written once instead of three times (MLP asp: the push was ~17% of a
+ * step). 1 when it applied the update, 0 for the optimizers it leaves to
+ * the general path (Nesterov, dampening). */
+static int fused_step(const dt_optim_cfg *c, size_t n, float *restrict p,
+                      const float *restrict g, float w, float lr, float *restrict st,
+                      int64_t t, float *restrict out) {
+  const float wd = c->weight_decay;
+  if (c->kind == DT_OPT_SGD && c->momentum == 0.0f) {
+    for (size_t i = 0; i < n; i++) {
+      float q = p[i] - lr * (g[i] * w + wd * p[i]);
+      p[i] = q;
+      out[i] = q;
+    }
+    return 1;
+  }
+  if (c->kind == DT_OPT_SGD) {
+    if (c->nesterov || c->dampening != 0.0f) return 0;
+    const float mom = c->momentum, keep = 1.0f;
+    if (t == 1) {
+      for (size_t i = 0; i < n; i++) {
+        float dd = g[i] * w + wd * p[i];
+        st[i] = dd;
+        float q = p[i] - lr * dd;
+        p[i] = q;
+        out[i] = q;
+      }
+    } else {
+      for (size_t i = 0; i < n; i++) {
+        float dd = g[i] * w + wd * p[i];
+        float b = mom * st[i] + keep * dd;
+        st[i] = b;
+        float q = p[i] - lr * b;
+        p[i] = q;
+        out[i] = q;
+      }
+    }
+    return 1;
+  }
+  /* AdamW: dt__optim_step_span's scalars */
+  double td = (double)t;
+  double bc1 = 1.0 - pow((double)c->beta1, td);
+  double bc2 = 1.0 - pow((double)c->beta2, td);
+  const float step_size = (float)((double)lr / bc1);
+  const float inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+  const float decay = (float)(1.0 - (double)lr * (double)wd);
+  const float b1 = c->beta1, b2 = c->beta2, w1 = 1.0f - b1, w2 = 1.0f - b2, eps = c->eps;
+  float *restrict m = st, *restrict v = st + n;
+  for (size_t i = 0; i < n; i++) {
+    float gi = g[i] * w;
+    float pi = p[i] * decay;
+    float mi = m[i] + w1 * (gi - m[i]);
+    float vi = b2 * v[i] + w2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float q = pi - step_size * (mi / (sqrtf(vi) * inv_bc2_sqrt + eps));
+    p[i] = q;
+    out[i] = q;
+  }
+  return 1;
+}
+
+int dt_ps_direct_push(dt_ps_direct *d, int k, float *g, float w, float lr, int64_t read,
                       float *out, int64_t *ver, int try) {
   const dt_ps_key *K = &d->map->keys[k];
   dkey *dk = &d->k[k];
@@ -164,11 +232,20 @@ int dt_ps_direct_push(dt_ps_direct *d, int k, const float *g, float lr, int64_t 
    * worker read it */
   int64_t stale = dk->h->version - read;
   if (stale > 1) lr /= (float)stale;
-  int rc = dt__optim_step_state(&d->optim, K->len, dk->p, g, lr, dk->st, &dk->h->step, NULL);
+  int rc = DT_OK;
+  if (!(lr >= 0.0f) || isinf(lr))
+    rc = dt__seterr(DT_EINVAL, "optimizer step: lr %g must be finite and >= 0", (double)lr);
+  else if (fused_step(&d->optim, K->len, dk->p, g, w, lr, dk->st, dk->h->step + 1, out))
+    dk->h->step++;
+  else {
+    /* the general path: scale in place, step, copy */
+    for (size_t i = 0; i < K->len; i++) g[i] *= w;
+    rc = dt__optim_step_state(&d->optim, K->len, dk->p, g, lr, dk->st, &dk->h->step, NULL);
+    if (rc == DT_OK) memcpy(out, dk->p, K->len * sizeof(float));
+  }
   if (rc == DT_OK) {
     dk->h->version++;
     atomic_fetch_add_explicit(&dk->h->wclock[d->me], 1, memory_order_release);
-    memcpy(out, dk->p, K->len * sizeof(float));
     *ver = dk->h->version;
   }
   unlock(d, k);

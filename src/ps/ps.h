@@ -269,13 +269,15 @@ size_t dt_ps_direct_bytes(const dt_ps_map *map, const dt_ps_opts *o);
 int dt_ps_direct_create(dt_ps_direct **out, const dt_ps_map *map, const dt_ps_opts *o, int me,
                         void *const *slots, const float *init, double timeout);
 void dt_ps_direct_destroy(dt_ps_direct *d);
-/* Applies key k's gradient g (already scaled by the worker's share) with
- * rate lr divided by the staleness (the key's version now minus `read`,
- * the version the worker's parameters of k are at), then copies the key's
- * new parameters into out and their version into *ver. try: when another
- * worker holds the key, returns 1 at once without applying anything
- * (else it waits for the key). */
-int dt_ps_direct_push(dt_ps_direct *d, int k, const float *g, float lr, int64_t read,
+/* Applies key k's gradient g scaled by w (the worker's share of the
+ * batch) with rate lr divided by the staleness (the key's version now
+ * minus `read`, the version the worker's parameters of k are at), then
+ * copies the key's new parameters into out and their version into *ver —
+ * SGD (with momentum, no Nesterov or dampening) and AdamW in one pass over
+ * the key; the other optimizers scale g in place first. try: when another
+ * worker holds the key, returns 1 at once without applying anything (g
+ * untouched; else it waits for the key). */
+int dt_ps_direct_push(dt_ps_direct *d, int k, float *g, float w, float lr, int64_t read,
                       float *out, int64_t *ver, int try);
 /* 1 when every worker's pushes of every key up to `clock` are applied. */
 int dt_ps_direct_all_in(const dt_ps_direct *d, int64_t clock);
