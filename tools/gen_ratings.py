@@ -13,6 +13,9 @@ Files written into OUT (the data layer's npy format, data.format = npy):
                            (one id space, so one embedding table holds both)
   train_y.npy, test_y.npy  int32 (n,): the star, 1..5
   meta.json                the parameters and the RMSE floor
+  user_vectors.npy, item_vectors.npy  (with --truth) the hidden vectors,
+                           float32 (users, rank) and (items, rank), for
+                           tools/ratings_bound.py's oracles
 
 The floor: no model can beat the Bayes predictor E[star | s]; its RMSE on
 the test set, sqrt(mean Var(star | s)), computed exactly from the normal
@@ -39,6 +42,7 @@ def main():
     ap.add_argument("--noise", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--truth", action="store_true", help="also write the hidden vectors")
     a = ap.parse_args()
     if a.users < 1 or a.items < 1 or a.ratings < 2 or a.rank < 1 or a.noise <= 0 or not 0 < a.test < 1:
         ap.error("users, items, rank >= 1; ratings >= 2; noise > 0; 0 < test < 1")
@@ -61,6 +65,9 @@ def main():
     np.save(os.path.join(a.out, "train_y.npy"), r[nt:])
     np.save(os.path.join(a.out, "test_x.npy"), x[:nt])
     np.save(os.path.join(a.out, "test_y.npy"), r[:nt])
+    if a.truth:
+        np.save(os.path.join(a.out, "user_vectors.npy"), U)
+        np.save(os.path.join(a.out, "item_vectors.npy"), V)
     # the floor on the test set: P(star = j | s) from the normal CDF
     st = s[:nt]
     cdf = np.vectorize(lambda z: 0.5 * (1 + math.erf(z / math.sqrt(2))))
