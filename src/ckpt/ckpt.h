@@ -53,6 +53,11 @@ typedef struct dt_st_tensor {
   int64_t shape[DT_ST_MAX_DIMS];
   uint64_t begin, end; /* data_offsets: bytes relative to the data section */
   const void *data;    /* writer: the caller's bytes; reader: inside the parsed buffer */
+  /* writer only: with from_fd set the bytes are not in memory but in the
+   * file fd at byte foff (dt__st_add_fd; a pipeline stage's span spilled
+   * by rank 0, docs/pipeline.md "Checkpoints"), read in bounded chunks */
+  int from_fd, fd;
+  uint64_t foff;
 } dt_st_tensor;
 
 /* A safetensors file: parsed from a buffer, or being assembled for writing.
@@ -82,6 +87,10 @@ const char *dt__st_meta(const dt_st *st, const char *key);
  * previous tensor. DT_EINVAL for a bad name, dtype or shape. */
 int dt__st_add(dt_st *st, const char *name, int dtype, int ndim, const int64_t *shape,
                const void *data);
+/* The same, its bytes read from fd at byte foff when the file is written
+ * (the fd must stay open and unchanged until then). */
+int dt__st_add_fd(dt_st *st, const char *name, int dtype, int ndim, const int64_t *shape, int fd,
+                  uint64_t foff);
 int dt__st_set_meta(dt_st *st, const char *key, const char *value);
 /* The 8-byte length and the JSON header, padded with spaces to a multiple
  * of 8 bytes (malloc'd into *out, *len bytes). */

@@ -268,6 +268,17 @@ int dt__st_add(dt_st *st, const char *name, int dtype, int ndim, const int64_t *
   return DT_OK;
 }
 
+int dt__st_add_fd(dt_st *st, const char *name, int dtype, int ndim, const int64_t *shape, int fd,
+                  uint64_t foff) {
+  if (fd < 0) return dt__seterr(DT_EINVAL, "safetensors: tensor '%.64s': no file", name);
+  DT_CHECK(dt__st_add(st, name, dtype, ndim, shape, NULL));
+  dt_st_tensor *t = &st->t[st->n - 1];
+  t->from_fd = 1;
+  t->fd = fd;
+  t->foff = foff;
+  return DT_OK;
+}
+
 int dt__st_set_meta(dt_st *st, const char *key, const char *value) {
   for (const char *p = key; *p; p++)
     if ((unsigned char)*p < 0x20 || *p == '"' || *p == '\\')

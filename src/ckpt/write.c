@@ -288,6 +288,40 @@ typedef struct hash_job {
   int ok;
 } hash_job;
 
+/* A tensor held in a file (dt__st_add_fd) goes through a buffer of
+ * FD_CHUNK bytes: the writer never holds it whole. */
+#define FD_CHUNK (1u << 20)
+
+/* Calls f(ud, bytes, n) over tensor t's bytes, in order. */
+static int tensor_each(const dt_st_tensor *t, uint8_t *buf, int (*f)(void *, const void *, size_t),
+                       void *ud) {
+  const uint64_t len = t->end - t->begin;
+  if (!t->from_fd) return len ? f(ud, t->data, (size_t)len) : DT_OK;
+  for (uint64_t at = 0; at < len;) {
+    size_t n = len - at < FD_CHUNK ? (size_t)(len - at) : FD_CHUNK;
+    ssize_t r = pread(t->fd, buf, n, (off_t)(t->foff + at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      return dt__seterr(DT_EIO, "tensor '%s': reading its spilled bytes at %llu: %s", t->name,
+                        (unsigned long long)(t->foff + at), r < 0 ? strerror(errno) : "short file");
+    DT_CHECK(f(ud, buf, (size_t)r));
+    at += (uint64_t)r;
+  }
+  return DT_OK;
+}
+
+static int any_from_fd(const dt_st *st) {
+  for (int i = 0; i < st->n; i++)
+    if (st->t[i].from_fd) return 1;
+  return 0;
+}
+
+static int hash_chunk(void *ud, const void *p, size_t n) {
+  return EVP_DigestUpdate(ud, p, n) == 1 ? DT_OK : DT_ENOMEM;
+}
+
+static int write_chunk(void *ud, const void *p, size_t n) { return dt__wf_write(ud, p, n); }
+
 static void *hash_main(void *arg) {
   hash_job *j = arg;
   EVP_MD_CTX *md = EVP_MD_CTX_new();
@@ -295,8 +329,11 @@ static void *hash_main(void *arg) {
   unsigned dl = 0;
   j->ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
           EVP_DigestUpdate(md, j->hdr, j->hl) == 1;
+  uint8_t *buf = j->ok && any_from_fd(&j->f->st) ? malloc(FD_CHUNK) : NULL;
+  if (j->ok && any_from_fd(&j->f->st) && !buf) j->ok = 0;
   for (int i = 0; i < j->f->st.n && j->ok; i++)
-    j->ok = EVP_DigestUpdate(md, j->f->st.t[i].data, j->f->st.t[i].end - j->f->st.t[i].begin) == 1;
+    j->ok = tensor_each(&j->f->st.t[i], buf, hash_chunk, md) == DT_OK;
+  free(buf);
   j->ok = j->ok && EVP_DigestFinal_ex(md, d, &dl) == 1 && dl == 32;
   EVP_MD_CTX_free(md);
   if (j->ok) dt_hex(d, 32, j->hex);
@@ -321,8 +358,12 @@ static int write_file(const char *dir, const dt_ckpt_file *f, dt_ckpt_entry *out
                pthread_create(&th, NULL, hash_main, &job) == 0;
     if (threaded) dt__wf_hash_elsewhere(&w);
     if (rc == DT_OK) rc = dt__wf_write(&w, hdr, hl);
+    uint8_t *buf = NULL;
+    if (rc == DT_OK && any_from_fd(&f->st) && !(buf = malloc(FD_CHUNK)))
+      rc = dt__seterr(DT_ENOMEM, "'%s': out of memory", path);
     for (int i = 0; i < f->st.n && rc == DT_OK; i++)
-      rc = dt__wf_write(&w, f->st.t[i].data, f->st.t[i].end - f->st.t[i].begin);
+      rc = tensor_each(&f->st.t[i], buf, write_chunk, &w);
+    free(buf);
     if (threaded) {
       pthread_join(th, NULL);
       if (rc == DT_OK && !job.ok) rc = dt__seterr(DT_ENOMEM, "'%s': SHA-256 failed", path);

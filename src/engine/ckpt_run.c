@@ -235,6 +235,7 @@ static int become_writer(dt_engine *e) {
   if (rc < 0) return dt__seterr(rc, "ckpt.dir: %s", dt_errmsg());
   if (e->cfg.ckpt_async) DT_CHECK(dt__writer_create(&k->w, k->root, e->cfg.ckpt_keep));
   k->on = 1;
+  e->strat.ckpt_root = k->root;
   return DT_OK;
 }
 

@@ -113,17 +113,36 @@ static int model_trefs(const dt_model *m, tref *t, int cap) {
 
 #define MAX_TREFS 1024
 
+/* The spill range holding tensor x whole, or NULL (in memory). */
+static const dt_ckpt_range *spilled(const dt_ckpt_spill *sp, const tref *x) {
+  if (!sp || x->buf == 2) return NULL;
+  for (int i = 0; i < sp->n; i++) {
+    const dt_ckpt_range *r = &sp->r[i];
+    if (r->buf == x->buf && x->off >= r->off && x->off + x->n <= r->off + r->n) return r;
+  }
+  return NULL;
+}
+
 /* model.safetensors into st: tensors point at params/bufs as given (the
- * snapshot's copies, or the model's own buffers for export). */
+ * snapshot's copies, or the model's own buffers for export; params[i]
+ * holds float lo[0] + i, bufs[i] float lo[1] + i), or with sp those sp
+ * holds at their place in its file. */
 static int add_model(const dt_engine *e, dt_st *st, const float *params, const float *bufs,
-                     const int64_t *nbt, int64_t step) {
+                     const int64_t *nbt, int64_t step, const dt_ckpt_spill *sp,
+                     const size_t lo[2]) {
   tref *t = malloc(MAX_TREFS * sizeof *t);
   if (!t) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory");
   int n = model_trefs(e->model, t, MAX_TREFS), rc = DT_OK;
   for (int i = 0; i < n && rc == DT_OK; i++) {
+    const dt_ckpt_range *r = spilled(sp, &t[i]);
+    if (r) {
+      rc = dt__st_add_fd(st, t[i].name, t[i].dtype, t[i].ndim, t[i].shape, sp->fd,
+                         r->foff + (uint64_t)(t[i].off - r->off) * sizeof(float));
+      continue;
+    }
     const void *p = t[i].buf == 2 ? (const void *)nbt
-                    : t[i].buf  ? (const void *)(bufs + t[i].off)
-                                : (const void *)(params + t[i].off);
+                    : t[i].buf  ? (const void *)(bufs + (t[i].off - lo[1]))
+                                : (const void *)(params + (t[i].off - lo[0]));
     rc = dt__st_add(st, t[i].name, t[i].dtype, t[i].ndim, t[i].shape, p);
   }
   free(t);
@@ -246,6 +265,15 @@ static int owner_st(dt_ckpt_snap *snap, const char *file, const char *owner, dt_
 }
 
 /* A blob of another file of the snapshot (made on first use, with its owner). */
+static int blob_put_file_fd(void *ud, const char *file, const char *owner, const char *name,
+                            int fd, uint64_t foff, size_t len) {
+  struct blob_ctx *b = ud;
+  dt_st *st = NULL;
+  DT_CHECK(owner_st(b->snap, file, owner, &st));
+  int64_t shape[1] = {(int64_t)len};
+  return dt__st_add_fd(st, name, DT_ST_U8, 1, shape, fd, foff);
+}
+
 static int blob_put_file(void *ud, const char *file, const char *owner, const char *name,
                          const void *data, size_t len) {
   struct blob_ctx *b = ud;
@@ -329,23 +357,71 @@ static char *trainer_json(const dt_engine *e, const dt_ckpt_pos *p) {
   return s;
 }
 
+/* With a spill (dt_strategy.ckpt_spill): a copy of the floats of the
+ * model's parameters and buffers outside the spill's ranges, [lo, hi) of
+ * each, in snapshot memory (*params holds float lo[0] on, *bufs lo[1]).
+ * Floats of [lo, hi) inside a spill range are copied too (harmless; with
+ * pipeline stages the own span is contiguous and there are none). */
+static int snap_own(dt_engine *e, dt_ckpt_snap *s, const dt_ckpt_spill *sp, float **params,
+                    float **bufs, size_t out_lo[2]) {
+  for (int b = 0; b < 2; b++) {
+    const size_t n = b ? dt_model_nbufs(e->model) : dt_model_nparams(e->model);
+    const float *src = b ? dt_model_bufs(e->model) : dt_model_params(e->model);
+    /* the floats not in any range of this kind: [lo, hi) bounds them */
+    size_t lo = n, hi = 0;
+    for (size_t at = 0; at < n;) {
+      size_t next = n, in = 0;
+      for (int i = 0; i < sp->n; i++) {
+        const dt_ckpt_range *r = &sp->r[i];
+        if (r->buf != b) continue;
+        if (at >= r->off && at < r->off + r->n) in = 1, next = r->off + r->n;
+      }
+      if (in) {
+        at = next;
+        continue;
+      }
+      for (int i = 0; i < sp->n; i++)
+        if (sp->r[i].buf == b && sp->r[i].off > at && sp->r[i].off < next) next = sp->r[i].off;
+      if (at < lo) lo = at;
+      if (next > hi) hi = next;
+      at = next;
+    }
+    float *copy = dt__snap_alloc(s, (hi > lo ? hi - lo : 1) * sizeof(float));
+    if (!copy) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory");
+    if (hi > lo) memcpy(copy, src + lo, (hi - lo) * sizeof(float));
+    *(b ? bufs : params) = copy;
+    out_lo[b] = hi > lo ? lo : 0;
+  }
+  return DT_OK;
+}
+
 int dt__ckpt_snapshot(dt_engine *e, dt_ckpt_snap *s, const dt_ckpt_pos *p) {
   /* the manifest's epoch counts finished epochs; trainer.json has the position */
   dt__snap_reset(s, e->strat.step, p->epoch - 1);
   const size_t np = dt_model_nparams(e->model), nb = dt_model_nbufs(e->model);
-  float *params = dt__snap_alloc(s, np * sizeof(float));
-  float *bufs = dt__snap_alloc(s, (nb ? nb : 1) * sizeof(float));
+  const dt_ckpt_spill *sp = e->strat.ckpt_spill;
+  float *params = NULL, *bufs = NULL;
+  size_t lo[2] = {0, 0};
   int64_t *nbt = dt__snap_alloc(s, sizeof(int64_t));
-  if (!params || !bufs || !nbt) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory");
-  memcpy(params, dt_model_params(e->model), np * sizeof(float));
-  if (nb) memcpy(bufs, dt_model_bufs(e->model), nb * sizeof(float));
+  if (!nbt) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory");
   *nbt = e->strat.step;
+  if (sp) {
+    /* the other ranks' parts are in the spill file: copy only the rest
+     * (this rank's span) */
+    DT_CHECK(snap_own(e, s, sp, &params, &bufs, lo));
+  } else {
+    params = dt__snap_alloc(s, np * sizeof(float));
+    bufs = dt__snap_alloc(s, (nb ? nb : 1) * sizeof(float));
+    if (!params || !bufs) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory");
+    memcpy(params, dt_model_params(e->model), np * sizeof(float));
+    if (nb) memcpy(bufs, dt_model_bufs(e->model), nb * sizeof(float));
+  }
   dt_st *st;
   DT_CHECK(dt__snap_st(s, "model.safetensors", "rank0", "model", &st));
-  DT_CHECK(add_model(e, st, params, bufs, nbt, e->strat.step));
+  DT_CHECK(add_model(e, st, params, bufs, nbt, e->strat.step, sp, lo));
   DT_CHECK(dt__snap_st(s, "state.safetensors", "rank0", "state", &st));
   struct blob_ctx bc = {s, st};
-  dt_state_writer w = {blob_put, &bc, blob_put_file};
+  dt_state_writer w = {blob_put, &bc, blob_put_file, blob_put_file_fd};
   DT_CHECK(e->strat.ops->state_export(&e->strat, &w));
   DT_CHECK(dt__st_set_meta(st, "dtrain.strategy", e->strat.ops->name));
   /* per-rank state, when every rank sent its own for this very step */
@@ -360,8 +436,9 @@ int dt__ckpt_snapshot(dt_engine *e, dt_ckpt_snap *s, const dt_ckpt_pos *p) {
 int dt__ckpt_export_model(dt_engine *e, dt_st *st) {
   static int64_t nbt;
   nbt = e->strat.step;
+  static const size_t lo[2] = {0, 0};
   return add_model(e, st, dt_model_params(e->model), dt_model_bufs(e->model), &nbt,
-                   e->strat.step);
+                   e->strat.step, NULL, lo);
 }
 
 /* ---- loading ---------------------------------------------------------------------- */

@@ -33,8 +33,14 @@ typedef struct pipe_impl {
   double reduce_s;
   double agree_s;    /* waiting in the per-step checkpoint agreement (pipe_gather) */
   size_t act_bytes;  /* this stage's activation memory (dt_pipe_act_bytes) */
-  /* checkpoints, rank 0: the other stages' optimizer states and counts */
-  float *ck_optim;   /* stages 1..P-1 side by side (slots x params each) */
+  /* checkpoints, rank 0 (pipeline_ckpt.c): the other stages' state goes
+   * to a spill file (two alternate), never to memory */
+  int ck_fd[2], ck_cur;
+  dt_ckpt_range *ck_range;  /* 2 P: the spilled spans of parameters and buffers */
+  uint64_t *ck_ooff;        /* P: byte of stage t's optimizer state in the spill */
+  float *ck_buf;            /* one chunk */
+  dt_ckpt_spill ck_spill;
+  char ck_err[256];         /* the spill's write failed: this checkpoint is not taken */
   /* dist.zero with replicas (pipeline_zero.c): the stage's optimizer
    * state sharded over its R replicas: replica r steps block r of the
    * stage's span (zblk parameters; optim holds its state), every replica
@@ -64,6 +70,12 @@ int64_t *dt__pipe_optim_count(pipe_impl *d);
 int dt__pipe_optim_whole(dt_strategy *s, pipe_impl *d, const float **state);
 int dt__pipe_optim_import(dt_strategy *s, pipe_impl *d, const dt_state_reader *r);
 void dt__pipe_optim_destroy(pipe_impl *d);
+
+/* pipeline_ckpt.c: ops.state_gather and ops.state_export (checkpoints
+ * without the other stages' state in rank 0's memory); freed at teardown. */
+int dt__pipe_gather(dt_strategy *s, int32_t *flags);
+int dt__pipe_export(dt_strategy *s, const dt_state_writer *w);
+void dt__pipe_ckpt_free(pipe_impl *d);
 
 /* pipeline_parts.c. Start (after the partition): the configuration checked
  * on every rank; with P > 1 this stage's span initialised when the engine

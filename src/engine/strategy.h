@@ -101,7 +101,27 @@ typedef struct dt_strategy {
    * instead of a hash of this rank's model. */
   int params_hashed;
   uint8_t params_sha[32];
+  /* Checkpoints of strategies whose ranks hold parts of the model
+   * (pipeline stages). ckpt_root: set by ckpt_run.c on the rank that
+   * writes (the checkpoint root, where state_gather may keep a spill
+   * file); NULL elsewhere. ckpt_spill: set by state_gather on that rank
+   * when the other ranks' parts went to a file instead of its memory:
+   * the snapshot reads those ranges from the file (ckpt_state.c). */
+  const char *ckpt_root;
+  const struct dt_ckpt_spill *ckpt_spill;
 } dt_strategy;
+
+/* Ranges of the model's parameters (buf 0) or buffers (buf 1), floats
+ * [off, off + n), whose bytes are in the spill file fd at byte foff. */
+typedef struct dt_ckpt_range {
+  int buf;
+  size_t off, n;
+  uint64_t foff;
+} dt_ckpt_range;
+typedef struct dt_ckpt_spill {
+  int fd, n;
+  const dt_ckpt_range *r;
+} dt_ckpt_spill;
 
 /* Named blobs of a strategy's state, for checkpoints. put copies len bytes
  * out of data under name; get copies the blob called name into buf (at most
@@ -115,6 +135,10 @@ typedef struct dt_state_writer {
   void *ud;
   int (*put_file)(void *ud, const char *file, const char *owner, const char *name,
                   const void *data, size_t len);
+  /* put_file of len bytes held in file fd at byte foff (a spill file, see
+   * dt_strategy.ckpt_spill): not copied, read when the file is written */
+  int (*put_file_fd)(void *ud, const char *file, const char *owner, const char *name, int fd,
+                     uint64_t foff, size_t len);
 } dt_state_writer;
 typedef struct dt_state_reader {
   int (*get)(void *ud, const char *name, void *buf, size_t cap, size_t *len);

@@ -16,8 +16,8 @@
  * P > 1 a stage writes, and so holds in memory, only its own span: it
  * initialises only that (the engine leaves the rest unwritten), evaluation
  * goes through the stages and the end's check and params_sha256 are made
- * from the stages' spans (pipeline_parts.c). Checkpoints still bring every
- * stage's span to rank 0, which writes the whole model.
+ * from the stages' spans (pipeline_parts.c); checkpoints bring the other
+ * stages' spans to a spill file of rank 0, not its memory (pipeline_ckpt.c).
  * Its batch source is a "replica" view of the shards source: rank r trains
  * on replica r / P's slice of every global batch, one piece per step that
  * run_pieces cuts into micro-batches.
@@ -177,8 +177,7 @@ static void pipe_teardown(dt_strategy *s) {
   dt_free(d->xstep);
   dt_free(d->ystep);
   dt__pipe_optim_destroy(d);
-  dt_free(d->ck_optim);
-  free(d->ck_ostep);
+  dt__pipe_ckpt_free(d);
   dt_comm_destroy(d->scomm);
   dt_comm_destroy(d->pcomm);
   free(d->mb), free(d->loss), free(d->correct);
@@ -526,115 +525,11 @@ static int pipe_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *al
  * PyTorch read the usual file). At a step boundary every stage of replica
  * 0 sends its span of the parameters and running statistics, its optimizer
  * state and step count to rank 0 (replicas hold the same state after their
- * allreduce), and rank 0 writes. Resuming, every rank reads the part of
+ * allreduce), which spills them to a file and writes (pipeline_ckpt.c:
+ * gather and export). Resuming, every rank reads the part of
  * the stages' files its own span covers, whatever the stage count and cut
  * points that wrote them (dt__import_optim_span): the state is per
  * parameter, so re-partitioning is exact. */
-
-#define TAG_CKPT 0x300000
-
-/* Optimizer floats per parameter (a stage without parameters has an
- * optimizer of one float: dt_optim_create needs n >= 1). */
-static size_t optim_slots(const pipe_impl *d) { return dt__pipe_optim_slots(d); }
-
-static int pipe_gather(dt_strategy *s, int32_t *flags) {
-  pipe_impl *d = s->impl;
-  if (s->comm && s->nranks > 1) {
-    /* after every step: the other ranks wait here for rank 0 (stage 0)
-     * to finish its step; that is waiting for a stage, counted as such */
-    double t0 = dt_now();
-    int rc = dt_comm_broadcast(s->comm, flags, 1, DT_I32, 0);
-    d->agree_s += dt_now() - t0;
-    if (rc < 0) return dt__pipe_comm_err(s, rc, "agreeing on a checkpoint");
-  }
-  if (!(*flags & DT__CK_TAKE)) return DT_OK;
-  /* the stage's whole optimizer state on replica 0 (with ZeRO-1 its
-   * replicas' blocks put together) */
-  const float *state = NULL;
-  DT_CHECK(dt__pipe_optim_whole(s, d, &state));
-  if (!d->pcomm || d->replica != 0) return DT_OK;
-  const size_t slots = optim_slots(d);
-  float *params = dt_model_params(s->model), *bufs = dt_model_bufs(s->model);
-  dt_comm *c = d->pcomm;
-  int rc = DT_OK;
-  if (d->stage) {
-    const int t = d->stage;
-    if (d->part.params[t])
-      rc = dt_comm_send(c, 0, TAG_CKPT, params + d->part.param_off[t],
-                        d->part.params[t] * sizeof(float));
-    if (rc == DT_OK && d->part.nbufs[t])
-      rc = dt_comm_send(c, 0, TAG_CKPT, bufs + d->part.buf_off[t], d->part.nbufs[t] * sizeof(float));
-    if (rc == DT_OK && slots && d->part.params[t])
-      rc = dt_comm_send(c, 0, TAG_CKPT, state, slots * d->part.params[t] * sizeof(float));
-    if (rc == DT_OK) rc = dt_comm_send(c, 0, TAG_CKPT, dt__pipe_optim_count(d), sizeof(int64_t));
-    return rc < 0 ? dt__pipe_comm_err(s, rc, "sending a stage's state for a checkpoint") : DT_OK;
-  }
-  if (!d->ck_ostep) {
-    size_t total = 0;
-    for (int t = 1; t < d->P; t++) total += slots * d->part.params[t];
-    d->ck_optim = dt_alloc((total ? total : 1) * sizeof(float));
-    d->ck_ostep = calloc((size_t)d->P, sizeof *d->ck_ostep);
-    if (!d->ck_optim || !d->ck_ostep)
-      return dt__seterr(DT_ENOMEM, "pipeline checkpoint: out of memory for the stages' state");
-  }
-  float *o = d->ck_optim;
-  for (int t = 1; t < d->P && rc == DT_OK; t++) {
-    if (d->part.params[t])
-      rc = dt_comm_recv(c, t, TAG_CKPT, params + d->part.param_off[t],
-                        d->part.params[t] * sizeof(float));
-    if (rc == DT_OK && d->part.nbufs[t])
-      rc = dt_comm_recv(c, t, TAG_CKPT, bufs + d->part.buf_off[t], d->part.nbufs[t] * sizeof(float));
-    if (rc == DT_OK && slots && d->part.params[t])
-      rc = dt_comm_recv(c, t, TAG_CKPT, o, slots * d->part.params[t] * sizeof(float));
-    if (rc == DT_OK) rc = dt_comm_recv(c, t, TAG_CKPT, &d->ck_ostep[t], sizeof(int64_t));
-    o += slots * d->part.params[t];
-  }
-  return rc < 0 ? dt__pipe_comm_err(s, rc, "gathering the stages' state for a checkpoint") : DT_OK;
-}
-
-/* Rank 0 (stage 0 of replica 0), after pipe_gather (or alone: P = 1). */
-static int pipe_export(dt_strategy *s, const dt_state_writer *w) {
-  pipe_impl *d = s->impl;
-  if (!w->put_file)
-    return dt__seterr(DT_ENOTSUP, "strategy '%s': the stages' state needs a checkpoint with "
-                      "files of their own", s->ops->name);
-  if (d->P > 1 && !d->ck_ostep)
-    return dt__seterr(DT_EINVAL, "strategy '%s': the stages' state was not gathered",
-                      s->ops->name);
-  const size_t slots = optim_slots(d);
-  const int32_t P = d->P;
-  const float *state0 = d->zero ? d->zfull : dt_optim_state(d->optim);
-  if (!state0) DT_CHECK(dt__pipe_optim_whole(s, d, &state0)); /* ZeRO-1 alone (R = 1) */
-  int64_t *span = malloc(2 * (size_t)P * sizeof *span);
-  if (!span) return dt__seterr(DT_ENOMEM, "pipeline checkpoint: out of memory");
-  for (int t = 0; t < P; t++) {
-    span[2 * t] = (int64_t)d->part.param_off[t];
-    span[2 * t + 1] = (int64_t)d->part.params[t];
-  }
-  /* the optimizer's step count: every stage with parameters has the same
-   * (a stage without any never steps) */
-  int64_t ostep = *dt__pipe_optim_count(d);
-  for (int t = 1; t < P; t++)
-    if (d->ck_ostep[t] > ostep) ostep = d->ck_ostep[t];
-  int rc = w->put(w->ud, "step", &s->step, sizeof s->step);
-  if (rc == DT_OK) rc = w->put(w->ud, "optim_step", &ostep, sizeof ostep);
-  if (rc == DT_OK) rc = w->put(w->ud, "pipe.stages", &P, sizeof P);
-  if (rc == DT_OK) rc = w->put(w->ud, "pipe.spans", span, 2 * (size_t)P * sizeof *span);
-  free(span);
-  const float *o = d->ck_optim;
-  for (int t = 0; t < P && rc == DT_OK; t++) {
-    char file[64], owner[32];
-    snprintf(file, sizeof file, "stage-%d.safetensors", t);
-    snprintf(owner, sizeof owner, "stage-%d", t);
-    const int64_t *os = t ? &d->ck_ostep[t] : dt__pipe_optim_count(d);
-    const float *state = t ? o : state0;
-    const size_t n = slots * d->part.params[t];
-    rc = w->put_file(w->ud, file, owner, "optim_step", os, sizeof *os);
-    if (rc == DT_OK && n) rc = w->put_file(w->ud, file, owner, "optim", state, n * sizeof(float));
-    if (t) o += n;
-  }
-  return rc;
-}
 
 static int pipe_import(dt_strategy *s, const dt_state_reader *r) {
   pipe_impl *d = s->impl;
@@ -663,8 +558,8 @@ static int pipe_import(dt_strategy *s, const dt_state_reader *r) {
     .step_begin = pipe_step_begin, .run_pieces = pipe_run, .backward_begin = NULL,               \
     .grad_ready = NULL, .step_finish = pipe_step_finish, .eval_begin = pipe_eval_begin,          \
     .evaluate = dt__pipe_evaluate,                                                               \
-    .eval_reduce = pipe_eval_reduce, .epoch_end = pipe_epoch_end, .state_gather = pipe_gather,   \
-    .state_export = pipe_export, .state_import = pipe_import,                                    \
+    .eval_reduce = pipe_eval_reduce, .epoch_end = pipe_epoch_end, .state_gather = dt__pipe_gather,   \
+    .state_export = dt__pipe_export, .state_import = pipe_import,                                    \
     .membership_change = dt__strategy_no_membership,                                             \
     .run_end = pipe_run_end, .teardown = pipe_teardown,                                          \
   }
