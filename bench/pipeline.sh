@@ -211,6 +211,30 @@ print(f"speed-up {st.median(ratio):.2f}x (median of {len(ratio)} paired rounds);
 both = st.median(one) / (st.median(x[1] for x in rows[0]) + st.median(x[1] for x in rows[1]))
 print(f"both stages' compute together: {1 / both:.2f} of one process's step; with a perfect split "
       f"and no waiting 2 stages reach at most {2 * both:.2f}x")
+# each stage's time line (rank 0's "pipeline time per step" lines, ms per
+# step): medians over the rounds, and each part against the stage's share
+# of one process's step (the same split of the model's GEMM work)
+keys = ["forward", "backward", "packing", "weight gradients", "optimizer", "receiving", "sends",
+        "replica reduction", "checkpoint agreement"]
+ph = [[], []]
+for i in range(1, reps + 1):
+    try:
+        txt = open(f"{out}/bd2_{i}.log").read()
+    except OSError:
+        continue
+    for r in (0, 1):
+        m = re.search(rf"^stage {r}: forward .*$", txt, re.M)
+        if m:
+            ph[r].append([float(re.search(rf"{k} ([0-9.]+)", m.group(0)).group(1)) for k in keys])
+for r in (0, 1):
+    if not ph[r] or not rows[r]:
+        continue
+    med = [st.median(x[k] for x in ph[r]) for k in range(len(keys))]
+    share = st.median(x[4] for x in rows[r]) * st.median(one)
+    print(f"stage {r} time line (ms per step, medians): " + ", ".join(f"{k} {v:.1f}" for k, v in zip(keys, med)))
+    print(f"stage {r}: forward + backward + weight gradients = {sum(med[:4]):.1f} ms against its share of "
+          f"one process's step {share:.1f} ms ({sum(med[:4]) / share:.2f}); per micro-batch "
+          f"forward {med[0] / 8:.2f} ms, backward {med[1] / 8:.2f} ms")
 PY
 fi
 

@@ -32,6 +32,8 @@ typedef struct pipe_impl {
   uint64_t sent0, recv0;
   double reduce_s;
   double agree_s;    /* waiting in the per-step checkpoint agreement (pipe_gather) */
+  double opt_s;      /* the optimizer steps on the stage's span */
+  int64_t nsteps;    /* steps of this run */
   size_t act_bytes;  /* this stage's activation memory (dt_pipe_act_bytes) */
   /* checkpoints, rank 0 (pipeline_ckpt.c): the other stages' state goes
    * to a spill file (two alternate), never to memory */

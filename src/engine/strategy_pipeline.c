@@ -415,8 +415,48 @@ static int pipe_step_finish(dt_strategy *s, float lr) {
     d->reduce_s += dt_now() - t0;
     if (rc < 0) return dt__pipe_comm_err(s, rc, "stage gradient allreduce");
   }
+  double t0 = dt_now();
   if (n) DT_CHECK(dt__pipe_optim_step(s, d, dt_model_params(s->model) + off, g, lr));
+  d->opt_s += dt_now() - t0;
+  d->nsteps++;
   s->step++;
+  return DT_OK;
+}
+
+/* Rank 0, at the end of a run with P > 1: where each stage's steps went
+ * (ms per step, replica 0's stages; one allgather of every rank's
+ * phases). Compute is forward + backward + packing + weight gradients;
+ * waiting is receiving + send completions + replica reduction + the
+ * checkpoint agreement (ranks > 0 wait there for stage 0's step). */
+#define NPH 9
+static int print_phases(dt_strategy *s, pipe_impl *d) {
+  dt_pipe_phase ph;
+  dt_pipe_phases(d->pipe, &ph);
+  double me[NPH] = {ph.fwd, ph.bwd, ph.pack, ph.wgrad, d->opt_s, ph.recv, ph.send,
+                    d->reduce_s, d->agree_s};
+  double *all = calloc((size_t)s->nranks * NPH, sizeof *all);
+  if (!all) return dt__seterr(DT_ENOMEM, "pipeline: out of memory");
+  int rc = dt_comm_allgather(s->comm, me, all, NPH, DT_F64);
+  if (rc < 0) {
+    free(all);
+    return dt__pipe_comm_err(s, rc, "the stages' time lines");
+  }
+  if (s->rank == 0 && d->nsteps > 0) {
+    char buf[2048];
+    size_t at = 0;
+    const double k = 1000.0 / (double)d->nsteps;
+    for (int t = 0; t < d->P && at < sizeof buf; t++) {
+      const double *x = all + (size_t)t * NPH;
+      at += (size_t)snprintf(buf + at, sizeof buf - at,
+                             "%sstage %d: forward %.2f, backward %.2f, packing %.2f, weight "
+                             "gradients %.2f, optimizer %.2f; receiving %.2f, sends %.2f, replica "
+                             "reduction %.2f, checkpoint agreement %.2f",
+                             t ? "\n" : "", t, k * x[0], k * x[1], k * x[2], k * x[3], k * x[4],
+                             k * x[5], k * x[6], k * x[7], k * x[8]);
+    }
+    DT_LOG_INFO("pipeline time per step (ms, %lld steps):\n%s", (long long)d->nsteps, buf);
+  }
+  free(all);
   return DT_OK;
 }
 
@@ -498,6 +538,7 @@ static int pipe_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *al
   pipe_impl *d = s->impl;
   if (d->P > 1) {
     DT_CHECK(dt__pipe_end_check(s, d));
+    DT_CHECK(print_phases(s, d));
   } else if (s->comm) {
     int rc = dt_ddp_check_params(s->model, s->comm);
     if (rc < 0) return dt__preerr(rc, "rank %d", s->rank);

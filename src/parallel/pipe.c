@@ -47,6 +47,9 @@ struct dt_pipe {
   int G;                     /* gpipe recompute: micro-batches recomputed and backward at once */
   float *xg;                 /* G > 1, stages after the first: a group's inputs, contiguous */
   double compute_s, wait_s;
+  /* parts of compute_s and wait_s (dt_pipe_phases): forwards, weight
+   * packing, deferred weight gradients; receives, send completions */
+  double fwd_s, pack_s, wgrad_s, recv_s, send_s;
   dt_grad_ready_fn ready;    /* the stage's gradient spans, once final each step */
   void *ready_ud;
 };
@@ -211,6 +214,15 @@ void dt_pipe_times(const dt_pipe *p, double *compute_s, double *wait_s) {
   *wait_s = p->wait_s;
 }
 
+void dt_pipe_phases(const dt_pipe *p, dt_pipe_phase *ph) {
+  ph->fwd = p->fwd_s;
+  ph->pack = p->pack_s;
+  ph->wgrad = p->wgrad_s;
+  ph->bwd = p->compute_s - p->fwd_s - p->pack_s - p->wgrad_s;
+  ph->recv = p->recv_s;
+  ph->send = p->send_s;
+}
+
 /* A communication failure, naming both ends. */
 static int comm_err(dt_pipe *p, int rc, const char *what, int j, int peer) {
   dt_comm *c = p->c.comm;
@@ -226,7 +238,9 @@ static int wait_send(dt_pipe *p, dt_comm_req *req, int *pend, int peer, int j) {
   *pend = 0;
   int64_t t0 = dt_now_ns();
   int rc = dt_comm_waitall(p->c.comm, req, 1);
-  p->wait_s += dt_obs_lap(p->obs, p->m_send, "send", 0, t0, j);
+  double w = dt_obs_lap(p->obs, p->m_send, "send", 0, t0, j);
+  p->wait_s += w;
+  p->send_s += w;
   return rc < 0 ? comm_err(p, rc, "sending", j, peer) : DT_OK;
 }
 
@@ -234,7 +248,9 @@ static int recv_msg(dt_pipe *p, int peer, int tag, void *buf, size_t bytes, int 
                     const char *what) {
   int64_t t0 = dt_now_ns();
   int rc = dt_comm_recv(p->c.comm, peer, tag, buf, bytes);
-  p->wait_s += dt_obs_lap(p->obs, p->m_recv, "recv", 0, t0, j);
+  double w = dt_obs_lap(p->obs, p->m_recv, "recv", 0, t0, j);
+  p->wait_s += w;
+  p->recv_s += w;
   return rc < 0 ? comm_err(p, rc, what, j, peer) : DT_OK;
 }
 
@@ -275,12 +291,16 @@ static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t 
     DT_CHECK(wait_send(p, &p->areq[slot], &p->apend[slot], s + 1, j));
     size_t bytes = (size_t)n * p->out_dim * sizeof(float);
     if (!p->c.det) memcpy(p->aout[slot], dt_model_logits(p->inst[k]), bytes);
-    p->compute_s += dt_now() - t0;
+    double t = dt_now() - t0;
+    p->compute_s += t;
+    p->fwd_s += t;
     int rc = dt_comm_isend(p->c.comm, s + 1, TAG_ACT + j, p->aout[slot], bytes, &p->areq[slot]);
     if (rc < 0) return comm_err(p, rc, "sending activations of", j, s + 1);
     p->apend[slot] = 1;
   } else {
-    p->compute_s += dt_now() - t0;
+    double t = dt_now() - t0;
+    p->compute_s += t;
+    p->fwd_s += t;
   }
   return DT_OK;
 }
@@ -332,7 +352,9 @@ static int det_backward(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, 
 static void wflush(dt_pipe *p) {
   double t0 = dt_now();
   dt__model_wgrad_flush(p->inst[0], p->wst, p->wrows, p->wflushed > 0);
-  p->compute_s += dt_now() - t0;
+  double t = dt_now() - t0;
+  p->compute_s += t;
+  p->wgrad_s += t;
   p->wflushed++;
   p->wrows = 0;
 }
@@ -531,7 +553,9 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
      * checkpoint's import, a broadcast): pack them for this step */
     double t0 = dt_now();
     dt__wpack_refresh(p->wpk, p->inst[0]);
-    p->compute_s += dt_now() - t0;
+    double t = dt_now() - t0;
+    p->compute_s += t;
+    p->pack_s += t;
   }
   p->wrows = p->wflushed = 0;
   if (p->c.schedule == DT_PIPE_GPIPE) {
@@ -564,7 +588,9 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
       double t0 = dt_now();
       dt__model_wgrad_flush_ready(p->inst[0], p->wst, rows, p->wflushed > 0, p->ready,
                                   p->ready_ud);
-      p->compute_s += dt_now() - t0;
+      double t = dt_now() - t0;
+      p->compute_s += t;
+      p->wgrad_s += t;
       if (rows) p->wflushed++, p->wrows = 0;
     }
     return rc;

@@ -109,6 +109,12 @@ size_t dt_pipe_act_bytes(const dt_pipe *p, int *models, int *slots);
 /* Seconds this stage spent computing and waiting for its neighbours over
  * every step so far (the bubble is the waiting share). */
 void dt_pipe_times(const dt_pipe *p, double *compute_s, double *wait_s);
+/* The same seconds by phase: compute = fwd + bwd + pack + wgrad (bwd:
+ * backwards, recomputation and the rest), wait = recv + send. */
+typedef struct dt_pipe_phase {
+  double fwd, bwd, pack, wgrad, recv, send;
+} dt_pipe_phase;
+void dt_pipe_phases(const dt_pipe *p, dt_pipe_phase *ph);
 
 /* ---- evaluation through the stages (pipe_eval.c) ---- */
 
