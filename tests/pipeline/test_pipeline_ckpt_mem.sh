@@ -35,6 +35,9 @@ train() { # NAME ARGS... — a run that must succeed, into $T/NAME
 }
 
 # --- rank 0's memory: checkpoints every step against none ---------------------
+# (an ASan build keeps freed blocks in quarantine, so every checkpoint's
+# short-lived buffers would add up in the peak: reuse them at once)
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=0:thread_local_quarantine_size_kb=0"
 if train nock "${P2[@]}" && train ck "${P2[@]}" --set ckpt.every_steps=1; then
   a=$(rss0 "$T/nock") b=$(rss0 "$T/ck")
   # stage 1's parameters: layers 3.. of the MLP (64*2048+2048 + 2048*2048+2048 + 2048*10+10)
