@@ -254,6 +254,13 @@ static int recv_msg(dt_pipe *p, int peer, int tag, void *buf, size_t bytes, int 
   return rc < 0 ? comm_err(p, rc, what, j, peer) : DT_OK;
 }
 
+/* Seconds since t0 less what went into waits for sends and into weight
+ * gradient flushes meanwhile (they are counted as such), given the
+ * counters' values at t0. */
+static double lap(const dt_pipe *p, double t0, double send0, double wg0) {
+  return dt_now() - t0 - (p->send_s - send0) - (p->wgrad_s - wg0);
+}
+
 /* Forward of micro-batch j. */
 static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t step) {
   const int s = p->c.stage, P = p->c.nstages, slot = j % p->S, n = mb[j].n;
@@ -266,7 +273,8 @@ static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t 
   }
   int k = p->K == 1 ? 0 : j % p->K;
   dt_step_ctx ctx = {1, seed, step, mb[j].sample0};
-  double t0 = dt_now();
+  /* the waits for earlier sends inside are waiting, not forward */
+  double t0 = dt_now(), sent0 = p->send_s, wg0 = p->wgrad_s;
   if (p->c.det) {
     /* micro-shard by micro-shard, running statistics untouched (the
      * backward's repeat is the forward that counts) */
@@ -291,14 +299,14 @@ static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t 
     DT_CHECK(wait_send(p, &p->areq[slot], &p->apend[slot], s + 1, j));
     size_t bytes = (size_t)n * p->out_dim * sizeof(float);
     if (!p->c.det) memcpy(p->aout[slot], dt_model_logits(p->inst[k]), bytes);
-    double t = dt_now() - t0;
+    double t = lap(p, t0, sent0, wg0);
     p->compute_s += t;
     p->fwd_s += t;
     int rc = dt_comm_isend(p->c.comm, s + 1, TAG_ACT + j, p->aout[slot], bytes, &p->areq[slot]);
     if (rc < 0) return comm_err(p, rc, "sending activations of", j, s + 1);
     p->apend[slot] = 1;
   } else {
-    double t = dt_now() - t0;
+    double t = lap(p, t0, sent0, wg0);
     p->compute_s += t;
     p->fwd_s += t;
   }
@@ -368,7 +376,7 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
   if (s < P - 1 && (p->c.det || p->inst_mb[k] == j))
     DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin, ((size_t)n * p->out_dim + 2) * sizeof(float),
                       j, "receiving gradients of"));
-  double t0 = dt_now();
+  double t0 = dt_now(), sent0 = p->send_s, wg0 = p->wgrad_s;
   if (p->c.det) {
     DT_CHECK(wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
     DT_CHECK(det_backward(p, mb, j, seed, step, loss, correct));
@@ -376,13 +384,13 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
       size_t nd = (size_t)n * p->in_dim;
       p->gout[slot][nd] = loss[j];
       p->gout[slot][nd + 1] = (float)correct[j];
-      p->compute_s += dt_now() - t0;
+      p->compute_s += lap(p, t0, sent0, wg0);
       int rc = dt_comm_isend(p->c.comm, s - 1, TAG_GRAD + j, p->gout[slot],
                              (nd + 2) * sizeof(float), &p->greq[slot]);
       if (rc < 0) return comm_err(p, rc, "sending gradients of", j, s - 1);
       p->gpend[slot] = 1;
     } else {
-      p->compute_s += dt_now() - t0;
+      p->compute_s += lap(p, t0, sent0, wg0);
     }
     return DT_OK;
   }
@@ -398,10 +406,10 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
     /* the repeat needs only the kept input: it ran while the gradients
      * were on their way */
     if (s < P - 1) {
-      p->compute_s += dt_now() - t0;
+      p->compute_s += lap(p, t0, sent0, wg0);
       DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin,
                         ((size_t)n * p->out_dim + 2) * sizeof(float), j, "receiving gradients of"));
-      t0 = dt_now();
+      t0 = dt_now(), sent0 = p->send_s, wg0 = p->wgrad_s;
     }
   }
   dt__model_set_accum(m, !first, (float)n / (float)n_global);
@@ -426,13 +434,13 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
     memcpy(g, dx, nd * sizeof(float));
     g[nd] = loss[j];
     g[nd + 1] = (float)correct[j];
-    p->compute_s += dt_now() - t0;
+    p->compute_s += lap(p, t0, sent0, wg0);
     int rc = dt_comm_isend(p->c.comm, s - 1, TAG_GRAD + j, g, (nd + 2) * sizeof(float),
                            &p->greq[slot]);
     if (rc < 0) return comm_err(p, rc, "sending gradients of", j, s - 1);
     p->gpend[slot] = 1;
   } else {
-    p->compute_s += dt_now() - t0;
+    p->compute_s += lap(p, t0, sent0, wg0);
   }
   p->inst_mb[k] = -1;
   /* a full group (recompute's bounded stash): its weight gradients now,
