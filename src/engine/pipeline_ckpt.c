@@ -10,13 +10,13 @@
  * its span of the parameters and running statistics, its optimizer state
  * and its step count to rank 0 in chunks of CK_CHUNK floats, and rank 0
  * puts each chunk straight into a spill file (an unlinked file in the
- * checkpoint root) instead of its memory. The snapshot then names those
- * bytes by their place in the spill file (dt_strategy.ckpt_spill,
- * dt__st_add_fd) and copies only stage 0's own span; the background
- * writer reads the spilled tensors in bounded chunks as it writes the
- * checkpoint. So rank 0 holds stage 0's state, one chunk and the snapshot
- * of its own span — never the other stages' parameters or optimizer state
- * (tests/pipeline/test_pipeline_ckpt_mem.sh).
+ * checkpoint root) instead of its memory, after stage 0's own state
+ * (written from its buffers). The snapshot then names those bytes by
+ * their place in the spill file (dt_strategy.ckpt_spill, dt__st_add_fd)
+ * and copies none of them; the background writer reads them in bounded
+ * chunks as it writes the checkpoint. So at a checkpoint rank 0 holds one
+ * chunk more than between checkpoints — never the other stages' state,
+ * nor a copy of its own (tests/pipeline/test_pipeline_ckpt_mem.sh).
  *
  * Two spill files alternate: the writer may still be writing checkpoint
  * N (from one) while checkpoint N + 1 is gathered (into the other); the
@@ -71,26 +71,31 @@ static int send_seg(dt_comm *c, const float *p, size_t n) {
   return DT_OK;
 }
 
+/* n floats at p into the spill at byte foff; a failure is remembered in
+ * *werr (errno) and later writes skipped. */
+static void spill_put(int fd, const float *p, size_t n, uint64_t foff, int *werr) {
+  const char *b = (const char *)p;
+  size_t len = n * sizeof(float);
+  while (len && !*werr) {
+    ssize_t w = pwrite(fd, b, len, (off_t)foff);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      *werr = w < 0 ? errno : ENOSPC;
+      break;
+    }
+    b += w, len -= (size_t)w, foff += (uint64_t)w;
+  }
+}
+
 /* n floats from stage t into the spill at byte foff. A failed write is
- * remembered in *werr (errno) and the rest still received, so the stages
- * stay in step; the checkpoint is then not taken (pipe_export). */
+ * remembered in *werr and the rest still received, so the stages stay in
+ * step; the checkpoint is then not taken (dt__pipe_export). */
 static int recv_seg(dt_comm *c, int t, float *buf, int fd, uint64_t foff, size_t n, int *werr) {
   for (size_t at = 0; at < n; at += CK_CHUNK) {
     size_t k = n - at < CK_CHUNK ? n - at : CK_CHUNK;
     int rc = dt_comm_recv(c, t, TAG_CKPT, buf, k * sizeof(float));
     if (rc < 0) return rc;
-    const char *p = (const char *)buf;
-    size_t len = k * sizeof(float);
-    uint64_t o = foff + at * sizeof(float);
-    while (len && !*werr) {
-      ssize_t w = pwrite(fd, p, len, (off_t)o);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        *werr = w < 0 ? errno : ENOSPC;
-        break;
-      }
-      p += w, len -= (size_t)w, o += (uint64_t)w;
-    }
+    spill_put(fd, buf, k, foff + at * sizeof(float), werr);
   }
   return DT_OK;
 }
@@ -142,8 +147,20 @@ int dt__pipe_gather(dt_strategy *s, int32_t *flags) {
     *fd = spill_open(s->ckpt_root);
     if (*fd < 0) werr = errno ? errno : EIO; /* still receive: the stages are sending */
   }
+  /* stage 0's own state first, straight from its buffers: the snapshot
+   * then copies nothing of it either (it would be a copy of the stage's
+   * parameters and optimizer state in rank 0's memory) */
   uint64_t foff = 0;
   int nr = 0;
+  d->ck_range[nr++] = (dt_ckpt_range){0, pt->param_off[0], pt->params[0], foff};
+  spill_put(*fd, dt_model_params(s->model) + pt->param_off[0], pt->params[0], foff, &werr);
+  foff += pt->params[0] * sizeof(float);
+  if (pt->nbufs[0]) d->ck_range[nr++] = (dt_ckpt_range){1, pt->buf_off[0], pt->nbufs[0], foff};
+  spill_put(*fd, dt_model_bufs(s->model) + pt->buf_off[0], pt->nbufs[0], foff, &werr);
+  foff += pt->nbufs[0] * sizeof(float);
+  d->ck_ooff[0] = foff;
+  if (slots) spill_put(*fd, state, slots * pt->params[0], foff, &werr);
+  foff += slots * pt->params[0] * sizeof(float);
   for (int t = 1; t < d->P && rc == DT_OK; t++) {
     d->ck_range[nr++] = (dt_ckpt_range){0, pt->param_off[t], pt->params[t], foff};
     rc = recv_seg(c, t, d->ck_buf, *fd, foff, pt->params[t], &werr);
@@ -204,7 +221,7 @@ int dt__pipe_export(dt_strategy *s, const dt_state_writer *w) {
     const size_t n = slots * d->part.params[t];
     rc = w->put_file(w->ud, file, owner, "optim_step", os, sizeof *os);
     if (rc != DT_OK || !n) continue;
-    if (t) /* in the spill file (dt__pipe_gather) */
+    if (d->P > 1) /* in the spill file (dt__pipe_gather) */
       rc = w->put_file_fd(w->ud, file, owner, "optim", d->ck_spill.fd, d->ck_ooff[t],
                           n * sizeof(float));
     else
