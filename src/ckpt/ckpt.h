@@ -133,7 +133,9 @@ typedef struct dt_ckpt_file {
 } dt_ckpt_file;
 
 /* A snapshot owns copies of everything it will write (made on the training
- * thread) so a background thread can write it while training goes on.
+ * thread) so a background thread can write it while training goes on —
+ * or names bytes in a file its maker keeps unchanged until the write is
+ * done (dt__st_add_fd: pipeline stages' state spilled by rank 0).
  * Memory blocks are kept between snapshots and reused when the sizes
  * repeat, so a periodic checkpoint allocates nothing after the first. */
 typedef struct dt_ckpt_snap {

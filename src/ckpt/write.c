@@ -8,8 +8,9 @@
  * state or the new one plus, at worst, a .tmp directory the next writer
  * removes; a reader never trusts a directory without a valid manifest.
  *
- * Also the snapshot itself (memory the training thread fills) and the
- * file writer with a running hash. It does not decide what is saved or
+ * Also the snapshot itself (memory the training thread fills; tensors
+ * may instead live in a file, read back in 1 MiB chunks as they are
+ * written and hashed) and the file writer with a running hash. It does not decide what is saved or
  * when (the engine does), and it never prints: errors name the path.
  */
 #define _GNU_SOURCE /* sync_file_range */
