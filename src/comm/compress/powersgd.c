@@ -211,6 +211,126 @@ void dt__cz_psgd_pq(const float *M, int rows, int cols, const float *P, int r, c
     }
   }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+/* AVX2 (16 registers of 8 lanes): the same blocking with up to 4 columns
+ * of P/Q per pass (two registers hold a dot's 16 lane sums), Q's partial
+ * sums in 16-column chunks and E's/G's in 8-column chunks; each element
+ * sees the same fused multiply-adds in the same order as above. */
+static inline __m256i tail8(int left) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline __attribute__((always_inline)) void p_block(const float *restrict row,
+                                                          const float *restrict Q, int cols,
+                                                          float *restrict P, int JB) {
+  __m256 lo[4], hi[4];
+  for (int jb = 0; jb < JB; jb++) lo[jb] = hi[jb] = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= cols; i += 16) {
+    __m256 m0 = _mm256_loadu_ps(row + i), m1 = _mm256_loadu_ps(row + i + 8);
+    for (int jb = 0; jb < JB; jb++) {
+      lo[jb] = _mm256_fmadd_ps(m0, _mm256_loadu_ps(Q + (size_t)jb * cols + i), lo[jb]);
+      hi[jb] = _mm256_fmadd_ps(m1, _mm256_loadu_ps(Q + (size_t)jb * cols + i + 8), hi[jb]);
+    }
+  }
+  for (int jb = 0; jb < JB; jb++) {
+    float t[16];
+    _mm256_storeu_ps(t, lo[jb]);
+    _mm256_storeu_ps(t + 8, hi[jb]);
+    float s = 0;
+    for (int l = 0; l < 16; l++) s += t[l];
+    const float *b = Q + (size_t)jb * cols;
+    for (int k = i; k < cols; k++) s = fmaf(row[k], b[k], s);
+    P[jb] = s;
+  }
+}
+
+void dt__cz_psgd_pmq(const float *M, int rows, int cols, const float *Q, int r, float *P) {
+  for (int a = 0; a < rows; a++) {
+    const float *row = M + (size_t)a * cols;
+    float *pa = P + (size_t)a * r;
+    for (int j = 0; j < r; j += 4) {
+      const float *qj = Q + (size_t)j * cols;
+      switch (r - j >= 4 ? 4 : r - j) {
+      case 1: p_block(row, qj, cols, pa + j, 1); break;
+      case 2: p_block(row, qj, cols, pa + j, 2); break;
+      case 3: p_block(row, qj, cols, pa + j, 3); break;
+      default: p_block(row, qj, cols, pa + j, 4); break;
+      }
+    }
+  }
+}
+
+/* Q_j[c..c+16) = sum over rows a of P[a][j] M[a][c..], j in j0..j0+JB */
+static inline __attribute__((always_inline)) void q_block(const float *restrict M, int rows,
+                                                          int cols, const float *restrict P,
+                                                          int r, int j0, int c,
+                                                          float *restrict Q, int JB) {
+  __m256i k0 = tail8(cols - c), k1 = tail8(cols - c - 8);
+  __m256 a0[4], a1[4];
+  for (int jb = 0; jb < JB; jb++) a0[jb] = a1[jb] = _mm256_setzero_ps();
+  for (int a = 0; a < rows; a++) {
+    const float *mr = M + (size_t)a * cols + c;
+    __m256 m0 = _mm256_maskload_ps(mr, k0), m1 = _mm256_maskload_ps(mr + 8, k1);
+    const float *pa = P + (size_t)a * r + j0;
+    for (int jb = 0; jb < JB; jb++) {
+      __m256 p = _mm256_set1_ps(pa[jb]);
+      a0[jb] = _mm256_fmadd_ps(p, m0, a0[jb]);
+      a1[jb] = _mm256_fmadd_ps(p, m1, a1[jb]);
+    }
+  }
+  for (int jb = 0; jb < JB; jb++) {
+    float *q = Q + (size_t)(j0 + jb) * cols + c;
+    _mm256_maskstore_ps(q, k0, a0[jb]);
+    _mm256_maskstore_ps(q + 8, k1, a1[jb]);
+  }
+}
+
+void dt__cz_psgd_qmtp(const float *M, int rows, int cols, const float *P, int r, float *Q) {
+  for (int j = 0; j < r; j += 4)
+    for (int c = 0; c < cols; c += 16) {
+      switch (r - j >= 4 ? 4 : r - j) {
+      case 1: q_block(M, rows, cols, P, r, j, c, Q, 1); break;
+      case 2: q_block(M, rows, cols, P, r, j, c, Q, 2); break;
+      case 3: q_block(M, rows, cols, P, r, j, c, Q, 3); break;
+      default: q_block(M, rows, cols, P, r, j, c, Q, 4); break;
+      }
+    }
+}
+
+/* out = (M ? M : 0) + sgn * P Q^T for NB rows from row a0 (as above) */
+static inline __attribute__((always_inline)) void pq_block(const float *M, int a0, int cols,
+                                                           const float (*pk)[64], int r,
+                                                           const float *Q, float *out, int NB) {
+  for (int c = 0; c < cols; c += 8) {
+    __m256i k = tail8(cols - c);
+    __m256 e[4];
+    for (int b = 0; b < NB; b++)
+      e[b] = M ? _mm256_maskload_ps(M + (size_t)(a0 + b) * cols + c, k) : _mm256_setzero_ps();
+    for (int j = 0; j < r; j++) {
+      __m256 q = _mm256_maskload_ps(Q + (size_t)j * cols + c, k);
+      for (int b = 0; b < NB; b++) e[b] = _mm256_fmadd_ps(_mm256_set1_ps(pk[b][j]), q, e[b]);
+    }
+    for (int b = 0; b < NB; b++) _mm256_maskstore_ps(out + (size_t)(a0 + b) * cols + c, k, e[b]);
+  }
+}
+
+void dt__cz_psgd_pq(const float *M, int rows, int cols, const float *P, int r, const float *Q,
+                    float sgn, float *out) {
+  float pk[4][64];
+  for (int a0 = 0; a0 < rows; a0 += 4) {
+    int nb = rows - a0 >= 4 ? 4 : rows - a0;
+    for (int b = 0; b < nb; b++)
+      for (int j = 0; j < r; j++) pk[b][j] = sgn * P[(size_t)(a0 + b) * r + j];
+    switch (nb) {
+    case 1: pq_block(M, a0, cols, (const float(*)[64])pk, r, Q, out, 1); break;
+    case 2: pq_block(M, a0, cols, (const float(*)[64])pk, r, Q, out, 2); break;
+    case 3: pq_block(M, a0, cols, (const float(*)[64])pk, r, Q, out, 3); break;
+    default: pq_block(M, a0, cols, (const float(*)[64])pk, r, Q, out, 4); break;
+    }
+  }
+}
 #else
 /* The portable products: the same chains of fused multiply-adds as the
  * AVX-512 kernels (explicit fmaf, so the bits do not depend on whether the
