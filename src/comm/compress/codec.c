@@ -318,7 +318,8 @@ void dt__cz_from_f16(const uint16_t *restrict h, float *restrict out, size_t n, 
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) {
     __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i)));
-    if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(out + i));
+    /* 0 + v when !add, as the scalar loop (-0 becomes +0) */
+    v = _mm512_add_ps(add ? _mm512_loadu_ps(out + i) : _mm512_setzero_ps(), v);
     _mm512_storeu_ps(out + i, v);
   }
 #elif defined(__AVX2__) && defined(__F16C__)
@@ -470,8 +471,10 @@ static void quantize(const float *restrict x, int8_t *restrict q, float *resid, 
                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
           l = _mm512_max_ps(_mm512_min_ps(l, vlim), vnlim);
         }
-        _mm_storeu_si128((__m128i *)(qs + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(l)));
-        if (rs) _mm512_storeu_ps(rs + i, _mm512_fnmadd_ps(l, vstep, v));
+        __m512i qi = _mm512_cvtps_epi32(l);
+        _mm_storeu_si128((__m128i *)(qs + i), _mm512_cvtepi32_epi8(qi));
+        /* the int8 value back in float, as the scalar loop (qsgd: -0 -> +0) */
+        if (rs) _mm512_storeu_ps(rs + i, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qi), vstep, v));
       }
     }
   }
