@@ -390,6 +390,23 @@ AVX512 static int add_wgrad_avx512(int64_t *restrict acc, const dt_fix_wseg *sg,
  * range is 2^51 or more (a gradient above 2^19 at weight 1: not seen in
  * practice) is redone in scalar with dt_fix_add's own expression. */
 #define AVX2 __attribute__((target("avx2")))
+/* Value l of every slot, in scalar, with dt_fix_add's expression (sd[j] =
+ * ws[j] * 2^32): a block add_slots_avx2 cannot round, and its tail. The
+ * number of terms out of range. */
+static size_t add_slots_one(int64_t *restrict acc, const float *const *xs, const double *sd,
+                            int k, size_t l, double bound, int store) {
+  size_t bad = 0;
+  int64_t v = store ? 0 : acc[l];
+  for (int j = 0; j < k; j++) {
+    double y = (double)xs[j][l] * sd[j];
+    int ok = fabs(y) <= bound;
+    bad += !ok;
+    v += (int64_t)(ok ? rint(y) : 0.0);
+  }
+  acc[l] = v;
+  return bad;
+}
+
 AVX2 static size_t add_slots_avx2(int64_t *restrict acc, const float *const *xs,
                                   const double *ws, int k, size_t n, double bound, int store) {
   double sd[64];
@@ -422,27 +439,9 @@ AVX2 static size_t add_slots_avx2(int64_t *restrict acc, const float *const *xs,
       bad += nb;
       continue;
     }
-    for (size_t l = i; l < i + 4; l++) {
-      int64_t v = store ? 0 : acc[l];
-      for (int j = 0; j < k; j++) {
-        double y = (double)xs[j][l] * sd[j];
-        int ok = fabs(y) <= bound;
-        bad += !ok;
-        v += (int64_t)(ok ? rint(y) : 0.0);
-      }
-      acc[l] = v;
-    }
+    for (size_t l = i; l < i + 4; l++) bad += add_slots_one(acc, xs, sd, k, l, bound, store);
   }
-  for (; i < n; i++) {
-    int64_t v = store ? 0 : acc[i];
-    for (int j = 0; j < k; j++) {
-      double y = (double)xs[j][i] * sd[j];
-      int ok = fabs(y) <= bound;
-      bad += !ok;
-      v += (int64_t)(ok ? rint(y) : 0.0);
-    }
-    acc[i] = v;
-  }
+  for (; i < n; i++) bad += add_slots_one(acc, xs, sd, k, i, bound, store);
   return bad;
 }
 
