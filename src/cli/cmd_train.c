@@ -262,7 +262,7 @@ static void describe_links(const dt_comm *c) {
 /* dist.min_workers > 0: this worker's membership handle, watching the
  * job's communicator, given to the engine. */
 static int start_elastic(const struct dt_job_worker *w, const dt_run_cfg *r, dt_engine *e,
-                         const char *text, dt_elastic **out) {
+                         const char *text, dt_comm *wc, int size0, dt_elastic **out) {
   *out = NULL;
   if (!w->rdzv_port || !w->comm_config)
     return dt__seterr(DT_ENOTSUP, "dist.min_workers = %d: elastic training needs workers started "
@@ -274,7 +274,7 @@ static int start_elastic(const struct dt_job_worker *w, const dt_run_cfg *r, dt_
   ec.token = w->comm_config->token;
   ec.cc = *w->comm_config;
   ec.id = w->rank;
-  ec.size0 = w->size;
+  ec.size0 = size0;
   ec.min_workers = r->min_workers;
   ec.max_workers = r->max_workers > 0 ? r->max_workers : r->workers;
   ec.rejoin_timeout_s = r->rejoin_timeout;
@@ -299,7 +299,7 @@ static int start_elastic(const struct dt_job_worker *w, const dt_run_cfg *r, dt_
     return rc;
   }
   DT_CHECK(dt_elastic_create(out, &ec));
-  int rc = dt_elastic_start(*out, w->comm);
+  int rc = dt_elastic_start(*out, wc);
   if (rc == DT_OK) rc = dt__engine_set_elastic(e, *out, w->rank);
   if (rc < 0) {
     dt_elastic_destroy(*out);
@@ -318,13 +318,41 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
   if (r == 0 && a->describe) describe_links(c);
   serve_host(a, c);
   int rc = DT_OK;
+  /* an elastic parameter-server job (docs/ps.md "Workers leaving"): the
+   * workers' communicator is a world of its own, so aborting or re-forming
+   * it (src/elastic) leaves the job's, over which the servers are reached */
+  const int ps_el = a->servers > 0 && a->cfg->min_workers > 0;
+  if (a->servers > 0 && w->joining) {
+    fprintf(stderr, "dtrain: joiner (pid %d): joining a parameter-server job is not built "
+            "(docs/ps.md \"Workers leaving\")\n", (int)getpid());
+    return DT_EXIT_USAGE;
+  }
   if (a->servers > 0) {
     /* a parameter-server job: workers first, then servers; the engine
      * trains over the workers' communicator and talks to the servers over
      * the job's */
     job = c;
     c = NULL;
-    rc = dt_comm_split(job, r < a->workers ? 0 : 1, r, &c);
+    if (ps_el && r < a->workers) {
+      rc = w->rdzv_port && w->comm_config ? DT_OK
+           : dt__seterr(DT_ENOTSUP, "dist.min_workers with parameter servers needs workers "
+                        "started by --workers or dtrain launch (a TCP rendezvous store)");
+      dt_store *st = NULL;
+      if (rc == DT_OK)
+        rc = dt_store_connect(&st, w->rdzv_host, w->rdzv_port, w->comm_config->token,
+                              w->comm_config->timeout_s);
+      char name[256];
+      struct dt_comm_config cc = w->comm_config ? *w->comm_config
+                                                : (struct dt_comm_config)DT_COMM_CONFIG_INIT;
+      snprintf(name, sizeof name, "%s.psw", cc.job ? cc.job : "dtrain");
+      cc.job = name;
+      cc.rank = r;
+      cc.size = a->workers;
+      if (rc == DT_OK) rc = dt_comm_create(&c, st, &cc);
+      dt_store_destroy(st);
+    } else if (!ps_el) {
+      rc = dt_comm_split(job, r < a->workers ? 0 : 1, r, &c);
+    }
     if (rc == DT_OK && r >= a->workers) {
       rc = dt__engine_serve(a->e, job, r - a->workers);
       dt_comm_destroy(c);
@@ -341,7 +369,8 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
   catch_stop(a->e, a->cfg);
   dt_elastic *el = NULL;
   if (rc == DT_OK && (a->cfg->min_workers > 0 || w->joining))
-    rc = start_elastic(w, a->cfg, a->e, a->text, &el);
+    rc = start_elastic(w, a->cfg, a->e, a->text, job ? c : w->comm,
+                       job ? a->workers : w->size, &el);
   dt_engine_hooks hooks = {NULL, NULL, NULL};
   /* elastic: whoever is rank 0 reports (the engine calls only its hooks) */
   if (r == 0 || el) hooks = (dt_engine_hooks){on_step, on_epoch, v};

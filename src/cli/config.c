@@ -675,9 +675,18 @@ int dt_config_validate(const dt_config *c) {
   if (r->workers > 1 && r->min_workers > r->workers)
     return key_error(c, find_key("dist", "min_workers"), "%d is more than dist.workers = %d",
                      r->min_workers, r->workers);
+  /* a parameter server survives lost workers with separate servers
+   * (docs/ps.md "Workers leaving"); joiners are not built for it */
+  if (r->min_workers && ps_on && ps->servers > 0 && !ps->colocate && !r->standby &&
+      !r->replace)
+    ps_on = 0;
   if (r->min_workers && (r->pipeline_stages > 1 || r->micro_batches > 1 || r->zero || ps_on))
     return key_error(c, find_key("dist", "min_workers"), "elastic training is built for the ddp "
-                     "strategies only, not with %s yet", ps_on ? "a parameter server" : r->zero
+                     "strategies and separate parameter servers only, not with %s yet", ps_on
+                     ? (ps->colocate ? "colocated parameter servers (ps.colocate: a server dies "
+                        "with its worker)" : "parameter servers and spare workers "
+                        "(dist.standby, dist.replace: joining a ps job is not built)")
+                     : r->zero
                      ? "dist.zero"
                      : "pipeline parallelism (dist.pipeline_stages, dist.micro_batches)");
   if ((r->replace || r->standby) && !r->min_workers)

@@ -35,7 +35,13 @@
  * own that every rank maps; servers read dense pushes there and write dense
  * replies there, and only headers travel through the transport.
  *
- * Not here: membership changes.
+ * Elastic workers (dist.min_workers, docs/ps.md "Workers leaving"): the
+ * job's communicator survives a lost worker (dt__comm_tolerate_loss), the
+ * servers take it out of the clocks, and the survivors go on stepping; the
+ * workers' own communicator (collectives: epoch numbers, evaluation) is
+ * re-formed by src/elastic at their next collective, and membership_change
+ * only takes the new one: the parameters and optimizer state are the
+ * servers', so nothing else moves. Not here: joiners (refused).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +89,7 @@ static void ps_opts(const dt_run_cfg *c, int nworkers, dt_ps_opts *o) {
   o->significance = c->ps.significance;
   o->optim = c->optim;
   o->replicas = c->ps.replicas > 1 && !c->ps.colocate ? c->ps.replicas : 1;
+  o->elastic = c->min_workers > 0 && !c->ps.colocate;
   /* colocated asp/ssp: a server thread answers while its worker computes
    * (bsp: every worker waits for every push anyway, so the worker's own
    * waits serve as well, without a thread on the two cores) */
@@ -171,6 +178,18 @@ static int direct_open(ps_impl *d, dt_comm *job, const float *init, int me) {
 
 static int err_rank(dt_strategy *s, int rc) { return dt__preerr(rc, "rank %d", s->rank); }
 
+/* An error of the client (the servers' side). With elastic workers the
+ * loop re-forms the workers on a lost peer or a deadline, but a server
+ * lost without a replica cannot be re-formed around: that ends the job
+ * (DT_EIO, the message naming the server), never a retry. */
+static int err_client(dt_strategy *s, int rc) {
+  const ps_impl *d = s->impl;
+  if (d && d->o.elastic && (rc == DT_EPEERLOST || rc == DT_ETIMEDOUT || rc == DT_EABORTED ||
+                            rc == DT_EMISMATCH))
+    rc = dt__preerr(DT_EIO, "%s", dt_strerror(rc));
+  return err_rank(s, rc);
+}
+
 static int ps_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
   return dt__source_shards(out, train, cfg->batch, cfg->seed, cfg->shuffle, 0);
 }
@@ -200,7 +219,7 @@ static int ps_setup(dt_strategy *s) {
   if (rc == DT_OK) rc = dt_ps_map_set_replicas(&d->map, d->o.replicas);
   /* replicas: a lost server must not end the job (the workers read from
    * its replica instead) */
-  if (rc == DT_OK && d->o.replicas > 1) rc = dt__comm_tolerate_loss(job);
+  if (rc == DT_OK && (d->o.replicas > 1 || d->o.elastic)) rc = dt__comm_tolerate_loss(job);
   if (rc == DT_OK)
     rc = win_open(&d->win, job, &d->o, s->model, dt_model_nparams(s->model));
   if (rc == DT_OK) rc = direct_open(d, job, dt_model_params(s->model), s->rank);
@@ -240,7 +259,7 @@ static int ps_step_begin(dt_strategy *s, const dt_step_plan *plan) {
    * still pushes every key, with no rows) */
   if (d->rows) {
     int rc = dt_ps_client_rows(d->cl, 0, NULL, 0);
-    if (rc < 0) return err_rank(s, rc);
+    if (rc < 0) return err_client(s, rc);
   }
   return DT_OK;
 }
@@ -255,7 +274,7 @@ static int ps_forward_begin(dt_strategy *s, const dt_batch *b, int index, int co
   int n = dt__model_embedding_rows(s->model, b->x, b->n, d->rows);
   int rc = n < 0 ? n : dt_ps_client_rows(d->cl, 0, d->rows, n);
   if (rc == DT_OK) rc = dt_ps_client_pull_rows(d->cl);
-  return rc < 0 ? err_rank(s, rc) : DT_OK;
+  return rc < 0 ? err_client(s, rc) : DT_OK;
 }
 
 static void ps_grad_ready(void *ud, size_t off, size_t n) {
@@ -269,7 +288,7 @@ static int ps_step_finish(dt_strategy *s, float lr) {
   if (!d->plan.pieces)
     memset(dt_model_grads(s->model), 0, dt_model_nparams(s->model) * sizeof(float));
   int rc = dt_ps_client_finish(d->cl);
-  if (rc < 0) return err_rank(s, rc);
+  if (rc < 0) return err_client(s, rc);
   s->step++;
   return DT_OK;
 }
@@ -279,7 +298,7 @@ static int ps_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int6
   /* the same parameters everywhere: every worker's pushes in */
   if (d && !d->stopped) {
     int rc = dt_ps_client_sync(d->cl);
-    if (rc < 0) return err_rank(s, rc);
+    if (rc < 0) return err_client(s, rc);
   }
   return dt__ddp_eval_begin(s, n, chunk, lo, hi);
 }
@@ -289,7 +308,7 @@ static int ps_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
   ps_impl *d = s->impl;
   if (d && !d->stopped) {
     int rc = dt_ps_client_quiesce(d->cl);
-    if (rc < 0) return err_rank(s, rc);
+    if (rc < 0) return err_client(s, rc);
   }
   return dt__ddp_epoch_reduce(s, t);
 }
@@ -298,7 +317,7 @@ static int ps_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all)
   ps_impl *d = s->impl;
   int rc = dt_ps_client_sync(d->cl);
   if (rc == DT_OK) rc = dt_ps_client_stop(d->cl);
-  if (rc < 0) return err_rank(s, rc);
+  if (rc < 0) return err_client(s, rc);
   d->stopped = 1;
   if (s->comm && s->nranks > 1) {
     rc = dt_ddp_check_params(s->model, s->comm);
@@ -335,6 +354,44 @@ static void ps_teardown(dt_strategy *s) {
   }
   free(d);
   s->impl = s->grad_ud = NULL;
+}
+
+/* Elastic workers: the survivors' communicator after a worker was lost.
+ * The parameters and the optimizer state live on the servers, which took
+ * the lost worker out of their clocks already, so every member holds the
+ * parameters of the same clock (bsp) and only the buffers (running
+ * statistics) and the step count come from the source. The client keeps
+ * talking to the servers as the job's rank it started as. */
+static int ps_membership(dt_strategy *s, const dt_membership *m) {
+  ps_impl *d = s->impl;
+  if (!m->comm || m->source < 0 || m->source >= m->nranks || m->rank < 0 ||
+      m->rank >= m->nranks)
+    return dt__seterr(DT_EINVAL, "strategy 'ps': membership change needs a communicator and "
+                      "ranks in range (rank %d, source %d of %d)", m->rank, m->source, m->nranks);
+  if (!d || s->joining)
+    return dt__seterr(DT_ENOTSUP, "strategy 'ps': a worker joining a running parameter-server "
+                      "job is not built (docs/ps.md \"Workers leaving\"); only losses are survived");
+  if (!d->o.elastic)
+    return dt__seterr(DT_ENOTSUP, "strategy 'ps': membership changes need dist.min_workers and "
+                      "separate servers");
+  s->comm = m->comm;
+  s->rank = m->rank;
+  s->nranks = m->nranks;
+  dt_model *md = s->model;
+  int rc = DT_OK;
+  if (dt_model_nbufs(md))
+    rc = dt_comm_broadcast(m->comm, dt_model_bufs(md), dt_model_nbufs(md), DT_F32, m->source);
+  int64_t step = s->step;
+  if (rc == DT_OK) rc = dt_comm_broadcast(m->comm, &step, 1, DT_I64, m->source);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "membership change: state from the source");
+  if (step != s->step)
+    return dt__seterr(DT_EMISMATCH, "rank %d: membership change: step %lld here, %lld on the "
+                      "source (rank %d); a ps worker never skips or redoes a pushed clock",
+                      s->rank, (long long)s->step, (long long)step, m->source);
+  if (s->rank == 0)
+    DT_LOG_INFO("ps: %d workers go on at step %lld; the servers' clocks count only them",
+                s->nranks, (long long)s->step);
+  return DT_OK;
 }
 
 static int ps_export(dt_strategy *s, const dt_state_writer *w) {
@@ -442,7 +499,7 @@ const struct dt_strategy_ops dt__strategy_ps = {
     .epoch_end = ps_epoch_end,
     .state_export = ps_export,
     .state_import = ps_import,
-    .membership_change = dt__strategy_no_membership,
+    .membership_change = ps_membership,
     .run_end = ps_run_end,
     .teardown = ps_teardown,
 };
@@ -466,7 +523,7 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
   dt_ps_server *srv = NULL;
   ps_win win = {0};
   int rc = dt_ps_map_set_replicas(&map, o.replicas);
-  if (rc == DT_OK && o.replicas > 1) rc = dt__comm_tolerate_loss(job);
+  if (rc == DT_OK && (o.replicas > 1 || o.elastic)) rc = dt__comm_tolerate_loss(job);
   if (rc == DT_OK) rc = win_open(&win, job, &o, NULL, dt_model_nparams(e->model));
   if (rc == DT_OK) rc = dt_ps_server_create(&srv, &map, &o, index, job, dt_model_params(e->model));
   /* a resumed run: this server's records from its shard of the checkpoint */

@@ -239,6 +239,10 @@ typedef struct dt_ps_opts {
   int server_thread;    /* colocated: the server runs on a thread of its own
                          * (client.c), not only inside its worker's waits */
   int replicas;         /* separate servers holding each key range (1: none) */
+  /* Elastic workers (dist.min_workers, docs/ps.md "Workers leaving"): a
+   * worker lost mid-run is removed from the clocks (bsp/ssp close and
+   * bound over the live workers) instead of ending the job. */
+  int elastic;
   /* Shared-memory windows (one host, docs/ps.md "Windows"): per worker, its
    * model's parameters and gradients as this process maps them (NULL: no
    * windows; then every payload travels through the transport) */
@@ -302,6 +306,7 @@ typedef struct dt_ps_server_stats {
   double busy_seconds;
   int64_t win_sent, win_received;   /* bytes of replies written into and pushes read
                                      * from workers' shared-memory windows */
+  int64_t workers_lost;             /* elastic: workers removed from the clocks */
 } dt_ps_server_stats;
 
 /* A server for index `index` of map, talking over comm (ranks as in opts).

@@ -143,6 +143,9 @@ int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_op
   s->marks = calloc((size_t)N, sizeof *s->marks);
   s->parked = calloc((size_t)N, 1);
   s->pmsg = calloc((size_t)N, sizeof *s->pmsg);
+  s->gone = calloc((size_t)N, 1);
+  s->losing = calloc((size_t)N, 1);
+  if (!s->gone || !s->losing) goto oom;
   if (!s->params || !s->keys || !s->kpos || !s->hdr || !s->req || !s->posted || !s->bye ||
       !s->marks || !s->parked || !s->pmsg)
     goto oom;
@@ -214,6 +217,8 @@ void dt_ps_server_destroy(dt_ps_server *s) {
   free(s->marks);
   free(s->parked);
   free(s->pmsg);
+  free(s->gone);
+  free(s->losing);
   free(s);
 }
 
@@ -229,7 +234,7 @@ int64_t dt__ps_server_min_mark(const dt_ps_server *s);
 int64_t dt__ps_server_min_mark(const dt_ps_server *s) {
   int64_t m = INT64_MAX;
   for (int w = 0; w < s->N; w++)
-    if (s->marks[w] < m) m = s->marks[w];
+    if (!s->gone[w] && s->marks[w] < m) m = s->marks[w];
   return m;
 }
 
@@ -261,17 +266,29 @@ static int comm_fail(dt_ps_server *s, int rc, const char *what) {
 
 /* ---- replies ---------------------------------------------------------------- */
 
-static int64_t min_clock(const skey *k, int N) {
+/* The lowest clock of the live workers' pushes (lost ones are out of
+ * every bound: elastic workers). */
+static int64_t min_clock(const dt_ps_server *s, const skey *k) {
   int64_t m = INT64_MAX;
-  for (int w = 0; w < N; w++)
-    if (k->wclock[w] < m) m = k->wclock[w];
+  for (int w = 0; w < s->N; w++)
+    if (!s->gone[w] && k->wclock[w] < m) m = k->wclock[w];
   return m;
+}
+
+/* Elastic workers: a send to worker w failed or its receive did. A lost
+ * worker is removed at the next poll (dt_ps_server_poll), not inside the
+ * handling of another worker's message. Returns 1 when that is the case
+ * (the caller goes on), 0 when the failure ends the server. */
+static int worker_failing(dt_ps_server *s, int w, int rc) {
+  if (!s->o.elastic || rc != DT_EPEERLOST || w == s->local) return 0;
+  s->losing[w] = 1;
+  return 1;
 }
 
 static int readable(const dt_ps_server *s, const skey *k, int w) {
   int64_t c = k->want[w];
   if (c < 0) return 0;
-  int64_t mc = min_clock(k, s->N);
+  int64_t mc = min_clock(s, k);
   if (k->wflags[w] & DT_PS_F_FINAL)
     return s->o.consistency == DT_PS_BSP ? k->version >= c : mc >= c;
   switch (s->o.consistency) {
@@ -285,7 +302,9 @@ int dt__pss_wait_sent(dt_ps_server *s, skey *k, int w) {
   if (!k->sent[w]) return DT_OK;
   const int n = k->sent[w];
   k->sent[w] = 0;
+  if (s->gone[w]) return DT_OK;
   int rc = dt_comm_waitall(s->comm, &k->sreq[2 * w], n);
+  if (rc < 0 && worker_failing(s, w, rc)) return DT_OK;
   return rc < 0 ? comm_fail(s, rc, "sending parameters") : DT_OK;
 }
 
@@ -298,7 +317,7 @@ int dt__pss_settle(dt_ps_server *s, skey *k) {
 }
 
 static int reply(dt_ps_server *s, skey *k, int w) {
-  int64_t c = k->want[w], mc = min_clock(k, s->N);
+  int64_t c = k->want[w], mc = min_clock(s, k);
   k->want[w] = -1;
   s->st.reads++;
   int64_t missing = c - mc; /* clocks of some worker's pushes this read lacks */
@@ -330,6 +349,7 @@ static int reply(dt_ps_server *s, skey *k, int w) {
     if (rc == DT_OK)
       rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, dst,
                          n * rl * sizeof(float), &k->sreq[2 * w + 1]);
+    if (rc < 0 && worker_failing(s, w, rc)) return DT_OK;
     if (rc < 0) return comm_fail(s, rc, "sending rows");
     k->sent[w] = 2;
     return DT_OK;
@@ -350,6 +370,7 @@ static int reply(dt_ps_server *s, skey *k, int w) {
     dt_ps_msg_encode(&m, h);
     int rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
                            &k->sreq[2 * w]);
+    if (rc < 0 && worker_failing(s, w, rc)) return DT_OK;
     if (rc < 0) return comm_fail(s, rc, "sending parameters");
     k->sent[w] = 1;
     return DT_OK;
@@ -372,6 +393,7 @@ static int reply(dt_ps_server *s, skey *k, int w) {
   if (rc == DT_OK)
     rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, src, len * sizeof(float),
                        &k->sreq[2 * w + 1]);
+  if (rc < 0 && worker_failing(s, w, rc)) return DT_OK;
   if (rc < 0) return comm_fail(s, rc, "sending parameters");
   k->sent[w] = 2;
   return DT_OK;
@@ -533,6 +555,7 @@ int dt_ps_server_local(dt_ps_server *s, const dt_ps_msg *m, const float *payload
 static int post(dt_ps_server *s, int w) {
   int rc = dt_comm_irecv(s->comm, srank(s, w), DT_PS_TAG_REQ, s->hdr + (size_t)w * DT_PS_HDR_BYTES,
                          DT_PS_HDR_BYTES, &s->req[w]);
+  if (rc < 0 && worker_failing(s, w, rc)) return DT_OK;
   if (rc < 0) return comm_fail(s, rc, "posting a receive");
   s->posted[w] = 1;
   return DT_OK;
@@ -567,6 +590,7 @@ static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
     if (bytes) rc = dt_comm_recv(s->comm, srank(s, w), DT_PS_TAG_REQ_DATA, dst, bytes);
     if (rc < 0) {
       if (queue) dt_free(dst);
+      if (worker_failing(s, w, rc)) return DT_OK; /* its header came, its payload did not */
       return comm_fail(s, rc, "receiving a push");
     }
     data = dst;
@@ -608,6 +632,39 @@ static int arrived(dt_ps_server *s, int w) {
   return take(s, w, &m);
 }
 
+/* Elastic workers (docs/ps.md "Workers leaving"): worker w is lost. It is
+ * out of every clock from now on: its push to a bsp clock still open is
+ * dropped (the clock closes with the live workers' pushes, scaled by their
+ * weight as with backup workers), ssp's bound and every FINAL read count
+ * the live workers only, and its pending reads are forgotten. */
+static int worker_lost(dt_ps_server *s, int w) {
+  s->gone[w] = 1;
+  s->losing[w] = 0;
+  s->ngone++;
+  s->st.workers_lost++;
+  s->parked[w] = 0;
+  if (!s->bye[w]) s->bye[w] = 1, s->nbye++;
+  int64_t c = 0;
+  int open = 0;
+  for (int i = 0; i < s->nk; i++) {
+    skey *k = &s->keys[i];
+    k->want[w] = -1;
+    k->sent[w] = 0;
+    if (k->wclock[w] > c) c = k->wclock[w];
+    if (s->o.consistency == DT_PS_BSP && k->arr[w]) {
+      k->arr[w] = 0;
+      k->narr--;
+      s->st.dropped++;
+      open++;
+    }
+  }
+  DT_LOG_WARN("ps server %d: worker %d (rank %d) lost after %lld pushed clocks: removed from "
+              "the clocks%s; %d of %d workers go on", s->index, w, srank(s, w), (long long)c,
+              open ? " (its push to the open clock dropped)" : "", s->N - s->ngone, s->N);
+  for (int i = 0; i < s->nk; i++) DT_CHECK(dt__pss_recheck(s, &s->keys[i]));
+  return DT_OK;
+}
+
 int dt_ps_server_poll(dt_ps_server *s, int *busy) {
   *busy = 0;
   if (s->failed) return dt__seterr(DT_EABORTED, "ps server %d: failed earlier", s->index);
@@ -627,6 +684,10 @@ int dt_ps_server_poll(dt_ps_server *s, int *busy) {
     }
     bool done = false;
     rc = dt_comm_test(s->comm, &s->req[w], &done);
+    if (rc < 0 && worker_failing(s, w, rc)) {
+      rc = DT_OK;
+      continue;
+    }
     if (rc < 0) {
       rc = comm_fail(s, rc, "waiting for workers");
       break;
@@ -636,6 +697,12 @@ int dt_ps_server_poll(dt_ps_server *s, int *busy) {
       rc = arrived(s, w);
     }
   }
+  /* elastic workers: the lost ones out of the clocks */
+  for (int w = 0; w < s->N && rc == DT_OK; w++)
+    if (s->losing[w] && !s->gone[w]) {
+      *busy = 1;
+      rc = worker_lost(s, w);
+    }
   /* re-replication: copies to send, copies coming in, messages they held */
   if (rc == DT_OK && s->cp) {
     int b = 0;
@@ -668,6 +735,9 @@ void dt__ps_backoff(int idle) {
 static int finish_sends(dt_ps_server *s) {
   for (int i = 0; i < s->nk; i++)
     for (int w = 0; w < s->N; w++) DT_CHECK(dt__pss_wait_sent(s, &s->keys[i], w));
+  if (s->st.workers_lost)
+    DT_LOG_INFO("ps server %d: done; %lld of %d workers were lost and removed from the clocks",
+                s->index, (long long)s->st.workers_lost, s->N);
   return DT_OK;
 }
 
@@ -676,7 +746,7 @@ int dt_ps_server_run(dt_ps_server *s) {
   /* bsp without backups needs every worker's messages anyway: wait on them
    * in rank order (the transport blocks, nothing spins) */
   int blocking = s->o.consistency == DT_PS_BSP && s->o.backup_workers == 0 && s->local < 0 &&
-                 s->map->replicas < 2;
+                 s->map->replicas < 2 && !s->o.elastic;
   int idle = 0;
   while (!dt_ps_server_done(s)) {
     if (blocking) {

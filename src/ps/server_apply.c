@@ -23,6 +23,13 @@ static void add1(float *restrict g, const float *restrict x, size_t n) {
 
 /* ---- applying pushes ---------------------------------------------------------- */
 
+/* bsp: pushes that close a clock: every live worker's (N - b without
+ * lost workers; docs/ps.md "Workers leaving"). */
+int dt__pss_need(const dt_ps_server *s) {
+  int n = s->N - s->ngone - s->o.backup_workers;
+  return n < 1 ? 1 : n;
+}
+
 /* bsp_close of a key of rows: each row summed over the workers that pushed
  * it, in rank order, then the optimizer steps those rows only. */
 static int bsp_close_rows(dt_ps_server *s, skey *k) {
@@ -160,7 +167,7 @@ static int on_push_rows(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, con
       k->wlr[w] = m->lr;
       k->narr++;
     }
-    if (k->narr >= s->N - s->o.backup_workers) return bsp_close_rows(s, k);
+    if (k->narr >= dt__pss_need(s)) return bsp_close_rows(s, k);
     return dt__pss_try_replies(s, k);
   }
   float lr = m->lr;
@@ -250,9 +257,19 @@ int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const f
     k->want[w] = m->clock + 1;
     k->wflags[w] = m->flags & DT_PS_F_WIN;
   }
-  if (s->o.consistency == DT_PS_BSP && k->narr >= s->N - s->o.backup_workers)
+  if (s->o.consistency == DT_PS_BSP && k->narr >= dt__pss_need(s))
     return bsp_close(s, k);
   return dt__pss_try_replies(s, k);
 }
 
 
+
+/* After a worker was removed (elastic): a bsp clock that now has every
+ * live worker's push closes; reads that waited for the lost worker's
+ * clocks (ssp) may go. */
+int dt__pss_recheck(dt_ps_server *s, skey *k) {
+  if (k->live != 1) return DT_OK;
+  if (s->o.consistency == DT_PS_BSP && k->narr > 0 && k->narr >= dt__pss_need(s))
+    return k->rowmode == 1 ? bsp_close_rows(s, k) : bsp_close(s, k);
+  return dt__pss_try_replies(s, k);
+}

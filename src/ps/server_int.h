@@ -81,6 +81,10 @@ struct dt_ps_server {
   uint8_t *parked;   /* per worker: a push waiting for its clock (replicas, bsp) */
   dt_ps_msg *pmsg;   /* ... that push */
   int64_t *marks;    /* per worker: marks seen */
+  /* elastic workers (o.elastic): lost ones are out of every clock */
+  uint8_t *gone;     /* per worker: lost and removed */
+  uint8_t *losing;   /* per worker: a request with it failed; removed at the next poll */
+  int ngone;
   int nbye;
   uint8_t welcome[DT_PS_HDR_BYTES];
   dt_comm_req wreq[1];
@@ -121,7 +125,10 @@ int dt__pss_copy_poll(dt_ps_server *s, int *busy);
 int dt__pss_must_queue(const dt_ps_server *s, int w, const dt_ps_msg *m);
 int dt__pss_enqueue(dt_ps_server *s, int w, const dt_ps_msg *m, float *data);
 void dt__pss_copy_finish(dt_ps_server *s);
+void dt__pss_worker_failed(dt_ps_server *s, int w);
 /* server_apply.c */
+int dt__pss_need(const dt_ps_server *s);
+int dt__pss_recheck(dt_ps_server *s, skey *k);
 int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data);
 float *dt__pss_push_dest(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m);
 
