@@ -322,12 +322,11 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
    * workers' communicator is a world of its own, so aborting or re-forming
    * it (src/elastic) leaves the job's, over which the servers are reached */
   const int ps_el = a->servers > 0 && a->cfg->min_workers > 0;
-  if (a->servers > 0 && w->joining) {
-    fprintf(stderr, "dtrain: joiner (pid %d): joining a parameter-server job is not built "
-            "(docs/ps.md \"Workers leaving\")\n", (int)getpid());
-    return DT_EXIT_USAGE;
-  }
-  if (a->servers > 0) {
+  /* elastic ps: servers watch the store for joiners, a joiner reaches the
+   * servers through it (strategy_ps.c) */
+  if (ps_el && w->rdzv_port && w->comm_config)
+    rc = dt__engine_set_rdzv(a->e, w->rdzv_host, w->rdzv_port, w->comm_config);
+  if (a->servers > 0 && !w->joining) {
     /* a parameter-server job: workers first, then servers; the engine
      * trains over the workers' communicator and talks to the servers over
      * the job's */
@@ -366,6 +365,7 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
     if (rc == DT_OK) rc = dt__engine_set_job_comm(a->e, job);
   }
   if (rc == DT_OK && !w->joining) rc = dt_engine_set_comm(a->e, c);
+  if (w->joining) c = NULL;
   catch_stop(a->e, a->cfg);
   dt_elastic *el = NULL;
   if (rc == DT_OK && (a->cfg->min_workers > 0 || w->joining))

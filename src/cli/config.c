@@ -677,15 +677,11 @@ int dt_config_validate(const dt_config *c) {
                      r->min_workers, r->workers);
   /* a parameter server survives lost workers with separate servers
    * (docs/ps.md "Workers leaving"); joiners are not built for it */
-  if (r->min_workers && ps_on && ps->servers > 0 && !ps->colocate && !r->standby &&
-      !r->replace)
-    ps_on = 0;
+  if (r->min_workers && ps_on && ps->servers > 0 && !ps->colocate) ps_on = 0;
   if (r->min_workers && (r->pipeline_stages > 1 || r->micro_batches > 1 || r->zero || ps_on))
     return key_error(c, find_key("dist", "min_workers"), "elastic training is built for the ddp "
                      "strategies and separate parameter servers only, not with %s yet", ps_on
-                     ? (ps->colocate ? "colocated parameter servers (ps.colocate: a server dies "
-                        "with its worker)" : "parameter servers and spare workers "
-                        "(dist.standby, dist.replace: joining a ps job is not built)")
+                     ? "colocated parameter servers (ps.colocate: a server dies with its worker)"
                      : r->zero
                      ? "dist.zero"
                      : "pipeline parallelism (dist.pipeline_stages, dist.micro_batches)");

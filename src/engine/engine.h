@@ -45,6 +45,11 @@ extern const char *const dt__loss_names[];           /* model.loss */
  * workers first then servers, lent to the "ps" strategy (the engine's own
  * communicator holds the workers only). Before dt_engine_run. */
 int dt__engine_set_job_comm(dt_engine *e, dt_comm *job);
+/* Elastic parameter-server jobs: where the job's rendezvous store is and
+ * the communicator config it was made with (borrowed until the run ends),
+ * so servers watch for joiners and a joiner reaches them
+ * (strategy_ps.c). */
+int dt__engine_set_rdzv(dt_engine *e, const char *host, int port, const struct dt_comm_config *cc);
 /* A server rank of such a job: serves key range `index` of the engine's
  * model until every worker is done. Errors name the server and worker. */
 int dt__engine_serve(dt_engine *e, dt_comm *job, int index);

@@ -109,6 +109,12 @@ typedef struct dt_strategy {
    * the snapshot reads those ranges from the file (ckpt_state.c). */
   const char *ckpt_root;
   const struct dt_ckpt_spill *ckpt_spill;
+  /* Elastic parameter-server jobs (strategy_ps.c, dt__engine_set_rdzv):
+   * the job's rendezvous store and communicator config, through which a
+   * joiner reaches the servers; rdzv_port 0: none. */
+  const char *rdzv_host;
+  int rdzv_port;
+  const struct dt_comm_config *rdzv_cc;
 } dt_strategy;
 
 /* Ranges of the model's parameters (buf 0) or buffers (buf 1), floats

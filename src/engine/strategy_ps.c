@@ -74,6 +74,9 @@ typedef struct ps_impl {
   uint64_t sent0, recv0;
   int stopped;
   int32_t *rows;     /* embedding first: the rows of the piece's batch */
+  int me;            /* this worker's slot at the servers (its rank in the job, or the
+                      * slot it joined into) */
+  dt_comm *jc;       /* a joiner: its communicator with the servers (server_join.c) */
 } ps_impl;
 
 static void ps_opts(const dt_run_cfg *c, int nworkers, dt_ps_opts *o) {
@@ -196,9 +199,66 @@ static int ps_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_so
 
 static void ps_teardown(dt_strategy *s);
 
+/* Setup of a worker joining a running job (s->joining): no collective
+ * and no server yet; the map, for the slot it will take at the membership
+ * change that follows. */
+static int setup_joiner(dt_strategy *s) {
+  const dt_run_cfg *c = s->cfg;
+  if (!s->rdzv_port || !s->rdzv_cc)
+    return dt__seterr(DT_ENOTSUP, "ps: a joiner needs the job's rendezvous store "
+                      "(dt__engine_set_rdzv)");
+  ps_impl *d = calloc(1, sizeof *d);
+  if (!d) return dt__seterr(DT_ENOMEM, "ps: out of memory");
+  s->impl = d;
+  d->me = -1;
+  /* the job's worker count: the servers' slots */
+  ps_opts(c, c->workers, &d->o);
+  int rc = dt_ps_map_from_model(&d->map, s->model, d->o.nservers, d->o.consistency);
+  if (rc == DT_OK) rc = dt_ps_map_set_replicas(&d->map, d->o.replicas);
+  const dt_layer_info *L0 = dt_model_layer(s->model, 0);
+  if (rc == DT_OK && L0 && L0->kind == DT_L_EMBEDDING) {
+    d->rows = malloc((size_t)c->batch * (size_t)dt_model_in_dim(s->model) * sizeof *d->rows);
+    if (!d->rows) rc = dt__seterr(DT_ENOMEM, "ps: out of memory");
+    dt__model_set_sparse_grads(s->model, 1);
+  }
+  dt__model_set_ready_piece(s->model, (size_t)dt_ps_piece(d->o.consistency));
+  if (rc < 0) {
+    ps_teardown(s);
+    return err_rank(s, rc);
+  }
+  s->grad_ud = d;
+  return DT_OK;
+}
+
+/* A joiner at its membership change: the slot (the lowest of the job's
+ * worker slots that no member holds), the servers' admission, the client
+ * over the joiner's communicator, the current parameters by pull, its
+ * clock the members'. */
+static int join_servers(dt_strategy *s, int slot, int64_t step) {
+  ps_impl *d = s->impl;
+  if (slot < 0)
+    return dt__seterr(DT_EINVAL, "ps: joiner: every one of the job's %d worker slots is held by a "
+                      "member", d->o.nworkers);
+  DT_CHECK(dt_ps_join(s->rdzv_host, s->rdzv_port, s->rdzv_cc, &d->map, slot, &d->jc));
+  d->me = slot;
+  d->o.joined = 1;
+  int rc = dt_ps_client_create(&d->cl, &d->map, &d->o, slot, d->jc, dt_model_params(s->model),
+                               dt_model_grads(s->model), NULL);
+  if (rc == DT_OK) rc = dt_ps_client_start(d->cl);
+  if (rc < 0) return rc;
+  dt_ps_client_set_clock(d->cl, step);
+  dt_comm_bytes(d->jc, &d->sent0, &d->recv0);
+  d->job = d->jc;
+  DT_LOG_INFO("ps: joiner is worker %d (rank %d of %d) from clock %lld on, its parameters "
+              "pulled from the servers", slot, s->rank, s->nranks, (long long)step);
+  return DT_OK;
+}
+
 static int ps_setup(dt_strategy *s) {
   const dt_run_cfg *c = s->cfg;
   dt_comm *job = c->ps.colocate ? s->comm : s->job_comm;
+  /* a joiner reaches the servers in membership_change (ps_membership) */
+  if (s->joining && !c->ps.colocate) return setup_joiner(s);
   if (!job)
     return dt__seterr(DT_EINVAL, "ps.servers = %d: the engine needs the job's communicator of "
                       "workers and servers (dt__engine_set_job_comm)%s", c->ps.servers,
@@ -214,6 +274,7 @@ static int ps_setup(dt_strategy *s) {
   if (!d) return dt__seterr(DT_ENOMEM, "ps: out of memory");
   s->impl = d;
   d->job = job;
+  d->me = s->rank;
   ps_opts(c, s->nranks, &d->o);
   int rc = dt_ps_map_from_model(&d->map, s->model, d->o.nservers, d->o.consistency);
   if (rc == DT_OK) rc = dt_ps_map_set_replicas(&d->map, d->o.replicas);
@@ -344,6 +405,7 @@ static void ps_teardown(dt_strategy *s) {
   if (d) {
     dt_ps_client_destroy(d->cl);
     dt_ps_server_destroy(d->srv);
+    dt_comm_destroy(d->jc);
     dt_ps_direct_destroy(d->direct);
     dt_comm_window_destroy(d->tw);
     win_close(&d->win, s->model);
@@ -368,9 +430,8 @@ static int ps_membership(dt_strategy *s, const dt_membership *m) {
       m->rank >= m->nranks)
     return dt__seterr(DT_EINVAL, "strategy 'ps': membership change needs a communicator and "
                       "ranks in range (rank %d, source %d of %d)", m->rank, m->source, m->nranks);
-  if (!d || s->joining)
-    return dt__seterr(DT_ENOTSUP, "strategy 'ps': a worker joining a running parameter-server "
-                      "job is not built (docs/ps.md \"Workers leaving\"); only losses are survived");
+  if (!d)
+    return dt__seterr(DT_EINVAL, "strategy 'ps': membership change before setup");
   if (!d->o.elastic)
     return dt__seterr(DT_ENOTSUP, "strategy 'ps': membership changes need dist.min_workers and "
                       "separate servers");
@@ -384,10 +445,51 @@ static int ps_membership(dt_strategy *s, const dt_membership *m) {
   int64_t step = s->step;
   if (rc == DT_OK) rc = dt_comm_broadcast(m->comm, &step, 1, DT_I64, m->source);
   if (rc < 0) return dt__ddp_comm_err(s, rc, "membership change: state from the source");
+  if (!d->cl) s->step = step; /* a joiner */
   if (step != s->step)
     return dt__seterr(DT_EMISMATCH, "rank %d: membership change: step %lld here, %lld on the "
                       "source (rank %d); a ps worker never skips or redoes a pushed clock",
                       s->rank, (long long)s->step, (long long)step, m->source);
+  /* the members' slots; a joiner takes the lowest free one (several
+   * joiners: in rank order) */
+  const int N = d->o.nworkers;
+  int32_t *slots = calloc((size_t)m->nranks, sizeof *slots);
+  if (!slots) return dt__seterr(DT_ENOMEM, "ps: out of memory");
+  int32_t mine = d->cl ? d->me : -1;
+  rc = dt_comm_allgather(m->comm, &mine, slots, 1, DT_I32);
+  int slot = -1, joiners = 0;
+  if (rc == DT_OK) {
+    for (int r = 0; r < m->nranks; r++) {
+      if (slots[r] >= 0) continue;
+      /* joiner r takes the (joiners before it + 1)-th free slot */
+      int take = -1, seen = 0;
+      for (int w = 0; w < N && take < 0; w++) {
+        int held = 0;
+        for (int q = 0; q < m->nranks; q++) held |= slots[q] == w;
+        if (!held && seen++ == joiners) take = w;
+      }
+      if (r == m->rank) slot = take;
+      joiners++;
+    }
+  }
+  free(slots);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "membership change: the workers' slots");
+  int jrc = DT_OK;
+  if (!d->cl) jrc = join_servers(s, slot, step);
+  /* nobody pushes before every joiner was admitted by every server (its
+   * clocks start at the members'): a barrier that also says whether the
+   * joiners made it */
+  int32_t bad = jrc < 0, any = 0;
+  char why[512] = "";
+  if (jrc < 0) snprintf(why, sizeof why, "%s", dt_errmsg());
+  rc = dt_comm_allreduce(m->comm, &bad, &any, 1, DT_I32, DT_OP_SUM);
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "membership change: the joiners' admission");
+  if (jrc < 0) return dt__seterr(DT_EIO, "%s", why);
+  if (any)
+    return dt__seterr(DT_EIO, "rank %d: membership change: a joiner was not admitted by the "
+                      "servers", s->rank);
+  if (joiners && s->rank == 0)
+    DT_LOG_INFO("ps: %d joiner(s) admitted at step %lld", joiners, (long long)s->step);
   if (s->rank == 0)
     DT_LOG_INFO("ps: %d workers go on at step %lld; the servers' clocks count only them",
                 s->nranks, (long long)s->step);
@@ -506,6 +608,14 @@ const struct dt_strategy_ops dt__strategy_ps = {
 
 /* ---- the server role and the map, for the command line ------------------------ */
 
+int dt__engine_set_rdzv(dt_engine *e, const char *host, int port, const struct dt_comm_config *cc) {
+  if (!e) return dt__seterr(DT_EINVAL, "dt__engine_set_rdzv: NULL engine");
+  e->strat.rdzv_host = host;
+  e->strat.rdzv_port = port;
+  e->strat.rdzv_cc = cc;
+  return DT_OK;
+}
+
 int dt__engine_set_job_comm(dt_engine *e, dt_comm *job) {
   if (!e || !job) return dt__seterr(DT_EINVAL, "dt__engine_set_job_comm: NULL argument");
   e->job_comm = job;
@@ -526,6 +636,9 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
   if (rc == DT_OK && (o.replicas > 1 || o.elastic)) rc = dt__comm_tolerate_loss(job);
   if (rc == DT_OK) rc = win_open(&win, job, &o, NULL, dt_model_nparams(e->model));
   if (rc == DT_OK) rc = dt_ps_server_create(&srv, &map, &o, index, job, dt_model_params(e->model));
+  /* elastic workers: joiners announce themselves in the job's store */
+  if (rc == DT_OK && o.elastic && e->strat.rdzv_port && e->strat.rdzv_cc)
+    rc = dt_ps_server_set_joins(srv, e->strat.rdzv_host, e->strat.rdzv_port, e->strat.rdzv_cc);
   /* a resumed run: this server's records from its shard of the checkpoint */
   if (rc == DT_OK && e->ck.res) {
     dt_state_reader rd;

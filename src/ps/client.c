@@ -664,4 +664,5 @@ void dt_ps_client_stats_get(const dt_ps_client *c, dt_ps_client_stats *out) {
   dt__psc_leave((dt_ps_client *)c);
 }
 int64_t dt_ps_client_clock(const dt_ps_client *c) { return c->clock; }
+void dt_ps_client_set_clock(dt_ps_client *c, int64_t clock) { c->clock = clock; }
 

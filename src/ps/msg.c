@@ -112,8 +112,11 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
   if (to_server ? (from < 0 || from >= nworkers) : (from < 0 || from >= map->nservers))
     return dt__seterr(DT_EPROTO, "ps: message from unknown %s %d", who, from);
   if (m.flags & ~(DT_PS_F_PULL | DT_PS_F_FINAL | DT_PS_F_SPARSE | DT_PS_F_ROWS | DT_PS_F_STATE |
-                  DT_PS_F_WIN))
+                  DT_PS_F_WIN | DT_PS_F_JOIN))
     return dt__seterr(DT_EPROTO, "ps: %s %d sent unknown flags 0x%x", who, from, m.flags);
+  if ((m.flags & DT_PS_F_JOIN) && (m.type != DT_PS_HELLO || m.flags != DT_PS_F_JOIN))
+    return dt__seterr(DT_EPROTO, "ps: %s %d sent %s with the join flag (flags 0x%x)", who, from,
+                      dt_ps_type_name(m.type), m.flags);
   if (m.type == DT_PS_ERR) {
     if (m.count != 0 || m.clock >= 0)
       return dt__seterr(DT_EPROTO, "ps: server %d sent a malformed refusal", from);

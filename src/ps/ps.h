@@ -137,6 +137,24 @@ static inline int dt_ps_holders(const dt_ps_map *m, int g, const uint8_t *dead, 
  * model may be NULL (layers by number). Returns the length it needed. */
 size_t dt_ps_map_describe(const dt_ps_map *m, const dt_model *model, char *buf, size_t cap);
 
+/* ---- workers joining (server_join.c) ------------------------------------- */
+
+struct dt_ps_server;
+
+/* Elastic workers: server s watches the job's store (host:port, cc the
+ * job's communicator config; cc->job names the job) for joiners and admits
+ * them in its poll loop. A no-op unless s's options say elastic. */
+int dt_ps_server_set_joins(struct dt_ps_server *s, const char *host, int port,
+                           const struct dt_comm_config *cc);
+/* A joiner: announces itself in the store, builds the communicator with
+ * every server of map (its rank 0) and asks each to admit it as worker
+ * `slot`. On success *out is that communicator (the caller's; its client
+ * then runs with dt_ps_opts.joined). A refusal is the server's one line
+ * (DT_EINVAL for a slot the job does not have, DT_EMISMATCH for another
+ * map); every wait is bounded (at most 10 s). */
+int dt_ps_join(const char *host, int port, const struct dt_comm_config *cc, const dt_ps_map *map,
+               int slot, dt_comm **out);
+
 /* ---- wire messages (msg.c) ----------------------------------------------- */
 
 enum dt_ps_type {
@@ -175,6 +193,8 @@ enum dt_ps_type {
                            * window; PUSH/PULL: the reply's parameters are written
                            * into the worker's window, PARAMS (so flagged) carries
                            * none. Dense keys only (not with SPARSE, ROWS, STATE) */
+#define DT_PS_F_JOIN 64u  /* HELLO: a worker joining a running job, over a communicator
+                           * of its own (server_join.c), taking slot `sender` */
 
 /* A decoded header (64 bytes on the wire, little-endian). */
 typedef struct dt_ps_msg {
@@ -243,6 +263,9 @@ typedef struct dt_ps_opts {
    * worker lost mid-run is removed from the clocks (bsp/ssp close and
    * bound over the live workers) instead of ending the job. */
   int elastic;
+  /* A worker that joined a running job (server_join.c): its communicator
+   * is the one it joined on, the servers at ranks 1..S there. */
+  int joined;
   /* Shared-memory windows (one host, docs/ps.md "Windows"): per worker, its
    * model's parameters and gradients as this process maps them (NULL: no
    * windows; then every payload travels through the transport) */
@@ -254,7 +277,7 @@ typedef struct dt_ps_opts {
 
 /* The world rank of server s and of worker w under opts. */
 static inline int dt_ps_server_rank(const dt_ps_opts *o, int s) {
-  return o->colocate ? s : o->nworkers + s;
+  return o->joined ? 1 + s : o->colocate ? s : o->nworkers + s;
 }
 
 /* ---- direct asp (direct.c) ---------------------------------------------- */
@@ -307,6 +330,7 @@ typedef struct dt_ps_server_stats {
   int64_t win_sent, win_received;   /* bytes of replies written into and pushes read
                                      * from workers' shared-memory windows */
   int64_t workers_lost;             /* elastic: workers removed from the clocks */
+  int64_t workers_joined;           /* elastic: joiners admitted into a lost worker's slot */
 } dt_ps_server_stats;
 
 /* A server for index `index` of map, talking over comm (ranks as in opts).
@@ -414,5 +438,7 @@ int dt_ps_client_stop(dt_ps_client *c);
 int dt_ps_client_quiesce(dt_ps_client *c);
 void dt_ps_client_stats_get(const dt_ps_client *c, dt_ps_client_stats *out);
 int64_t dt_ps_client_clock(const dt_ps_client *c);
+/* A joiner (dt_ps_join): its next push is at clock (the members' step). */
+void dt_ps_client_set_clock(dt_ps_client *c, int64_t clock);
 
 #endif /* DT_PS_H */

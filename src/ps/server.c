@@ -60,7 +60,12 @@
 
 #include "ps/server_int.h"
 
-static int srank(const dt_ps_server *s, int w) { (void)s; return w; } /* workers are ranks 0..N-1 */
+/* Worker w's endpoint: rank w of the job's communicator, or rank 0 of the
+ * communicator a worker that joined later came in on (server_join.c). */
+static int srank(const dt_ps_server *s, int w) { return s->wc && s->wc[w] ? 0 : w; }
+static dt_comm *wcm(const dt_ps_server *s, int w) {
+  return s->wc && s->wc[w] ? s->wc[w] : s->comm;
+}
 
 /* Key k (index `key` of the map; its parameters k->p set by the caller)
  * gets its optimizer and the per-worker state. */
@@ -219,6 +224,7 @@ void dt_ps_server_destroy(dt_ps_server *s) {
   free(s->pmsg);
   free(s->gone);
   free(s->losing);
+  dt__pss_join_free(s);
   free(s);
 }
 
@@ -275,6 +281,8 @@ static int64_t min_clock(const dt_ps_server *s, const skey *k) {
   return m;
 }
 
+int64_t dt__pss_min_clock(const dt_ps_server *s, const skey *k) { return min_clock(s, k); }
+
 /* Elastic workers: a send to worker w failed or its receive did. A lost
  * worker is removed at the next poll (dt_ps_server_poll), not inside the
  * handling of another worker's message. Returns 1 when that is the case
@@ -303,7 +311,7 @@ int dt__pss_wait_sent(dt_ps_server *s, skey *k, int w) {
   const int n = k->sent[w];
   k->sent[w] = 0;
   if (s->gone[w]) return DT_OK;
-  int rc = dt_comm_waitall(s->comm, &k->sreq[2 * w], n);
+  int rc = dt_comm_waitall(wcm(s, w), &k->sreq[2 * w], n);
   if (rc < 0 && worker_failing(s, w, rc)) return DT_OK;
   return rc < 0 ? comm_fail(s, rc, "sending parameters") : DT_OK;
 }
@@ -344,10 +352,10 @@ static int reply(dt_ps_server *s, skey *k, int w) {
     }
     uint8_t *h = k->shdr + (size_t)w * DT_PS_HDR_BYTES;
     dt_ps_msg_encode(&m, h);
-    int rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
+    int rc = dt_comm_isend(wcm(s, w), srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
                            &k->sreq[2 * w]);
     if (rc == DT_OK)
-      rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, dst,
+      rc = dt_comm_isend(wcm(s, w), srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, dst,
                          n * rl * sizeof(float), &k->sreq[2 * w + 1]);
     if (rc < 0 && worker_failing(s, w, rc)) return DT_OK;
     if (rc < 0) return comm_fail(s, rc, "sending rows");
@@ -368,7 +376,7 @@ static int reply(dt_ps_server *s, skey *k, int w) {
     m.flags = DT_PS_F_WIN;
     uint8_t *h = k->shdr + (size_t)w * DT_PS_HDR_BYTES;
     dt_ps_msg_encode(&m, h);
-    int rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
+    int rc = dt_comm_isend(wcm(s, w), srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
                            &k->sreq[2 * w]);
     if (rc < 0 && worker_failing(s, w, rc)) return DT_OK;
     if (rc < 0) return comm_fail(s, rc, "sending parameters");
@@ -388,10 +396,10 @@ static int reply(dt_ps_server *s, skey *k, int w) {
   }
   uint8_t *h = k->shdr + (size_t)w * DT_PS_HDR_BYTES;
   dt_ps_msg_encode(&m, h);
-  int rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
+  int rc = dt_comm_isend(wcm(s, w), srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
                          &k->sreq[2 * w]);
   if (rc == DT_OK)
-    rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, src, len * sizeof(float),
+    rc = dt_comm_isend(wcm(s, w), srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, src, len * sizeof(float),
                        &k->sreq[2 * w + 1]);
   if (rc < 0 && worker_failing(s, w, rc)) return DT_OK;
   if (rc < 0) return comm_fail(s, rc, "sending parameters");
@@ -425,10 +433,10 @@ static int send_record(dt_ps_server *s, skey *k, int w) {
   }
   uint8_t *h = k->shdr + (size_t)w * DT_PS_HDR_BYTES;
   dt_ps_msg_encode(&m, h);
-  int rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
+  int rc = dt_comm_isend(wcm(s, w), srank(s, w), DT_PS_TAG_KEY(k->idx), h, DT_PS_HDR_BYTES,
                          &k->sreq[2 * w]);
   if (rc == DT_OK)
-    rc = dt_comm_isend(s->comm, srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, k->rec,
+    rc = dt_comm_isend(wcm(s, w), srank(s, w), DT_PS_TAG_KEY(k->idx) + 1, k->rec,
                        n * sizeof(float), &k->sreq[2 * w + 1]);
   if (rc < 0) return comm_fail(s, rc, "sending a checkpoint record");
   k->sent[w] = 2;
@@ -483,7 +491,7 @@ int dt__pss_handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data
       dt_ps_msg r = {.type = DT_PS_WELCOME, .sender = s->index, .key = s->map->nkeys,
                      .count = s->map->nparams, .aux = mine, .clock = R};
       dt_ps_msg_encode(&r, s->welcome);
-      int rc = dt_comm_send(s->comm, srank(s, w), DT_PS_TAG_CTL, s->welcome, DT_PS_HDR_BYTES);
+      int rc = dt_comm_send(wcm(s, w), srank(s, w), DT_PS_TAG_CTL, s->welcome, DT_PS_HDR_BYTES);
       if (rc < 0) return comm_fail(s, rc, "welcome");
     }
     if (m->aux != mine || m->key != s->map->nkeys || m->count != s->map->nparams ||
@@ -553,7 +561,7 @@ int dt_ps_server_local(dt_ps_server *s, const dt_ps_msg *m, const float *payload
 }
 
 static int post(dt_ps_server *s, int w) {
-  int rc = dt_comm_irecv(s->comm, srank(s, w), DT_PS_TAG_REQ, s->hdr + (size_t)w * DT_PS_HDR_BYTES,
+  int rc = dt_comm_irecv(wcm(s, w), srank(s, w), DT_PS_TAG_REQ, s->hdr + (size_t)w * DT_PS_HDR_BYTES,
                          DT_PS_HDR_BYTES, &s->req[w]);
   if (rc < 0 && worker_failing(s, w, rc)) return DT_OK;
   if (rc < 0) return comm_fail(s, rc, "posting a receive");
@@ -587,7 +595,7 @@ static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
     float *dst = queue ? (bytes ? dt_alloc(bytes) : NULL)
                  : sparse || rows ? k->pairs : dt__pss_push_dest(s, k, w, &m);
     if (queue && bytes && !dst) return dt__seterr(DT_ENOMEM, "ps server %d: out of memory", s->index);
-    if (bytes) rc = dt_comm_recv(s->comm, srank(s, w), DT_PS_TAG_REQ_DATA, dst, bytes);
+    if (bytes) rc = dt_comm_recv(wcm(s, w), srank(s, w), DT_PS_TAG_REQ_DATA, dst, bytes);
     if (rc < 0) {
       if (queue) dt_free(dst);
       if (worker_failing(s, w, rc)) return DT_OK; /* its header came, its payload did not */
@@ -637,7 +645,7 @@ static int arrived(dt_ps_server *s, int w) {
  * dropped (the clock closes with the live workers' pushes, scaled by their
  * weight as with backup workers), ssp's bound and every FINAL read count
  * the live workers only, and its pending reads are forgotten. */
-static int worker_lost(dt_ps_server *s, int w) {
+int dt__pss_worker_lost(dt_ps_server *s, int w, const char *how) {
   s->gone[w] = 1;
   s->losing[w] = 0;
   s->ngone++;
@@ -658,8 +666,8 @@ static int worker_lost(dt_ps_server *s, int w) {
       open++;
     }
   }
-  DT_LOG_WARN("ps server %d: worker %d (rank %d) lost after %lld pushed clocks: removed from "
-              "the clocks%s; %d of %d workers go on", s->index, w, srank(s, w), (long long)c,
+  DT_LOG_WARN("ps server %d: worker %d (rank %d) %s after %lld pushed clocks: removed from "
+              "the clocks%s; %d of %d workers go on", s->index, w, srank(s, w), how, (long long)c,
               open ? " (its push to the open clock dropped)" : "", s->N - s->ngone, s->N);
   for (int i = 0; i < s->nk; i++) DT_CHECK(dt__pss_recheck(s, &s->keys[i]));
   return DT_OK;
@@ -683,7 +691,7 @@ int dt_ps_server_poll(dt_ps_server *s, int *busy) {
       if (rc < 0) break;
     }
     bool done = false;
-    rc = dt_comm_test(s->comm, &s->req[w], &done);
+    rc = dt_comm_test(wcm(s, w), &s->req[w], &done);
     if (rc < 0 && worker_failing(s, w, rc)) {
       rc = DT_OK;
       continue;
@@ -697,12 +705,17 @@ int dt_ps_server_poll(dt_ps_server *s, int *busy) {
       rc = arrived(s, w);
     }
   }
-  /* elastic workers: the lost ones out of the clocks */
+  /* elastic workers: the lost ones out of the clocks, then joiners in */
   for (int w = 0; w < s->N && rc == DT_OK; w++)
     if (s->losing[w] && !s->gone[w]) {
       *busy = 1;
-      rc = worker_lost(s, w);
+      rc = dt__pss_worker_lost(s, w, "lost");
     }
+  if (rc == DT_OK && s->jst) {
+    int b = 0;
+    rc = dt__pss_join_poll(s, &b);
+    *busy |= b;
+  }
   /* re-replication: copies to send, copies coming in, messages they held */
   if (rc == DT_OK && s->cp) {
     int b = 0;
@@ -754,7 +767,7 @@ int dt_ps_server_run(dt_ps_server *s) {
       s->rr = (s->rr + 1) % s->N;
       if (s->bye[w]) continue;
       if (!s->posted[w] && (rc = post(s, w)) < 0) break;
-      rc = dt_comm_waitall(s->comm, &s->req[w], 1);
+      rc = dt_comm_waitall(wcm(s, w), &s->req[w], 1);
       if (rc < 0) {
         rc = comm_fail(s, rc, "waiting for a worker");
         break;

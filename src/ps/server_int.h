@@ -85,6 +85,15 @@ struct dt_ps_server {
   uint8_t *gone;     /* per worker: lost and removed */
   uint8_t *losing;   /* per worker: a request with it failed; removed at the next poll */
   int ngone;
+  /* joiners (server_join.c): per worker, the communicator a worker that
+   * joined later talks over (NULL: the job's); the store they announce
+   * themselves in */
+  dt_comm **wc;
+  struct dt_store *jst;
+  struct dt_comm_config jcc;
+  char jjob[200], jkey[240];
+  int64_t jseen;
+  double jnext;
   int nbye;
   uint8_t welcome[DT_PS_HDR_BYTES];
   dt_comm_req wreq[1];
@@ -125,7 +134,11 @@ int dt__pss_copy_poll(dt_ps_server *s, int *busy);
 int dt__pss_must_queue(const dt_ps_server *s, int w, const dt_ps_msg *m);
 int dt__pss_enqueue(dt_ps_server *s, int w, const dt_ps_msg *m, float *data);
 void dt__pss_copy_finish(dt_ps_server *s);
-void dt__pss_worker_failed(dt_ps_server *s, int w);
+int dt__pss_worker_lost(dt_ps_server *s, int w, const char *how);
+int64_t dt__pss_min_clock(const dt_ps_server *s, const struct skey *k);
+/* server_join.c */
+int dt__pss_join_poll(dt_ps_server *s, int *busy);
+void dt__pss_join_free(dt_ps_server *s);
 /* server_apply.c */
 int dt__pss_need(const dt_ps_server *s);
 int dt__pss_recheck(dt_ps_server *s, skey *k);
