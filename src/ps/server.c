@@ -288,7 +288,7 @@ int64_t dt__pss_min_clock(const dt_ps_server *s, const skey *k) { return min_clo
  * handling of another worker's message. Returns 1 when that is the case
  * (the caller goes on), 0 when the failure ends the server. */
 static int worker_failing(dt_ps_server *s, int w, int rc) {
-  if (!s->o.elastic || rc != DT_EPEERLOST || w == s->local) return 0;
+  if (!s->o.elastic || (rc != DT_EPEERLOST && rc != DT_ECLOSED) || w == s->local) return 0;
   s->losing[w] = 1;
   return 1;
 }
@@ -749,8 +749,10 @@ static int finish_sends(dt_ps_server *s) {
   for (int i = 0; i < s->nk; i++)
     for (int w = 0; w < s->N; w++) DT_CHECK(dt__pss_wait_sent(s, &s->keys[i], w));
   if (s->st.workers_lost)
-    DT_LOG_INFO("ps server %d: done; %lld of %d workers were lost and removed from the clocks",
-                s->index, (long long)s->st.workers_lost, s->N);
+    DT_LOG_INFO("ps server %d: done; %lld workers lost and removed from the clocks, %lld joiners "
+                "admitted; %d of %d slots served at the end", s->index,
+                (long long)s->st.workers_lost, (long long)s->st.workers_joined, s->N - s->ngone,
+                s->N);
   return DT_OK;
 }
 
