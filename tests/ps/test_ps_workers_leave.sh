@@ -10,11 +10,17 @@
 #  - ssp (s = 2), 3 workers, 2 servers: the same (the bound counts the
 #    live workers only), and no read missed more than s clocks;
 #  - the same bsp kill over tcp (a closed connection is the loss);
+#  - joining: with --standby 1 the launcher wakes a spare when worker 2
+#    dies; the server admits it into slot 2 at the members' clock, it
+#    pulls the parameters, the job ends with 3 workers (and the end's
+#    check that every worker holds the same parameters passes);
+#  - dtrain launch --join: a job below dist.min_workers = 3 waits; a joiner
+#    with another config is refused (exit 2, the key named) without
+#    disturbing it; a good joiner takes the slot and the job ends with 3;
 #  - without dist.min_workers a lost worker still ends the job, within a
 #    deadline, naming it;
 #  - refused with one line naming the key: colocated servers (a server
-#    dies with its worker) and spare workers (joining a ps job is not
-#    built).
+#    dies with its worker).
 # Every process this test starts is killed and reaped by pid on exit.
 . "$(dirname "$0")/../cli/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -58,6 +64,57 @@ leave ssp 2 --set ps.consistency=ssp --set ps.staleness=2 &&
 DTRAIN_TRANSPORT=tcp leave tcp 1 &&
   { grep -q "tcp: .*rank 2" "$T/tcp.err" && pass || fail "tcp: not over tcp: $(head -c 400 "$T/tcp.err")"; }
 
+# a spare takes the lost worker's slot
+if start spare --servers 1 --set dist.min_workers=2 --standby 1; then
+  kill -9 "$(pid_of spare 2)"
+  wait_end spare 40
+  if [ $rc = 124 ]; then
+    fail "spare: still running 40 s after worker 2's SIGKILL"
+  else
+    [ $rc = 0 ] && pass || fail "spare: exit $rc: $(head -c 800 "$T/spare.err")"
+    grep -Eq "ps server 0: joiner 1 is worker 2 from clock [0-9]+ on; 3 of 3 workers" "$T/spare.err" &&
+      pass || fail "spare: the server did not admit the spare: $(grep 'ps ' "$T/spare.err" | head -5)"
+    grep -Eq "ps: joiner is worker 2 .* its parameters pulled from the servers" "$T/spare.err" &&
+      pass || fail "spare: the spare did not say it joined"
+    [ "$(grep -Eo '"workers":[[:space:]]*[0-9]+' "$T/spare/summary.json" | grep -Eo '[0-9]+$')" = 3 ] &&
+      pass || fail "spare: summary.json: $(grep -Eo '"workers":[^,]*' "$T/spare/summary.json")"
+  fi
+  no_procs spare 4
+fi
+
+# dtrain launch --join: below min_workers the job waits; a bad joiner is
+# refused, a good one brings it back to 3 workers
+export DTRAIN_JOB_TOKEN=0123456789abcdef0123456789abcdef
+P=$(free_port)
+JB=("$MLP" --set train.epochs=4 --set data.limit_train=1920 --set data.limit_test=200
+    --set ps.servers=1 --set dist.min_workers=3 --set dist.rejoin_timeout=60)
+DTRAIN_TEST_KILL=2:20:forward "$DTRAIN" launch --rdzv 127.0.0.1:$P --nproc-per-node 4 -- \
+  train "${JB[@]}" --out "$T/launch" >"$T/launch.log" 2>&1 </dev/null &
+job=$!
+PIDS="$PIDS $job"
+t0=$(now)
+while elapsed_ok "$t0" "$(now)" 30 && ! grep -q "waiting up to" "$T/launch.log"; do sleep 0.05; done
+grep -q "waiting up to" "$T/launch.log" && pass ||
+  fail "launch: the job did not wait below min_workers: $(tail -3 "$T/launch.log")"
+run_bounded 40 "$DTRAIN" launch --join --rdzv 127.0.0.1:$P -- train "${JB[@]}" \
+  --set train.batch=32 >"$T/badcfg.log" 2>&1 </dev/null
+jrc=$?
+[ $jrc = 2 ] && grep -q "joiner refused: .*train.batch = 32 here, 64 in the job" "$T/badcfg.log" &&
+  pass || fail "badcfg: exit $jrc: $(tail -2 "$T/badcfg.log")"
+run_bounded 40 "$DTRAIN" launch --join --rdzv 127.0.0.1:$P -- train "${JB[@]}" \
+  >"$T/good.log" 2>&1 </dev/null
+jrc=$?
+[ $jrc = 0 ] && pass || fail "good joiner: exit $jrc: $(grep -v info "$T/good.log" | tail -3)"
+parent=$job
+wait_end launch 40
+[ $rc = 0 ] && pass || fail "launch: exit $rc: $(grep -v info "$T/launch.log" | tail -3)"
+grep -Eq "ps server 0: joiner [0-9]+ is worker 2 from clock [0-9]+ on" "$T/launch.log" && pass ||
+  fail "launch: the server did not admit the joiner: $(grep 'ps ' "$T/launch.log" | head -5)"
+[ "$(grep -Eo '"workers":[[:space:]]*[0-9]+' "$T/launch/summary.json" | grep -Eo '[0-9]+$')" = 3 ] &&
+  pass || fail "launch: summary.json: $(grep -Eo '"workers":[^,]*' "$T/launch/summary.json" 2>&1)"
+if grep -q "generation 2" "$T/launch.log"; then fail "launch: the refused joiner made a generation"; else pass; fi
+unset DTRAIN_JOB_TOKEN
+
 # without dist.min_workers: a lost worker ends the job, naming it
 if start fixed --servers 1; then
   kill -9 "$(pid_of fixed 2)"
@@ -74,6 +131,4 @@ fi
 
 expect_bad coloc "dist.min_workers: .*colocated parameter servers" train "$MLP" --workers 2 \
   --set ps.colocate=true --set dist.min_workers=1
-expect_bad spare "dist.min_workers: .*joining a ps job is not built" train "$MLP" --workers 2 \
-  --servers 1 --set dist.min_workers=1 --set dist.standby=1
 finish
