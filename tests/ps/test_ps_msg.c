@@ -113,8 +113,17 @@ static void test_refusals(void **state) {
   x.type = DT_PS_PULL;
   x.count = 0;
   refused(&x, 0, 0, "state");
+  /* the join flag: a joiner's HELLO only */
+  x = m;
+  x.flags = DT_PS_F_JOIN | DT_PS_F_PULL;
+  refused(&x, 0, 0, "with the join flag");
   uint8_t b[DT_PS_HDR_BYTES];
   dt_ps_msg o;
+  dt_ps_msg h = {.type = DT_PS_HELLO, .sender = 1, .key = map.nkeys, .flags = DT_PS_F_JOIN,
+                 .count = map.nparams, .aux = 5, .clock = 1};
+  dt_ps_msg_encode(&h, b);
+  assert_int_equal(dt_ps_msg_parse(b, sizeof b, &map, 2, 0, 1, &o), DT_OK);
+  assert_int_equal(o.flags, DT_PS_F_JOIN);
   /* a dense push through the window, with its pull, is taken */
   x = m;
   x.flags = DT_PS_F_WIN | DT_PS_F_PULL;
