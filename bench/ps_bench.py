@@ -43,6 +43,9 @@ Parts (--parts, default speed,rpc,straggler,sparse):
              clocks after it (their log lines give the wall time), its
              median (target <= 2 s), and whether params_sha256 equals the
              run without the kill (bsp stays deterministic).
+  workers    (not in the default list) 3 workers + 1 separate server + 1 spare, bsp,
+             dist.min_workers = 2: worker 2 SIGKILLed after epoch 1; the time to the
+             server's first clock without it and to the spare's admission.
   rereplicate  (not in the default list) 2 workers, 3 separate servers,
              ps.replicas = 2, bsp, the same MLP: server 0 SIGKILLed after
              the first epoch record, then, once both of its ranges have a
@@ -379,6 +382,50 @@ def rereplicate():
         print(f"  median SIGKILL -> both new copies in {statistics.median(times):.3f} s; "
               f"params_sha256 unchanged after both kills in {same} of {a.failover_reps} runs")
 
+def workers():
+    """Elastic workers (docs/ps.md "Workers leaving and joining"): 3 workers, 1 server, bsp,
+    dist.min_workers=2 and one spare (--standby 1); worker 2 SIGKILLed after epoch 1. Prints
+    the time from the SIGKILL to the server's first clock closed without it (its own log
+    line's timestamp) and to the spare's admission (at the members' next epoch end)."""
+    ep = a.failover_epochs
+    print(f"== workers: MLP, 3 workers + 1 server + 1 spare, bsp, dist.min_workers=2, {ep} epochs "
+          f"of 3200 samples; worker 2 SIGKILLed after epoch 1 ({a.failover_reps} runs)")
+    args = [dtrain, "train", "examples/fashion_mlp.ini", "--workers", "3", "--servers", "1",
+            "--standby", "1", "--set", "dist.min_workers=2", "--set", f"train.epochs={ep}",
+            "--set", "data.limit_train=3200", "--set", "data.limit_test=500",
+            "--set", "ckpt.epoch_end=false"]
+    def stamp(line):  # the log line's own UTC time
+        m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", line)
+        return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
+            tzinfo=datetime.timezone.utc).timestamp() if m else None
+    clk, adm = [], []
+    for r in range(a.failover_reps):
+        with tempfile.TemporaryDirectory() as out:
+            p = subprocess.Popen(args + ["--out", out], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            pids = {}
+            for line in p.stdout:
+                pids = {int(k): int(v) for k, v in re.findall(r"rank (\d+) pid (\d+)", line)}
+                if pids:
+                    break
+            wait_first_event(out)
+            t_kill = time.time()
+            os.kill(pids[2], 9)
+            _, err = p.communicate(timeout=300)
+            c = [stamp(l) for l in err.splitlines() if "s after worker 2 was lost" in l]
+            j = [stamp(l) for l in err.splitlines() if re.search(r"joiner \d+ is worker 2", l)]
+            ok = p.returncode == 0 and c and j and c[0] and j[0]
+            if ok:
+                clk.append(c[0] - t_kill)
+                adm.append(j[0] - t_kill)
+                print(f"  run {r + 1}: SIGKILL -> first clock without it {clk[-1]:.3f} s, -> spare "
+                      f"admitted {adm[-1]:.3f} s, exit 0", flush=True)
+            else:
+                print(f"  run {r + 1}: exit {p.returncode}: {err[-400:]}", flush=True)
+    if clk:
+        print(f"  median SIGKILL -> first clock without the lost worker {statistics.median(clk):.3f} s; "
+              f"-> spare admitted {statistics.median(adm):.3f} s ({len(clk)} of {a.failover_reps} runs)")
+
 def breakdown():
     """Where a step's time goes: one traced epoch of the MLP per mode (2 workers,
     global batch 64), the mean of each span per step and rank: forward,
@@ -421,5 +468,6 @@ def breakdown():
 
 for part in a.parts.split(","):
     {"speed": speed, "rpc": rpc, "straggler": straggler, "sparse": sparse,
-     "failover": failover, "rereplicate": rereplicate, "breakdown": breakdown}[part]()
+     "failover": failover, "rereplicate": rereplicate, "workers": workers,
+     "breakdown": breakdown}[part]()
     print(flush=True)

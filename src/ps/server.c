@@ -650,6 +650,8 @@ int dt__pss_worker_lost(dt_ps_server *s, int w, const char *how) {
   s->losing[w] = 0;
   s->ngone++;
   s->st.workers_lost++;
+  s->lost_t = dt_now();
+  s->lost_w = w;
   s->parked[w] = 0;
   if (!s->bye[w]) s->bye[w] = 1, s->nbye++;
   int64_t c = 0;

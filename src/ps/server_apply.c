@@ -23,6 +23,16 @@ static void add1(float *restrict g, const float *restrict x, size_t n) {
 
 /* ---- applying pushes ---------------------------------------------------------- */
 
+/* The first bsp clock closed after a worker was lost: when (the bench's
+ * measure of how long the loss held the job up). */
+static void clock_after_loss(dt_ps_server *s, const skey *k) {
+  if (!(s->lost_t > 0)) return;
+  const double now = dt_now();
+  DT_LOG_INFO("ps server %d: key %d closed clock %lld %.3f s after worker %d was lost",
+              s->index, k->idx, (long long)k->version - 1, now - s->lost_t, s->lost_w);
+  s->lost_t = 0;
+}
+
 /* bsp: pushes that close a clock: every live worker's (N - b without
  * lost workers; docs/ps.md "Workers leaving"). */
 int dt__pss_need(const dt_ps_server *s) {
@@ -68,6 +78,7 @@ static int bsp_close_rows(dt_ps_server *s, skey *k) {
   k->narr = 0;
   k->version++;
   s->st.clocks++;
+  clock_after_loss(s, k);
   return dt__pss_try_replies(s, k);
 }
 
@@ -109,6 +120,7 @@ static int bsp_close(dt_ps_server *s, skey *k) {
   k->narr = 0;
   k->version++;
   s->st.clocks++;
+  clock_after_loss(s, k);
   return dt__pss_try_replies(s, k);
 }
 

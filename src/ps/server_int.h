@@ -85,6 +85,8 @@ struct dt_ps_server {
   uint8_t *gone;     /* per worker: lost and removed */
   uint8_t *losing;   /* per worker: a request with it failed; removed at the next poll */
   int ngone;
+  double lost_t;     /* when the last worker was lost, until a clock closes after it (bsp) */
+  int lost_w;
   /* joiners (server_join.c): per worker, the communicator a worker that
    * joined later talks over (NULL: the job's); the store they announce
    * themselves in */
