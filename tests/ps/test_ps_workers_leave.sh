@@ -17,6 +17,8 @@
 #  - dtrain launch --join: a job below dist.min_workers = 3 waits; a joiner
 #    with another config is refused (exit 2, the key named) without
 #    disturbing it; a good joiner takes the slot and the job ends with 3;
+#  - a worker and a server lost (3 servers, ps.replicas = 2): both are
+#    survived, the server's range gets its new copy, the job ends with 2;
 #  - without dist.min_workers a lost worker still ends the job, within a
 #    deadline, naming it;
 #  - refused with one line naming the key: colocated servers (a server
@@ -63,6 +65,24 @@ leave ssp 2 --set ps.consistency=ssp --set ps.staleness=2 &&
       fail "ssp: server 1 did not name the lost worker"; }
 DTRAIN_TRANSPORT=tcp leave tcp 1 &&
   { grep -q "tcp: .*rank 2" "$T/tcp.err" && pass || fail "tcp: not over tcp: $(head -c 400 "$T/tcp.err")"; }
+
+# a worker and then a server: elastic workers and replicated shards together
+if start both --servers 3 --set ps.replicas=2 --set dist.min_workers=2; then
+  kill -9 "$(pid_of both 2)"
+  sleep 0.2
+  kill -9 "$(pid_of both 3)"
+  wait_end both 40
+  if [ $rc = 124 ]; then
+    fail "both: still running 40 s after the kills"
+  else
+    [ $rc = 0 ] && pass || fail "both: exit $rc: $(grep -v 'go on' "$T/both.err" | head -c 800)"
+    grep -q "ps server [12]: worker 2 (rank 2) lost" "$T/both.err" && pass ||
+      fail "both: no server named the lost worker"
+    grep -q "holds its copy of keys .* (server 0's range)" "$T/both.err" && pass ||
+      fail "both: server 0's range got no new copy: $(grep 'ps server' "$T/both.err" | head -5)"
+  fi
+  no_procs both 6
+fi
 
 # a spare takes the lost worker's slot
 if start spare --servers 1 --set dist.min_workers=2 --standby 1; then
