@@ -10,6 +10,9 @@
  *     parameters the member holds at that step, and both step on together
  *     to the same final parameters; the server counts one loss and one
  *     join;
+ *   - ssp (s = 1) across the same changes: nobody waits for the lost
+ *     worker, no read misses more than s clocks of the live workers, the
+ *     joiner comes in at the members' clock;
  *   - bsp across the changes, bit for bit against a serial reference: each
  *     clock is the rank-order sum of the live workers' scaled pushes,
  *     divided by their total weight when a worker is missing (clocks 3-5:
@@ -36,6 +39,7 @@ static const uint64_t LENS[] = {300, 40, 8};
 #define JOB "psjointest"
 
 typedef struct ctx {
+  int consistency, staleness;
   int port;
   atomic_int left;      /* worker 1 has left */
   atomic_int admitted;  /* the good joiner is in: worker 0 may step on */
@@ -54,11 +58,12 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-static void opts_of(dt_ps_opts *o) {
+static void opts_of(const ctx *C, dt_ps_opts *o) {
   memset(o, 0, sizeof *o);
   o->nworkers = 2;
   o->nservers = 1;
-  o->consistency = DT_PS_BSP;
+  o->consistency = C->consistency;
+  o->staleness = C->staleness;
   o->elastic = 1;
   dt_optim_cfg oc = DT_OPTIM_CFG_INIT;
   oc.lr = 0.1f;
@@ -107,7 +112,7 @@ static void *rank_main(void *p) {
   if (rc == DT_OK) rc = dt__comm_tolerate_loss(c);
   if (rc == DT_OK) rc = dt_ps_map_build(&map, LENS, NL, 1);
   dt_ps_opts o;
-  opts_of(&o);
+  opts_of(C, &o);
   float init[NP], params[NP], grads[NP];
   for (size_t i = 0; i < NP; i++) init[i] = (float)(i % 5) * 0.25f;
   memcpy(params, init, sizeof params);
@@ -178,7 +183,7 @@ static void joiners(ctx *C) {
   /* the good one: worker 1's slot */
   assert_int_equal(dt_ps_join("127.0.0.1", C->port, &cc, &map, 1, &jc), DT_OK);
   dt_ps_opts o;
-  opts_of(&o);
+  opts_of(C, &o);
   o.joined = 1;
   float params[NP], grads[NP];
   memset(params, 0, sizeof params);
@@ -203,11 +208,12 @@ static void joiners(ctx *C) {
   dt_ps_map_free(&other);
 }
 
-static void test_leave_and_join(void **state) {
-  (void)state;
+static ctx *run_case(int consistency, int staleness) {
   dt_store_server *srv = NULL;
   assert_int_equal(dt_store_server_start(&srv, "127.0.0.1", 0, NULL), DT_OK);
   ctx *C = calloc(1, sizeof *C);
+  C->consistency = consistency;
+  C->staleness = staleness;
   C->port = dt_store_server_port(srv);
   pthread_t th[3];
   rank_arg ra[3];
@@ -228,6 +234,24 @@ static void test_leave_and_join(void **state) {
   assert_non_null(strstr(C->bad_map_msg, "(worker 1) has another key-range map"));
   assert_int_equal(C->join_clock, 6);
   assert_memory_equal(C->final0, C->final_j, sizeof C->final0);
+  assert_int_equal(C->st.workers_lost, 1);
+  assert_int_equal(C->st.workers_joined, 1);
+  return C;
+}
+
+static void test_leave_and_join_ssp(void **state) {
+  (void)state;
+  ctx *C = run_case(DT_PS_SSP, 1);
+  printf("# ssp s=1: %lld reads, max missing %lld, violations %lld\n", (long long)C->st.reads,
+         (long long)C->st.max_missing, (long long)C->st.violations);
+  assert_int_equal(C->st.violations, 0);
+  assert_true(C->st.max_missing <= 1);
+  free(C);
+}
+
+static void test_leave_and_join(void **state) {
+  (void)state;
+  ctx *C = run_case(DT_PS_BSP, 0);
   /* the serial reference */
   dt_optim_cfg oc = DT_OPTIM_CFG_INIT;
   oc.lr = 0.1f;
@@ -246,8 +270,6 @@ static void test_leave_and_join(void **state) {
   }
   dt_optim_destroy(opt);
   assert_memory_equal(C->final0, ref, sizeof ref);
-  assert_int_equal(C->st.workers_lost, 1);
-  assert_int_equal(C->st.workers_joined, 1);
   /* 9 clocks on every key */
   assert_int_equal(C->st.clocks, 9 * 3);
   free(C);
@@ -256,6 +278,7 @@ static void test_leave_and_join(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_leave_and_join),
+      cmocka_unit_test(test_leave_and_join_ssp),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,7 @@
 #    the run ends within a deadline (no hang on the lost worker's clock)
 #    and the test accuracy is that of a trained model;
 #  - ssp (s = 2), 3 workers, 2 servers: the same (the bound counts the
-#    live workers only), and no read missed more than s clocks;
+#    live workers only);
 #  - the same bsp kill over tcp (a closed connection is the loss);
 #  - joining: with --standby 1 the launcher wakes a spare when worker 2
 #    dies; the server admits it into slot 2 at the members' clock, it
