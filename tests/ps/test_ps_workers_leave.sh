@@ -19,6 +19,9 @@
 #    disturbing it; a good joiner takes the slot and the job ends with 3;
 #  - a worker and a server lost (3 servers, ps.replicas = 2): both are
 #    survived, the server's range gets its new copy, the job ends with 2;
+#  - a server lost without a replica still ends an elastic job within a
+#    deadline, every worker naming the server and its keys (no re-forming
+#    loop);
 #  - without dist.min_workers a lost worker still ends the job, within a
 #    deadline, naming it;
 #  - refused with one line naming the key: colocated servers (a server
@@ -134,6 +137,21 @@ grep -Eq "ps server 0: joiner [0-9]+ is worker 2 from clock [0-9]+ on" "$T/launc
   pass || fail "launch: summary.json: $(grep -Eo '"workers":[^,]*' "$T/launch/summary.json" 2>&1)"
 if grep -q "generation 2" "$T/launch.log"; then fail "launch: the refused joiner made a generation"; else pass; fi
 unset DTRAIN_JOB_TOKEN
+
+# elastic workers cannot survive a server without a replica: the job ends
+if start srv --servers 1 --set dist.min_workers=2; then
+  kill -9 "$(pid_of srv 3)"
+  wait_end srv 30
+  if [ $rc = 124 ]; then
+    fail "srv: still running 30 s after the server's SIGKILL"
+  else
+    [ $rc -ne 0 ] && pass || fail "srv: exit 0"
+    n=$(grep -c "ps worker [012]: waiting for server 0 (rank 3, keys 0-2" "$T/srv.err")
+    [ "$n" = 3 ] && pass || fail "srv: $n workers named the lost server: $(head -c 600 "$T/srv.err")"
+    grep -q "re-forming\|generation 1" "$T/srv.err" && fail "srv: the workers re-formed" || pass
+  fi
+  no_procs srv 4
+fi
 
 # without dist.min_workers: a lost worker ends the job, naming it
 if start fixed --servers 1; then
