@@ -44,6 +44,13 @@
  * This file holds the state, takes and parses messages, answers reads and
  * runs the serving loops; server_apply.c aggregates and applies pushes.
  *
+ * Elastic workers (dist.min_workers, o.elastic): a worker whose requests
+ * fail with a lost or closed peer is taken out of every clock at the next
+ * poll (bsp closes with the live workers' pushes, ssp's bound and FINAL
+ * reads count the live ones); a joiner takes a lost worker's slot over a
+ * communicator of its own (server_join.c), so each worker's endpoint is
+ * (wcm(s, w), srank(s, w)).
+ *
  * After a loss (replicas), a range's new holder takes a copy of it from
  * its primary (server_copy.c); otherwise servers exchange nothing, the
  * workers send each push to every holder.
