@@ -41,7 +41,9 @@
  * workers' own communicator (collectives: epoch numbers, evaluation) is
  * re-formed by src/elastic at their next collective, and membership_change
  * only takes the new one: the parameters and optimizer state are the
- * servers', so nothing else moves. Not here: joiners (refused).
+ * servers', so nothing else moves. A joiner takes a lost worker's slot at
+ * the servers over a communicator of its own (src/ps/server_join.c) and
+ * pulls the parameters.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -446,8 +448,9 @@ static int ps_membership(dt_strategy *s, const dt_membership *m) {
   if (rc == DT_OK) rc = dt_comm_broadcast(m->comm, &step, 1, DT_I64, m->source);
   if (rc < 0) return dt__ddp_comm_err(s, rc, "membership change: state from the source");
   if (!d->cl) s->step = step; /* a joiner */
+  /* not DT_EMISMATCH: re-forming again would not make the steps agree */
   if (step != s->step)
-    return dt__seterr(DT_EMISMATCH, "rank %d: membership change: step %lld here, %lld on the "
+    return dt__seterr(DT_EIO, "rank %d: membership change: step %lld here, %lld on the "
                       "source (rank %d); a ps worker never skips or redoes a pushed clock",
                       s->rank, (long long)s->step, (long long)step, m->source);
   /* the members' slots; a joiner takes the lowest free one (several
@@ -484,12 +487,16 @@ static int ps_membership(dt_strategy *s, const dt_membership *m) {
   if (jrc < 0) snprintf(why, sizeof why, "%s", dt_errmsg());
   rc = dt_comm_allreduce(m->comm, &bad, &any, 1, DT_I32, DT_OP_SUM);
   if (rc < 0) return dt__ddp_comm_err(s, rc, "membership change: the joiners' admission");
+  /* a joiner the servers refused stops (not recoverable: it would only
+   * be refused again); the members go on, and re-form without it at
+   * their next collective, which it is no longer there for */
   if (jrc < 0) return dt__seterr(DT_EIO, "%s", why);
-  if (any)
-    return dt__seterr(DT_EIO, "rank %d: membership change: a joiner was not admitted by the "
-                      "servers", s->rank);
-  if (joiners && s->rank == 0)
-    DT_LOG_INFO("ps: %d joiner(s) admitted at step %lld", joiners, (long long)s->step);
+  if (any && s->rank == 0)
+    DT_LOG_WARN("ps: %d joiner(s) not admitted by the servers; the members go on and re-form "
+                "without them", (int)any);
+  if (joiners > any && s->rank == 0)
+    DT_LOG_INFO("ps: %d joiner(s) admitted at step %lld", joiners - (int)any,
+                (long long)s->step);
   if (s->rank == 0)
     DT_LOG_INFO("ps: %d workers go on at step %lld; the servers' clocks count only them",
                 s->nranks, (long long)s->step);
