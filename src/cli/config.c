@@ -676,7 +676,7 @@ int dt_config_validate(const dt_config *c) {
     return key_error(c, find_key("dist", "min_workers"), "%d is more than dist.workers = %d",
                      r->min_workers, r->workers);
   /* a parameter server survives lost workers with separate servers
-   * (docs/ps.md "Workers leaving"); joiners are not built for it */
+   * (docs/ps.md "Workers leaving and joining"), joiners included */
   if (r->min_workers && ps_on && ps->servers > 0 && !ps->colocate) ps_on = 0;
   if (r->min_workers && (r->pipeline_stages > 1 || r->micro_batches > 1 || r->zero || ps_on))
     return key_error(c, find_key("dist", "min_workers"), "elastic training is built for the ddp "
