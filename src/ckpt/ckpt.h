@@ -80,6 +80,12 @@ size_t dt__st_dtype_size(int dtype);
  * labels messages (DT_ECORRUPT "NAME: ..."). Tensor data pointers point
  * into buf, which must outlive st. */
 int dt__st_parse(dt_st *st, const uint8_t *buf, size_t len, const char *name);
+/* The same checks for a file of len bytes of which only the first have
+ * bytes (at least the 8-byte length and the header) are in head: the
+ * tensors' data pointers are NULL, their bytes at data_off + begin in the
+ * file (read them with dt__ckpt_pread). */
+int dt__st_parse_head(dt_st *st, const uint8_t *head, size_t have, uint64_t len,
+                      const char *name);
 const dt_st_tensor *dt__st_find(const dt_st *st, const char *name);
 /* A __metadata__ value, or NULL. */
 const char *dt__st_meta(const dt_st *st, const char *key);
@@ -179,6 +185,10 @@ typedef struct dt_ckpt_entry {
   char name[64], owner[32], role[32];
   uint64_t bytes;
   char sha256[65];
+  /* set by dt__ckpt_verify: the file it hashed (device, inode, change
+   * time), so a later dt__ckpt_open knows it reads the same file */
+  uint64_t dev, ino;
+  int64_t ctime_ns;
 } dt_ckpt_entry;
 
 typedef struct dt_ckpt_info {
@@ -204,12 +214,25 @@ int dt__manifest_parse(const char *text, size_t len, const char *name, dt_ckpt_i
 /* Reads a whole regular file (at most max bytes) into malloc'd memory. */
 int dt__read_all(const char *path, size_t max, uint8_t **out, size_t *len);
 /* Checks one checkpoint directory completely: the manifest, every file's
- * presence, size and SHA-256, every safetensors header, every JSON file.
+ * presence, size and SHA-256 (hashed in chunks: memory stays bounded
+ * whatever the file's size), every safetensors header, every JSON file.
  * DT_ECORRUPT / DT_ENOENT / DT_ENOTSUP naming the directory and file. */
 int dt__ckpt_verify(const char *dir, dt_ckpt_info *info);
 /* Reads file `name` of a verified checkpoint, checking its size and hash
  * again (the disk may have changed since). */
 int dt__ckpt_load(const dt_ckpt_info *info, const char *name, uint8_t **out, size_t *len);
+/* Parts of one file of a verified checkpoint, without reading it whole
+ * (each rank reads only its own tensors on resume): opens file `name`
+ * and checks it is the very file dt__ckpt_verify hashed (size, device,
+ * inode, change time; DT_ECORRUPT naming it otherwise). path (cap bytes)
+ * receives its path for messages. */
+int dt__ckpt_open(const dt_ckpt_info *info, const char *name, int *fd, char *path, size_t cap);
+/* The same for a safetensors file, its header parsed into st (data
+ * pointers NULL: dt__st_parse_head). Close *fd and free st after. */
+int dt__ckpt_open_st(const dt_ckpt_info *info, const char *name, dt_st *st, int *fd);
+/* len bytes at byte off of fd into buf; a short file is DT_ECORRUPT
+ * naming path (truncated since it was verified). */
+int dt__ckpt_pread(int fd, void *buf, size_t len, uint64_t off, const char *path);
 /* The checkpoint directories under root, newest step first (names only,
  * "step-NNNNNNNN"). Returns the count or a negative DT_E*; *names malloc'd. */
 int dt__ckpt_list(const char *root, char (**names)[32]);

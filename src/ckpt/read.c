@@ -107,6 +107,143 @@ int dt__ckpt_load(const dt_ckpt_info *info, const char *name, uint8_t **out, siz
   return rc;
 }
 
+#define HASH_CHUNK ((size_t)1 << 20)
+/* JSON files are read whole to be parsed; they are small */
+#define JSON_MAX ((size_t)64 << 20)
+
+int dt__ckpt_pread(int fd, void *buf, size_t len, uint64_t off, const char *path) {
+  char *b = buf;
+  while (len) {
+    ssize_t r = pread(fd, b, len, (off_t)off);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return dt__seterr(DT_EIO, "'%s': read at byte %llu: %s", path,
+                                 (unsigned long long)off, strerror(errno));
+    if (r == 0)
+      return dt__seterr(DT_ECORRUPT, "'%s': ends before byte %llu (truncated since it was "
+                        "verified)", path, (unsigned long long)(off + len));
+    b += r, len -= (size_t)r, off += (uint64_t)r;
+  }
+  return DT_OK;
+}
+
+/* The header of the safetensors file fd (len bytes) parsed into st. */
+static int read_head(int fd, uint64_t len, dt_st *st, const char *path) {
+  uint8_t l8[8];
+  memset(st, 0, sizeof *st);
+  if (len < 8) return dt__st_parse_head(st, l8, 0, len, path);
+  DT_CHECK(dt__ckpt_pread(fd, l8, 8, 0, path));
+  uint64_t hl = 0;
+  for (int i = 7; i >= 0; i--) hl = hl << 8 | l8[i];
+  if (hl < 2 || hl > DT_ST_HEADER_MAX || hl > len - 8) return dt__st_parse_head(st, l8, 8, len, path);
+  uint8_t *h = malloc(8 + (size_t)hl);
+  if (!h) return dt__seterr(DT_ENOMEM, "'%s': out of memory for its header", path);
+  int rc = dt__ckpt_pread(fd, h, 8 + (size_t)hl, 0, path);
+  if (rc == DT_OK) rc = dt__st_parse_head(st, h, 8 + (size_t)hl, len, path);
+  free(h);
+  return rc;
+}
+
+/* One file of a checkpoint against its manifest entry, streamed: size,
+ * SHA-256 in chunks, then its format (a safetensors header, JSON). The
+ * file's identity goes into f for dt__ckpt_open. */
+static int verify_file(dt_ckpt_entry *f, const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return dt__seterr(errno == ENOENT ? DT_ENOENT : DT_EIO, "'%s': %s", path, strerror(errno));
+  struct stat sb;
+  int rc = DT_OK;
+  if (fstat(fd, &sb) || !S_ISREG(sb.st_mode))
+    rc = dt__seterr(DT_EIO, "'%s': not a regular file", path);
+  else if ((uint64_t)sb.st_size != f->bytes)
+    rc = dt__seterr(DT_ECORRUPT, "'%s': %lld bytes, the manifest says %llu (truncated or "
+                    "extended)", path, (long long)sb.st_size, (unsigned long long)f->bytes);
+  uint8_t *b = rc == DT_OK ? malloc(HASH_CHUNK) : NULL;
+  if (rc == DT_OK && !b) rc = dt__seterr(DT_ENOMEM, "'%s': out of memory", path);
+  dt_sha256_ctx *h = rc == DT_OK ? dt_sha256_begin() : NULL;
+  if (rc == DT_OK && !h) rc = dt__seterr(DT_ENOMEM, "'%s': out of memory", path);
+  for (uint64_t at = 0; rc == DT_OK && at < f->bytes; at += HASH_CHUNK) {
+    size_t k = f->bytes - at < HASH_CHUNK ? (size_t)(f->bytes - at) : HASH_CHUNK;
+    rc = dt__ckpt_pread(fd, b, k, at, path);
+    if (rc == DT_OK) dt_sha256_update(h, b, k);
+  }
+  free(b);
+  if (h) {
+    uint8_t d[32];
+    char hex[65];
+    dt_sha256_end(h, d);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    if (rc == DT_OK && strcmp(hex, f->sha256))
+      rc = dt__seterr(DT_ECORRUPT, "'%s': SHA-256 mismatch against the manifest (damaged)",
+                      path);
+  }
+  size_t nl = strlen(f->name);
+  if (rc == DT_OK && nl > 12 && !strcmp(f->name + nl - 12, ".safetensors")) {
+    dt_st st;
+    rc = read_head(fd, f->bytes, &st, path);
+    if (rc == DT_OK) dt__st_free(&st);
+  } else if (rc == DT_OK && nl > 5 && !strcmp(f->name + nl - 5, ".json")) {
+    uint8_t *j = NULL;
+    size_t jn = 0;
+    rc = dt__read_all(path, JSON_MAX, &j, &jn);
+    cJSON *o = rc == DT_OK ? cJSON_ParseWithLength((const char *)j, jn) : NULL;
+    if (rc == DT_OK && !o) rc = dt__seterr(DT_ECORRUPT, "'%s': not JSON", path);
+    cJSON_Delete(o);
+    free(j);
+  }
+  if (rc == DT_OK) {
+    f->dev = (uint64_t)sb.st_dev;
+    f->ino = (uint64_t)sb.st_ino;
+    f->ctime_ns = (int64_t)sb.st_ctim.tv_sec * 1000000000 + sb.st_ctim.tv_nsec;
+  }
+  close(fd);
+  return rc;
+}
+
+int dt__ckpt_open(const dt_ckpt_info *info, const char *name, int *fd, char *path, size_t cap) {
+  *fd = -1;
+  const dt_ckpt_entry *f = NULL;
+  for (int i = 0; i < info->nfiles; i++)
+    if (!strcmp(info->files[i].name, name)) f = &info->files[i];
+  if (!f)
+    return dt__seterr(DT_ENOENT, "checkpoint '%s' has no file '%s' in its manifest", info->dir,
+                      name);
+  snprintf(path, cap, "%s/%s", info->dir, name);
+  int d = open(path, O_RDONLY | O_CLOEXEC);
+  if (d < 0)
+    return dt__seterr(errno == ENOENT ? DT_ENOENT : DT_EIO, "'%s': %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(d, &sb)) {
+    close(d);
+    return dt__seterr(DT_EIO, "'%s': %s", path, strerror(errno));
+  }
+  const int64_t ct = (int64_t)sb.st_ctim.tv_sec * 1000000000 + sb.st_ctim.tv_nsec;
+  if ((uint64_t)sb.st_size != f->bytes || (f->ino && ((uint64_t)sb.st_ino != f->ino ||
+                                                      (uint64_t)sb.st_dev != f->dev ||
+                                                      ct != f->ctime_ns))) {
+    close(d);
+    return dt__seterr(DT_ECORRUPT, "'%s': changed since it was verified (%lld bytes, the "
+                      "manifest says %llu)", path, (long long)sb.st_size,
+                      (unsigned long long)f->bytes);
+  }
+  *fd = d;
+  return DT_OK;
+}
+
+int dt__ckpt_open_st(const dt_ckpt_info *info, const char *name, dt_st *st, int *fd) {
+  char path[DT_CKPT_PATH_MAX + 80];
+  memset(st, 0, sizeof *st);
+  DT_CHECK(dt__ckpt_open(info, name, fd, path, sizeof path));
+  uint64_t len = 0;
+  for (int i = 0; i < info->nfiles; i++)
+    if (!strcmp(info->files[i].name, name)) len = info->files[i].bytes;
+  int rc = read_head(*fd, len, st, path);
+  if (rc < 0) {
+    close(*fd);
+    *fd = -1;
+  }
+  return rc;
+}
+
 int dt__ckpt_verify(const char *dir, dt_ckpt_info *info) {
   memset(info, 0, sizeof *info);
   snprintf(info->dir, sizeof info->dir, "%s", dir);
@@ -123,10 +260,8 @@ int dt__ckpt_verify(const char *dir, dt_ckpt_info *info) {
   free(b);
   if (rc < 0) return rc;
   for (int i = 0; i < info->nfiles; i++) {
-    uint8_t *fb;
-    size_t fn;
-    DT_CHECK(dt__ckpt_load(info, info->files[i].name, &fb, &fn));
-    free(fb);
+    snprintf(path, sizeof path, "%s/%s", dir, info->files[i].name);
+    DT_CHECK(verify_file(&info->files[i], path));
   }
   return DT_OK;
 }

@@ -155,7 +155,9 @@ static int parse_meta(dt_st *st, const cJSON *m, const char *name) {
   return DT_OK;
 }
 
-int dt__st_parse(dt_st *st, const uint8_t *buf, size_t len, const char *name) {
+/* The parse of a file of len bytes whose first have bytes are in buf
+ * (have >= 8 + the header's length, or the whole file). */
+static int parse_core(dt_st *st, const uint8_t *buf, size_t have, size_t len, const char *name) {
   memset(st, 0, sizeof *st);
   if (len < 8) return dt__seterr(DT_ECORRUPT, "%s: %zu bytes, shorter than a header", name, len);
   uint64_t hl = 0;
@@ -163,6 +165,9 @@ int dt__st_parse(dt_st *st, const uint8_t *buf, size_t len, const char *name) {
   if (hl < 2 || hl > DT_ST_HEADER_MAX || hl > len - 8)
     return dt__seterr(DT_ECORRUPT, "%s: header length %llu does not fit the file (%zu bytes, "
                       "header at most %u)", name, (unsigned long long)hl, len, DT_ST_HEADER_MAX);
+  if (have < 8 + hl)
+    return dt__seterr(DT_EINVAL, "%s: %zu bytes of a %llu-byte header given", name, have,
+                      (unsigned long long)hl);
   if (buf[8] != '{')
     return dt__seterr(DT_ECORRUPT, "%s: the header does not start with '{'", name);
   const char *end = NULL;
@@ -219,9 +224,20 @@ int dt__st_parse(dt_st *st, const uint8_t *buf, size_t len, const char *name) {
     dt__st_free(st);
     return rc;
   }
-  for (int i = 0; i < st->n; i++) st->t[i].data = buf + st->data_off + st->t[i].begin;
+  for (int i = 0; i < st->n; i++)
+    st->t[i].data = have >= len ? buf + st->data_off + st->t[i].begin : NULL;
   st->data_bytes = data_len;
   return DT_OK;
+}
+
+int dt__st_parse(dt_st *st, const uint8_t *buf, size_t len, const char *name) {
+  return parse_core(st, buf, len, len, name);
+}
+
+int dt__st_parse_head(dt_st *st, const uint8_t *head, size_t have, uint64_t len,
+                      const char *name) {
+  if (len > (uint64_t)SIZE_MAX) return dt__seterr(DT_ECORRUPT, "%s: too large", name);
+  return parse_core(st, head, have < len ? have : (size_t)len, (size_t)len, name);
 }
 
 /* ---- writing ---------------------------------------------------------------------- */

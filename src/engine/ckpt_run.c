@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "engine/engine_int.h"
@@ -429,31 +430,36 @@ int dt_engine_resume(dt_engine *e, const char *path) {
                       "checkpoints (one file per owner) are not built yet", e->strat.ops->name);
   dt_ckpt_resume *r = calloc(1, sizeof *r);
   if (!r) return dt__seterr(DT_ENOMEM, "resume: out of memory");
+  /* Verified in chunks, then only headers and trainer.json are read here:
+   * the weights and the optimizer state stay in the files until the rank
+   * that needs a tensor reads it (every rank its own), so this process
+   * (the launcher, before the fork) never holds the model's bytes. */
   int rc = dt__ckpt_find(path, &r->info);
   uint8_t *tj = NULL;
-  size_t tl = 0, n = 0;
+  size_t tl = 0;
+  int fd = -1;
   if (rc == DT_OK) rc = dt__ckpt_load(&r->info, "trainer.json", &tj, &tl);
   if (rc == DT_OK) rc = dt__ckpt_read_trainer(e, r, tj, tl);
   free(tj);
-  if (rc == DT_OK) rc = dt__ckpt_load(&r->info, "model.safetensors", &r->model_buf, &n);
-  if (rc == DT_OK) rc = dt__st_parse(&r->model_st, r->model_buf, n, "model.safetensors");
-  if (rc == DT_OK) rc = dt__ckpt_load(&r->info, "state.safetensors", &r->state_buf, &n);
-  if (rc == DT_OK) rc = dt__st_parse(&r->state_st, r->state_buf, n, "state.safetensors");
-  if (rc == DT_OK) {
-    char what[DT_CKPT_PATH_MAX + 32];
-    snprintf(what, sizeof what, "checkpoint '%s'", r->info.dir);
-    rc = dt__ckpt_load_model(e, &r->model_st, what, 1);
-  }
+  if (rc == DT_OK) rc = dt__ckpt_open_st(&r->info, "model.safetensors", &r->model_st, &fd);
+  if (fd >= 0) close(fd), fd = -1;
+  if (rc == DT_OK) rc = dt__ckpt_open_st(&r->info, "state.safetensors", &r->state_st, &fd);
+  if (fd >= 0) close(fd), fd = -1;
+  char what[DT_CKPT_PATH_MAX + 32];
+  snprintf(what, sizeof what, "checkpoint '%s'", r->info.dir);
+  if (rc == DT_OK) rc = dt__ckpt_check_model(e, &r->model_st, what);
+  if (rc == DT_OK && !e->strat.params_lazy)
+    rc = dt__ckpt_read_layers(r, e->model, 0, dt_model_nlayers(e->model));
   if (rc < 0) {
     dt__ckpt_resume_free(r);
     return rc;
   }
-  /* the weights are in the model (a stage initialises nothing now); the
-   * rest waits for dt_engine_run */
-  e->strat.params_lazy = 0;
+  /* a stage reads its own span when it would initialise it (setup) */
+  if (e->strat.params_lazy) {
+    e->strat.params_load = dt__ckpt_read_layers;
+    e->strat.params_load_ud = r;
+  }
   dt__st_free(&r->model_st);
-  free(r->model_buf);
-  r->model_buf = NULL;
   dt__ckpt_resume_free(e->ck.res);
   e->ck.res = r;
   return DT_OK;

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "engine/engine_int.h"
@@ -39,6 +40,7 @@ typedef struct tref {
   int dtype;       /* DT_ST_F32, or DT_ST_I64 for num_batches_tracked */
   size_t off, n;   /* floats in params (buf = 0) or bufs (buf = 1) */
   int buf;
+  int layer;       /* index in model.layers */
 } tref;
 
 /* Every tensor of the model, in state_dict order. Returns the count. */
@@ -49,7 +51,7 @@ static int model_trefs(const dt_model *m, tref *t, int cap) {
     if (!l->nparams) continue;
     const int64_t in = (int64_t)l->in_c * l->in_h * l->in_w;
     const int64_t out = (int64_t)l->out_c * l->out_h * l->out_w;
-    tref w = {.ndim = 1, .dtype = DT_ST_F32, .off = l->param_off}, b = w;
+    tref w = {.ndim = 1, .dtype = DT_ST_F32, .off = l->param_off, .layer = i}, b = w;
     snprintf(w.name, sizeof w.name, "%d.weight", i);
     snprintf(b.name, sizeof b.name, "%d.bias", i);
     if (l->kind == DT_L_LINEAR) {
@@ -97,8 +99,8 @@ static int model_trefs(const dt_model *m, tref *t, int cap) {
     if (l->kind == DT_L_BATCHNORM) {
       int64_t c = (int64_t)l->nparams / 2;
       tref rm = {.ndim = 1, .shape = {c}, .dtype = DT_ST_F32, .off = l->buf_off, .n = (size_t)c,
-                 .buf = 1};
-      tref rv = rm, nb = {.ndim = 0, .dtype = DT_ST_I64, .n = 0, .buf = 2};
+                 .buf = 1, .layer = i};
+      tref rv = rm, nb = {.ndim = 0, .dtype = DT_ST_I64, .n = 0, .buf = 2, .layer = i};
       rv.off = l->buf_off + (size_t)c;
       snprintf(rm.name, sizeof rm.name, "%d.running_mean", i);
       snprintf(rv.name, sizeof rv.name, "%d.running_var", i);
@@ -445,16 +447,17 @@ int dt__ckpt_export_model(dt_engine *e, dt_st *st) {
 
 /* Copies every model tensor of st into the model after checking them all.
  * strict: a tensor st holds that the model has not is an error too. */
-int dt__ckpt_load_model(dt_engine *e, const dt_st *st, const char *what, int strict) {
-  tref *t = malloc(MAX_TREFS * sizeof *t);
-  if (!t) return dt__seterr(DT_ENOMEM, "%s: out of memory", what);
-  int n = model_trefs(e->model, t, MAX_TREFS), rc = DT_OK;
+/* Every model tensor of st present with the model's dtype and shape (and
+ * with strict, nothing else in st); t[0..n) the model's. */
+static int check_model(const dt_model *m, const char *layers, const dt_st *st, const char *what,
+                       int strict, const tref *t, int n) {
+  int rc = DT_OK;
   for (int i = 0; i < n && rc == DT_OK; i++) {
     const dt_st_tensor *x = dt__st_find(st, t[i].name);
     if (!x) {
       if (t[i].buf == 2) continue; /* num_batches_tracked: informative only */
       rc = dt__seterr(DT_EMISMATCH, "%s: no tensor '%s' (model.layers '%s' expects it)", what,
-                      t[i].name, e->cfg.layers);
+                      t[i].name, layers);
       break;
     }
     int same = x->dtype == t[i].dtype && x->ndim == t[i].ndim;
@@ -474,8 +477,53 @@ int dt__ckpt_load_model(dt_engine *e, const dt_st *st, const char *what, int str
     for (int i = 0; i < n && !known; i++) known = !strcmp(st->t[j].name, t[i].name);
     if (!known)
       rc = dt__seterr(DT_EMISMATCH, "%s: tensor '%s' has no place in model.layers '%s'", what,
-                      st->t[j].name, e->cfg.layers);
+                      st->t[j].name, layers);
   }
+  (void)m;
+  return rc;
+}
+
+int dt__ckpt_check_model(dt_engine *e, const dt_st *st, const char *what) {
+  tref *t = malloc(MAX_TREFS * sizeof *t);
+  if (!t) return dt__seterr(DT_ENOMEM, "%s: out of memory", what);
+  int n = model_trefs(e->model, t, MAX_TREFS);
+  int rc = check_model(e->model, e->cfg.layers, st, what, 1, t, n);
+  free(t);
+  return rc;
+}
+
+int dt__ckpt_read_layers(void *resume, dt_model *m, int first, int last) {
+  const dt_ckpt_resume *r = resume;
+  char what[DT_CKPT_PATH_MAX + 32], path[DT_CKPT_PATH_MAX + 80];
+  snprintf(what, sizeof what, "checkpoint '%s'", r->info.dir);
+  snprintf(path, sizeof path, "%s/model.safetensors", r->info.dir);
+  tref *t = malloc(MAX_TREFS * sizeof *t);
+  if (!t) return dt__seterr(DT_ENOMEM, "%s: out of memory", what);
+  dt_st st;
+  int fd = -1;
+  int n = model_trefs(m, t, MAX_TREFS);
+  int rc = dt__ckpt_open_st(&r->info, "model.safetensors", &st, &fd);
+  /* the file is the one the launcher checked; its header is checked again */
+  if (rc == DT_OK) rc = check_model(m, "", &st, what, 1, t, n);
+  for (int i = 0; i < n && rc == DT_OK; i++) {
+    if (t[i].layer < first || t[i].layer >= last || t[i].buf == 2) continue;
+    const dt_st_tensor *x = dt__st_find(&st, t[i].name);
+    if (!x) continue;
+    float *dst = (t[i].buf ? dt_model_bufs(m) : dt_model_params(m)) + t[i].off;
+    rc = dt__ckpt_pread(fd, dst, t[i].n * sizeof(float), st.data_off + x->begin, path);
+    if (rc < 0) rc = dt__preerr(rc, "tensor '%s'", t[i].name);
+  }
+  if (fd >= 0) close(fd);
+  dt__st_free(&st);
+  free(t);
+  return rc;
+}
+
+int dt__ckpt_load_model(dt_engine *e, const dt_st *st, const char *what, int strict) {
+  tref *t = malloc(MAX_TREFS * sizeof *t);
+  if (!t) return dt__seterr(DT_ENOMEM, "%s: out of memory", what);
+  int n = model_trefs(e->model, t, MAX_TREFS);
+  int rc = check_model(e->model, e->cfg.layers, st, what, strict, t, n);
   /* everything checked: copy */
   for (int i = 0; i < n && rc == DT_OK; i++) {
     const dt_st_tensor *x = dt__st_find(st, t[i].name);
@@ -487,53 +535,68 @@ int dt__ckpt_load_model(dt_engine *e, const dt_st *st, const char *what, int str
   return rc;
 }
 
-/* A blob of another file of the checkpoint being resumed (loaded, its size
- * and hash checked again, parsed, for each call). */
-static int blob_get_file(void *ud, const char *file, const char *name, void *buf, size_t cap,
-                         size_t *len) {
-  const dt_ckpt_resume *r = ud;
-  uint8_t *data = NULL;
-  size_t n = 0;
+/* Bytes [off, off + len) of blob `name` of checkpoint file `file` (its
+ * header parsed, the bytes read where they lie: no copy of the file).
+ * part 0: len is a capacity, *total bytes of the blob from off = 0 are
+ * read up to it; part 1: exactly that range, or DT_ECORRUPT. */
+static int read_blob(const dt_ckpt_resume *r, const char *file, const char *name, uint64_t off,
+                     void *buf, size_t len, size_t *total, int part) {
   dt_st st;
-  memset(&st, 0, sizeof st);
-  int rc = dt__ckpt_load(&r->info, file, &data, &n);
-  if (rc == DT_OK) rc = dt__st_parse(&st, data, n, file);
-  if (rc == DT_OK) {
-    const dt_st_tensor *t = dt__st_find(&st, name);
-    if (!t) {
-      rc = dt__seterr(DT_ENOENT, "checkpoint '%s': %s has no blob '%s'", r->info.dir, file, name);
-    } else {
-      *len = (size_t)(t->end - t->begin);
-      memcpy(buf, t->data, *len < cap ? *len : cap);
-    }
+  int fd = -1;
+  char path[DT_CKPT_PATH_MAX + 80];
+  snprintf(path, sizeof path, "%s/%s", r->info.dir, file);
+  int rc = dt__ckpt_open_st(&r->info, file, &st, &fd);
+  if (rc < 0) return rc;
+  const dt_st_tensor *t = dt__st_find(&st, name);
+  if (!t) {
+    rc = dt__seterr(DT_ENOENT, "checkpoint '%s': %s has no blob '%s'", r->info.dir, file, name);
+  } else {
+    const uint64_t size = t->end - t->begin;
+    *total = (size_t)size;
+    if (!part) len = size < len ? (size_t)size : len, off = 0;
+    if (part && (off > size || len > size - off))
+      rc = dt__seterr(DT_ECORRUPT, "'%s': blob '%s' holds %llu bytes, bytes [%llu, %llu) were "
+                      "asked for (another model or optimizer?)", path, name,
+                      (unsigned long long)size, (unsigned long long)off,
+                      (unsigned long long)(off + len));
+    else if (len)
+      rc = dt__ckpt_pread(fd, buf, len, st.data_off + t->begin + off, path);
   }
+  close(fd);
   dt__st_free(&st);
-  free(data);
   return rc;
 }
 
-static int blob_get_r(void *ud, const char *name, void *buf, size_t cap, size_t *len);
+/* A blob of another file of the checkpoint being resumed. */
+static int blob_get_file(void *ud, const char *file, const char *name, void *buf, size_t cap,
+                         size_t *len) {
+  return read_blob(ud, file, name, 0, buf, cap, len, 0);
+}
+
+static int blob_get_part(void *ud, const char *file, const char *name, uint64_t off, void *buf,
+                         size_t len, size_t *total) {
+  char tn[DT_ST_NAME_MAX];
+  if (!file) snprintf(tn, sizeof tn, "strategy/%s", name);
+  return read_blob(ud, file ? file : "state.safetensors", file ? name : tn, off, buf, len,
+                   total, 1);
+}
+
+static int blob_get_r(void *ud, const char *name, void *buf, size_t cap, size_t *len) {
+  char tn[DT_ST_NAME_MAX];
+  snprintf(tn, sizeof tn, "strategy/%s", name);
+  int rc = read_blob(ud, "state.safetensors", tn, 0, buf, cap, len, 0);
+  if (rc == DT_ENOENT && dt__st_find(&((dt_ckpt_resume *)ud)->state_st, tn) == NULL)
+    return dt__seterr(DT_ENOENT, "checkpoint state: no blob '%s'", name);
+  return rc;
+}
 
 void dt__ckpt_reader(dt_ckpt_resume *r, dt_state_reader *out) {
   out->get = blob_get_r;
   out->ud = r;
   out->get_file = blob_get_file;
+  out->get_part = blob_get_part;
 }
 
-static int blob_get(void *ud, const char *name, void *buf, size_t cap, size_t *len) {
-  const dt_st *st = ud;
-  char tn[DT_ST_NAME_MAX];
-  snprintf(tn, sizeof tn, "strategy/%s", name);
-  const dt_st_tensor *t = dt__st_find(st, tn);
-  if (!t) return dt__seterr(DT_ENOENT, "checkpoint state: no blob '%s'", name);
-  *len = (size_t)(t->end - t->begin);
-  memcpy(buf, t->data, *len < cap ? *len : cap);
-  return DT_OK;
-}
-
-static int blob_get_r(void *ud, const char *name, void *buf, size_t cap, size_t *len) {
-  return blob_get(&((dt_ckpt_resume *)ud)->state_st, name, buf, cap, len);
-}
 
 static int num(const cJSON *o, const char *k, double *v, const char *dir) {
   const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, k);

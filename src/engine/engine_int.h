@@ -150,6 +150,13 @@ int dt__ckpt_snapshot(dt_engine *e, dt_ckpt_snap *s, const dt_ckpt_pos *p);
 void dt__ckpt_rank_file(int r, char *file, size_t cap);
 int dt__ckpt_export_model(dt_engine *e, dt_st *st);
 int dt__ckpt_load_model(dt_engine *e, const dt_st *st, const char *what, int strict);
+/* Checks st (a header: dt__st_parse_head) against e's model as
+ * dt__ckpt_load_model does, copying nothing. */
+int dt__ckpt_check_model(dt_engine *e, const dt_st *st, const char *what);
+/* Reads the tensors of layers [first, last) of the resumed checkpoint's
+ * model.safetensors straight into m's buffers (no copy of the file):
+ * every rank its own (dt_strategy.params_load). */
+int dt__ckpt_read_layers(void *resume, dt_model *m, int first, int last);
 int dt__ckpt_read_trainer(dt_engine *e, dt_ckpt_resume *r, const uint8_t *text, size_t len);
 int dt__ckpt_apply(dt_engine *e, dt_ckpt_resume *r);
 /* A reader of the strategy's blobs (and other files) of checkpoint r. */

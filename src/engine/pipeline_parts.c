@@ -44,7 +44,10 @@ int dt__pipe_start(dt_strategy *s, pipe_impl *d) {
   s->own_off = off;
   s->own_n = n;
   if (s->params_lazy) {
-    DT_CHECK(dt__model_init_range(s->model, s->cfg->seed, d->part.first[st], d->part.first[st + 1]));
+    if (s->params_load) /* a resumed run: the stage's tensors from the checkpoint */
+      DT_CHECK(s->params_load(s->params_load_ud, s->model, d->part.first[st], d->part.first[st + 1]));
+    else
+      DT_CHECK(dt__model_init_range(s->model, s->cfg->seed, d->part.first[st], d->part.first[st + 1]));
     s->params_lazy = 0;
   }
   if (!d->scomm) return DT_OK;

@@ -109,6 +109,18 @@ int dt__import_optim_span(const dt_state_reader *r, size_t total, size_t slots, 
   int rc = r->get(r->ud, "pipe.stages", &P, sizeof P, &len);
   if (rc == DT_ENOENT) {
     /* the whole model's state in one blob (local, ddp, ddp_det) */
+    if (r->get_part) {
+      /* only [off, off + n) of each slot is read (a ZeRO-1 rank's block) */
+      for (size_t k = 0; k < slots; k++) {
+        size_t tot = 0;
+        DT_CHECK(r->get_part(r->ud, NULL, "optim", (uint64_t)(k * total + off) * sizeof(float),
+                             dst + k * n, n * sizeof(float), &tot));
+        if (tot != slots * total * sizeof(float))
+          return dt__seterr(DT_ECORRUPT, "strategy state 'optim': %zu bytes, expected %zu",
+                            tot, slots * total * sizeof(float));
+      }
+      return DT_OK;
+    }
     if (n == total && !off) return get_exact(r, "optim", dst, slots * n * sizeof(float));
     float *all = dt_alloc(slots * total * sizeof(float));
     if (!all) return dt__seterr(DT_ENOMEM, "checkpoint: out of memory for the optimizer state");
@@ -146,6 +158,18 @@ int dt__import_optim_span(const dt_state_reader *r, size_t total, size_t slots, 
     if (lo >= hi) continue; /* stage t holds none of [off, off + n) */
     char file[64];
     snprintf(file, sizeof file, "stage-%d.safetensors", t);
+    if (r->get_part) {
+      /* only the overlap, slot by slot, where it lies in the stage's file */
+      for (size_t k = 0; rc == DT_OK && k < slots; k++) {
+        size_t tot = 0;
+        rc = r->get_part(r->ud, file, "optim", (uint64_t)(k * m + (lo - o)) * sizeof(float),
+                         dst + k * n + (lo - off), (hi - lo) * sizeof(float), &tot);
+        if (rc == DT_OK && tot != slots * m * sizeof(float))
+          rc = dt__seterr(DT_ECORRUPT, "%s: 'optim' holds %zu bytes, stage %d's %zu parameters "
+                          "need %zu (another optimizer?)", file, tot, t, m, slots * m * sizeof(float));
+      }
+      continue;
+    }
     dt_free(buf);
     buf = dt_alloc(slots * m * sizeof(float));
     if (!buf) {

@@ -90,6 +90,13 @@ typedef struct dt_strategy {
    * for the strategy (ops.init_own; no model.init file, no resume): setup
    * initialises the part this rank trains (dt__model_init_range). */
   int params_lazy;
+  /* Set by dt_engine_resume with params_lazy: the weights are still in
+   * the checkpoint, and whoever would initialise layers [first, last)
+   * reads them from it instead (params_load(params_load_ud, ...)), so
+   * each stage reads only its own tensors and the process that forks the
+   * workers none. NULL otherwise. */
+  int (*params_load)(void *ud, dt_model *m, int first, int last);
+  void *params_load_ud;
   /* Set by setup of strategies whose ranks hold part of the parameters
    * (pipeline stages): own 1 and the span [own_off, own_off + own_n)
    * this rank holds (own_n 0: a stage without parameters); own 0: all of
@@ -151,6 +158,13 @@ typedef struct dt_state_reader {
   void *ud;
   int (*get_file)(void *ud, const char *file, const char *name, void *buf, size_t cap,
                   size_t *len);
+  /* Bytes [off, off + len) of a blob into buf, nothing else read (a
+   * rank's slice of the whole model's optimizer state): file NULL for the
+   * strategy's own blobs (as get), else a blob of that file (as
+   * get_file); *total gets the blob's size; a range past its end is
+   * DT_ECORRUPT. May be NULL (then get / get_file of the whole blob). */
+  int (*get_part)(void *ud, const char *file, const char *name, uint64_t off, void *buf,
+                  size_t len, size_t *total);
 } dt_state_reader;
 
 /* A membership change (elastic training): the new communicator, what

@@ -133,7 +133,10 @@ static int evaluate(dt_engine *e, double *loss, double *accuracy) {
   if (own < 0) return own;
   if (own == 1 && S->params_lazy) {
     /* before the strategy initialised its part (dt_engine_evaluate first) */
-    DT_CHECK(dt_model_init(e->model, e->cfg.seed));
+    if (S->params_load)
+      DT_CHECK(S->params_load(S->params_load_ud, e->model, 0, dt_model_nlayers(e->model)));
+    else
+      DT_CHECK(dt_model_init(e->model, e->cfg.seed));
     S->params_lazy = 0;
   }
   if (own == 1) DT_CHECK(S->ops->eval_begin(S, n, B, &lo, &hi));

@@ -463,7 +463,7 @@ static void roundtrip(const char *want, int workers, int det) {
   *dt_optim_step_count(e->optim) = 77;
   blobs *bs = calloc(1, sizeof *bs);
   dt_state_writer w = {put, bs, NULL, NULL};
-  dt_state_reader r = {get, bs, NULL};
+  dt_state_reader r = {get, bs, NULL, NULL};
   assert_int_equal(S->ops->state_export(S, &w), DT_OK);
   assert_non_null(find(bs, "optim"));
   assert_int_equal(find(bs, "optim")->len, ns * sizeof(float));
