@@ -352,11 +352,14 @@ int dt__ckpt_find(const char *path, dt_ckpt_info *info) {
   DT_CHECK(dt__ckpt_root_of(path, root, sizeof root));
   const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
   int explicit_ckpt = exists(path, DT_CKPT_MANIFEST) || is_step_name(base);
-  char tried[1024] = "";
+  char tried[1024] = "", why[600] = "";
   size_t tl = 0;
+  int ntried = 0;
   if (explicit_ckpt) {
     if (dt__ckpt_verify(path, info) == DT_OK) return DT_OK;
     DT_LOG_WARN("checkpoint '%s' skipped: %s", path, dt_errmsg());
+    snprintf(why, sizeof why, "%s", dt_errmsg());
+    ntried++;
     tl += (size_t)snprintf(tried + tl, sizeof tried - tl, " %s", base);
   }
   /* latest: report what is wrong with it; the choice is the newest valid */
@@ -387,10 +390,14 @@ int dt__ckpt_find(const char *path, dt_ckpt_info *info) {
       return DT_OK;
     }
     DT_LOG_WARN("checkpoint '%s' skipped: %s", p, dt_errmsg());
+    if (!ntried++) snprintf(why, sizeof why, "%s", dt_errmsg());
     if (tl < sizeof tried - 40) tl += (size_t)snprintf(tried + tl, sizeof tried - tl, " %s", names[i]);
   }
   free(names);
   if (!tried[0])
     return dt__seterr(DT_ENOENT, "no checkpoint under '%s'", root);
+  if (ntried == 1) /* the one reason, naming the file, in the error itself */
+    return dt__seterr(DT_ENOENT, "no valid checkpoint under '%s' (tried:%s: %s)", root, tried,
+                      why);
   return dt__seterr(DT_ENOENT, "no valid checkpoint under '%s' (tried:%s)", root, tried);
 }
