@@ -276,6 +276,15 @@ static int blob_put_file_fd(void *ud, const char *file, const char *owner, const
   return dt__st_add_fd(st, name, DT_ST_U8, 1, shape, fd, foff);
 }
 
+/* A strategy blob whose bytes are in a spill file (not copied). */
+static int blob_put_fd(void *ud, const char *name, int fd, uint64_t foff, size_t len) {
+  struct blob_ctx *b = ud;
+  char tn[DT_ST_NAME_MAX];
+  snprintf(tn, sizeof tn, "strategy/%s", name);
+  int64_t shape[1] = {(int64_t)len};
+  return dt__st_add_fd(b->st, tn, DT_ST_U8, 1, shape, fd, foff);
+}
+
 static int blob_put_file(void *ud, const char *file, const char *owner, const char *name,
                          const void *data, size_t len) {
   struct blob_ctx *b = ud;
@@ -423,7 +432,7 @@ int dt__ckpt_snapshot(dt_engine *e, dt_ckpt_snap *s, const dt_ckpt_pos *p) {
   DT_CHECK(add_model(e, st, params, bufs, nbt, e->strat.step, sp, lo));
   DT_CHECK(dt__snap_st(s, "state.safetensors", "rank0", "state", &st));
   struct blob_ctx bc = {s, st};
-  dt_state_writer w = {blob_put, &bc, blob_put_file, blob_put_file_fd};
+  dt_state_writer w = {blob_put, &bc, blob_put_file, blob_put_file_fd, blob_put_fd};
   DT_CHECK(e->strat.ops->state_export(&e->strat, &w));
   DT_CHECK(dt__st_set_meta(st, "dtrain.strategy", e->strat.ops->name));
   /* per-rank state, when every rank sent its own for this very step */

@@ -152,6 +152,9 @@ typedef struct dt_state_writer {
    * dt_strategy.ckpt_spill): not copied, read when the file is written */
   int (*put_file_fd)(void *ud, const char *file, const char *owner, const char *name, int fd,
                      uint64_t foff, size_t len);
+  /* put of len bytes held in file fd at byte foff (as put_file_fd; a
+   * ZeRO-1 checkpoint's optimizer state); may be NULL */
+  int (*put_fd)(void *ud, const char *name, int fd, uint64_t foff, size_t len);
 } dt_state_writer;
 typedef struct dt_state_reader {
   int (*get)(void *ud, const char *name, void *buf, size_t cap, size_t *len);

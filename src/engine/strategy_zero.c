@@ -24,8 +24,13 @@
  * gather the blocks on rank 0 and hold the whole model's state in ddp's
  * form (below).
  */
+#define _GNU_SOURCE /* O_TMPFILE */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/window.h"
 #include "core/core.h"
@@ -37,8 +42,15 @@ typedef struct zero_impl {
   dt_optim *opt, *opt_tail; /* state for the block, and for the tail */
   dt_comm_window *win;      /* one host: the gradients live here (as ddp's) */
   dt_step_plan plan;
-  float *ck_optim, *ck_blk; /* rank 0, checkpoints: the whole state, a peer's block */
-  int ck_ready;             /* ck_optim holds the state gathered for this checkpoint */
+  /* rank 0, checkpoints: the parameters and the whole model's optimizer
+   * state go to a spill file (two alternate), never to memory */
+  int ck_fd[2], ck_cur;
+  float *ck_buf;            /* one chunk of a peer's block */
+  dt_ckpt_range ck_range;   /* the parameters, at byte 0 of the spill */
+  dt_ckpt_spill ck_spill;
+  uint64_t ck_ooff;         /* byte of the optimizer state in the spill */
+  char ck_err[256];         /* the spill's write failed: this checkpoint is not taken */
+  int ck_ready;             /* the spill holds the state gathered for this checkpoint */
   uint64_t sent0, recv0;
   double comm_s;
 } zero_impl;
@@ -55,8 +67,9 @@ static void zero_teardown(dt_strategy *s) {
   if (!z) return;
   dt_optim_destroy(z->opt);
   dt_optim_destroy(z->opt_tail);
-  dt_free(z->ck_optim);
-  dt_free(z->ck_blk);
+  for (int i = 0; i < 2; i++)
+    if (z->ck_buf && z->ck_fd[i] >= 0) close(z->ck_fd[i]);
+  dt_free(z->ck_buf);
   if (z->win) {
     dt_model_set_grads(s->model, NULL);
     dt_comm_window_destroy(z->win);
@@ -172,15 +185,69 @@ static int zero_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *al
  * worker count, and ZeRO-1 resumes any of theirs. At a checkpoint rank 0
  * decides (ckpt_run.c: its clock, its stop flag) and broadcasts the
  * decision; when it says take, every other rank sends its block's state
- * (slots x blk floats) to rank 0, which lays the blocks and its own tail
- * into one buffer and writes it. The parameters are replicated after every
- * step (the allgather), so rank 0's are the model's. */
+ * (slots x blk floats) to rank 0 in chunks of CK_CHUNK floats, and rank 0
+ * puts each chunk where it lies in the whole model's slot-major state in a
+ * spill file (an unlinked file in the checkpoint root, as the pipeline's:
+ * pipeline_ckpt.c), after its own block, the tail and the parameters
+ * (replicated after every step by the allgather, so rank 0's are the
+ * model's). The snapshot names those bytes by their place in the spill
+ * (dt_strategy.ckpt_spill, put_fd) and copies none of them: at a
+ * checkpoint rank 0 holds one chunk more than between checkpoints, never
+ * the others' blocks nor a copy of the parameters (1/N of the optimizer
+ * state stays 1/N: tests/pipeline/test_zero_ckpt_mem.sh). Resuming, each
+ * rank reads its block and the tail out of the file (dt_state_reader
+ * get_part), nothing else. Two spill files alternate: the background
+ * writer may still be writing the previous checkpoint from one. */
 
 #define TAG_ZERO_CKPT 0x310000 /* the pipeline's checkpoint tag is 0x300000 */
+#define CK_CHUNK ((size_t)1 << 18) /* floats per message: rank 0's only buffer */
 
 /* Floats of state per parameter (0 for plain SGD, 1 momentum, 2 AdamW). */
 static size_t zero_slots(const zero_impl *z) {
   return dt_optim_state_floats(z->opt) / (z->blk ? z->blk : 1);
+}
+
+/* An unlinked file in dir (O_TMPFILE, or a named one removed at once). */
+static int spill_open(const char *dir) {
+  int fd = -1;
+#ifdef O_TMPFILE
+  fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+#endif
+  if (fd >= 0) return fd;
+  char path[DT_CFG_PATH_MAX + 64];
+  snprintf(path, sizeof path, "%s/.zero-spill-XXXXXX", dir);
+  fd = mkstemp(path);
+  if (fd < 0) return -1;
+  unlink(path);
+  return fd;
+}
+
+/* n floats at p into the spill at byte foff; a failure is remembered in
+ * *werr (errno) and later writes skipped. */
+static void spill_put(int fd, const float *p, size_t n, uint64_t foff, int *werr) {
+  const char *b = (const char *)p;
+  size_t len = n * sizeof(float);
+  while (len && !*werr) {
+    ssize_t w = pwrite(fd, b, len, (off_t)foff);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      *werr = w < 0 ? errno : ENOSPC;
+      break;
+    }
+    b += w, len -= (size_t)w, foff += (uint64_t)w;
+  }
+}
+
+/* m floats of a slot-major state of blocks of len floats (slots x len),
+ * starting at its float i0, into the whole model's slot-major state
+ * (slots x n) at the spill's byte o, the block starting at parameter at. */
+static void spill_block(int fd, const float *p, size_t i0, size_t m, size_t len, size_t n,
+                        size_t at, uint64_t o, int *werr) {
+  while (m) {
+    const size_t k = i0 / len, j = i0 % len, c = len - j < m ? len - j : m;
+    spill_put(fd, p, c, o + (uint64_t)(k * n + at + j) * sizeof(float), werr);
+    p += c, i0 += c, m -= c;
+  }
 }
 
 static int zero_gather(dt_strategy *s, int32_t *flags) {
@@ -188,45 +255,71 @@ static int zero_gather(dt_strategy *s, int32_t *flags) {
   int rc = dt_comm_broadcast(s->comm, flags, 1, DT_I32, 0);
   if (rc < 0) return dt__ddp_comm_err(s, rc, "agreeing on a checkpoint");
   const size_t slots = zero_slots(z), n = dt_model_nparams(s->model), blk = z->blk;
-  if (!(*flags & DT__CK_TAKE) || !slots) return DT_OK;
+  if (!(*flags & DT__CK_TAKE)) return DT_OK;
   if (s->rank) {
-    rc = blk ? dt_comm_send(s->comm, 0, TAG_ZERO_CKPT, dt_optim_state(z->opt),
-                            slots * blk * sizeof(float))
-             : DT_OK;
+    const float *st = dt_optim_state(z->opt);
+    for (size_t at = 0; rc == DT_OK && slots && at < slots * blk; at += CK_CHUNK) {
+      size_t k = slots * blk - at < CK_CHUNK ? slots * blk - at : CK_CHUNK;
+      rc = dt_comm_send(s->comm, 0, TAG_ZERO_CKPT, st + at, k * sizeof(float));
+    }
     return rc < 0 ? dt__ddp_comm_err(s, rc, "sending a block's optimizer state to rank 0")
                   : DT_OK;
   }
-  if (!z->ck_optim && !(z->ck_optim = dt_alloc(slots * n * sizeof(float))))
-    return dt__seterr(DT_ENOMEM, "ZeRO-1 checkpoint: out of memory for %zu floats of "
-                      "optimizer state", slots * n);
-  if (blk && !z->ck_blk && !(z->ck_blk = dt_alloc(slots * blk * sizeof(float))))
-    return dt__seterr(DT_ENOMEM, "ZeRO-1 checkpoint: out of memory");
-  const float *own = dt_optim_state(z->opt), *tail = dt_optim_state(z->opt_tail);
-  for (int r = 0; r < s->nranks && rc == DT_OK; r++) {
-    const float *src = own;
-    if (r && blk) {
-      rc = dt_comm_recv(s->comm, r, TAG_ZERO_CKPT, z->ck_blk, slots * blk * sizeof(float));
-      src = z->ck_blk;
-    }
-    for (size_t k = 0; rc == DT_OK && k < slots && blk; k++)
-      memcpy(z->ck_optim + k * n + (size_t)r * blk, src + k * blk, blk * sizeof(float));
+  /* rank 0 */
+  if (!z->ck_buf) {
+    if (!(z->ck_buf = dt_alloc(CK_CHUNK * sizeof(float))))
+      return dt__seterr(DT_ENOMEM, "ZeRO-1 checkpoint: out of memory");
+    z->ck_fd[0] = z->ck_fd[1] = -1;
   }
-  for (size_t k = 0; rc == DT_OK && k < slots && z->ntail; k++)
-    memcpy(z->ck_optim + k * n + z->tail0, tail + k * z->ntail, z->ntail * sizeof(float));
-  z->ck_ready = rc == DT_OK;
-  return rc < 0 ? dt__ddp_comm_err(s, rc, "gathering the blocks' optimizer state") : DT_OK;
+  z->ck_cur ^= 1;
+  z->ck_err[0] = '\0';
+  int *fd = &z->ck_fd[z->ck_cur], werr = 0;
+  if (*fd < 0) {
+    if (!s->ckpt_root) return dt__seterr(DT_EINVAL, "ZeRO-1 checkpoint: no checkpoint root");
+    *fd = spill_open(s->ckpt_root);
+    if (*fd < 0) werr = errno ? errno : EIO; /* still receive: the others are sending */
+  }
+  /* the parameters, then the state: own block, tail, the others' blocks */
+  spill_put(*fd, dt_model_params(s->model), n, 0, &werr);
+  const uint64_t o = (uint64_t)n * sizeof(float);
+  z->ck_ooff = o;
+  if (slots && blk) spill_block(*fd, dt_optim_state(z->opt), 0, slots * blk, blk, n, 0, o, &werr);
+  if (slots && z->ntail)
+    spill_block(*fd, dt_optim_state(z->opt_tail), 0, slots * z->ntail, z->ntail, n, z->tail0, o,
+                &werr);
+  for (int r = 1; r < s->nranks && rc == DT_OK && slots && blk; r++)
+    for (size_t at = 0; rc == DT_OK && at < slots * blk; at += CK_CHUNK) {
+      size_t k = slots * blk - at < CK_CHUNK ? slots * blk - at : CK_CHUNK;
+      rc = dt_comm_recv(s->comm, r, TAG_ZERO_CKPT, z->ck_buf, k * sizeof(float));
+      if (rc == DT_OK) spill_block(*fd, z->ck_buf, at, k, blk, n, (size_t)r * blk, o, &werr);
+    }
+  if (rc < 0) return dt__ddp_comm_err(s, rc, "gathering the blocks' optimizer state");
+  if (werr)
+    snprintf(z->ck_err, sizeof z->ck_err, "spill file in '%s': %s", s->ckpt_root,
+             strerror(werr));
+  z->ck_range = (dt_ckpt_range){0, 0, n, 0};
+  z->ck_spill = (dt_ckpt_spill){*fd, 1, &z->ck_range};
+  s->ckpt_spill = &z->ck_spill;
+  z->ck_ready = 1;
+  return DT_OK;
 }
 
 /* Rank 0, after zero_gather: ddp's blobs for the whole model. */
 static int zero_export(dt_strategy *s, const dt_state_writer *w) {
   zero_impl *z = s->impl;
   const size_t slots = zero_slots(z), n = dt_model_nparams(s->model);
-  if (slots && !z->ck_ready)
+  if (!z->ck_ready)
     return dt__seterr(DT_EINVAL, "strategy 'zero': the blocks' optimizer state was not gathered");
   z->ck_ready = 0;
+  if (z->ck_err[0]) return dt__seterr(DT_EIO, "ZeRO-1 checkpoint: %s", z->ck_err);
+  if (!w->put_fd)
+    return dt__seterr(DT_ENOTSUP, "strategy 'zero': its state needs a checkpoint writer that "
+                      "reads a spill file");
   static const float none = 0; /* plain SGD keeps no state: an empty blob, as ddp's */
-  DT_CHECK(w->put(w->ud, "optim", slots ? (const float *)z->ck_optim : &none,
-                  slots * n * sizeof(float)));
+  if (slots)
+    DT_CHECK(w->put_fd(w->ud, "optim", z->ck_spill.fd, z->ck_ooff, slots * n * sizeof(float)));
+  else
+    DT_CHECK(w->put(w->ud, "optim", &none, 0));
   DT_CHECK(w->put(w->ud, "optim_step", dt_optim_step_count(z->opt), sizeof(int64_t)));
   return w->put(w->ud, "step", &s->step, sizeof s->step);
 }

@@ -462,7 +462,7 @@ static void roundtrip(const char *want, int workers, int det) {
   S->step = 1234;
   *dt_optim_step_count(e->optim) = 77;
   blobs *bs = calloc(1, sizeof *bs);
-  dt_state_writer w = {put, bs, NULL, NULL};
+  dt_state_writer w = {put, bs, NULL, NULL, NULL};
   dt_state_reader r = {get, bs, NULL, NULL};
   assert_int_equal(S->ops->state_export(S, &w), DT_OK);
   assert_non_null(find(bs, "optim"));
