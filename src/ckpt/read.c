@@ -128,7 +128,7 @@ int dt__ckpt_pread(int fd, void *buf, size_t len, uint64_t off, const char *path
 
 /* The header of the safetensors file fd (len bytes) parsed into st. */
 static int read_head(int fd, uint64_t len, dt_st *st, const char *path) {
-  uint8_t l8[8];
+  uint8_t l8[8] = {0};
   memset(st, 0, sizeof *st);
   if (len < 8) return dt__st_parse_head(st, l8, 0, len, path);
   DT_CHECK(dt__ckpt_pread(fd, l8, 8, 0, path));
