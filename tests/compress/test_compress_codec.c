@@ -428,6 +428,16 @@ static void test_malformed(void **st) {
   float neg = -2;
   memcpy(q + DT_CZ_HDR_LEN, &neg, 4);
   expect_corrupt(DT_CODEC_QSGD, q, qb, N, "chunk 0 has negative scale");
+  /* a step of Inf or NaN: no encoder writes one (it would decode 0 x Inf) */
+  float inf_nan[2] = {INFINITY, NAN};
+  for (int t = 0; t < 2; t++) {
+    memcpy(q + DT_CZ_HDR_LEN, &inf_nan[t], 4);
+    expect_corrupt(DT_CODEC_QSGD, q, qb, N, "chunk 0 has scale");
+    memcpy(q + DT_CZ_HDR_LEN, &neg, 4);
+    ((dt_cz_hdr *)q)->scale = inf_nan[t];
+    expect_corrupt(DT_CODEC_QSGD, q, qb, N, "not finite");
+    ((dt_cz_hdr *)q)->scale = 1;
+  }
   free(q);
   /* sign: a block scale that is negative or not finite */
   uint8_t *sg = frame_for(DT_CODEC_SIGN, N, N);
@@ -458,6 +468,111 @@ static void test_nonfinite(void **st) {
     assert_true(isnan(dec[0]));
     free(f);
   }
+}
+
+/* Huge and tiny finite values: a codec's scale (qsgd's chunk norm, sign's
+ * block mean, int8's step) must neither overflow nor underflow in its own
+ * arithmetic. Each codec's frame decodes to finite values within its error
+ * bound, x = decoded + residual, and the non-finite flag stays clear; a
+ * real Inf or NaN among the same values still raises it. Before the fix,
+ * qsgd summed squares in float (|x| > ~1.8e19 in a chunk of >= 16 values:
+ * the norm was Inf and the chunk decoded to NaN with no flag; |x| ~ 1e-22:
+ * the squares underflowed, the norm came out too small and values were
+ * clipped) and sign summed |x| in float (a block of |x| ~ 1e37: an Inf
+ * scale the receiver rejected as a corrupt frame). */
+static uint8_t hdr_flags(const void *f) {
+  dt_cz_hdr h;
+  memcpy(&h, f, sizeof h);
+  return h.flags;
+}
+
+static void huge_one(int codec, int levels, const float *x, size_t n) {
+  size_t k = codec == DT_CODEC_TOPK ? (n + 9) / 10 : n;
+  float *dec = calloc(n, sizeof *dec), *res = malloc(n * sizeof *res);
+  void *f = frame_for(codec, n, k);
+  size_t fb = dt_cz_frame_bytes(codec, n, k);
+  assert_int_equal(dt_cz_encode(codec, x, n, k, levels, RNG0, f, res), DT_OK);
+  if (hdr_flags(f) & 1) fail_msg("codec %d levels %d: finite input flagged non-finite", codec, levels);
+  if (dt_cz_decode_add(codec, f, fb, n, dec) != DT_OK)
+    fail_msg("codec %d levels %d: own frame rejected: %s", codec, levels, dt_errmsg());
+  const uint8_t *p = (const uint8_t *)f + DT_CZ_HDR_LEN;
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(dec[i]) || !isfinite(res[i]))
+      fail_msg("codec %d levels %d: value %zu = %g decodes to %g, residual %g", codec, levels, i,
+               (double)x[i], (double)dec[i], (double)res[i]);
+    /* decoded + residual = x, to the rounding of the subtraction */
+    if (fabs((double)dec[i] + res[i] - x[i]) > 1e-6 * (fabs((double)x[i]) + fabs((double)dec[i])) + 1e-45)
+      fail_msg("codec %d levels %d: value %zu = %g: decoded %g + residual %g", codec, levels, i,
+               (double)x[i], (double)dec[i], (double)res[i]);
+    double bound = -1; /* the codec's per-value error bound, where it has one */
+    if (codec == DT_CODEC_QSGD) {
+      float st;
+      memcpy(&st, p + 4 * (i / DT_CZ_QSGD_CHUNK), 4);
+      bound = (double)st * (1 + 1e-6);
+    } else if (codec == DT_CODEC_INT8) {
+      bound = (double)((const dt_cz_hdr *)f)->scale * (1 + 1e-6);
+    }
+    if (bound >= 0 && fabs((double)dec[i] - x[i]) > bound)
+      fail_msg("codec %d levels %d: value %zu = %g decodes to %g, beyond one step %g", codec,
+               levels, i, (double)x[i], (double)dec[i], bound);
+  }
+  if (codec == DT_CODEC_QSGD) { /* each chunk's step is its norm / levels */
+    for (size_t lo = 0; lo < n; lo += DT_CZ_QSGD_CHUNK) {
+      double s = 0;
+      for (size_t i = lo; i < n && i < lo + DT_CZ_QSGD_CHUNK; i++) s += (double)x[i] * x[i];
+      float st;
+      memcpy(&st, p + 4 * (lo / DT_CZ_QSGD_CHUNK), 4);
+      double want = sqrt(s) / levels;
+      if (want > 3.4028234663852886e38 / levels) want = 3.4028234663852886e38 / levels;
+      if (fabs(st - want) > 1e-5 * want)
+        fail_msg("qsgd levels %d: chunk at %zu has step %g, norm/levels is %g", levels, lo,
+                 (double)st, want);
+    }
+  }
+  /* a real Inf, then a NaN, among the same values raises the flag */
+  float *y = malloc(n * sizeof *y);
+  for (int bad = 0; bad < 2; bad++) {
+    memcpy(y, x, n * sizeof *y);
+    y[n / 2] = bad ? NAN : -INFINITY;
+    assert_int_equal(dt_cz_encode(codec, y, n, k, levels, RNG0, f, NULL), DT_OK);
+    assert_true(hdr_flags(f) & 1);
+    memset(dec, 0, n * sizeof *dec);
+    assert_int_equal(dt_cz_decode_add(codec, f, fb, n, dec), DT_OK);
+    assert_true(isnan(dec[0]) && isnan(dec[n - 1]));
+  }
+  free(y);
+  free(dec);
+  free(res);
+  free(f);
+}
+
+static void test_huge_finite(void **st) {
+  (void)st;
+  const size_t n = 1100; /* qsgd: chunks of 512, 512, 76; sign: 4 blocks and a tail */
+  float *x = malloc(n * sizeof *x);
+  /* magnitudes: past float's squares (1e20, 1e30), near float's top
+   * (3e38: int8's step x 127 and qsgd's norm of many such values exceed
+   * FLT_MAX), and below float's squares (1e-22, 1e-30) */
+  const double mags[] = {1e20, 1e30, 3e38, 1e-22, 1e-30};
+  const int codecs[] = {DT_CODEC_INT8, DT_CODEC_QSGD, DT_CODEC_SIGN, DT_CODEC_TOPK};
+  for (size_t m = 0; m < sizeof mags / sizeof *mags; m++) {
+    fill(x, n, 11 + m);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(x[i] * mags[m]);
+    x[3] = (float)mags[m]; /* int8: a value at the block's maximum */
+    for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++) {
+      if (codecs[c] == DT_CODEC_QSGD) {
+        const int lv[] = {1, 7, 15, 127};
+        for (int l = 0; l < 4; l++) huge_one(DT_CODEC_QSGD, lv[l], x, n);
+      } else {
+        huge_one(codecs[c], 0, x, n);
+      }
+    }
+  }
+  /* the largest finite float everywhere */
+  for (size_t i = 0; i < n; i++) x[i] = i % 3 ? 3.4028235e38f : -3.4028235e38f;
+  for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++) huge_one(codecs[c], 15, x, n);
+  huge_one(DT_CODEC_QSGD, 1, x, n);
+  free(x);
 }
 
 /* The per-worker state of checkpoints (state.c): a powersgd compressor
@@ -626,6 +741,7 @@ int main(void) {
       cmocka_unit_test(test_orthonormalize),
       cmocka_unit_test(test_powersgd_products),
       cmocka_unit_test(test_malformed),         cmocka_unit_test(test_nonfinite),
+      cmocka_unit_test(test_huge_finite),
       cmocka_unit_test(test_state),             cmocka_unit_test(test_int8_blocks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
