@@ -1,6 +1,6 @@
 /*
  * test_codec_simd.c — the vector paths of the codec kernels (AVX-512 or
- * AVX2 in src/comm/compress/codec.c and topk.c) give the same bits as the
+ * AVX2 in src/comm/compress/codec_simd.c and topk.c) give the same bits as the
  * portable paths. This file compiles codec.c and topk.c a second time with
  * the target macros (__AVX512F__, __AVX2__, __F16C__, __FMA__) undefined
  * and every external name renamed to ref_*, so the reference is the very
