@@ -450,6 +450,56 @@ static void test_bad_cfg(void **st) {
   assert_null(z);
 }
 
+/* Huge finite gradients through every compressed reduction: the sum
+ * stays finite (a sum of two ranks' |g| <= 1e19 cannot overflow), with
+ * error feedback on. PowerSGD's warm-started Q carries the gradient's
+ * magnitude, so P = M Q grows like |g|^2: at 1e19 it overflowed to Inf
+ * and the sum was NaN although every gradient was finite. */
+typedef struct { dt_compress_cfg cfg; double mag; } huge_job;
+static int huge_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  huge_job *j = arg;
+  int r = dt_comm_rank(c), n = dt_comm_size(c);
+  dt_compress *z;
+  int rc = dt_compress_create(&z, &j->cfg, NP, MATS, 2, r, n);
+  if (rc < 0) {
+    snprintf(fail, cap, "create: %s", dt_errmsg());
+    return rc;
+  }
+  float *g = malloc(NP * sizeof *g);
+  for (int s = 0; s < STEPS && rc == DT_OK; s++) {
+    grad(g, r, s);
+    for (int i = 0; i < NP; i++) g[i] = (float)(g[i] * j->mag);
+    dt_compress_begin_step(z, s, 0);
+    for (int b = 0; b < 2 && rc == DT_OK; b++) {
+      rc = dt_compress_reduce(z, c, g, BUCKETS[b][0], BUCKETS[b][1], 1.0f);
+      if (rc < 0) snprintf(fail, cap, "reduce: %s", dt_errmsg());
+    }
+    for (int i = 0; i < NP && rc == DT_OK; i++)
+      if (!isfinite(g[i])) {
+        snprintf(fail, cap, "step %d: value %d of the sum is %g", s, i, (double)g[i]);
+        rc = DT_EINVAL;
+      }
+  }
+  free(g);
+  dt_compress_destroy(z);
+  return rc;
+}
+
+static void test_huge(void **st) {
+  (void)st;
+  const int codecs[] = {DT_CODEC_INT8, DT_CODEC_QSGD, DT_CODEC_SIGN, DT_CODEC_TOPK,
+                        DT_CODEC_POWERSGD};
+  const double mags[] = {1e19, 1e30, 1e-30};
+  for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++)
+    for (size_t m = 0; m < sizeof mags / sizeof *mags; m++) {
+      huge_job j = {DT_COMPRESS_CFG_INIT, mags[m]};
+      j.cfg.codec = codecs[c];
+      j.cfg.start_step = 0;
+      if (run_ranks("inproc", 2, 60, huge_body, &j, NULL, NULL))
+        fail_msg("codec %s, |g| ~ %g: a rank failed (above)", dt__codec_names[codecs[c]], mags[m]);
+    }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_cfg),
@@ -458,6 +508,7 @@ int main(void) {
       cmocka_unit_test(test_fused),
       cmocka_unit_test(test_int8_ring),
       cmocka_unit_test(test_int8_ring_malformed),
+      cmocka_unit_test(test_huge),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

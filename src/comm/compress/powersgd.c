@@ -14,6 +14,7 @@
  * value); no BLAS, so the comm layer needs no tensor layer.
  * Not here: the residual and scaling of the value (reduce.c).
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -412,6 +413,22 @@ static int sum_ranks(dt_compress *z, dt_comm *c, float *buf, size_t len) {
   return DT_OK;
 }
 
+/* The next step's Q: this step's summed Q with each column scaled to unit
+ * length. Q = M^T P carries M's magnitude, so warm-started as it was, the
+ * next P = M Q grew like |M|^2 and overflowed for |M| ~ 1e19 (the sum
+ * was NaN though every gradient was finite). P is orthonormalised, which
+ * undoes any positive scaling of its columns, so this changes P only by
+ * rounding; a zero column (dropped as dependent) stays zero. */
+static void warm_start(float *restrict dst, const float *restrict Q, int cols, int r) {
+  for (int j = 0; j < r; j++) {
+    const float *q = Q + (size_t)j * cols;
+    double s = 0;
+    for (int i = 0; i < cols; i++) s += (double)q[i] * q[i];
+    double f = s > 0 && s <= DBL_MAX ? 1.0 / sqrt(s) : 0.0;
+    for (int i = 0; i < cols; i++) dst[(size_t)j * cols + i] = (float)(q[i] * f);
+  }
+}
+
 int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n) {
   /* the warm rank for the first steps (dist.powersgd_warm_rank), then the
    * rank: Q keeps the larger count of columns, and a step at the lower
@@ -494,7 +511,7 @@ int dt__cz_powersgd_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, siz
     const float *P = pbuf + pat, *Q = qbuf + qat;
     float *G = g + lo;
     dt__cz_psgd_pq(NULL, mt->rows, mt->cols, P, r, Q, 1.0f, G);
-    memcpy(z->q[i], Q, (size_t)mt->cols * r * sizeof *Q); /* warm start */
+    warm_start(z->q[i], Q, mt->cols, r);
     pat += (size_t)mt->rows * r;
     qat += (size_t)mt->cols * r;
     at = lo + (size_t)mt->rows * mt->cols;
