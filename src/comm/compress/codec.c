@@ -34,6 +34,18 @@ int dt_codec_is_linear(int codec) {
   return codec == DT_CODEC_FP16 || codec == DT_CODEC_BF16 || codec == DT_CODEC_POWERSGD;
 }
 
+/* a * b + c rounded once where the target has FMA, as the vector kernels
+ * compute it (vfmadd): explicit, because gcc contracts a * b + c on its
+ * own only when optimising, and a Debug build's portable loops then gave
+ * other bits than the vector ones (test_codec_simd under the sanitizers).
+ * __FP_FAST_FMAF, not __FMA__: test_codec_simd builds this file with
+ * __FMA__ undefined and must get the same arithmetic. */
+#if defined(__FP_FAST_FMAF)
+#define MADD(a, b, c) fmaf(a, b, c)
+#else
+#define MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
 /* ---- counter-based uniforms ------------------------------------------------ */
 
 #define LANES DT_CZ_LANES
@@ -88,8 +100,8 @@ static void uniform_block(dt_cz_rng rng, uint64_t block, float u[UBLOCK]) {
   const float s = 1.0f / 65536.0f;
   for (int w = 0; w < 4; w++)
     for (int l = 0; l < LANES; l++) {
-      u[w * 32 + l] = (float)(o[w][l] & 0xffffu) * s + 0.5f * s;
-      u[w * 32 + LANES + l] = (float)(o[w][l] >> 16) * s + 0.5f * s;
+      u[w * 32 + l] = MADD((float)(o[w][l] & 0xffffu), s, 0.5f * s);
+      u[w * 32 + LANES + l] = MADD((float)(o[w][l] >> 16), s, 0.5f * s);
     }
 }
 
@@ -335,19 +347,19 @@ quantize(const float *restrict x, int8_t *restrict q, float *resid, size_t n, fl
     if (magnitude) {
       /* qsgd: the magnitude is rounded, the sign kept */
       for (size_t i = 0; i < m; i++) {
-        float l = floorf(fabsf(xs[i]) * inv + u[i]);
+        float l = floorf(MADD(fabsf(xs[i]), inv, u[i]));
         l = l > lim ? lim : l;
         qs[i] = (int8_t)(int)copysignf(l, xs[i]);
       }
     } else {
       for (size_t i = 0; i < m; i++) {
-        float l = floorf(xs[i] * inv + u[i]);
+        float l = floorf(MADD(xs[i], inv, u[i]));
         l = l > lim ? lim : l < -lim ? -lim : l;
         qs[i] = (int8_t)(int)l;
       }
     }
     if (rs)
-      for (size_t i = 0; i < m; i++) rs[i] = xs[i] - (float)qs[i] * step;
+      for (size_t i = 0; i < m; i++) rs[i] = MADD(-(float)qs[i], step, xs[i]);
   }
 }
 
