@@ -38,13 +38,11 @@
 #define USE_AVX512 0
 #endif
 /* AVX2 without AVX-512 (AMD EPYC before Zen 4): 8 outputs at a time, the
- * tail by the scalar loop. The scalar forward's data-dependent branches
+ * tail of a row masked. The scalar forward's data-dependent branches
  * cost as much as the second convolution's forward on such a machine. */
 #if !USE_AVX512 && defined(__AVX2__) && !defined(DT_NN_PORTABLE)
 #define USE_AVX2 1
 #include <immintrin.h>
-#define mp2_row mp2_row_scalar
-#define mp2_back_row mp2_back_row_scalar
 #else
 #define USE_AVX2 0
 #endif
@@ -58,6 +56,7 @@
 #define BLOCKED 4
 
 #if !USE_AVX512
+#if !USE_AVX2
 /* The pairwise rule: is y (later in scan order) the new maximum over x? */
 static inline int takes(float y, float x) { return (y > x) | (y != y); }
 
@@ -109,104 +108,146 @@ static void mp2_back_row(float *restrict d0, float *restrict d1, const float *re
     d1[2 * ow + 1] = k == 3 ? v : 0.0f;
   }
 }
-#if USE_AVX2
-#undef mp2_row
-#undef mp2_back_row
+#else /* USE_AVX2 */
 /* 8 outputs per step: vshufps of two loads splits even/odd columns with
  * the outputs in the order 0,1,4,5,2,3,6,7 (per 128-bit half), the same
  * for every operand, and one vpermq puts results back in order. The same
- * comparisons and blends as the AVX-512 route, so the same bits. */
-static void mp2_row(float *restrict o, int32_t *restrict am32, uint8_t *restrict am8,
-                    const float *restrict r0, const float *restrict r1, int OW, int32_t base,
-                    int W) {
+ * comparisons and blends as the AVX-512 route, so the same bits. A row's
+ * last n < 8 outputs take the same path with masked loads and stores
+ * (vmaskmovps; masked-off lanes read nothing and compute on zeros that
+ * are never stored): the CNN's second pool has rows of 7 outputs, which
+ * the scalar loop, with its data-dependent branches, used to take whole. */
+static inline __attribute__((always_inline)) __m256i lanes_below(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline __attribute__((always_inline)) void
+mp2_8(float *restrict o, int32_t *restrict am32, uint8_t *restrict am8, const float *restrict p0,
+      const float *restrict p1, int ow, int32_t base, int W, int n) {
   const __m256 zero = _mm256_setzero_ps();
   const __m256i one = _mm256_set1_epi32(1), two = _mm256_set1_epi32(2),
                 blocked = _mm256_set1_epi32(BLOCKED),
                 ev = _mm256_setr_epi32(0, 2, 8, 10, 4, 6, 12, 14); /* 2 x output, shuffled */
   const int relu = am8 != NULL;
-  int ow = 0;
-  for (; ow + 8 <= OW; ow += 8) {
-    const float *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
-    __m256 l0 = _mm256_loadu_ps(p0), h0 = _mm256_loadu_ps(p0 + 8);
-    __m256 l1 = _mm256_loadu_ps(p1), h1 = _mm256_loadu_ps(p1 + 8);
-    __m256 a = _mm256_shuffle_ps(l0, h0, 0x88), b = _mm256_shuffle_ps(l0, h0, 0xdd);
-    __m256 c = _mm256_shuffle_ps(l1, h1, 0x88), d = _mm256_shuffle_ps(l1, h1, 0xdd);
-    __m256 t0, t1, t;
-    if (relu) {
-      /* maxps gives its second operand for NaN and +-0 pairs: x > 0 ? x : +0 */
-      a = _mm256_max_ps(a, zero), b = _mm256_max_ps(b, zero);
-      c = _mm256_max_ps(c, zero), d = _mm256_max_ps(d, zero);
-      t0 = _mm256_cmp_ps(b, a, _CMP_GT_OQ);
-      t1 = _mm256_cmp_ps(d, c, _CMP_GT_OQ);
-    } else {
-      t0 = _mm256_or_ps(_mm256_cmp_ps(b, a, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
-      t1 = _mm256_or_ps(_mm256_cmp_ps(d, c, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
-    }
-    __m256 m0 = _mm256_blendv_ps(a, b, t0), m1 = _mm256_blendv_ps(c, d, t1);
-    t = _mm256_cmp_ps(m1, m0, _CMP_GT_OQ);
-    if (!relu) t = _mm256_or_ps(t, _mm256_cmp_ps(m1, m1, _CMP_UNORD_Q));
-    __m256 m = _mm256_blendv_ps(m0, m1, t);
-    /* column bit from t0 or t1, row bit from t */
-    __m256i ti = _mm256_castps_si256(t);
-    __m256i col = _mm256_castps_si256(_mm256_blendv_ps(t0, t1, t));
-    __m256i k = _mm256_add_epi32(_mm256_and_si256(col, one), _mm256_and_si256(ti, two));
-    _mm256_storeu_ps(o + ow, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(m), 0xd8)));
-    if (relu) {
-      k = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(blocked), _mm256_castsi256_ps(k),
-                                               _mm256_cmp_ps(m, zero, _CMP_GT_OQ)));
-      k = _mm256_permute4x64_epi64(k, 0xd8);
-      __m128i k16 = _mm_packs_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
-      _mm_storel_epi64((__m128i *)(am8 + ow), _mm_packus_epi16(k16, k16));
-    } else {
-      /* index = base + 2*ow' + (k & 1) + (k >> 1) * W */
-      __m256i ia = _mm256_add_epi32(_mm256_set1_epi32(base + 2 * ow), ev);
-      ia = _mm256_add_epi32(ia, _mm256_and_si256(k, one));
-      ia = _mm256_add_epi32(ia, _mm256_and_si256(ti, _mm256_set1_epi32(W)));
-      _mm256_storeu_si256((__m256i *)(am32 + ow), _mm256_permute4x64_epi64(ia, 0xd8));
-    }
+  __m256 l0, h0, l1, h1;
+  if (n == 8) {
+    l0 = _mm256_loadu_ps(p0), h0 = _mm256_loadu_ps(p0 + 8);
+    l1 = _mm256_loadu_ps(p1), h1 = _mm256_loadu_ps(p1 + 8);
+  } else {
+    __m256i ml = lanes_below(2 * n), mh = lanes_below(2 * n - 8);
+    l0 = _mm256_maskload_ps(p0, ml), h0 = _mm256_maskload_ps(p0 + 8, mh);
+    l1 = _mm256_maskload_ps(p1, ml), h1 = _mm256_maskload_ps(p1 + 8, mh);
   }
-  if (ow < OW)
-    mp2_row_scalar(o + ow, am32 ? am32 + ow : NULL, am8 ? am8 + ow : NULL, r0 + 2 * ow,
-                   r1 + 2 * ow, OW - ow, base + 2 * ow, W);
+  __m256 a = _mm256_shuffle_ps(l0, h0, 0x88), b = _mm256_shuffle_ps(l0, h0, 0xdd);
+  __m256 c = _mm256_shuffle_ps(l1, h1, 0x88), d = _mm256_shuffle_ps(l1, h1, 0xdd);
+  __m256 t0, t1, t;
+  if (relu) {
+    /* maxps gives its second operand for NaN and +-0 pairs: x > 0 ? x : +0 */
+    a = _mm256_max_ps(a, zero), b = _mm256_max_ps(b, zero);
+    c = _mm256_max_ps(c, zero), d = _mm256_max_ps(d, zero);
+    t0 = _mm256_cmp_ps(b, a, _CMP_GT_OQ);
+    t1 = _mm256_cmp_ps(d, c, _CMP_GT_OQ);
+  } else {
+    t0 = _mm256_or_ps(_mm256_cmp_ps(b, a, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+    t1 = _mm256_or_ps(_mm256_cmp_ps(d, c, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+  }
+  __m256 m0 = _mm256_blendv_ps(a, b, t0), m1 = _mm256_blendv_ps(c, d, t1);
+  t = _mm256_cmp_ps(m1, m0, _CMP_GT_OQ);
+  if (!relu) t = _mm256_or_ps(t, _mm256_cmp_ps(m1, m1, _CMP_UNORD_Q));
+  __m256 m = _mm256_blendv_ps(m0, m1, t);
+  /* column bit from t0 or t1, row bit from t */
+  __m256i ti = _mm256_castps_si256(t);
+  __m256i col = _mm256_castps_si256(_mm256_blendv_ps(t0, t1, t));
+  __m256i k = _mm256_add_epi32(_mm256_and_si256(col, one), _mm256_and_si256(ti, two));
+  __m256 mo = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(m), 0xd8));
+  if (n == 8) _mm256_storeu_ps(o + ow, mo);
+  else _mm256_maskstore_ps(o + ow, lanes_below(n), mo);
+  if (relu) {
+    k = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(blocked), _mm256_castsi256_ps(k),
+                                             _mm256_cmp_ps(m, zero, _CMP_GT_OQ)));
+    k = _mm256_permute4x64_epi64(k, 0xd8);
+    __m128i k16 = _mm_packs_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+    __m128i k8 = _mm_packus_epi16(k16, k16);
+    if (n == 8) {
+      _mm_storel_epi64((__m128i *)(am8 + ow), k8);
+    } else {
+      uint8_t tmp[16];
+      _mm_storeu_si128((__m128i *)tmp, k8);
+      memcpy(am8 + ow, tmp, (size_t)n);
+    }
+  } else {
+    /* index = base + 2*ow' + (k & 1) + (k >> 1) * W */
+    __m256i ia = _mm256_add_epi32(_mm256_set1_epi32(base + 2 * ow), ev);
+    ia = _mm256_add_epi32(ia, _mm256_and_si256(k, one));
+    ia = _mm256_add_epi32(ia, _mm256_and_si256(ti, _mm256_set1_epi32(W)));
+    ia = _mm256_permute4x64_epi64(ia, 0xd8);
+    if (n == 8) _mm256_storeu_si256((__m256i *)(am32 + ow), ia);
+    else _mm256_maskstore_epi32((int *)(am32 + ow), lanes_below(n), ia);
+  }
+}
+
+static void mp2_row(float *restrict o, int32_t *restrict am32, uint8_t *restrict am8,
+                    const float *restrict r0, const float *restrict r1, int OW, int32_t base,
+                    int W) {
+  int ow = 0;
+  for (; ow + 8 <= OW; ow += 8) mp2_8(o, am32, am8, r0 + 2 * ow, r1 + 2 * ow, ow, base, W, 8);
+  if (ow < OW) mp2_8(o, am32, am8, r0 + 2 * ow, r1 + 2 * ow, ow, base, W, OW - ow);
+}
+
+static inline __attribute__((always_inline)) void
+mp2_back_8(float *restrict d0, float *restrict d1, const float *restrict g,
+           const int32_t *restrict am32, const uint8_t *restrict am8, int ow, int32_t base, int W,
+           int n) {
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_set1_epi32(1), p2 = _mm256_set1_epi32(2),
+          p3 = _mm256_set1_epi32(3);
+  /* 0 + g, as the reference's memset + scatter computes it (-0 -> +0) */
+  __m256 v = _mm256_add_ps(n == 8 ? _mm256_loadu_ps(g + ow)
+                                  : _mm256_maskload_ps(g + ow, lanes_below(n)), zero);
+  __m256i a;
+  if (am8) {
+    if (n == 8) {
+      a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(am8 + ow)));
+    } else {
+      uint8_t tmp[16] = {0};
+      memcpy(tmp, am8 + ow, (size_t)n);
+      a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)tmp));
+    }
+  } else {
+    a = n == 8 ? _mm256_loadu_si256((const __m256i *)(am32 + ow))
+               : _mm256_maskload_epi32((const int *)(am32 + ow), lanes_below(n));
+    p0 = _mm256_add_epi32(_mm256_set1_epi32(base + 2 * ow), ev);
+    p1 = _mm256_add_epi32(p0, _mm256_set1_epi32(1));
+    p2 = _mm256_add_epi32(p0, _mm256_set1_epi32(W));
+    p3 = _mm256_add_epi32(p2, _mm256_set1_epi32(1));
+  }
+  __m256 e0 = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, p0)));
+  __m256 o0 = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, p1)));
+  __m256 e1 = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, p2)));
+  __m256 o1 = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, p3)));
+  /* interleave even/odd columns: unpack within halves, then swap halves */
+  __m256 lo0 = _mm256_unpacklo_ps(e0, o0), hi0 = _mm256_unpackhi_ps(e0, o0);
+  __m256 lo1 = _mm256_unpacklo_ps(e1, o1), hi1 = _mm256_unpackhi_ps(e1, o1);
+  float *q0 = d0 + 2 * ow, *q1 = d1 + 2 * ow;
+  __m256 s00 = _mm256_permute2f128_ps(lo0, hi0, 0x20), s01 = _mm256_permute2f128_ps(lo0, hi0, 0x31);
+  __m256 s10 = _mm256_permute2f128_ps(lo1, hi1, 0x20), s11 = _mm256_permute2f128_ps(lo1, hi1, 0x31);
+  if (n == 8) {
+    _mm256_storeu_ps(q0, s00), _mm256_storeu_ps(q0 + 8, s01);
+    _mm256_storeu_ps(q1, s10), _mm256_storeu_ps(q1 + 8, s11);
+  } else {
+    __m256i ml = lanes_below(2 * n), mh = lanes_below(2 * n - 8);
+    _mm256_maskstore_ps(q0, ml, s00), _mm256_maskstore_ps(q0 + 8, mh, s01);
+    _mm256_maskstore_ps(q1, ml, s10), _mm256_maskstore_ps(q1 + 8, mh, s11);
+  }
 }
 
 static void mp2_back_row(float *restrict d0, float *restrict d1, const float *restrict g,
                          const int32_t *restrict am32, const uint8_t *restrict am8, int OW,
                          int32_t base, int W) {
-  const __m256 zero = _mm256_setzero_ps();
-  const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-  __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_set1_epi32(1), p2 = _mm256_set1_epi32(2),
-          p3 = _mm256_set1_epi32(3);
   int ow = 0;
-  for (; ow + 8 <= OW; ow += 8) {
-    /* 0 + g, as the reference's memset + scatter computes it (-0 -> +0) */
-    __m256 v = _mm256_add_ps(_mm256_loadu_ps(g + ow), zero);
-    __m256i a;
-    if (am8) {
-      a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(am8 + ow)));
-    } else {
-      a = _mm256_loadu_si256((const __m256i *)(am32 + ow));
-      p0 = _mm256_add_epi32(_mm256_set1_epi32(base + 2 * ow), ev);
-      p1 = _mm256_add_epi32(p0, _mm256_set1_epi32(1));
-      p2 = _mm256_add_epi32(p0, _mm256_set1_epi32(W));
-      p3 = _mm256_add_epi32(p2, _mm256_set1_epi32(1));
-    }
-    __m256 e0 = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, p0)));
-    __m256 o0 = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, p1)));
-    __m256 e1 = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, p2)));
-    __m256 o1 = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, p3)));
-    /* interleave even/odd columns: unpack within halves, then swap halves */
-    __m256 lo0 = _mm256_unpacklo_ps(e0, o0), hi0 = _mm256_unpackhi_ps(e0, o0);
-    __m256 lo1 = _mm256_unpacklo_ps(e1, o1), hi1 = _mm256_unpackhi_ps(e1, o1);
-    float *q0 = d0 + 2 * ow, *q1 = d1 + 2 * ow;
-    _mm256_storeu_ps(q0, _mm256_permute2f128_ps(lo0, hi0, 0x20));
-    _mm256_storeu_ps(q0 + 8, _mm256_permute2f128_ps(lo0, hi0, 0x31));
-    _mm256_storeu_ps(q1, _mm256_permute2f128_ps(lo1, hi1, 0x20));
-    _mm256_storeu_ps(q1 + 8, _mm256_permute2f128_ps(lo1, hi1, 0x31));
-  }
-  if (ow < OW)
-    mp2_back_row_scalar(d0 + 2 * ow, d1 + 2 * ow, g + ow, am32 ? am32 + ow : NULL,
-                        am8 ? am8 + ow : NULL, OW - ow, base + 2 * ow, W);
+  for (; ow + 8 <= OW; ow += 8) mp2_back_8(d0, d1, g, am32, am8, ow, base, W, 8);
+  if (ow < OW) mp2_back_8(d0, d1, g, am32, am8, ow, base, W, OW - ow);
 }
 #endif
 #else

@@ -89,6 +89,9 @@ static void assert_same(const char *what, const void *a, const void *b, size_t b
 static const int shapes[][4] = {
     {1, 1, 2, 2},  {2, 3, 5, 7},  {1, 2, 3, 2},  {3, 2, 28, 28}, {2, 2, 14, 14}, {1, 1, 4, 33},
     {1, 2, 6, 34}, {1, 1, 9, 64}, {2, 1, 7, 65}, {1, 1, 2, 3},  {64, 2, 2, 4},
+    /* every masked tail of the AVX2 route: 1..7 outputs after 0 or 8 */
+    {1, 2, 4, 13}, {2, 1, 4, 10}, {1, 1, 3, 9},  {1, 1, 2, 11}, {1, 2, 2, 6},  {1, 1, 4, 30},
+    {1, 1, 2, 31}, {2, 1, 3, 27}, {1, 1, 2, 17},
 };
 
 static void run(int nan) {
