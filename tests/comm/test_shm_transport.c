@@ -10,7 +10,10 @@
  * within 5 s; a receive nobody sends fails with DT_ETIMEDOUT at its deadline;
  * a length mismatch is DT_EPROTO; small messages ending in zeros (sent
  * without them) arrive whole, with the zeros, into a dirty buffer, whether
- * the receive was posted before or after; no segment is left in /dev/shm.
+ * the receive was posted before or after; a single-copy message pulled
+ * inside irecv is acknowledged at once (the sender's wait does not depend
+ * on the receiver calling the transport again); no segment is left in
+ * /dev/shm.
  *
  * Every child is started and stopped (reaped, or killed by pid after the
  * test's deadline) by the test that forked it.
@@ -37,7 +40,7 @@
 
 struct board {
   char addr[MAXR][DT_TP_ADDR_MAX];
-  _Atomic int published, connected, waiting;
+  _Atomic int published, connected, waiting, sent;
   int rc[MAXR];
   double seconds[MAXR];
   char err[MAXR][DT_TP_ERR_MAX];
@@ -257,6 +260,40 @@ static int body_timeout(int rank, int size) {
   } else {
     rc = DT_ETIMEDOUT; /* nothing to do; report the same code */
   }
+  atomic_fetch_add(&B->waiting, 1);
+  wait_count(&B->waiting, size);
+  teardown(size, ctx, eps);
+  return rc;
+}
+
+/* A single-copy message whose record is already in the ring when the
+ * receive is posted is pulled inside irecv, and the wait returns at once;
+ * the receiver then leaves the transport alone (as a rank does that goes on
+ * to a window reduction). The sender must still get its ACK: before the
+ * fix it stayed queued on the receiver until the sender's deadline. */
+static int body_cma_ack(int rank, int size) {
+  struct dt_tp_ctx *ctx;
+  struct dt_tp_ep *eps[MAXR];
+  int rc = setup(rank, size, &ctx, eps);
+  if (rc) return rc;
+  static unsigned char big[200000];
+  if (rank == 1) {
+    for (size_t i = 0; i < sizeof big; i++) big[i] = (unsigned char)(i * 7 + 1);
+    struct dt_tp_req s = REQ(big, sizeof big, 5, 0, DT_TP_SEND), *sp = &s;
+    T()->isend(eps[0], &s);
+    atomic_store(&B->sent, 1);
+    rc = T()->wait(ctx, &sp, 1, dt_now_ns() + 3000000000ll, B->err[rank]);
+  } else {
+    rc = wait_count(&B->sent, 1);
+    usleep(20000); /* the record is in our ring; nothing has read it */
+    struct dt_tp_req r = REQ(big, sizeof big, 5, 1, DT_TP_RECV), *rp = &r;
+    if (!rc) T()->irecv(eps[1], &r);
+    if (!rc) rc = T()->wait(ctx, &rp, 1, dt_now_ns() + 3000000000ll, B->err[rank]);
+    for (size_t i = 0; !rc && i < sizeof big; i++)
+      if (big[i] != (unsigned char)(i * 7 + 1)) rc = DT_EIO;
+  }
+  /* rank 0 waits here without calling the transport until rank 1's send
+   * completed or failed */
   atomic_fetch_add(&B->waiting, 1);
   wait_count(&B->waiting, size);
   teardown(size, ctx, eps);
@@ -502,6 +539,19 @@ static void deadline(void **state) {
   assert_non_null(strstr(B->err[0], "rank 1"));
 }
 
+static void cma_ack_after_early_pull(void **state) {
+  (void)state;
+  int rcs[MAXR];
+  setenv("DTRAIN_SHM_CMA_BYTES", "65536", 1); /* the 200000-byte message goes single-copy */
+  dt__param_reload(); /* the knob table caches the environment */
+  atomic_store(&B->sent, 0);
+  run(2, body_cma_ack, false, rcs);
+  unsetenv("DTRAIN_SHM_CMA_BYTES");
+  dt__param_reload(); /* the knob table caches the environment */
+  for (int r = 0; r < 2; r++)
+    if (rcs[r]) fail_msg("rank %d: %s (%s)", r, dt_strerror(rcs[r]), B->err[r]);
+}
+
 static void length_mismatch(void **state) {
   (void)state;
   int rcs[MAXR];
@@ -522,6 +572,7 @@ int main(void) {
       cmocka_unit_test(stale_payload_not_a_header),
       cmocka_unit_test(killed_peer),    cmocka_unit_test(deadline),
       cmocka_unit_test(length_mismatch), cmocka_unit_test(zero_tails),
+      cmocka_unit_test(cma_ack_after_early_pull),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

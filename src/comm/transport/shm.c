@@ -425,6 +425,17 @@ static void touch_tx(struct dt_tp_ep *ep) {
 
 /* ---- ops -------------------------------------------------------------- */
 
+/* irecv may pull a CMA message at once (its record already in the ring):
+ * the ACK that pull queued must go out now. A wait on an already complete
+ * request returns without progress, and if the receiver's next operation
+ * does not touch this transport (a window reduction), the sender would wait
+ * for that ACK until its deadline. */
+static int shm_irecv(struct dt_tp_ep *ep, struct dt_tp_req *r) {
+  int rc = dt__shm_irecv(ep, r);
+  if (ep->nacks && !ep->dead) tx_progress(ep);
+  return rc;
+}
+
 static int shm_isend(struct dt_tp_ep *ep, struct dt_tp_req *r) {
   DT_CHECK(dt__shm_req_start(ep, r));
   if (!ep->tx_touched) touch_tx(ep);
@@ -587,7 +598,7 @@ const struct dt_transport_ops dt__transport_shm = {
     .can_connect = dt__shm_can_connect,
     .connect = dt__shm_connect,
     .isend = shm_isend,
-    .irecv = dt__shm_irecv,
+    .irecv = shm_irecv,
     .test = shm_test,
     .wait = shm_wait,
     .cancel = shm_cancel,
