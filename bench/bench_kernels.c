@@ -11,7 +11,7 @@
  *      $(pkg-config --cflags --libs openblas) -lm -lpthread -o build/kern/bench_kernels
  *   build/kern/bench_kernels [seconds-per-item]
  * (or `cmake --build BUILD --target bench_kernels`). Raw GEMM shapes run
- * through both back ends; the layers use dt_sgemm's choice (DTRAIN_GEMM).
+ * through every back end the CPU has (blas, avx512, avx2); the layers use dt_sgemm's choice (DTRAIN_GEMM).
  * The environment's OPENBLAS_CORETYPE is left as it is.
  */
 #include <stdio.h>
@@ -54,17 +54,20 @@ static double cpu_now(void) {
     secs_out = best_;                                                                              \
   } while (0)
 
-/* One GEMM shape through both back ends (t = "NN", "NT", "TN"). */
+/* One GEMM shape through every back end this CPU runs (t = "NN", "NT",
+ * "TN"); 0 for a kernel set the CPU lacks. */
 static void bench_sgemm(const char *t, int M, int N, int K) {
   int ta = t[0] == 'T', tb = t[1] == 'T';
   float *A = buf((size_t)M * K), *B = buf((size_t)K * N), *C = buf((size_t)M * N);
   int lda = ta ? M : K, ldb = tb ? K : N;
-  double s1, s2 = 0;
+  double s1, s2 = 0, s3 = 0;
+  const dt__gemm_kern *k512 = &dt__gemm_kern_avx512, *k2 = &dt__gemm_kern_avx2;
   TIMEIT(s1, dt__sgemm_blas(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N));
-  if (dt__gemm_avx512_ok()) TIMEIT(s2, dt__sgemm_avx512(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N));
+  if (k512->ok()) TIMEIT(s2, dt__sgemm_kern(k512, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N));
+  if (k2->ok()) TIMEIT(s3, dt__sgemm_kern(k2, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N));
   double f = 2.0 * M * N * K / 1e9;
-  printf("  sgemm %s %5d x %5d x %5d   blas %6.1f GFLOP/s   avx512 %6.1f GFLOP/s\n", t, M, N, K,
-         f / s1, s2 > 0 ? f / s2 : 0.0);
+  printf("  sgemm %s %5d x %5d x %5d   blas %6.1f   avx512 %6.1f   avx2 %6.1f GFLOP/s\n", t, M, N,
+         K, f / s1, s2 > 0 ? f / s2 : 0.0, s3 > 0 ? f / s3 : 0.0);
   dt_free(A); dt_free(B); dt_free(C);
 }
 
@@ -206,8 +209,8 @@ int main(int argc, char **argv) {
   dt_tensor_set_threads(1);
   printf("OpenBLAS core: %s%s\n", dt_tensor_blas_core(),
          dt_tensor_blas_underpowered() ? " (AVX-512 CPU: unset OPENBLAS_CORETYPE or set it to SkylakeX)" : "");
-  printf("GEMM back end for the layers: %s (DTRAIN_GEMM=blas|avx512 to choose)\n", dt_tensor_gemm_impl());
-  printf("raw sgemm, both back ends (the layer shapes):\n");
+  printf("GEMM back end for the layers: %s (DTRAIN_GEMM=blas|avx2|avx512 to choose)\n", dt_tensor_gemm_impl());
+  printf("raw sgemm, every back end (the layer shapes):\n");
   bench_sgemm("NN", 64, 12544, 288);
   bench_sgemm("NN", 64, 896, 288);
   bench_sgemm("NT", 64, 288, 896);

@@ -20,8 +20,9 @@
  * The junk columns cost Wp/OW extra GEMM work (16/14 for 14x14 pad 1); in
  * backward their dout is packed as zero, so they contribute nothing.
  *
- * With the AVX-512 GEMM back end, stride-1 convolutions take the implicit-
- * GEMM route described further down instead (no patch matrix, no col2im).
+ * With our own GEMM kernels (AVX-512 or AVX2, dt__gemm_own), stride-1
+ * convolutions take the implicit-GEMM route described further down instead
+ * (no patch matrix, no col2im).
  *
  * This file does not allocate; the caller supplies dt_conv2d_ws_floats()
  * floats of scratch.
@@ -78,7 +79,7 @@ static plan make_plan(const dt_conv2d_geom *g) {
   return p;
 }
 
-/* ---- implicit-GEMM route (AVX-512 GEMM back end, stride 1) ------------
+/* ---- implicit-GEMM route (our GEMM kernels, stride 1) -----------------
  *
  * Forward: no patch matrix at all. A chunk of n samples is copied into
  * zero-padded planes xp (as on the grid route) and the GEMM's B operand is
@@ -144,7 +145,7 @@ static size_t iplan_ws(const dt_conv2d_geom *g, const iplan *p) {
 }
 
 static int use_implicit(const dt_conv2d_geom *g) {
-  return dt__gemm_use_avx512() && make_iplan(g).ok;
+  return dt__gemm_own() && make_iplan(g).ok;
 }
 
 size_t dt_conv2d_ws_floats(const dt_conv2d_geom *g) {
@@ -201,7 +202,7 @@ static void implicit_forward(float *out, const float *inp, const float *weight, 
     int ld = n * S;
     pad_planes(xp, inp + (size_t)b0 * inplane, n * g->C, g->H, g->W, g->pad, p.Wp, p.P);
     dt__gemm_op B = {.p = xp, .trans = 0, .rowoff = off, .seg = S, .segstride = g->C * p.P};
-    dt__gemm_avx512_op(OC, ld, p.K, 1.0f, &A, &B, 0.0f, tmp, ld);
+    dt__gemm_own()->op(OC, ld, p.K, 1.0f, &A, &B, 0.0f, tmp, ld);
     for (int i = 0; i < n; i++)
       for (int oc = 0; oc < OC; oc++) {
         const float *t = tmp + (size_t)oc * ld + (size_t)i * S;
@@ -263,16 +264,16 @@ static void implicit_backward(float *dinp, float *dweight, float *dbias, const f
       dt__gemm_op A = {.p = tmp, .trans = 0, .ld = ld};
       dt__gemm_op B = {.p = xp, .trans = 1, .rowoff = off, .seg = S, .segstride = C * p.P};
       if (p.K < 32) /* e.g. a first layer: 9 columns would waste most of a 48-wide tile */
-        dt__gemm_avx512_dot(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
+        dt__gemm_own()->dot(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
       else
-        dt__gemm_avx512_op(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
+        dt__gemm_own()->op(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
     }
     if (dinp) {
       int ld = n * p.ST;
       pad_planes(dq, dout + (size_t)b0 * OC * OS, n * OC, g->OH, g->OW, qh, p.Wq, p.Q);
       dt__gemm_op A = {.p = wt, .trans = 0, .ld = p.KT};
       dt__gemm_op B = {.p = dq, .trans = 0, .rowoff = offt, .seg = p.ST, .segstride = OC * p.Q};
-      dt__gemm_avx512_op(C, ld, p.KT, 1.0f, &A, &B, 0.0f, tg, ld);
+      dt__gemm_own()->op(C, ld, p.KT, 1.0f, &A, &B, 0.0f, tg, ld);
       for (int i = 0; i < n; i++)
         for (int c = 0; c < C; c++) {
           const float *t = tg + (size_t)c * ld + (size_t)i * p.ST;

@@ -484,7 +484,8 @@ size_t dt_fix_add_slots(int64_t *restrict acc, const float *const *xs, const dou
 
 int dt_fix_wgrad_ok(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  return avx512_ok() && dt__gemm_use_avx512();
+  /* the fused path makes the bits of the AVX-512 GEMM kernels only */
+  return avx512_ok() && dt__gemm_own() == &dt__gemm_kern_avx512;
 #else
   return 0;
 #endif

@@ -1,8 +1,9 @@
 /*
  * gemm.c — dt_sgemm: the choice between the CBLAS (OpenBLAS) back end and
- * our AVX-512 kernels (gemm_avx512.c), or with DT_GEMM_FIXED between our
- * AVX-512 and portable (gemm_ref.c) kernels, plus OpenBLAS thread control.
- * Row-major only; this file does not tile anything itself.
+ * our own kernels (gemm_avx512.c, else gemm_avx2.c: dt__gemm_own), or with
+ * DT_GEMM_FIXED between our kernels and the portable one (gemm_ref.c),
+ * plus OpenBLAS thread control. Row-major only; this file does not tile
+ * anything itself.
  */
 #include "tensor/tensor.h"
 
@@ -49,38 +50,65 @@ void dt__sgemm_blas(int ta, int tb, int M, int N, int K, float alpha, const floa
 
 /* The back-end choice is a per-process tuning knob (like OpenBLAS's own
  * kernel choice): resolved once from the CPU and DTRAIN_GEMM, then only read.
- * 0 = not yet resolved, 1 = blas, 2 = avx512. */
+ * 0 = not yet resolved, 1 = blas, 2 = avx2, 3 = avx512. */
 static _Atomic int gemm_choice;
 
-int dt__gemm_use_avx512(void) {
-  int c = atomic_load_explicit(&gemm_choice, memory_order_relaxed);
-  if (c == 0) {
-    const char *env = dt_param_s(DT_PARAM_GEMM);
-    int want = dt__gemm_avx512_ok();
-    if (env && strcmp(env, "blas") == 0) want = 0;
-    else if (env && strcmp(env, "avx512") != 0)
-      dt_log(DT_LOG_WARN, "environment DTRAIN_GEMM=%s is not blas or avx512; ignored", env);
-    c = want ? 2 : 1;
-    atomic_store_explicit(&gemm_choice, c, memory_order_relaxed);
+static int resolve_choice(void) {
+  const int best = dt__gemm_avx512_ok() ? 3 : dt__gemm_avx2_ok() ? 2 : 1;
+  const char *env = dt_param_s(DT_PARAM_GEMM);
+  if (!env) return best;
+  if (strcmp(env, "blas") == 0) return 1;
+  int want = strcmp(env, "avx512") == 0 ? 3 : strcmp(env, "avx2") == 0 ? 2 : 0;
+  if (!want) {
+    dt_log(DT_LOG_WARN, "environment DTRAIN_GEMM=%s is not blas, avx2 or avx512; ignored", env);
+    return best;
   }
-  return c == 2;
+  if (want > best) { /* avx512 on an AVX2 CPU, or ours on a CPU with neither */
+    dt_log(DT_LOG_WARN, "DTRAIN_GEMM=%s: this CPU cannot run those kernels; using blas", env);
+    return 1;
+  }
+  return want;
 }
 
-const char *dt_tensor_gemm_impl(void) { return dt__gemm_use_avx512() ? "avx512" : "blas"; }
+const dt__gemm_kern *dt__gemm_own(void) {
+  int c = atomic_load_explicit(&gemm_choice, memory_order_relaxed);
+  if (c == 0) {
+    c = resolve_choice();
+    atomic_store_explicit(&gemm_choice, c, memory_order_relaxed);
+  }
+  return c == 3 ? &dt__gemm_kern_avx512 : c == 2 ? &dt__gemm_kern_avx2 : NULL;
+}
+
+const char *dt_tensor_gemm_impl(void) {
+  const dt__gemm_kern *k = dt__gemm_own();
+  return k ? k->name : "blas";
+}
+
+void dt__sgemm_kern(const dt__gemm_kern *k, int ta, int tb, int M, int N, int K, float alpha,
+                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  dt__gemm_op a = {.p = A, .trans = ta, .ld = lda};
+  dt__gemm_op b = {.p = B, .trans = tb, .ld = ldb};
+  k->op(M, N, K, alpha, &a, &b, beta, C, ldc);
+}
+
+/* Normal mode: the shapes our kernels k run faster than OpenBLAS. N < 16
+ * fills less than a third of the 48-wide AVX-512 tile; OpenBLAS's narrow
+ * kernels win there (measured: 64x10x128 NT, bench_kernels). */
+static int own_wins(const dt__gemm_kern *k, int N) {
+  return k && N >= 16;
+}
 
 void dt_sgemm_f(int flags, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc) {
-  int avx = dt__gemm_use_avx512();
+  const dt__gemm_kern *k = dt__gemm_own();
   if (flags & DT_GEMM_FIXED) {
     /* Every floating-point sum ours: no CBLAS, whatever the shape. */
-    if (avx) dt__sgemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (k) dt__sgemm_kern(k, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     else dt__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  /* N < 16 fills less than a third of the 48-wide register tile; OpenBLAS's
-   * narrow kernels win there (measured: 64x10x128 NT, bench_kernels). */
-  if (avx && N >= 16)
-    dt__sgemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (own_wins(k, N))
+    dt__sgemm_kern(k, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   else
     dt__sgemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -92,17 +120,18 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
 
 size_t dt_sgemm_packb_floats(int tb, int K, int N) {
   (void)tb;
-  /* the shapes dt_sgemm_f(0, ...) sends to the AVX-512 kernels */
-  return dt__gemm_use_avx512() && N >= 16 ? dt__gemm_packb_floats(K, N) : 0;
+  /* the shapes dt_sgemm_f(0, ...) sends to our kernels */
+  const dt__gemm_kern *k = dt__gemm_own();
+  return own_wins(k, N) ? k->packb_floats(K, N) : 0;
 }
 
 void dt_sgemm_packb(int tb, int K, int N, const float *B, int ldb, float *dst) {
   dt__gemm_op b = {.p = B, .trans = tb, .ld = ldb};
-  dt__gemm_avx512_packb(K, N, &b, dst);
+  dt__gemm_own()->packb(K, N, &b, dst);
 }
 
 void dt_sgemm_packed(int M, int N, int K, float alpha, const float *A, int lda, const float *Bp,
                      float beta, float *C, int ldc) {
   dt__gemm_op a = {.p = A, .trans = 0, .ld = lda};
-  dt__gemm_avx512_op_packed(M, N, K, alpha, &a, Bp, beta, C, ldc);
+  dt__gemm_own()->op_packed(M, N, K, alpha, &a, Bp, beta, C, ldc);
 }

@@ -38,7 +38,7 @@
  * so the file builds without -march flags; the caller must check the CPU
  * (dt_sgemm does) before calling in. Not here: threading, other precisions.
  */
-#include "tensor/tensor.h"
+#include "tensor/gemm_int.h"
 
 #include <string.h>
 
@@ -47,25 +47,7 @@
 
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,fma")))
 
-enum { MR = DT_GEMM_MR, NR = DT_GEMM_NR, NV = NR / 16, KC = 256, MC = 96 };
-
-/* ---- operands ----------------------------------------------------------- */
-
-/* Offset of row r, and of position x along the contiguous dimension; the
- * element is at p + row_off + pos_off. */
-static inline size_t row_off(const dt__gemm_op *o, int r) {
-  return o->rowoff ? (size_t)o->rowoff[r] : (size_t)r * o->ld;
-}
-static inline size_t pos_off(const dt__gemm_op *o, int x) {
-  return o->seg ? (size_t)(x / o->seg) * o->segstride + x % o->seg : (size_t)x;
-}
-
-/* Length of the run of contiguous elements starting at x (<= n). */
-static inline int op_run(const dt__gemm_op *o, int x, int n) {
-  if (!o->seg) return n;
-  int left = o->seg - x % o->seg;
-  return left < n ? left : n;
-}
+enum { MR = 8, NR = 48, NV = NR / 16, KC = 256, MC = 96 };
 
 /* ---- 16x16 transpose -------------------------------------------------- */
 
@@ -303,16 +285,6 @@ AVX512 static void kernel_edge(int kc, const float *ap, const float *bp, size_t 
 
 /* ---- driver ----------------------------------------------------------- */
 
-/* The K blocking: balanced blocks of at most KC, a multiple of 16 where
- * possible (full transposes). A function of K alone, so B packed ahead of
- * time (dt__gemm_avx512_packb) is cut as the driver cuts it. */
-static int kblock(int K) {
-  int nkb = (K + KC - 1) / KC;
-  int kcb = (K + nkb - 1) / nkb;
-  if (nkb > 1) kcb = (kcb + 15) / 16 * 16;
-  return kcb > KC ? KC : kcb;
-}
-
 /* The driver; bpre, if not NULL, is B packed by dt__gemm_avx512_packb
  * (then B is not read): the same panels, so the same bits. */
 AVX512 static void drive(int M, int N, int K, float alpha, const dt__gemm_op *A,
@@ -320,16 +292,12 @@ AVX512 static void drive(int M, int N, int K, float alpha, const dt__gemm_op *A,
                          int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
-    for (int i = 0; i < M; i++)
-      for (int j = 0; j < N; j++) {
-        float *p = C + (size_t)i * ldc + j;
-        *p = beta == 0.0f ? 0.0f : beta * *p;
-      }
+    gemm_scale_c(M, N, beta, C, ldc);
     return;
   }
   _Alignas(64) float apack[((MC + MR - 1) / MR) * MR * KC];
   _Alignas(64) float bpack[KC * NR];
-  const int kcb = kblock(K);
+  const int kcb = gemm_kblock(K, KC);
   const size_t npad = (size_t)(N + NR - 1) / NR * NR;
   int nmb = (M + MC - 1) / MC;
   int mcb = (M + nmb - 1) / nmb;
@@ -378,14 +346,14 @@ AVX512 void dt__gemm_avx512_op(int M, int N, int K, float alpha, const dt__gemm_
   drive(M, N, K, alpha, A, B, NULL, !B->trans && !B->rowoff && !B->seg, beta, C, ldc);
 }
 
-size_t dt__gemm_packb_floats(int K, int N) {
+size_t dt__gemm_avx512_packb_floats(int K, int N) {
   return K > 0 && N > 0 ? (size_t)K * ((size_t)(N + NR - 1) / NR * NR) : 0;
 }
 
 /* Every panel of B in the driver's order: K block by K block, each a row
  * of N panels of kc x NR. */
 AVX512 void dt__gemm_avx512_packb(int K, int N, const dt__gemm_op *B, float *dst) {
-  const int kcb = kblock(K);
+  const int kcb = gemm_kblock(K, KC);
   const size_t npad = (size_t)(N + NR - 1) / NR * NR;
   for (int k0 = 0; k0 < K; k0 += kcb) {
     int kc = K - k0 < kcb ? K - k0 : kcb;
@@ -474,7 +442,7 @@ void dt__gemm_avx512_dot(int M, int N, int X, float alpha, const dt__gemm_op *A,
   (void)M; (void)N; (void)X; (void)alpha; (void)A; (void)B; (void)beta; (void)C; (void)ldc;
 }
 int dt__gemm_avx512_ok(void) { return 0; }
-size_t dt__gemm_packb_floats(int K, int N) {
+size_t dt__gemm_avx512_packb_floats(int K, int N) {
   (void)K; (void)N;
   return 0;
 }
@@ -488,9 +456,12 @@ void dt__gemm_avx512_op_packed(int M, int N, int K, float alpha, const dt__gemm_
 
 #endif
 
-void dt__sgemm_avx512(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                      const float *B, int ldb, float beta, float *C, int ldc) {
-  dt__gemm_op a = {.p = A, .trans = ta, .ld = lda};
-  dt__gemm_op b = {.p = B, .trans = tb, .ld = ldb};
-  dt__gemm_avx512_op(M, N, K, alpha, &a, &b, beta, C, ldc);
-}
+const dt__gemm_kern dt__gemm_kern_avx512 = {
+    .name = "avx512",
+    .ok = dt__gemm_avx512_ok,
+    .op = dt__gemm_avx512_op,
+    .dot = dt__gemm_avx512_dot,
+    .packb_floats = dt__gemm_avx512_packb_floats,
+    .packb = dt__gemm_avx512_packb,
+    .op_packed = dt__gemm_avx512_op_packed,
+};

@@ -76,10 +76,6 @@ const char *dt_tensor_gemm_impl(void);
 
 /* ---- internal (tensor layer and its kernels; not a public API) ---------- */
 
-/* Register tile of the AVX-512 micro-kernel: MR rows x NR columns of C. */
-#define DT_GEMM_MR 8
-#define DT_GEMM_NR 48
-
 /* A GEMM operand as a set of rows, each contiguous along one index x:
  * element (r, x) is at p[off(r) + pos(x)], off(r) = rowoff ? rowoff[r] :
  * r*ld, pos(x) = seg ? (x/seg)*segstride + x%seg : x. For A (M x K),
@@ -95,35 +91,67 @@ typedef struct dt__gemm_op {
   int seg, segstride;
 } dt__gemm_op;
 
-/* 1 if this CPU can run the AVX-512 kernels. */
+/* One set of our own GEMM kernels, for one ISA (gemm_avx512.c: 8 x 48 zmm
+ * tiles; gemm_avx2.c: 6 x 16 ymm tiles). Every element of C is computed in
+ * an order fixed by K alone (never by M, N, its place in a tile or the
+ * thread), which is what DT_GEMM_FIXED relies on; the two sets round
+ * differently from each other.
+ *   ok():  1 if this CPU can run them.
+ *   op:    C(M,N) = alpha * A * B + beta * C with operands as above (beta
+ *          == 0 means C is not read).
+ *   dot:   C(M,N) = alpha * sum_x A(m,x) B(n,x) + beta * C, both operands
+ *          as rows contiguous along x (A->trans and B->trans ignored: A's
+ *          rows are m, B's rows are n). For short N, where a register tile
+ *          would be mostly empty.
+ *   packb_floats(K, N) floats (0 without x86-64 intrinsics) filled by
+ *          packb(K, N, B, dst) are B packed ahead of time, used by
+ *          op_packed as op would use B, with the same bits. */
+typedef struct dt__gemm_kern {
+  const char *name; /* "avx512", "avx2" */
+  int (*ok)(void);
+  void (*op)(int M, int N, int K, float alpha, const dt__gemm_op *A, const dt__gemm_op *B,
+             float beta, float *C, int ldc);
+  void (*dot)(int M, int N, int X, float alpha, const dt__gemm_op *A, const dt__gemm_op *B,
+              float beta, float *C, int ldc);
+  size_t (*packb_floats)(int K, int N);
+  void (*packb)(int K, int N, const dt__gemm_op *B, float *dst);
+  void (*op_packed)(int M, int N, int K, float alpha, const dt__gemm_op *A, const float *bp,
+                    float beta, float *C, int ldc);
+} dt__gemm_kern;
+extern const dt__gemm_kern dt__gemm_kern_avx512, dt__gemm_kern_avx2;
+
+/* The kernel set dt_sgemm uses (resolved once per process from the CPU and
+ * DTRAIN_GEMM): AVX-512 where the CPU has it, else AVX2 + FMA, else NULL
+ * (CBLAS, and gemm_ref.c for DT_GEMM_FIXED). */
+const dt__gemm_kern *dt__gemm_own(void);
+/* dt_sgemm's arguments through one kernel set (tests, benchmarks). */
+void dt__sgemm_kern(const dt__gemm_kern *k, int ta, int tb, int M, int N, int K, float alpha,
+                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* The entry points behind the two tables. */
 int dt__gemm_avx512_ok(void);
-/* C(M,N) = alpha * A * B + beta * C with operands as above (AVX-512 only;
- * beta == 0 means C is not read). */
 void dt__gemm_avx512_op(int M, int N, int K, float alpha, const dt__gemm_op *A,
                         const dt__gemm_op *B, float beta, float *C, int ldc);
-/* C(M,N) = alpha * sum_x A(m,x) B(n,x) + beta * C: both operands as rows
- * contiguous along x (A->trans and B->trans are ignored: A's rows are m, B's
- * rows are n). For short N, where a 48-wide tile would be mostly empty. */
 void dt__gemm_avx512_dot(int M, int N, int X, float alpha, const dt__gemm_op *A,
                          const dt__gemm_op *B, float beta, float *C, int ldc);
-/* B packed ahead of time: dt__gemm_packb_floats(K, N) floats (0 without
- * x86-64 intrinsics) filled by dt__gemm_avx512_packb, then used by
- * dt__gemm_avx512_op_packed as dt__gemm_avx512_op would use B, with the
- * same bits. */
-size_t dt__gemm_packb_floats(int K, int N);
+size_t dt__gemm_avx512_packb_floats(int K, int N);
 void dt__gemm_avx512_packb(int K, int N, const dt__gemm_op *B, float *dst);
 void dt__gemm_avx512_op_packed(int M, int N, int K, float alpha, const dt__gemm_op *A,
                                const float *bp, float beta, float *C, int ldc);
-/* dt_sgemm's two back ends, callable directly (tests, benchmarks). */
-void dt__sgemm_avx512(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                      const float *B, int ldb, float beta, float *C, int ldc);
+int dt__gemm_avx2_ok(void);
+void dt__gemm_avx2_op(int M, int N, int K, float alpha, const dt__gemm_op *A,
+                      const dt__gemm_op *B, float beta, float *C, int ldc);
+void dt__gemm_avx2_dot(int M, int N, int X, float alpha, const dt__gemm_op *A,
+                       const dt__gemm_op *B, float beta, float *C, int ldc);
+size_t dt__gemm_avx2_packb_floats(int K, int N);
+void dt__gemm_avx2_packb(int K, int N, const dt__gemm_op *B, float *dst);
+void dt__gemm_avx2_op_packed(int M, int N, int K, float alpha, const dt__gemm_op *A,
+                             const float *bp, float beta, float *C, int ldc);
+/* The CBLAS back end, callable directly (tests, benchmarks). */
 void dt__sgemm_blas(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                     const float *B, int ldb, float beta, float *C, int ldc);
-/* The portable fixed-order kernel behind DT_GEMM_FIXED without AVX-512. */
+/* The portable fixed-order kernel behind DT_GEMM_FIXED without our kernels. */
 void dt__sgemm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                    const float *B, int ldb, float beta, float *C, int ldc);
-/* 1 if dt_sgemm currently routes to the AVX-512 kernels. */
-int dt__gemm_use_avx512(void);
 
 /* im2col for one image img (C,H,W): writes the (C*KH*KW) x (OH*OW) patch
  * matrix into col, whose rows are ldcol floats apart (ldcol >= OH*OW), so
