@@ -12,7 +12,9 @@ workers' training CPU per sample (summary.json per_worker cpu_seconds: the
 work itself, which a loaded machine distorts less), and checks that every
 deterministic run of a model ends with the same params_sha256 whatever the
 worker count. --base OLD/dtrain adds the deterministic runs of another
-binary (paired speed-up new / old, and its hash must be the same). --env
+binary (paired speed-up new / old, and its hash must be the same; with
+--base-bits any, e.g. when the old binary's deterministic products ran on
+other kernels, each binary's runs must agree among themselves only). --env
 KEY=VALUE (repeatable) sets an environment variable for the deterministic
 runs only (e.g. DTRAIN_DET_SLOTS=1 DTRAIN_DET_WPACK=0: the per-micro-shard
 path of before 2026-11-27). Standard library only.
@@ -29,6 +31,8 @@ ap.add_argument("--workers", default="2,1")
 ap.add_argument("--epochs", default="mlp:1,cnn:1")
 ap.add_argument("--limit", default="mlp:0,cnn:10000", help="data.limit_train per model (0: all)")
 ap.add_argument("--base", default="", help="another dtrain binary: its deterministic runs too")
+ap.add_argument("--base-bits", choices=["same", "any"], default="same",
+                help="same: --base must give the new binary's params_sha256; any: its own, constant")
 ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the deterministic runs")
 ap.add_argument("--set", action="append", default=[], help="section.key=value for every run")
 a = ap.parse_args()
@@ -82,7 +86,8 @@ for r in range(a.reps):
                 res.setdefault((model, w, side), []).append(sps)
                 res.setdefault((model, w, side, "cpu"), []).append(cpu)
                 if side != "normal":
-                    shas.setdefault(model, set()).add(sha)
+                    key = model + " (base)" if side == "base" and a.base_bits == "any" else model
+                    shas.setdefault(key, set()).add(sha)
             line = "  ".join(f"{s} {res[(model, w, s)][-1]:8.0f}" for s in sides)
             print(f"  {model} {w}w round {r + 1}: {line}", flush=True)
 med = statistics.median
@@ -104,8 +109,9 @@ for model in models:
             if a.base:
                 line += f", base det {med(res[(model, w, 'base', 'cpu')]):.2f} us"
         print(line)
-    same = len(shas[model]) == 1
+for key in sorted(shas):
+    same = len(shas[key]) == 1
     ok &= same
-    print(f"{model}: deterministic params_sha256 {'equal across every run' if same else 'DIFFER: ' + str(sorted(shas[model]))}"
-          f" ({sorted(shas[model])[0][:16]}...)")
+    print(f"{key}: deterministic params_sha256 {'equal across every run' if same else 'DIFFER: ' + str(sorted(shas[key]))}"
+          f" ({sorted(shas[key])[0][:16]}...)")
 raise SystemExit(0 if ok else 1)

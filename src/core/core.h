@@ -71,7 +71,7 @@ void dt_log_set_json(int on);
   X(SHUPD, INT, -1, "auto", -1, 2, "dist.balance = dynamic on one host: the optimizer step split over the workers by speed, each stepping its slice inside the gradient reduction, with the optimizer state once per host; 2: every worker keeps its parameter copy and copies the slices the others stepped, 1: one parameter copy per host, 0: off (every worker updates all parameters), -1 auto: 2 with AdamW, 0 with SGD (docs/ddp.md)") \
   X(DYNAMIC_PACE, INT, 0, NULL, 0, 1, "dist.balance = dynamic: a worker whose cgroup allows it less than one core paces itself at 0.9 of its quota (a token bucket, one sleep at a step's start), so the kernel does not stop it for the rest of a quota period (1), or runs until the kernel does (0)") \
   X(DYNAMIC_QUOTA_PCT, INT, 80, NULL, 10, 100, "dist.balance = dynamic: a worker under a CPU quota is charged its CPU seconds / (this percent of its quota) when that exceeds its busy time, so the shares keep its CPU that far under the quota and the kernel throttles it less often (100: no margin, as before 2026-11-27 13:30)") \
-  X(GEMM, STR, 0, NULL, 0, 0, "matrix-multiply kernels: blas or avx512 (default: avx512 where the CPU has it)") \
+  X(GEMM, STR, 0, NULL, 0, 0, "matrix-multiply kernels: blas, avx2 or avx512 (default: avx512 where the CPU has it, else avx2 where it has AVX2 and FMA)") \
   X(GRACE_SECONDS, INT, 8, NULL, 0, 86400, "seconds the launcher waits for the other workers after one fails before it stops them") \
   X(HIER_MIN_BYTES, INT, 64 << 10, NULL, 0, INT64_MAX, "allreduce from this size up is hierarchical when ranks span several hosts, bytes") \
   X(HOST_ID, STR, 0, NULL, 0, 0, "this rank's host identity; ranks with the same id use shared memory (default: hostname and boot id)") \

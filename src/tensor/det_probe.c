@@ -2,7 +2,8 @@
  * det_probe.c — a small fixed computation whose 64-bit hash says whether two
  * processes compute floating point the same way in deterministic mode: the
  * GEMM shapes a model's layers use, through dt_sgemm_f(DT_GEMM_FIXED) (our
- * AVX-512 kernels or the portable kernel, depending on the CPU), and the
+ * AVX-512 or AVX2 kernels or the portable kernel, depending on the CPU and
+ * DTRAIN_GEMM: three different sets of bits), and the
  * libm functions the layers call (expf, logf, erff, tanhf: glibc picks
  * CPU-specific variants of some at load time). Data parallel workers compare
  * it at start (src/parallel/ddp.c) and refuse to train together when it

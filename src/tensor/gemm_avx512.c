@@ -34,7 +34,9 @@
  * (dt__gemm_avx512_packb) and used for many products (dt__gemm_avx512_op_packed):
  * a pipeline stage's weights, packed once per step instead of once per
  * micro-batch. The packing buffers live on the stack (at most ~150 KiB);
- * nothing is allocated. Everything here is compiled for AVX-512 with target attributes,
+ * nothing is allocated. gemm_avx2.c is the port of this file to AVX2 +
+ * FMA; the operand helpers and the K blocking they share are in
+ * gemm_int.h. Everything here is compiled for AVX-512 with target attributes,
  * so the file builds without -march flags; the caller must check the CPU
  * (dt_sgemm does) before calling in. Not here: threading, other precisions.
  */

@@ -1,7 +1,7 @@
 /*
  * gemm_ref.c — the portable GEMM with a fixed summation order, used for
  * every shape when a caller asks for DT_GEMM_FIXED on a CPU without our
- * AVX-512 kernels. Each element is
+ * AVX-512 or AVX2 kernels (or with DTRAIN_GEMM=blas). Each element is
  *   c = beta * c (0 when beta == 0), then c += (alpha * a_ik) * b_kj for
  *   k = 0, 1, ..., K-1, in that order,
  * so the result depends only on this binary, never on which CPU runs it or

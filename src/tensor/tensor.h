@@ -9,14 +9,16 @@
  * dtrain runs one compute thread per worker, so callers that want that
  * guarantee call dt_tensor_set_threads(1) once at start-up.
  *
- * GEMM back ends: dt_sgemm runs our own AVX-512 kernels (gemm_avx512.c)
- * when the CPU has AVX-512, CBLAS otherwise or when DTRAIN_GEMM=blas; see
- * dt_tensor_gemm_impl(). The AVX-512 kernels matter because OPENBLAS_CORETYPE
+ * GEMM back ends: dt_sgemm runs our own kernels — AVX-512 (gemm_avx512.c)
+ * when the CPU has it, else AVX2 + FMA (gemm_avx2.c) — for the shapes they
+ * win (N >= 16), CBLAS otherwise or when DTRAIN_GEMM=blas; see
+ * dt_tensor_gemm_impl(). Our kernels matter because OPENBLAS_CORETYPE
  * may pin OpenBLAS to its Haswell (AVX2) kernels, about half the sgemm rate
- * of AVX-512 code on this kind of CPU. dtrain never changes or overrides
- * that variable: it is set on purpose on machines where older OpenBLAS
- * builds misbehave with their own kernel detection, so our kernels, not a
- * re-tuned OpenBLAS, are the fast path.
+ * of AVX-512 code on this kind of CPU, and because deterministic mode
+ * (DT_GEMM_FIXED) needs every sum in an order it controls. dtrain never
+ * changes or overrides that variable: it is set on purpose on machines
+ * where older OpenBLAS builds misbehave with their own kernel detection, so
+ * our kernels, not a re-tuned OpenBLAS, are the fast path.
  */
 #ifndef DT_TENSOR_H
 #define DT_TENSOR_H
@@ -41,8 +43,8 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
               const float *B, int ldb, float beta, float *C, int ldc);
 
 /* dt_sgemm with flags. DT_GEMM_FIXED: every shape through our own kernels
- * (AVX-512 where the CPU has it, else the portable fixed-order kernel of
- * gemm_ref.c), never CBLAS, so the result depends on this binary and the
+ * (AVX-512 or AVX2 + FMA, whichever dt_tensor_gemm_impl() names, else the
+ * portable fixed-order kernel of gemm_ref.c), never CBLAS, so the result depends on this binary and the
  * CPU's ISA only, not on OpenBLAS's CPU-specific kernel choice
  * (OPENBLAS_CORETYPE). Deterministic mode sets it per model
  * (dt_model_set_gemm_flags); dt_sgemm is dt_sgemm_f with flags 0. */
@@ -53,7 +55,7 @@ void dt_sgemm_f(int flags, int ta, int tb, int M, int N, int K, float alpha, con
 /* A matrix B used by many products (a layer's weights over the
  * micro-batches of a step): dt_sgemm_packb_floats(tb, K, N) is the size of
  * its packed form, 0 when dt_sgemm (flags 0) would not run this shape on
- * the AVX-512 kernels (then do not pack: call dt_sgemm); dt_sgemm_packb
+ * our own kernels (then do not pack: call dt_sgemm); dt_sgemm_packb
  * packs op(B) (K x N, ldb as for dt_sgemm) into dst; dt_sgemm_packed is
  * dt_sgemm(0, ta = 0, tb, M, N, K, ...) with the packed B, the same bits,
  * without re-packing B for every call. Repack after B changes. */
@@ -69,9 +71,10 @@ void dt_sgemm_packed(int M, int N, int K, float alpha, const float *A, int lda, 
 uint64_t dt_tensor_det_probe(void);
 
 /* Which GEMM dt_sgemm uses: "avx512" (our own kernels, gemm_avx512.c) when
- * the CPU has AVX-512, else "blas" (CBLAS). The environment variable
- * DTRAIN_GEMM=blas|avx512 overrides the choice (read once per process;
- * avx512 on a CPU without it falls back to blas). */
+ * the CPU has AVX-512, else "avx2" (gemm_avx2.c) when it has AVX2 and FMA,
+ * else "blas" (CBLAS). The environment variable DTRAIN_GEMM=blas|avx2|avx512
+ * overrides the choice (read once per process; a kernel set the CPU cannot
+ * run falls back to blas, with a warning). */
 const char *dt_tensor_gemm_impl(void);
 
 /* ---- internal (tensor layer and its kernels; not a public API) ---------- */

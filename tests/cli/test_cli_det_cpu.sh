@@ -8,12 +8,14 @@
 #      OpenBLAS, whose Haswell kernels gave another hash); skipped (77) when
 #      this OpenBLAS accepts fewer than two of them (OPENBLAS_VERBOSE=2 says
 #      which core it uses).
-#  (b) with the portable kernel (DTRAIN_GEMM=blas: no AVX-512 kernels, and
-#      deterministic mode still never calls OpenBLAS) 1 and 2 workers agree.
-#  (c) on an AVX-512 CPU, a 2-node job (`dtrain launch`, loopback) whose
-#      second node computes with the portable kernel is refused (both nodes
-#      exit non-zero, like any config mismatch) with a message naming rank
-#      1, before any training step.
+#  (b) with the portable kernel (DTRAIN_GEMM=blas: none of our AVX-512 /
+#      AVX2 kernels, and deterministic mode still never calls OpenBLAS) 1
+#      and 2 workers agree; so do they with our kernels (the default on a
+#      CPU with AVX-512 or AVX2 + FMA).
+#  (c) on a CPU with our kernels (AVX-512, or AVX2 + FMA), a 2-node job
+#      (`dtrain launch`, loopback) whose second node computes with the
+#      portable kernel is refused (both nodes exit non-zero, like any config
+#      mismatch) with a message naming rank 1, before any training step.
 # Each run is bounded (timeout) and every process stopped by pid.
 . "$(dirname "$0")/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -52,9 +54,22 @@ p1=$(hash_of port1 1 DTRAIN_GEMM=blas)
 p2=$(hash_of port2 2 DTRAIN_GEMM=blas)
 [[ $p1 =~ ^[0-9a-f]{64}$ ]] && [ "$p1" = "$p2" ] && pass || fail "portable kernel: 1 worker $p1, 2 workers $p2"
 
-# ---- (c) a host that computes differently is refused --------------------------
+ours=0
 if grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512dq /proc/cpuinfo &&
   grep -qw avx512vl /proc/cpuinfo; then
+  ours=avx512
+elif grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  ours=avx2
+fi
+if [ "$ours" != 0 ]; then
+  o1=$(hash_of own1 1 -u DTRAIN_GEMM)
+  o2=$(hash_of own2 2 -u DTRAIN_GEMM)
+  echo "# $ours kernels: $o1, portable: $p1"
+  [[ $o1 =~ ^[0-9a-f]{64}$ ]] && [ "$o1" = "$o2" ] && pass || fail "$ours kernels: 1 worker $o1, 2 workers $o2"
+fi
+
+# ---- (c) a host that computes differently is refused --------------------------
+if [ "$ours" != 0 ]; then
   export DTRAIN_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
   P=$(free_port)
   L=(launch --nnodes 2 --rdzv "127.0.0.1:$P" --nproc-per-node 1)
@@ -74,7 +89,7 @@ if grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw
     fail "mixed kernels: node 0 exit $rc0, node 1 exit $rc1: $(grep -h dtrain: "$T/mix0.log" "$T/mix1.log" | tail -3)"
   fi
 else
-  echo "SKIP (c): no AVX-512 here, so every host uses the portable kernel"
+  echo "SKIP (c): neither AVX-512 nor AVX2 + FMA here, so every host uses the portable kernel"
   SKIPS=$((SKIPS + 1))
 fi
 finish
