@@ -229,6 +229,11 @@ int main(int argc, char **argv) {
   bench_sgemm("TN", 10, 128, 64);
   bench_sgemm("NT", 32, 9, 1680);
   bench_sgemm("NN", 512, 512, 512);
+  printf("raw sgemm, deterministic mode's micro-shards of 8 rows (MLP):\n");
+  bench_sgemm("NT", 8, 256, 784);
+  bench_sgemm("NN", 8, 784, 256);
+  bench_sgemm("NT", 8, 128, 256);
+  bench_sgemm("TN", 256, 784, 8);
   printf("conv2d (batch 64):\n");
   bench_conv("conv1 1->32 28x28 k3 p1", 64, 1, 28, 28, 32, 3, 1, 0);
   bench_conv("conv2 32->64 14x14 k3 p1", 64, 32, 14, 14, 64, 3, 1, 1);

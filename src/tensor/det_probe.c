@@ -47,6 +47,26 @@ uint64_t dt_tensor_det_probe(void) {
     dt_sgemm_f(DT_GEMM_FIXED, ta, tb, M, N, K, 1.0f, A, lda, Bm, ldb, s & 1 ? 1.0f : 0.0f, C, N);
     h = fnv(h, C, sizeof(float) * (size_t)M * N);
   }
+  /* Products two kernel sets could round differently while agreeing on the
+   * ones above (the AVX-512 and AVX2 kernels sum each element in the same
+   * order): beta other than 0 and 1 on edge tiles, and the dot form the
+   * convolutions' weight gradients use (lanes summed across the register),
+   * on a segmented operand as conv2d.c makes it. */
+  fill(A, 13 * 21, 40);
+  fill(Bm, 21 * 19, 41);
+  fill(C, 13 * 19, 42);
+  dt_sgemm_f(DT_GEMM_FIXED, 0, 0, 13, 19, 21, 0.75f, A, 21, Bm, 19, -0.5f, C, 19);
+  h = fnv(h, C, sizeof(float) * 13 * 19);
+  const dt__gemm_kern *k = dt__gemm_own();
+  if (k) {
+    static const int rowoff[9] = {0, 1, 2, 30, 31, 32, 60, 61, 62};
+    dt__gemm_op a = {.p = A, .trans = 0, .ld = 150};
+    dt__gemm_op b = {.p = Bm, .trans = 1, .rowoff = rowoff, .seg = 25, .segstride = 100};
+    fill(A, 32 * 150, 43);
+    fill(Bm, 300 * 2, 44);
+    k->dot(32, 9, 150, 1.0f, &a, &b, 0.0f, C, 9);
+    h = fnv(h, C, sizeof(float) * 32 * 9);
+  }
   float x[256];
   fill(x, 256, 99);
   for (int i = 0; i < 256; i++) {

@@ -9,18 +9,19 @@
  *
  * Structure (Goto/BLIS, as gemm_avx512.c): K cut into blocks of at most KC
  * (gemm_kblock: a function of K alone), M into blocks of at most MC; A
- * packed into MR-row panels ([k][MR]), B into NR-column panels ([k][NR]) —
+ * packed into 6- or 4-row panels ([k][h]), B into NR-column panels ([k][NR]) —
  * a dense B stored K x N is read in place for full-width panels. The
  * micro-kernel is MR x NR = 6 x 16: per k, 2 loads of B, 6 broadcasts of A,
- * 12 independent FMAs into 12 ymm accumulators (16 registers in all).
- * Measured against 4 x 24 (bench_kernels, this file's history in
- * gemm11.results).
+ * 12 independent FMAs into 12 ymm accumulators (16 registers in all); a
+ * block whose rows do not divide by 6 ends in 4-row tiles (panel_h: 8 rows
+ * run as 4 + 4, deterministic mode's micro-shards).
  *
  * Fixed order: every element of C is alpha * (an FMA chain over its K
  * block, from 0) then combined with beta * c, block after block, whatever
  * M, N, its place in a tile or the thread — deterministic mode
- * (DT_GEMM_FIXED) relies on it. Edge tiles run the full-tile kernel on a
- * copy of C, so they round exactly as full tiles do for every beta.
+ * (DT_GEMM_FIXED) relies on it. Every tile runs the same per-element
+ * operations, narrow edge tiles on a copy of C, so they round exactly as
+ * full tiles do for every alpha and beta.
  *
  * Everything is compiled for AVX2 + FMA with target attributes, so the file
  * builds without -march flags; the caller checks the CPU (dt__gemm_own)
@@ -127,12 +128,21 @@ AVX2 static void pack_n(float *dst, int W, const dt__gemm_op *o, int r0, int kc,
       for (int j = n; j < W; j++) dst[(size_t)k * W + j] = 0.0f;
 }
 
-/* Packs the A block rows [m0, m0+mc) x k [k0, k0+kc) into MR-row panels. */
+/* Height of the next A panel (and row tile) with rem rows of the block
+ * left: 6, except that 8 and 7 rows go as 4 + 4 and 4 + 3, and at most 4
+ * as one panel of 4 — so a micro-shard of 8 rows (deterministic mode's
+ * default) runs two full 4-row tiles instead of 6 rows and a 6-row tile
+ * two-thirds empty. Which tile computes a row does not change its bits. */
+static inline int panel_h(int rem) { return rem >= 9 || rem == 6 || rem == 5 ? 6 : 4; }
+
+/* Packs the A block rows [m0, m0+mc) x k [k0, k0+kc) into panels of
+ * panel_h rows ([k][h]), one after the other (panel i at ap + i * kc). */
 AVX2 static void pack_a(float *ap, const dt__gemm_op *A, int m0, int mc, int k0, int kc) {
-  for (int i = 0; i < mc; i += MR) {
-    int n = mc - i < MR ? mc - i : MR;
-    if (A->trans) pack_n(ap + (size_t)i * kc, MR, A, k0, kc, m0 + i, n); /* rows are k */
-    else pack_t8(ap + (size_t)i * kc, MR, MR, A, m0 + i, n, k0, kc);    /* rows are m */
+  for (int i = 0, h; i < mc; i += h) {
+    h = panel_h(mc - i);
+    int n = mc - i < h ? mc - i : h;
+    if (A->trans) pack_n(ap + (size_t)i * kc, h, A, k0, kc, m0 + i, n); /* rows are k */
+    else pack_t8(ap + (size_t)i * kc, h, h, A, m0 + i, n, k0, kc);      /* rows are m */
   }
 }
 
@@ -155,15 +165,17 @@ AVX2 static void pack_b(float *bp, const dt__gemm_op *B, int k0, int kc, int n0,
 
 /* ---- micro-kernel ------------------------------------------------------- */
 
-/* c(MR x NR, ldc) = alpha * ap * bp + beta * c, with beta == 0 meaning "do
- * not read c"; B rows bs floats apart; pf, if set, is the next B panel
- * (rows bs apart), prefetched into L1 meanwhile. */
+/* c(R x NR, ldc) = alpha * ap * bp + beta * c, with beta == 0 meaning "do
+ * not read c"; ap a panel of h >= R rows ([k][h]), B rows bs floats apart;
+ * pf, if set, is the next B panel (rows bs apart), prefetched into L1
+ * meanwhile. Every element: an FMA chain over k from 0, times alpha (if not
+ * 1), plus c (beta 1) or fma(beta, c, .) — whatever R and h. */
 AVX2 static inline __attribute__((always_inline)) void kernel_pf(
-    int kc, const float *restrict ap, const float *restrict bp, size_t bs, float *c, size_t ldc,
-    float alpha, float beta, const float *pf) {
+    const int R, const int h, int kc, const float *restrict ap, const float *restrict bp,
+    size_t bs, float *c, size_t ldc, float alpha, float beta, const float *pf) {
   __m256 acc[MR][NV];
 #pragma GCC unroll 8
-  for (int i = 0; i < MR; i++)
+  for (int i = 0; i < R; i++)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++) acc[i][v] = _mm256_setzero_ps();
   for (int k = 0; k < kc; k++) {
@@ -176,17 +188,17 @@ AVX2 static inline __attribute__((always_inline)) void kernel_pf(
       pf += bs;
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < R; i++) {
       __m256 a = _mm256_broadcast_ss(ap + i);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; v++) acc[i][v] = _mm256_fmadd_ps(a, b[v], acc[i][v]);
     }
-    ap += MR;
+    ap += h;
     bp += bs;
   }
   __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
 #pragma GCC unroll 8
-  for (int i = 0; i < MR; i++)
+  for (int i = 0; i < R; i++)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++) {
       float *p = c + (size_t)i * ldc + 8 * v;
@@ -197,27 +209,42 @@ AVX2 static inline __attribute__((always_inline)) void kernel_pf(
     }
 }
 
-AVX2 static void kernel(int kc, const float *restrict ap, const float *restrict bp, float *c,
-                        size_t ldc, float alpha, float beta) {
-  kernel_pf(kc, ap, bp, NR, c, ldc, alpha, beta, NULL);
+/* The row tiles: R rows of a panel of h (6 or 4; R < h only at the end of
+ * a block). */
+#define TILE(R, H)                                                                                 \
+  AVX2 static void tile_##R##_##H(int kc, const float *ap, const float *bp, size_t bs, float *c,  \
+                                  size_t ldc, float alpha, float beta, const float *pf) {          \
+    kernel_pf(R, H, kc, ap, bp, bs, c, ldc, alpha, beta, pf);                                      \
+  }
+TILE(6, 6)
+TILE(5, 6)
+TILE(4, 4)
+TILE(3, 4)
+TILE(2, 4)
+TILE(1, 4)
+
+AVX2 static void tile(int R, int h, int kc, const float *ap, const float *bp, size_t bs, float *c,
+                      size_t ldc, float alpha, float beta, const float *pf) {
+  switch (h == 6 ? R + 4 : R) {
+  case 10: tile_6_6(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
+  case 9: tile_5_6(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
+  case 4: tile_4_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
+  case 3: tile_3_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
+  case 2: tile_2_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
+  default: tile_1_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
+  }
 }
 
-AVX2 static void kernel_strided(int kc, const float *restrict ap, const float *restrict bp,
-                                size_t bs, float *c, size_t ldc, float alpha, float beta,
-                                const float *pf) {
-  kernel_pf(kc, ap, bp, bs, c, ldc, alpha, beta, pf);
-}
-
-/* Edge tile: mr x nr of C through a copy, by the full-tile kernel, so the
- * same roundings as a full tile for every alpha and beta. */
-AVX2 static void kernel_edge(int kc, const float *ap, const float *bp, size_t bs, float *c,
-                             size_t ldc, int mr, int nr, float alpha, float beta) {
+/* Edge tile: R x nr of C (nr < NR) through a copy, by the same kernel, so
+ * the same roundings as in a full tile for every alpha and beta. */
+AVX2 static void tile_edge(int R, int h, int kc, const float *ap, const float *bp, size_t bs,
+                           float *c, size_t ldc, int nr, float alpha, float beta) {
   float t[MR * NR];
   memset(t, 0, sizeof t);
   if (beta != 0.0f)
-    for (int i = 0; i < mr; i++) memcpy(t + i * NR, c + (size_t)i * ldc, sizeof(float) * (size_t)nr);
-  kernel_pf(kc, ap, bp, bs, t, NR, alpha, beta, NULL);
-  for (int i = 0; i < mr; i++) memcpy(c + (size_t)i * ldc, t + i * NR, sizeof(float) * (size_t)nr);
+    for (int i = 0; i < R; i++) memcpy(t + i * NR, c + (size_t)i * ldc, sizeof(float) * (size_t)nr);
+  tile(R, h, kc, ap, bp, bs, t, NR, alpha, beta, NULL);
+  for (int i = 0; i < R; i++) memcpy(c + (size_t)i * ldc, t + i * NR, sizeof(float) * (size_t)nr);
 }
 
 /* ---- driver ----------------------------------------------------------- */
@@ -232,7 +259,7 @@ AVX2 static void drive(int M, int N, int K, float alpha, const dt__gemm_op *A,
     gemm_scale_c(M, N, beta, C, ldc);
     return;
   }
-  _Alignas(64) float apack[((MC + MR - 1) / MR) * MR * KC];
+  _Alignas(64) float apack[(MC + 4) * KC]; /* the last panel may be up to 3 rows short */
   _Alignas(64) float bpack[KC * NR];
   const int kcb = gemm_kblock(K, KC);
   const size_t npad = (size_t)(N + NR - 1) / NR * NR;
@@ -261,14 +288,13 @@ AVX2 static void drive(int M, int N, int K, float alpha, const dt__gemm_op *A,
           pack_b(bpack, B, k0, kc, n0, nr);
         }
         if (n0 + NR >= N) next = NULL;
-        for (int i = 0; i < mc; i += MR) {
-          int mr = mc - i < MR ? mc - i : MR;
+        for (int i = 0, h; i < mc; i += h) {
+          h = panel_h(mc - i);
+          int mr = mc - i < h ? mc - i : h;
           float *c = C + (size_t)(m0 + i) * ldc + n0;
           const float *ap = apack + (size_t)i * kc;
-          if (mr == MR && nr == NR && bs == NR && !next) kernel(kc, ap, bp, c, ldc, alpha, be);
-          else if (mr == MR && nr == NR)
-            kernel_strided(kc, ap, bp, bs, c, ldc, alpha, be, i == 0 ? next : NULL);
-          else kernel_edge(kc, ap, bp, bs, c, ldc, mr, nr, alpha, be);
+          if (nr == NR) tile(mr, h, kc, ap, bp, bs, c, ldc, alpha, be, i == 0 ? next : NULL);
+          else tile_edge(mr, h, kc, ap, bp, bs, c, ldc, nr, alpha, be);
         }
       }
     }
