@@ -54,6 +54,26 @@ static double cpu_now(void) {
     secs_out = best_;                                                                              \
   } while (0)
 
+/* x W^T with W (N x K) packed ahead of time (a pipeline stage's forward
+ * over its micro-batches: dt_sgemm_packb once, dt_sgemm_packed per
+ * micro-batch) against CBLAS on the unpacked W. */
+static void bench_packed(int M, int N, int K) {
+  float *A = buf((size_t)M * K), *W = buf((size_t)K * N), *C = buf((size_t)M * N);
+  size_t nf = dt_sgemm_packb_floats(1, K, N);
+  double s1, s2 = 0;
+  TIMEIT(s1, dt__sgemm_blas(0, 1, M, N, K, 1.0f, A, K, W, K, 0.0f, C, N));
+  if (nf) {
+    float *bp = dt_alloc(nf * sizeof(float));
+    dt_sgemm_packb(1, K, N, W, K, bp);
+    TIMEIT(s2, dt_sgemm_packed(M, N, K, 1.0f, A, K, bp, 0.0f, C, N));
+    dt_free(bp);
+  }
+  double f = 2.0 * M * N * K / 1e9;
+  printf("  x W^T %5d x %5d x %5d   blas %6.1f   %s packed %6.1f GFLOP/s\n", M, N, K, f / s1,
+         dt_tensor_gemm_impl(), s2 > 0 ? f / s2 : 0.0);
+  dt_free(A); dt_free(W); dt_free(C);
+}
+
 /* One GEMM shape through every back end this CPU runs (t = "NN", "NT",
  * "TN"); 0 for a kernel set the CPU lacks. */
 static void bench_sgemm(const char *t, int M, int N, int K) {
@@ -229,6 +249,15 @@ int main(int argc, char **argv) {
   bench_sgemm("TN", 10, 128, 64);
   bench_sgemm("NT", 32, 9, 1680);
   bench_sgemm("NN", 512, 512, 512);
+  printf("raw sgemm, the pipeline's deep MLP (2048-wide layers; 32-row micro-batches, 256-row batch):\n");
+  bench_sgemm("NT", 32, 2048, 2048);
+  bench_sgemm("NN", 32, 2048, 2048);
+  bench_sgemm("TN", 2048, 2048, 32);
+  bench_sgemm("NT", 256, 2048, 2048);
+  bench_sgemm("NN", 256, 2048, 2048);
+  bench_sgemm("TN", 2048, 2048, 256);
+  bench_packed(32, 2048, 2048);
+  bench_packed(8, 256, 784);
   printf("raw sgemm, deterministic mode's micro-shards of 8 rows (MLP):\n");
   bench_sgemm("NT", 8, 256, 784);
   bench_sgemm("NN", 8, 784, 256);

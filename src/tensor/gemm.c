@@ -91,11 +91,18 @@ void dt__sgemm_kern(const dt__gemm_kern *k, int ta, int tb, int M, int N, int K,
   k->op(M, N, K, alpha, &a, &b, beta, C, ldc);
 }
 
-/* Normal mode: the shapes our kernels k run faster than OpenBLAS. N < 16
- * fills less than a third of the 48-wide AVX-512 tile; OpenBLAS's narrow
- * kernels win there (measured: 64x10x128 NT, bench_kernels). */
-static int own_wins(const dt__gemm_kern *k, int N) {
-  return k && N >= 16;
+/* Normal mode: the shapes our kernels k run faster than OpenBLAS (one
+ * thread, bench_kernels). N < 16 fills less than a third of the 48-wide
+ * AVX-512 tile; OpenBLAS's narrow kernels win there (measured: 64x10x128
+ * NT). The AVX2 kernels match or beat OpenBLAS (Zen core) up to ~128 rows
+ * and on short K (K <= 256: the layers' weight gradients, 1.1-1.3x), but
+ * lose ~20% on large products (512^3; 256 x 2048 x 2048: 59-70 against
+ * 77-89 GFLOP/s; 32 x 2048 x 2048 NN: 49-54 against 55-64), where their
+ * one-level blocking streams B from memory once per block of rows. */
+static int own_wins(const dt__gemm_kern *k, int M, int N, int K) {
+  if (!k || N < 16) return 0;
+  if (k == &dt__gemm_kern_avx2) return K <= 256 || (M <= 128 && N <= 1024);
+  return 1;
 }
 
 void dt_sgemm_f(int flags, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -107,7 +114,7 @@ void dt_sgemm_f(int flags, int ta, int tb, int M, int N, int K, float alpha, con
     else dt__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  if (own_wins(k, N))
+  if (own_wins(k, M, N, K))
     dt__sgemm_kern(k, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   else
     dt__sgemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -120,9 +127,11 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
 
 size_t dt_sgemm_packb_floats(int tb, int K, int N) {
   (void)tb;
-  /* the shapes dt_sgemm_f(0, ...) sends to our kernels */
+  /* the products of a packed B have few rows (micro-batches): our kernels
+   * win there (x W^T, W packed once: AVX2 74-92 against OpenBLAS's 53-58
+   * GFLOP/s at 32 x 2048 x 2048, 86-99 against 41 at 8 x 256 x 784) */
   const dt__gemm_kern *k = dt__gemm_own();
-  return own_wins(k, N) ? k->packb_floats(K, N) : 0;
+  return k && N >= 16 ? k->packb_floats(K, N) : 0;
 }
 
 void dt_sgemm_packb(int tb, int K, int N, const float *B, int ldb, float *dst) {

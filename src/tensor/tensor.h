@@ -52,13 +52,15 @@ void dt_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
 void dt_sgemm_f(int flags, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc);
 
-/* A matrix B used by many products (a layer's weights over the
- * micro-batches of a step): dt_sgemm_packb_floats(tb, K, N) is the size of
- * its packed form, 0 when dt_sgemm (flags 0) would not run this shape on
- * our own kernels (then do not pack: call dt_sgemm); dt_sgemm_packb
+/* A matrix B used by many products of few rows (a layer's weights over
+ * the micro-batches of a step): dt_sgemm_packb_floats(tb, K, N) is the
+ * size of its packed form, 0 when it is not worth packing for our own
+ * kernels (none here, or N < 16: then call dt_sgemm); dt_sgemm_packb
  * packs op(B) (K x N, ldb as for dt_sgemm) into dst; dt_sgemm_packed is
- * dt_sgemm(0, ta = 0, tb, M, N, K, ...) with the packed B, the same bits,
- * without re-packing B for every call. Repack after B changes. */
+ * dt_sgemm_f(DT_GEMM_FIXED, ta = 0, tb, M, N, K, ...) with the packed B,
+ * the same bits, without re-packing B for every call (dt_sgemm itself may
+ * send a large shape to CBLAS instead: other bits). Repack after B
+ * changes. */
 size_t dt_sgemm_packb_floats(int tb, int K, int N);
 void dt_sgemm_packb(int tb, int K, int N, const float *B, int ldb, float *dst);
 void dt_sgemm_packed(int M, int N, int K, float alpha, const float *A, int lda, const float *Bp,
