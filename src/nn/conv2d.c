@@ -263,7 +263,7 @@ static void implicit_backward(float *dinp, float *dweight, float *dbias, const f
       pad_planes(xp, inp + (size_t)b0 * inplane, n * C, g->H, g->W, g->pad, p.Wp, p.P);
       dt__gemm_op A = {.p = tmp, .trans = 0, .ld = ld};
       dt__gemm_op B = {.p = xp, .trans = 1, .rowoff = off, .seg = S, .segstride = C * p.P};
-      if (p.K < 32) /* e.g. a first layer: 9 columns would waste most of a 48-wide tile */
+      if (p.K < 32) /* e.g. a first layer: 9 columns would waste much of a 48- or 16-wide tile */
         dt__gemm_own()->dot(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
       else
         dt__gemm_own()->op(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
