@@ -1,8 +1,8 @@
 /*
  * cli_main.c — the dtrain dispatcher: global options (--help, --version)
  * and one subcommand per file (cmd_*.c). It never touches OPENBLAS_CORETYPE:
- * the GEMM-bound layers run on dtrain's own AVX-512 kernels where the CPU has
- * them (src/tensor/gemm_avx512.c), whatever OpenBLAS was pinned to.
+ * the GEMM-bound layers run on dtrain's own AVX-512 or AVX2 kernels where the
+ * CPU has them (src/tensor/gemm_avx*.c), whatever OpenBLAS was pinned to.
  */
 #include <stdio.h>
 #include <stdlib.h>

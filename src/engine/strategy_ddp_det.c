@@ -126,9 +126,9 @@ static int det_setup(dt_strategy *s) {
 
 /* Every micro-shard's forward multiplies by the same weights: pack them
  * once (per step, and before an evaluation), not once per micro-shard.
- * The packed panels are the ones the products would pack (gemm_avx512.c),
- * so the bits do not change; layers the AVX-512 kernels do not pack ahead
- * (or a CPU without them) multiply as before. */
+ * The packed panels are the ones the products would pack (our AVX-512 or
+ * AVX2 kernels, src/tensor/gemm_avx*.c), so the bits do not change; layers
+ * our kernels do not pack ahead (or a CPU without them) multiply as before. */
 static int det_wpack(dt_strategy *s) {
   det_impl *d = s->impl;
   if (!d->wpack_tried) {
