@@ -37,7 +37,14 @@ ap.add_argument("--set", action="append", default=[], help="section.key=value fo
 ap.add_argument("--ab", action="append", default=[], metavar="VAR=VALUE",
                 help="then --reps interleaved pairs of dynamic under the quota, as is and with this "
                      "environment (e.g. DTRAIN_WINDOW_SPIN_US=0), and their paired ratio")
-ap.add_argument("--ab-only", action="store_true", help="only the --ab pairs (no reference runs)")
+ap.add_argument("--ab-only", action="store_true", help="only the --ab / --ab-bin pairs (no reference runs)")
+ap.add_argument("--ab-bin", metavar="DTRAIN",
+                help="then --reps interleaved pairs under the quota, this other binary (e.g. main's) "
+                     "against --build's, with --ab-balance, and their paired ratio (the order flips "
+                     "every pair)")
+ap.add_argument("--ab-balance", default="dynamic",
+                help="dist.balance of the --ab-bin pairs (steal runs in deterministic mode and "
+                     "compares params_sha256)")
 a = ap.parse_args()
 root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 dtrain = os.path.join(a.build, "dtrain")
@@ -73,19 +80,21 @@ def cpustat(p):
     return {k: int(v) for k, v in (l.split() for l in open(os.path.join(p, "cpu.stat")))}
 
 
-def run(workers, balance, throttle, extra_env=None):
+def run(workers, balance, throttle, extra_env=None, binary=None):
     period = int(open(os.path.join(cg_root, "cpu.cfs_period_us")).read())
     boost = mkcg("boost", -1)
     slow = mkcg("slow", int(a.quota * period) if throttle else -1)
     p = None
     try:
         with tempfile.TemporaryDirectory() as out:
-            args = [dtrain, "train", os.path.join(root_dir, "examples", f"fashion_{a.model}.ini"),
+            args = [binary or dtrain, "train", os.path.join(root_dir, "examples", f"fashion_{a.model}.ini"),
                     "--set", "optim.name=sgd", "--set", "optim.lr=0.05", "--set", "optim.momentum=0.9",
                     "--set", "schedule.kind=constant", "--set", f"train.batch={BATCH}",
                     "--set", "train.eval_every=1000", "--set", f"train.epochs={a.epochs}",
                     "--set", f"dist.balance={balance}", "--set", "obs.trace=true",
                     "--set", "obs.trace_steps=400", "--workers", str(workers), "--out", out]
+            if balance == "steal":
+                args += ["--set", "dist.deterministic=true"]
             for kv in a.set:
                 args += ["--set", kv]
             log = os.path.join(out, "stdout.txt")
@@ -193,9 +202,41 @@ def ab(kv):
           f"({len(pairs) - len(ok)} left out: a run with fewer than 10 quota periods)", flush=True)
 
 
+def ab_bin(other):
+    """--ab-bin: the other binary (A) against --build's (B), paired, the
+    order flipping every pair; rank 1's samples per step, the throttled
+    periods, and (steal) the params_sha256 of every run."""
+    bal = a.ab_balance
+    xs, ys = [], []
+    for i in range(a.reps):
+        order = ("A", "B") if i % 2 == 0 else ("B", "A")
+        got = {}
+        for side in order:
+            got[side] = run(2, bal, True, binary=other if side == "A" else dtrain)
+        x, y = got["A"], got["B"]
+        xs.append(x)
+        ys.append(y)
+        print(f"  pair {i + 1} ({order[0]} first): A {x['samples_per_second']:.0f} samples/s "
+              f"(rank 1 {x['ranks'][1]['n']:.0f}/step, throttled {x['throttled'][0]} of {x['throttled'][1]}), "
+              f"B {y['samples_per_second']:.0f} (rank 1 {y['ranks'][1]['n']:.0f}/step, throttled "
+              f"{y['throttled'][0]} of {y['throttled'][1]}), B/A {y['samples_per_second'] / x['samples_per_second']:.3f}"
+              + (f"; sha A {x['params_sha256'][:12]} B {y['params_sha256'][:12]}" if bal == "steal" else ""),
+              flush=True)
+    ok = [(x, y) for x, y in zip(xs, ys) if min(x["throttled"][1], y["throttled"][1]) >= 10]
+    r = [y["samples_per_second"] / x["samples_per_second"] for x, y in ok]
+    med = statistics.median
+    print(f"{a.model} {bal} under the quota: A {med(x['samples_per_second'] for x in xs):.0f}, "
+          f"B {med(y['samples_per_second'] for y in ys):.0f} samples/s (medians); B/A paired median "
+          f"{med(r) if r else float('nan'):.3f}x over {len(ok)} pairs, B faster in {sum(v > 1 for v in r)} "
+          f"({len(xs) - len(ok)} left out: a run with fewer than 10 quota periods)", flush=True)
+    return xs, ys
+
+
 if a.ab_only:
     for kv in a.ab:
         ab(kv)
+    if a.ab_bin:
+        ab_bin(a.ab_bin)
     sys.exit(0)
 ones = [run(1, "static", False) for _ in range(a.reps)]
 ref = statistics.median(x["samples_per_second"] for x in ones)
@@ -233,3 +274,5 @@ print(f"dynamic / static under the quota: {sps_of['dynamic'] / sps_of['static']:
       f"(targets: dynamic >= 0.9 of the ideal, >= 1.3x static)")
 for kv in a.ab:
     ab(kv)
+if a.ab_bin:
+    ab_bin(a.ab_bin)

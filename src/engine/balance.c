@@ -68,6 +68,10 @@
 #define DT_BALANCE_PACE 0.9
 #define DT_BALANCE_PACE_DEPTH 0.004
 #define DT_BALANCE_CFS_PERIOD 0.1
+/* The margin under a quota (quota_margin): the one used until this many
+ * windows (forgetting-weighted) have been measured, and that margin. */
+#define DT_BALANCE_MARGIN_WINDOWS 3.0
+#define DT_BALANCE_MARGIN0 0.8
 
 /* Gathered per rank at an epoch end: compute, wait, samples, share sum,
  * steps, backups ran, won, dropped. */
@@ -83,7 +87,7 @@ struct dt_balance {
   double cpu_last;     /* process CPU seconds at the last replan */
   double quota, quota_next; /* CPU quota in cores (0: none); when to re-read it */
   int pace;            /* dynamic: DTRAIN_DYNAMIC_PACE */
-  double quota_use;    /* dynamic: DTRAIN_DYNAMIC_QUOTA_PCT / 100 */
+  double quota_use;    /* dynamic: DTRAIN_DYNAMIC_QUOTA_PCT / 100 (0: quota_margin's rule) */
   double pace_t, pace_cpu, budget; /* pacing under a quota: the token bucket */
   /* this rank, since the last replan */
   double win_compute, win_samples, win_wall;
@@ -92,6 +96,10 @@ struct dt_balance {
   double ep_backups, ep_won, ep_dropped;
   /* every rank: the forgetting sums and the weights */
   double *sum_sec, *sum_n, *weights;
+  /* every rank: forgetting sums of its windows' charged seconds per sample
+   * (count, sum, sum of squares; restarted when its quota changes, the
+   * quota of the last window) and the margin they give (quota_margin) */
+  double *var_w, *var_x, *var_x2, *last_q, *margin;
   double *gather;      /* nranks x max(WIN_FIELDS, EP_FIELDS) */
   dt_rank_perf *epoch, *run;
   double *run_share, *run_steps; /* every rank: share sums and steps, the run */
@@ -110,18 +118,24 @@ int dt__balance_create(dt_balance **out, const dt_run_cfg *cfg, int rank, int nr
   b->every = cfg->balance_every > 0 ? cfg->balance_every : 8;
   b->threshold = cfg->straggler_threshold;
   b->pace = (int)dt_param(DT_PARAM_DYNAMIC_PACE);
-  b->quota_use = (double)dt_param(DT_PARAM_DYNAMIC_QUOTA_PCT) / 100.0;
+  b->quota_use = (double)dt_param(DT_PARAM_DYNAMIC_QUOTA_PCT) / 100.0; /* 0: the rule */
   b->slow_us = dt_param(DT_PARAM_TEST_SLOW_RANK) == rank ? dt_param(DT_PARAM_TEST_SLOW_US) : 0;
   b->sum_sec = calloc(n, sizeof(double));
   b->sum_n = calloc(n, sizeof(double));
   b->weights = calloc(n, sizeof(double));
+  b->var_w = calloc(n, sizeof(double));
+  b->var_x = calloc(n, sizeof(double));
+  b->var_x2 = calloc(n, sizeof(double));
+  b->last_q = calloc(n, sizeof(double));
+  b->margin = calloc(n, sizeof(double));
   b->gather = calloc(n * EP_FIELDS, sizeof(double));
   b->epoch = calloc(n, sizeof(dt_rank_perf));
   b->run = calloc(n, sizeof(dt_rank_perf));
   b->run_share = calloc(n, sizeof(double));
   b->run_steps = calloc(n, sizeof(double));
-  if (!b->sum_sec || !b->sum_n || !b->weights || !b->gather || !b->epoch || !b->run ||
-      !b->run_share || !b->run_steps) {
+  if (!b->sum_sec || !b->sum_n || !b->weights || !b->var_w || !b->var_x || !b->var_x2 ||
+      !b->last_q || !b->margin || !b->gather || !b->epoch || !b->run || !b->run_share ||
+      !b->run_steps) {
     dt__balance_destroy(b);
     return dt__seterr(DT_ENOMEM, "balance: out of memory");
   }
@@ -136,6 +150,11 @@ void dt__balance_destroy(dt_balance *b) {
   free(b->sum_sec);
   free(b->sum_n);
   free(b->weights);
+  free(b->var_w);
+  free(b->var_x);
+  free(b->var_x2);
+  free(b->last_q);
+  free(b->margin);
   free(b->gather);
   free(b->epoch);
   free(b->run);
@@ -227,6 +246,41 @@ static double charged(const double *g) {
   return busy;
 }
 
+/* The margin under the quota of rank r (q of a core, 0 < q < 1): the
+ * fraction of its measured speed its share is planned at (docs/ddp.md
+ * "The margin"). A share is planned for the next window from the speed
+ * measured so far, but what the rank can do in that window varies: a step
+ * much shorter than the 100 ms CFS period (the MLP) makes windows that the
+ * kernel throttles and windows it does not, one of several periods (the
+ * CNN) averages them out (the spread is measured with the speed's own
+ * memory, and afresh when the rank's quota changes: a quota that just
+ * began is a new speed, not spread). Planning one sample too many costs
+ * every rank c / q of wall time per step (they wait for the throttled rank), one too
+ * few costs c / (N - 1) (the others compute it), so the expected loss is
+ * least at the quantile p = q / (q + N - 1) of what the rank can do (the
+ * newsvendor's critical ratio): with its windows' seconds per sample spread
+ * with coefficient of variation v, a margin of 1 + z(p) v (z the normal
+ * quantile, here by the logistic approximation ln(p / (1 - p)) / 1.702),
+ * kept in [0.5, 1]. Rank 1 of 2 at half a core: p = 1/3, margin 1 - 0.41 v:
+ * ~0.85 on the MLP (v ~ 0.37), ~0.98 on the CNN (v ~ 0.05). Until a few
+ * windows are in, or with DTRAIN_DYNAMIC_QUOTA_PCT set (1-100), the fixed
+ * margin (0.8 before any window). Every rank computes it from the same
+ * gathered numbers. */
+static double quota_margin(const dt_balance *b, int r, double q) {
+  if (b->quota_use > 0) return b->quota_use;
+  double w = b->var_w[r];
+  if (!(w >= DT_BALANCE_MARGIN_WINDOWS)) return DT_BALANCE_MARGIN0;
+  double mean = b->var_x[r] / w, var = b->var_x2[r] / w - mean * mean;
+  return dt__balance_margin(mean > 0 && var > 0 ? sqrt(var) / mean : 0, q, b->nranks);
+}
+
+double dt__balance_margin(double v, double q, int nranks) {
+  if (!(v > 0) || !(q > 0) || nranks < 2) return 1.0;
+  double p = q / (q + nranks - 1);
+  double m = 1.0 + log(p / (1.0 - p)) / 1.702 * v;
+  return m < 0.5 ? 0.5 : m > 1.0 ? 1.0 : m;
+}
+
 int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **weights,
                        int *changed) {
   *changed = 0;
@@ -243,15 +297,12 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
   }
   /* CPU time only matters under a quota (a system call; skipped otherwise) */
   double cpu = b->quota > 0 ? cpu_seconds() : 0;
-  /* the quota it is charged against (charged()): under dynamic, the part
-   * of it DTRAIN_DYNAMIC_QUOTA_PCT lets the shares fill, and a rank that
-   * paces itself (dt__balance_step_pace) uses at most DT_BALANCE_PACE of
-   * its quota: that is its edge */
+  /* the quota it is charged against (charged()): a rank that paces itself
+   * (dt__balance_step_pace) uses at most DT_BALANCE_PACE of its quota: that
+   * is its edge. The margin under it is applied to the weights
+   * (quota_margin). */
   double q = b->quota;
-  if (b->mode == DT_BALANCE_DYNAMIC && q > 0 && q < 1.0) {
-    q *= b->quota_use;
-    if (b->pace) q *= DT_BALANCE_PACE;
-  }
+  if (b->mode == DT_BALANCE_DYNAMIC && q > 0 && q < 1.0 && b->pace) q *= DT_BALANCE_PACE;
   double mine[WIN_FIELDS] = {b->win_compute, b->win_samples, now - b->t_last,
                              b->cpu_last > 0 ? cpu - b->cpu_last : 0, q};
   b->cpu_last = cpu;
@@ -268,10 +319,27 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
     if (b->gather[r * WIN_FIELDS + 2] > wall) wall = b->gather[r * WIN_FIELDS + 2];
   const double keep = exp(-wall / DT_BALANCE_TAU);
   for (int r = 0; r < b->nranks; r++) {
-    b->sum_sec[r] = b->sum_sec[r] * keep + charged(b->gather + r * WIN_FIELDS);
-    b->sum_n[r] = b->sum_n[r] * keep + b->gather[r * WIN_FIELDS + 1];
+    const double *g = b->gather + r * WIN_FIELDS;
+    double sec = charged(g);
+    b->sum_sec[r] = b->sum_sec[r] * keep + sec;
+    b->sum_n[r] = b->sum_n[r] * keep + g[1];
+    if (g[1] > 0) { /* the window's seconds per sample, for the margin */
+      double x = sec / g[1];
+      if (g[4] != b->last_q[r]) /* a new quota: a new speed, not spread */
+        b->var_w[r] = b->var_x[r] = b->var_x2[r] = 0;
+      b->var_w[r] = b->var_w[r] * keep + 1;
+      b->var_x[r] = b->var_x[r] * keep + x;
+      b->var_x2[r] = b->var_x2[r] * keep + x * x;
+      b->last_q[r] = g[4];
+    }
   }
   weights_from_sums(b);
+  if (b->mode == DT_BALANCE_DYNAMIC)
+    for (int r = 0; r < b->nranks; r++) {
+      double qr = b->gather[r * WIN_FIELDS + 4];
+      b->margin[r] = qr > 0 && qr < 1.0 ? quota_margin(b, r, qr) : 1.0;
+      b->weights[r] *= b->margin[r];
+    }
   b->have_weights = 1;
   *weights = b->weights;
   *changed = 1;

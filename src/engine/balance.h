@@ -14,7 +14,9 @@
  * every dist.balance_every steps and give each rank a share of the global
  * batch in proportion to its speed (an exponentially forgetting ratio of
  * seconds to samples, so a quota-throttled process that runs and stalls in
- * turns is judged by its average), every share at least one sample. The
+ * turns is judged by its average), every share at least one sample; a
+ * rank under a CPU quota is planned a margin under its measured speed
+ * (dt__balance_margin). The
  * weights are computed on every rank from the same gathered numbers by the
  * same code, so every rank cuts the global batch the same way.
  *
@@ -81,6 +83,15 @@ void dt__balance_step_end(dt_balance *b);
  * the weights cut the shared window's reduction slices). */
 int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **weights,
                        int *changed);
+
+/* The margin under a CPU quota of q cores (0 < q < 1) for a rank whose
+ * measured seconds per sample vary between re-plans with coefficient of
+ * variation v, nranks ranks: the fraction of its measured speed its share
+ * is planned at, 1 + z(q / (q + nranks - 1)) v with z the normal quantile
+ * (logistic approximation), in [0.5, 1]; 1 for v <= 0 (docs/ddp.md "The
+ * margin under a quota"). dist.balance = dynamic uses it unless
+ * DTRAIN_DYNAMIC_QUOTA_PCT fixes the margin. */
+double dt__balance_margin(double v, double q, int nranks);
 
 /* Stealing under a CPU quota below one core (dist.balance = steal): before
  * this rank takes a micro-shard from ddp's queue, waits (sleeping in steps

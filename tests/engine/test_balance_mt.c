@@ -2,6 +2,10 @@
  * test_balance_mt.c — stragglers (balance.h, docs/ddp.md "Stragglers"):
  *   - dt__split_range: ranges tile the batch, every share >= 1 with weights,
  *     shares follow the weights, bad weights fall back to the equal cut;
+ *   - dt__balance_margin: no spread, no margin; the margin grows with the
+ *     spread (1 - 0.41 v for rank 1 of 2 at half a core: 0.85 at v = 0.37,
+ *     0.98 at v = 0.05), more under a smaller quota and with more ranks,
+ *     never below 0.5;
  *   - dist.balance = dynamic vs static with 2 forked workers, rank 1 slowed
  *     by the test knob (DTRAIN_TEST_SLOW_US per sample): after 51 steps the
  *     parameters agree to 1e-5 relative (the gradient is the global-batch
@@ -356,9 +360,23 @@ static int setup(void **state) {
   return 0;
 }
 
+static void test_margin(void **state) {
+  (void)state;
+  assert_true(dt__balance_margin(0, 0.5, 2) == 1.0);
+  assert_true(dt__balance_margin(0.3, 0.5, 1) == 1.0);
+  double mlp = dt__balance_margin(0.37, 0.5, 2), cnn = dt__balance_margin(0.05, 0.5, 2);
+  assert_true(mlp > 0.83 && mlp < 0.87);
+  assert_true(cnn > 0.975 && cnn < 0.985);
+  /* a smaller quota or more ranks: overshooting costs more, a larger margin */
+  assert_true(dt__balance_margin(0.37, 0.1, 2) < mlp);
+  assert_true(dt__balance_margin(0.37, 0.5, 4) < mlp);
+  assert_true(dt__balance_margin(5.0, 0.5, 2) == 0.5);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_split_range),
+      cmocka_unit_test(test_margin),
       cmocka_unit_test(test_dynamic_normal),
       cmocka_unit_test(test_shared_update),
       cmocka_unit_test(test_dynamic_det),
