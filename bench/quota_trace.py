@@ -35,7 +35,7 @@ ap.add_argument("--epochs", type=int, default=3)
 ap.add_argument("--reps", type=int, default=1)
 ap.add_argument("--set", action="append", default=[], help="section.key=value for every run")
 ap.add_argument("--ab", action="append", default=[], metavar="VAR=VALUE",
-                help="then --reps interleaved pairs of dynamic under the quota, as is and with this "
+                help="then --reps interleaved pairs of --ab-balance under the quota, as is and with this "
                      "environment (e.g. DTRAIN_WINDOW_SPIN_US=0), and their paired ratio")
 ap.add_argument("--ab-only", action="store_true", help="only the --ab / --ab-bin pairs (no reference runs)")
 ap.add_argument("--ab-bin", metavar="DTRAIN",
@@ -43,8 +43,8 @@ ap.add_argument("--ab-bin", metavar="DTRAIN",
                      "against --build's, with --ab-balance, and their paired ratio (the order flips "
                      "every pair)")
 ap.add_argument("--ab-balance", default="dynamic",
-                help="dist.balance of the --ab-bin pairs (steal runs in deterministic mode and "
-                     "compares params_sha256)")
+                help="dist.balance of the --ab and --ab-bin pairs (steal runs in deterministic mode "
+                     "and prints params_sha256)")
 a = ap.parse_args()
 root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 dtrain = os.path.join(a.build, "dtrain")
@@ -184,8 +184,8 @@ def ab(kv):
     k, v = kv.split("=", 1)
     pairs = []
     for _ in range(a.reps):
-        x = run(2, "dynamic", True)
-        y = run(2, "dynamic", True, {k: v})
+        x = run(2, a.ab_balance, True)
+        y = run(2, a.ab_balance, True, {k: v})
         pairs.append((x, y))
         print(f"  pair: as is {x['samples_per_second']:.0f} samples/s (throttled {x['throttled'][0]} of "
               f"{x['throttled'][1]} periods, rank 1 {100 * x['ranks'][1]['stall']:.1f}% in stalls), "
@@ -193,11 +193,13 @@ def ab(kv):
               f"{100 * y['ranks'][1]['stall']:.1f}%)", flush=True)
         print("        per step (n samples, F us): " + "; ".join(
               f"{lab} rank 0 {z['ranks'][0]['n']:.0f}, {z['ranks'][0]['F']:.0f}, rank 1 {z['ranks'][1]['n']:.0f}, "
-              f"{z['ranks'][1]['F']:.0f}" for lab, z in (("as is", x), (kv, y))), flush=True)
+              f"{z['ranks'][1]['F']:.0f}" for lab, z in (("as is", x), (kv, y)))
+              + (f"; sha as is {x['params_sha256'][:12]}, {kv} {y['params_sha256'][:12]}"
+                 if a.ab_balance == "steal" else ""), flush=True)
     # a run whose rank 1 joined the cgroup late (a loaded machine) saw few quota periods
     ok = [(x, y) for x, y in pairs if min(x["throttled"][1], y["throttled"][1]) >= 10]
     r = [x["samples_per_second"] / y["samples_per_second"] for x, y in ok]
-    print(f"dynamic as is / with {kv}: paired median {statistics.median(r) if r else float('nan'):.3f}x "
+    print(f"{a.ab_balance} as is / with {kv}: paired median {statistics.median(r) if r else float('nan'):.3f}x "
           f"samples/s over {len(ok)} pairs, as is faster in {sum(v > 1 for v in r)} "
           f"({len(pairs) - len(ok)} left out: a run with fewer than 10 quota periods)", flush=True)
 

@@ -46,7 +46,8 @@ typedef struct line {
 
 typedef struct held {
   _Atomic int64_t holding, since;
-  char pad[64 - 2 * sizeof(int64_t)];
+  _Atomic int64_t mean_ns; /* its forgetting mean shard time (0: none yet) */
+  char pad[64 - 3 * sizeof(int64_t)];
 } held;
 
 struct dt_steal {
@@ -59,6 +60,7 @@ struct dt_steal {
   int64_t cur;              /* ticket this rank computes, -1: none */
   int cur_backup;
   double factor;            /* DTRAIN_STEAL_BACKUP (0: no backups) */
+  int tail;                 /* DTRAIN_STEAL_TAIL: a throttled rank leaves the step's tail */
   double t_take, mean_s;    /* when cur was taken; forgetting mean shard time */
   dt_steal_stats st;
 };
@@ -81,6 +83,7 @@ int dt_steal_create(dt_steal **out, void *shared, int rank, int nranks) {
   q->nranks = nranks;
   q->cur = -1;
   q->factor = (double)dt_param(DT_PARAM_STEAL_BACKUP);
+  q->tail = (int)dt_param(DT_PARAM_STEAL_TAIL);
   *out = q;
   return DT_OK;
 }
@@ -134,15 +137,41 @@ static int64_t claim_backup(dt_steal *q, int *busy) {
   return -1;
 }
 
+/* Whether a rank without backups (under a CPU quota) leaves a ticket to
+ * the others, with `left` tickets of the step not yet taken: when the
+ * tickets left after this one would keep the other ranks busy for less
+ * than its own shard time, (left - 1) x their fastest mean shard time /
+ * (N - 1) < its own mean. Such a rank's CPU per step is what its quota
+ * allows whenever it computes it, so a shard it takes at the step's end
+ * (the others idle at the reduction until it is done) is one it could
+ * have taken at the next step's start with the bucket it saved. Nothing
+ * is left before every rank has a mean shard time. */
+static int leave_tail(const dt_steal *q, int64_t left) {
+  if (q->mean_s <= 0 || q->nranks < 2) return 0;
+  int64_t fast = 0;
+  for (int r = 0; r < q->nranks; r++) {
+    if (r == q->me) continue;
+    int64_t m = atomic_load_explicit(&q->rank[r].mean_ns, memory_order_relaxed);
+    if (m <= 0) return 0;
+    if (!fast || m < fast) fast = m;
+  }
+  return (double)(left - 1) * (double)fast * 1e-9 < q->mean_s * (double)(q->nranks - 1);
+}
+
 int64_t dt_steal_take(dt_steal *q, int backups, int *backup) {
   *backup = 0;
   const int64_t end = q->base + q->shards;
   int64_t cur = atomic_load_explicit(&q->ticket->v, memory_order_relaxed);
-  while (cur < end)
+  while (cur < end) {
+    if (!backups && q->tail && leave_tail(q, end - cur)) {
+      q->st.left++;
+      return -1;
+    }
     if (atomic_compare_exchange_weak(&q->ticket->v, &cur, cur + 1)) {
       hold(q, cur, 0);
       return cur - q->base;
     }
+  }
   if (!backups || q->factor <= 0 || q->shards > DT_STEAL_CAP || q->nranks < 2) return -1;
   const double t0 = dt_now();
   double t = t0;
@@ -187,6 +216,7 @@ int dt_steal_commit(dt_steal *q) {
   /* this rank's own shard time (a backup's too: the same work) */
   double s = dt_now() - q->t_take;
   q->mean_s = q->mean_s > 0 ? 0.9 * q->mean_s + 0.1 * s : s;
+  atomic_store_explicit(&q->rank[q->me].mean_ns, (int64_t)(q->mean_s * 1e9), memory_order_relaxed);
   q->cur = -1;
   return won;
 }

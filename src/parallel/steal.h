@@ -34,6 +34,7 @@ typedef struct dt_steal_stats {
   int64_t backups_won;  /* of those, the copies that finished first */
   int64_t dropped;      /* this rank's own shards a backup finished first */
   double wait_seconds;  /* time in dt_steal_take waiting for other ranks' shards */
+  int64_t left;         /* tickets this rank left to the others at a step's end (no backups) */
 } dt_steal_stats;
 
 /* Bytes of shared memory the queue of nranks ranks needs (a multiple of 64). */
@@ -52,7 +53,9 @@ void dt_steal_begin(dt_steal *q, int64_t shards);
  * left to do. With backups != 0 it waits while the only shards left are
  * held by others for less than the backup threshold; with 0 (a rank under
  * a CPU quota: it is the slow one, and polling would eat its quota) it
- * runs no backups. Call dt_steal_commit after each shard. */
+ * runs no backups, and leaves the step's last tickets to the others when
+ * they would finish them before it finished one (DTRAIN_STEAL_TAIL): -1
+ * then too. Call dt_steal_commit after each shard. */
 int64_t dt_steal_take(dt_steal *q, int backups, int *backup);
 /* The shard this rank took last is computed: 1 when this copy counts, 0
  * when another copy was committed first (the caller undoes its sums). */
