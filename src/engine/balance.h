@@ -95,7 +95,7 @@ double dt__balance_margin(double v, double q, int nranks);
 
 /* Stealing under a CPU quota below one core (dist.balance = steal): before
  * this rank takes a micro-shard from ddp's queue, waits (sleeping in steps
- * of 50 us) while its process has used more CPU than DT_BALANCE_PACE x its
+ * of 50 us) while its process has used more CPU than 0.97 x its
  * quota allows since it began pacing — a token bucket at most 4 ms and a
  * fifth of its quota per 100 ms deep — or until the queue is empty. A throttled rank then takes
  * micro-shards only as fast as its quota lets it compute them, and the
