@@ -20,6 +20,12 @@ cpu controller); every cgroup made is removed. Standard library only.
 
     python3 bench/quota_trace.py --build build/release
     python3 bench/quota_trace.py --build build/release --reps 5 --ab DTRAIN_WINDOW_SPIN_US=0
+    python3 bench/quota_trace.py --build build/release --ab-only --reps 4 --ab-bin OLD/dtrain
+    python3 bench/quota_trace.py --build build/release --ab-only --reps 4 --epochs 1 \
+        --ab-balance steal --ab-bin OLD/dtrain     # deterministic mode, hashes printed
+
+--ab-bin pairs another binary (A, e.g. main's) against --build's (B) under
+the quota, the order flipping every pair, and prints B/A's paired median.
 """
 import argparse, collections, json, os, re, signal, statistics, subprocess, sys, tempfile, time
 
