@@ -61,6 +61,7 @@ struct dt_steal {
   int cur_backup;
   double factor;            /* DTRAIN_STEAL_BACKUP (0: no backups) */
   int tail;                 /* DTRAIN_STEAL_TAIL: a throttled rank leaves the step's tail */
+  int took;                 /* tickets of this step this rank took (not backups) */
   double t_take, mean_s;    /* when cur was taken; forgetting mean shard time */
   dt_steal_stats st;
 };
@@ -95,6 +96,7 @@ void dt_steal_begin(dt_steal *q, int64_t shards) {
   q->shards = shards;
   q->next_base = q->base + shards;
   q->cur = -1;
+  q->took = 0;
 }
 
 static int64_t now_ns(void) {
@@ -148,6 +150,10 @@ static int64_t claim_backup(dt_steal *q, int *busy) {
  * is left before every rank has a mean shard time. */
 static int leave_tail(const dt_steal *q, int64_t left) {
   if (q->mean_s <= 0 || q->nranks < 2) return 0;
+  /* its first ticket of a step it takes while there are as many as ranks:
+   * a mean made long by one stall (the kernel stopped it mid-shard, a
+   * SIGSTOP) is only ever corrected by the shards it computes */
+  if (!q->took && left >= q->nranks) return 0;
   int64_t fast = 0;
   for (int r = 0; r < q->nranks; r++) {
     if (r == q->me) continue;
@@ -168,6 +174,7 @@ int64_t dt_steal_take(dt_steal *q, int backups, int *backup) {
       return -1;
     }
     if (atomic_compare_exchange_weak(&q->ticket->v, &cur, cur + 1)) {
+      q->took++;
       hold(q, cur, 0);
       return cur - q->base;
     }
