@@ -268,12 +268,14 @@ static double charged(const double *g) {
  * with coefficient of variation v, a margin of 1 + z(p) v (z the normal
  * quantile, here by the logistic approximation ln(p / (1 - p)) / 1.702),
  * kept in [0.5, 1]. Rank 1 of 2 at half a core: p = 1/3, margin 1 - 0.41 v:
- * ~0.85 on the MLP (v ~ 0.37), ~0.98 on the CNN (v ~ 0.05). Until a few
- * windows are in, or with DTRAIN_DYNAMIC_QUOTA_PCT set (1-100), the fixed
- * margin (0.8 before any window). Every rank computes it from the same
- * gathered numbers. */
+ * ~0.85 on the MLP (v ~ 0.37), ~0.98 on the CNN (v ~ 0.05). Only with
+ * DTRAIN_DYNAMIC_QUOTA_PCT=0 (the default, 80, fixes the margin: the rule
+ * measured 1.04-1.05x on the CNN under load but 0.93x at load 4.5, where
+ * its ~0.98 let the kernel throttle the rank in most periods); 0.8 until a
+ * few windows are in. Every rank computes it from the same gathered
+ * numbers. */
 static double quota_margin(const dt_balance *b, int r, double q) {
-  if (b->quota_use > 0) return b->quota_use;
+  if (b->quota_use > 0) return 1.0; /* fixed: in the quota it is charged against */
   double w = b->var_w[r];
   if (!(w >= DT_BALANCE_MARGIN_WINDOWS)) return DT_BALANCE_MARGIN0;
   double mean = b->var_x[r] / w, var = b->var_x2[r] / w - mean * mean;
@@ -303,12 +305,18 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
   }
   /* CPU time only matters under a quota (a system call; skipped otherwise) */
   double cpu = b->quota > 0 ? cpu_seconds() : 0;
-  /* the quota it is charged against (charged()): a rank that paces itself
+  /* the quota it is charged against (charged()): with a fixed margin the
+   * part of it the shares may fill, and a rank that paces itself
    * (dt__balance_step_pace) uses at most DT_BALANCE_PACE of its quota: that
-   * is its edge. The margin under it is applied to the weights
-   * (quota_margin). */
+   * is its edge. quota_margin's rule (DTRAIN_DYNAMIC_QUOTA_PCT=0) is
+   * applied to the weights instead. */
   double q = b->quota;
-  if (b->mode == DT_BALANCE_DYNAMIC && q > 0 && q < 1.0 && b->pace) q *= DT_BALANCE_PACE;
+  if (b->mode == DT_BALANCE_DYNAMIC && q > 0 && q < 1.0) {
+    /* a fixed margin (DTRAIN_DYNAMIC_QUOTA_PCT, default 80%): the part of
+     * the quota the shares may fill */
+    if (b->quota_use > 0) q *= b->quota_use;
+    if (b->pace) q *= DT_BALANCE_PACE;
+  }
   double mine[WIN_FIELDS] = {b->win_compute, b->win_samples, now - b->t_last,
                              b->cpu_last > 0 ? cpu - b->cpu_last : 0, q};
   b->cpu_last = cpu;

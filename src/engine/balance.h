@@ -89,8 +89,8 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
  * variation v, nranks ranks: the fraction of its measured speed its share
  * is planned at, 1 + z(q / (q + nranks - 1)) v with z the normal quantile
  * (logistic approximation), in [0.5, 1]; 1 for v <= 0 (docs/ddp.md "The
- * margin under a quota"). dist.balance = dynamic uses it unless
- * DTRAIN_DYNAMIC_QUOTA_PCT fixes the margin. */
+ * margin under a quota"). dist.balance = dynamic uses it with
+ * DTRAIN_DYNAMIC_QUOTA_PCT=0 (by default the margin is a fixed 80%). */
 double dt__balance_margin(double v, double q, int nranks);
 
 /* Stealing under a CPU quota below one core (dist.balance = steal): before
