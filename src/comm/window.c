@@ -357,7 +357,10 @@ static int wait_word(dt_comm_window *w, int q, int which, uint32_t seq, int64_t 
     if ((int32_t)(atomic_load_explicit(word, memory_order_acquire) - seq) >= 0) return DT_OK;
     if (w->yield) sched_yield();
     else cpu_relax();
-    if ((i & 63) == 63 && dt_now_ns() >= spin_end) break;
+    /* a yield is a system call (and may give the core away for a slice):
+     * read the clock after each one, or the spin lasts 64 yields, not
+     * spin_ns; polling, every 64 rounds */
+    if ((w->yield || (i & 63) == 63) && dt_now_ns() >= spin_end) break;
   }
   int64_t next_live = 0;
   struct dt_proc_watch pw = {0};
