@@ -13,6 +13,7 @@
  * loop; the index of the first bad value is looked up only when there is
  * one.
  */
+#include <float.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -445,6 +446,170 @@ AVX2 static size_t add_slots_avx2(int64_t *restrict acc, const float *const *xs,
   return bad;
 }
 
+/* ---- the fused weight gradient with AVX2 + FMA ------------------------ */
+
+#define AVX2F __attribute__((target("avx2,fma")))
+
+/* The largest |G| (as the bits of a non-negative float; -1: none) whose
+ * term (double)G * sd is in range and below 2^51 — where the 1.5 * 2^52
+ * rounding of add_slots_avx2 is exact: a product no larger in magnitude
+ * rounds to no more (rounding is monotonic), so a tile whose |G| bits all
+ * lie at or below it needs no per-lane check. Not-finite G have larger
+ * bits. */
+static int32_t wgrad_thr_avx2(double sd, double bound) {
+  if (!(bound >= 0.0)) return -1;
+  const double lim = bound < 0x1p51 ? bound : nextafter(0x1p51, 0.0);
+  const double as = fabs(sd);
+  float f = as > 0.0 ? (float)(lim / as) : FLT_MAX;
+  if (!(f <= FLT_MAX)) f = FLT_MAX;
+  while (f > 0.0f && !((double)f * as <= lim)) f = nextafterf(f, 0.0f);
+  int32_t b;
+  memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+/* One lane's term, dt_fix_add's expression; *bad set when out of range. */
+static inline int64_t wgrad_term(float g, double sd, double bound, unsigned *bad) {
+  double y = (double)g * sd;
+  int ok = fabs(y) <= bound;
+  *bad |= !ok;
+  return (int64_t)(ok ? rint(y) : 0.0);
+}
+
+/* Rows o0 .. o0 + R - 1 (R <= 6) of the weight gradient, columns c .. c +
+ * nc - 1 (nc <= 16), every segment. Per segment the products as the AVX2
+ * GEMM micro-kernel makes them for K = n <= 256 (one K block: a chain of
+ * FMAs from +0 over the rows in row order, broadcast dy times the row of x
+ * into the accumulator; alpha 1 and beta 0 leave it as is), then each
+ * lane's term as add_slots_avx2 makes it (the exact double product, rounded
+ * by adding 1.5 * 2^52), added to the sums in place (in L1 across the
+ * segments). A segment's tile with some |G| above its threshold (thr), and
+ * a column tail (nc < 16), take the scalar terms of dt_fix_add instead.
+ * Returns nonzero when some term was out of range. */
+AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
+    int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC, int C, int o0, const int R,
+    int c, int nc, const double *sd, const int32_t *thr, double bound, int store) {
+  static const int32_t lt[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  const __m256i m0 = _mm256_loadu_si256((const __m256i *)(lt + 8 - (nc < 8 ? nc : 8)));
+  const __m256i m1 = _mm256_loadu_si256((const __m256i *)(lt + 8 - (nc > 8 ? nc - 8 : 0)));
+  const __m256i absi = _mm256_set1_epi32(0x7fffffff);
+  const __m256d magic = _mm256_set1_pd(0x1.8p52);
+  const __m256i magici = _mm256_castpd_si256(magic);
+  unsigned bad = 0;
+  for (int j = 0; j < k; j++) {
+    __m256 f[6][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
+    const float *x = sg[j].x + c, *dy = sg[j].dy + o0;
+    const int n = sg[j].n;
+    if (nc == 16) {
+      for (int q = 0; q < n; q++) {
+        const float *xq = x + (size_t)q * C;
+        __m256 x0 = _mm256_loadu_ps(xq), x1 = _mm256_loadu_ps(xq + 8);
+        const float *d = dy + (size_t)q * OC;
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+          __m256 a = _mm256_broadcast_ss(d + r);
+          f[r][0] = _mm256_fmadd_ps(a, x0, f[r][0]);
+          f[r][1] = _mm256_fmadd_ps(a, x1, f[r][1]);
+        }
+      }
+    } else {
+      for (int q = 0; q < n; q++) {
+        const float *xq = x + (size_t)q * C;
+        __m256 x0 = _mm256_maskload_ps(xq, m0), x1 = _mm256_maskload_ps(xq + 8, m1);
+        const float *d = dy + (size_t)q * OC;
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+          __m256 a = _mm256_broadcast_ss(d + r);
+          f[r][0] = _mm256_fmadd_ps(a, x0, f[r][0]);
+          f[r][1] = _mm256_fmadd_ps(a, x1, f[r][1]);
+        }
+      }
+    }
+    const int st = store && j == 0;
+    __m256i mx = _mm256_setzero_si256();
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+      mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_castps_si256(f[r][0]), absi));
+      mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_castps_si256(f[r][1]), absi));
+    }
+    if (nc == 16 && !_mm256_movemask_ps(_mm256_castsi256_ps(
+                        _mm256_cmpgt_epi32(mx, _mm256_set1_epi32(thr[j]))))) {
+      const __m256d s = _mm256_set1_pd(sd[j]);
+#pragma GCC unroll 6
+      for (int r = 0; r < R; r++) {
+        int64_t *a = acc + (size_t)(o0 + r) * C + c;
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; v++) {
+          __m256d y0 = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f[r][v])), s);
+          __m256d y1 = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(f[r][v], 1)), s);
+          /* the products rounded as doubles before the add (with FMA
+           * enabled GCC would fuse the two: another rounding) */
+          __asm__("" : "+x"(y0), "+x"(y1));
+          __m256i t0 = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(y0, magic)), magici);
+          __m256i t1 = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(y1, magic)), magici);
+          if (!st) {
+            t0 = _mm256_add_epi64(t0, _mm256_loadu_si256((const __m256i *)(a + 8 * v)));
+            t1 = _mm256_add_epi64(t1, _mm256_loadu_si256((const __m256i *)(a + 8 * v + 4)));
+          }
+          _mm256_storeu_si256((__m256i *)(a + 8 * v), t0);
+          _mm256_storeu_si256((__m256i *)(a + 8 * v + 4), t1);
+        }
+      }
+      continue;
+    }
+    /* rare (a large or not finite gradient) or a column tail: lane by lane */
+    float t[6][16];
+    for (int r = 0; r < R; r++) {
+      _mm256_storeu_ps(t[r], f[r][0]);
+      _mm256_storeu_ps(t[r] + 8, f[r][1]);
+      int64_t *a = acc + (size_t)(o0 + r) * C + c;
+      for (int l = 0; l < nc; l++) {
+        int64_t v = wgrad_term(t[r][l], sd[j], bound, &bad);
+        a[l] = st ? v : a[l] + v;
+      }
+    }
+  }
+  return bad;
+}
+
+/* Columns in blocks of 128 (every segment's rows of x for the block stay
+ * in L1 for the usual micro-shards of 8 rows while all rows of the
+ * gradient pass), rows in tiles of 6 (12 accumulators: the GEMM's own
+ * register budget), then 4, 2, 1. */
+AVX2F static int add_wgrad_avx2(int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC,
+                                int C, double bound, int store) {
+  double sd[64];
+  int32_t thr[64];
+  for (int j = 0; j < k; j++) {
+    sd[j] = sg[j].w * ldexp(1.0, DT_FIX_BITS);
+    thr[j] = wgrad_thr_avx2(sd[j], bound);
+  }
+  unsigned bad = 0;
+  for (int c0 = 0; c0 < C; c0 += 128) {
+    int c1 = C - c0 < 128 ? C : c0 + 128;
+    int o0 = 0;
+    for (; o0 + 6 <= OC; o0 += 6)
+      for (int c = c0; c < c1; c += 16)
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 6, c, c1 - c < 16 ? c1 - c : 16, sd, thr,
+                               bound, store);
+    for (; o0 + 4 <= OC; o0 += 4)
+      for (int c = c0; c < c1; c += 16)
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 4, c, c1 - c < 16 ? c1 - c : 16, sd, thr,
+                               bound, store);
+    for (; o0 + 2 <= OC; o0 += 2)
+      for (int c = c0; c < c1; c += 16)
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 2, c, c1 - c < 16 ? c1 - c : 16, sd, thr,
+                               bound, store);
+    for (; o0 < OC; o0++)
+      for (int c = c0; c < c1; c += 16)
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 1, c, c1 - c < 16 ? c1 - c : 16, sd, thr,
+                               bound, store);
+  }
+  return bad != 0;
+}
+
 static int avx2_ok(void) {
   static _Atomic int ok = -1;
   int v = atomic_load_explicit(&ok, memory_order_relaxed);
@@ -484,8 +649,11 @@ size_t dt_fix_add_slots(int64_t *restrict acc, const float *const *xs, const dou
 
 int dt_fix_wgrad_ok(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  /* the fused path makes the bits of the AVX-512 GEMM kernels only */
-  return avx512_ok() && dt__gemm_own() == &dt__gemm_kern_avx512;
+  /* the fused path makes the bits of our GEMM kernels (AVX-512 or AVX2 +
+   * FMA: dt__gemm_own only picks a table the CPU runs), not OpenBLAS's or
+   * the portable kernel's */
+  const dt__gemm_kern *k = dt__gemm_own();
+  return (k == &dt__gemm_kern_avx512 && avx512_ok()) || k == &dt__gemm_kern_avx2;
 #else
   return 0;
 #endif
@@ -499,7 +667,10 @@ size_t dt_fix_add_wgrad(int64_t *restrict acc, const dt_fix_wseg *sg, int k, int
   }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   size_t bad = 0;
-  if (add_wgrad_avx512(acc, sg, k, OC, C, bound, store)) {
+  int some_bad = dt__gemm_own() == &dt__gemm_kern_avx2
+                     ? add_wgrad_avx2(acc, sg, k, OC, C, bound, store)
+                     : add_wgrad_avx512(acc, sg, k, OC, C, bound, store);
+  if (some_bad) {
     /* some term was out of range (rare): count them, and find the first
      * for the message (index order, then segment order), from the same
      * products (fmaf is the fused multiply-add of the chain) */

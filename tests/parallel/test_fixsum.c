@@ -527,18 +527,25 @@ static void test_add_matches_definition(void **state) {
 
 /* dt_fix_add_wgrad gives exactly the sums of the deterministic GEMM's
  * weight gradient (dy^T x per segment) converted by dt_fix_add segment by
- * segment: shapes with row and column tails (past one 128-column block),
- * segment lengths 1 .. 33, power-of-two and other weights, store and add,
- * and values past the bound or not finite counted alike (the kernel's
- * fast path checks a tile's range once and redoes an out-of-range tile
- * lane by lane). */
+ * segment, on whichever kernels run here (AVX-512 or AVX2): shapes with
+ * odd row and column counts and tails (every row tile: 6, 4, 2, 1 rows on
+ * AVX2, 8 and 1 on AVX-512; past one 128-column block), segment lengths
+ * 1, 7, 8, 33, 255 and 256 (DT_FIX_WGRAD_MAXN: one K block), power-of-two,
+ * fractional and other weights, store and add, values past the bound or
+ * not finite counted alike, and in-range terms of 2^51 or more (the AVX2
+ * rounding's limit; the kernels' fast paths check a tile's range once and
+ * redo an out-of-range tile lane by lane). */
 static void test_wgrad_matches_gemm(void **state) {
   (void)state;
   if (!dt_fix_wgrad_ok()) skip();
-  const int shapes[][2] = {{1, 1}, {3, 17}, {4, 16}, {10, 128}, {9, 150}, {13, 300}};
-  const int lens[] = {8, 1, 3, 33, 8, 5};
-  const double wsets[3][6] = {{8, 8, 8, 8, 8, 8}, {8, 5, 1, 16, 3, 7}, {1, 1, 1, 1, 1, 1}};
-  enum { MAXO = 13, MAXC = 300, MAXN = 33, K = 6 };
+  const int shapes[][2] = {{1, 1}, {3, 17}, {4, 16}, {10, 128}, {9, 150},
+                           {13, 300}, {17, 33}, {7, 131}, {23, 1}};
+  const int lens[] = {8, 1, 7, 255, 256, 33};
+  const double wsets[4][6] = {{8, 8, 8, 8, 8, 8},
+                              {8, 5, 1, 16, 3, 7},
+                              {1, 1, 1, 1, 1, 1},
+                              {0.125, 1.0 / 3, 0.7, 2, 0.0625, 1.0 / 64}};
+  enum { MAXO = 23, MAXC = 300, MAXN = DT_FIX_WGRAD_MAXN, K = 6 };
   static float dy[K][MAXN * MAXO], x[K][MAXN * MAXC], g[MAXO * MAXC];
   static int64_t a[MAXO * MAXC], b[MAXO * MAXC];
   for (int j = 0; j < K; j++) {
@@ -548,12 +555,15 @@ static void test_wgrad_matches_gemm(void **state) {
     for (int i = 0; i < MAXN * MAXO; i++) dy[j][i] = (float)fmod((double)dy[j][i], 3.0) * 1e-3f;
     for (int i = 0; i < MAXN * MAXC; i++) x[j][i] = (float)fmod((double)x[j][i], 5.0);
   }
-  x[2][5] = 1e30f; /* one product past the bound in segment 2 */
-  x[3][7] = NAN;   /* and a column of NaN products in segment 3 */
+  x[2][5] = 1e30f;  /* one product past the bound in segment 2 */
+  x[3][7] = NAN;    /* and a column of NaN products in segment 3 */
+  x[4][20] = 3e8f;  /* in range, but some terms of 2^51 or more */
+  x[5][(size_t)40 * 300 + 77] = -2e8f; /* row 40: inside a full tile at C = 300 */
   const double bound = dt_fix_bound(16);
+  long checked = 0, with_bad = 0;
   for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
     for (int k = 1; k <= K; k++)
-      for (int w = 0; w < 3; w++)
+      for (int w = 0; w < 4; w++)
         for (int store = 0; store < 2; store++) {
           const int OC = shapes[sh][0], C = shapes[sh][1];
           const size_t n = (size_t)OC * C;
@@ -569,9 +579,13 @@ static void test_wgrad_matches_gemm(void **state) {
           float v = 0;
           size_t bad = dt_fix_add_wgrad(a, sg, k, OC, C, bound, store, &first, &v);
           assert_int_equal(bad, bad_ref);
+          for (size_t i = 0; i < n; i++) if (a[i] != b[i]) { print_error("sh %zu k %d w %d st %d i %zu: %lld %lld\n", sh, k, w, store, i, (long long)a[i], (long long)b[i]); break; }
           assert_memory_equal(a, b, n * sizeof *a);
           if (bad) assert_true(first < n && !(fabs((double)v) < 1e20));
+          checked++;
+          with_bad += bad != 0;
         }
+  assert_true(with_bad > 0 && with_bad < checked); /* both kinds met */
 }
 
 /* A deterministic step through the model's backward: weight gradients made
