@@ -579,7 +579,12 @@ static void test_wgrad_matches_gemm(void **state) {
           float v = 0;
           size_t bad = dt_fix_add_wgrad(a, sg, k, OC, C, bound, store, &first, &v);
           assert_int_equal(bad, bad_ref);
-          for (size_t i = 0; i < n; i++) if (a[i] != b[i]) { print_error("sh %zu k %d w %d st %d i %zu: %lld %lld\n", sh, k, w, store, i, (long long)a[i], (long long)b[i]); break; }
+          for (size_t i = 0; i < n; i++)
+            if (a[i] != b[i]) { /* where, for the message */
+              print_error("shape %zu k %d weights %d store %d: sum %zu is %lld, not %lld\n", sh, k,
+                          w, store, i, (long long)a[i], (long long)b[i]);
+              break;
+            }
           assert_memory_equal(a, b, n * sizeof *a);
           if (bad) assert_true(first < n && !(fabs((double)v) < 1e20));
           checked++;
