@@ -451,14 +451,14 @@ AVX2 static size_t add_slots_avx2(int64_t *restrict acc, const float *const *xs,
 #define AVX2F __attribute__((target("avx2,fma")))
 
 /* The largest |G| (as the bits of a non-negative float; -1: none) whose
- * term (double)G * sd is in range and below 2^51 — where the 1.5 * 2^52
- * rounding of add_slots_avx2 is exact: a product no larger in magnitude
- * rounds to no more (rounding is monotonic), so a tile whose |G| bits all
- * lie at or below it needs no per-lane check. Not-finite G have larger
- * bits. */
-static int32_t wgrad_thr_avx2(double sd, double bound) {
+ * term (double)G * sd is in range and at most cap (below 2^51, where the
+ * 1.5 * 2^52 rounding of add_slots_avx2 is exact; below 2^31, where a
+ * float converts to int32): a product no larger in magnitude rounds to no
+ * more (rounding is monotonic), so a tile whose |G| bits all lie at or
+ * below it needs no per-lane check. Not-finite G have larger bits. */
+static int32_t wgrad_thr_avx2(double sd, double bound, double cap) {
   if (!(bound >= 0.0)) return -1;
-  const double lim = bound < 0x1p51 ? bound : nextafter(0x1p51, 0.0);
+  const double lim = bound < cap ? bound : cap;
   const double as = fabs(sd);
   float f = as > 0.0 ? (float)(lim / as) : FLT_MAX;
   if (!(f <= FLT_MAX)) f = FLT_MAX;
@@ -488,7 +488,8 @@ static inline int64_t wgrad_term(float g, double sd, double bound, unsigned *bad
  * Returns nonzero when some term was out of range. */
 AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
     int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC, int C, int o0, const int R,
-    int c, int nc, const double *sd, const int32_t *thr, double bound, int store) {
+    int c, int nc, const double *sd, const float *sf, const int32_t *thr, const int32_t *thr32,
+    double bound, int store) {
   static const int32_t lt[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
   const __m256i m0 = _mm256_loadu_si256((const __m256i *)(lt + 8 - (nc < 8 ? nc : 8)));
   const __m256i m1 = _mm256_loadu_si256((const __m256i *)(lt + 8 - (nc > 8 ? nc - 8 : 0)));
@@ -533,6 +534,30 @@ AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
     for (int r = 0; r < R; r++) {
       mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_castps_si256(f[r][0]), absi));
       mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_castps_si256(f[r][1]), absi));
+    }
+    if (nc == 16 && !_mm256_movemask_ps(_mm256_castsi256_ps(
+                        _mm256_cmpgt_epi32(mx, _mm256_set1_epi32(thr32[j]))))) {
+      /* a power-of-two scale (thr32 is -1 otherwise) and every |term| below
+       * 2^31: scaled in float (exact), rounded to int32 in the current
+       * mode (rint's bits), widened to int64 */
+      const __m256 s = _mm256_set1_ps(sf[j]);
+#pragma GCC unroll 6
+      for (int r = 0; r < R; r++) {
+        int64_t *a = acc + (size_t)(o0 + r) * C + c;
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; v++) {
+          __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(f[r][v], s));
+          __m256i t0 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(q));
+          __m256i t1 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(q, 1));
+          if (!st) {
+            t0 = _mm256_add_epi64(t0, _mm256_loadu_si256((const __m256i *)(a + 8 * v)));
+            t1 = _mm256_add_epi64(t1, _mm256_loadu_si256((const __m256i *)(a + 8 * v + 4)));
+          }
+          _mm256_storeu_si256((__m256i *)(a + 8 * v), t0);
+          _mm256_storeu_si256((__m256i *)(a + 8 * v + 4), t1);
+        }
+      }
+      continue;
     }
     if (nc == 16 && !_mm256_movemask_ps(_mm256_castsi256_ps(
                         _mm256_cmpgt_epi32(mx, _mm256_set1_epi32(thr[j]))))) {
@@ -581,10 +606,13 @@ AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
 AVX2F static int add_wgrad_avx2(int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC,
                                 int C, double bound, int store) {
   double sd[64];
-  int32_t thr[64];
+  float sf[64];
+  int32_t thr[64], thr32[64];
+  int pow2[64];
+  seg_scales(sg, k, sd, sf, pow2);
   for (int j = 0; j < k; j++) {
-    sd[j] = sg[j].w * ldexp(1.0, DT_FIX_BITS);
-    thr[j] = wgrad_thr_avx2(sd[j], bound);
+    thr[j] = wgrad_thr_avx2(sd[j], bound, nextafter(0x1p51, 0.0));
+    thr32[j] = pow2[j] ? wgrad_thr_avx2(sd[j], bound, 0x1p31 - 128) : -1;
   }
   unsigned bad = 0;
   for (int c0 = 0; c0 < C; c0 += 128) {
@@ -592,20 +620,20 @@ AVX2F static int add_wgrad_avx2(int64_t *restrict acc, const dt_fix_wseg *sg, in
     int o0 = 0;
     for (; o0 + 6 <= OC; o0 += 6)
       for (int c = c0; c < c1; c += 16)
-        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 6, c, c1 - c < 16 ? c1 - c : 16, sd, thr,
-                               bound, store);
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 6, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
+                               thr32, bound, store);
     for (; o0 + 4 <= OC; o0 += 4)
       for (int c = c0; c < c1; c += 16)
-        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 4, c, c1 - c < 16 ? c1 - c : 16, sd, thr,
-                               bound, store);
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 4, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
+                               thr32, bound, store);
     for (; o0 + 2 <= OC; o0 += 2)
       for (int c = c0; c < c1; c += 16)
-        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 2, c, c1 - c < 16 ? c1 - c : 16, sd, thr,
-                               bound, store);
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 2, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
+                               thr32, bound, store);
     for (; o0 < OC; o0++)
       for (int c = c0; c < c1; c += 16)
-        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 1, c, c1 - c < 16 ? c1 - c : 16, sd, thr,
-                               bound, store);
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 1, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
+                               thr32, bound, store);
   }
   return bad != 0;
 }
