@@ -476,70 +476,130 @@ static inline int64_t wgrad_term(float g, double sd, double bound, unsigned *bad
   return (int64_t)(ok ? rint(y) : 0.0);
 }
 
+/* One segment's products of rows 0 .. R - 1 of dy (rows of OC, from dy)
+ * and columns 0 .. nc - 1 of x (rows of C, from x; nc <= 16, lanes past
+ * nc zero): f[r][v] lane l is column 8 * v + l, the FMA chain of the AVX2
+ * GEMM micro-kernel (from +0, rows in order, broadcast dy times x into the
+ * accumulator). A function of its own per R, so its 2R accumulators stay
+ * in registers through the loop. */
+AVX2F static inline __attribute__((always_inline)) void wg_products_r(
+    const int R, const float *x, const float *dy, int n, int OC, int C, int nc, __m256 out[6][2]) {
+  __m256 f[6][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
+  if (nc == 16) {
+    for (int q = 0; q < n; q++) {
+      const float *xq = x + (size_t)q * C;
+      __m256 x0 = _mm256_loadu_ps(xq), x1 = _mm256_loadu_ps(xq + 8);
+      const float *d = dy + (size_t)q * OC;
+#pragma GCC unroll 6
+      for (int r = 0; r < R; r++) {
+        __m256 a = _mm256_broadcast_ss(d + r);
+        f[r][0] = _mm256_fmadd_ps(a, x0, f[r][0]);
+        f[r][1] = _mm256_fmadd_ps(a, x1, f[r][1]);
+      }
+    }
+  } else {
+    static const int32_t lt[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    const __m256i m0 = _mm256_loadu_si256((const __m256i *)(lt + 8 - (nc < 8 ? nc : 8)));
+    const __m256i m1 = _mm256_loadu_si256((const __m256i *)(lt + 8 - (nc > 8 ? nc - 8 : 0)));
+    for (int q = 0; q < n; q++) {
+      const float *xq = x + (size_t)q * C;
+      __m256 x0 = _mm256_maskload_ps(xq, m0), x1 = _mm256_maskload_ps(xq + 8, m1);
+      const float *d = dy + (size_t)q * OC;
+#pragma GCC unroll 6
+      for (int r = 0; r < R; r++) {
+        __m256 a = _mm256_broadcast_ss(d + r);
+        f[r][0] = _mm256_fmadd_ps(a, x0, f[r][0]);
+        f[r][1] = _mm256_fmadd_ps(a, x1, f[r][1]);
+      }
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; r++) out[r][0] = f[r][0], out[r][1] = f[r][1];
+}
+
+#define WG_PROD(R)                                                                                 \
+  AVX2F static __attribute__((noinline)) void wg_products_##R(                                    \
+      const float *x, const float *dy, int n, int OC, int C, int nc, __m256 out[6][2]) {           \
+    wg_products_r(R, x, dy, n, OC, C, nc, out);                                                    \
+  }
+WG_PROD(6)
+WG_PROD(4)
+WG_PROD(2)
+WG_PROD(1)
+#undef WG_PROD
+
+AVX2F static inline __attribute__((always_inline)) void wg_products(
+    const int R, const float *x, const float *dy, int n, int OC, int C, int nc, __m256 out[6][2]) {
+  switch (R) {
+  case 6: wg_products_6(x, dy, n, OC, C, nc, out); break;
+  case 4: wg_products_4(x, dy, n, OC, C, nc, out); break;
+  case 2: wg_products_2(x, dy, n, OC, C, nc, out); break;
+  default: wg_products_1(x, dy, n, OC, C, nc, out); break;
+  }
+}
+
 /* Rows o0 .. o0 + R - 1 (R <= 6) of the weight gradient, columns c .. c +
  * nc - 1 (nc <= 16), every segment. Per segment the products as the AVX2
  * GEMM micro-kernel makes them for K = n <= 256 (one K block: a chain of
  * FMAs from +0 over the rows in row order, broadcast dy times the row of x
  * into the accumulator; alpha 1 and beta 0 leave it as is), then each
- * lane's term as add_slots_avx2 makes it (the exact double product, rounded
- * by adding 1.5 * 2^52), added to the sums in place (in L1 across the
- * segments). A segment's tile with some |G| above its threshold (thr), and
- * a column tail (nc < 16), take the scalar terms of dt_fix_add instead.
- * Returns nonzero when some term was out of range. */
+ * lane's term — rint(G * w * 2^32), dt_fix_add's — by the cheapest exact
+ * form the tile's largest |G| allows (the thresholds of add_wgrad_avx2):
+ *  - a power-of-two scale and every |term| at most INT32_MAX / k: scaled in
+ *    float (exact), rounded to int32 (the current mode: rint's bits) and
+ *    summed in int32 over the segments (no overflow: k terms), widened and
+ *    added to the int64 sums once per tile (the usual case);
+ *  - a power-of-two scale, |term| < 2^31: the same int32 term, widened and
+ *    added to the sums at once;
+ *  - |term| < 2^51: the exact double product rounded by adding 1.5 * 2^52
+ *    (add_slots_avx2's form);
+ *  - else (a large or not finite gradient), and column tails (nc < 16):
+ *    lane by lane, dt_fix_add's expression, counting the terms out of
+ *    range (returned nonzero).
+ * Integer sums in any grouping: the same int64 sums. */
 AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
     int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC, int C, int o0, const int R,
     int c, int nc, const double *sd, const float *sf, const int32_t *thr, const int32_t *thr32,
-    double bound, int store) {
-  static const int32_t lt[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  const __m256i m0 = _mm256_loadu_si256((const __m256i *)(lt + 8 - (nc < 8 ? nc : 8)));
-  const __m256i m1 = _mm256_loadu_si256((const __m256i *)(lt + 8 - (nc > 8 ? nc - 8 : 0)));
+    const int32_t *thrs, double bound, int store) {
   const __m256i absi = _mm256_set1_epi32(0x7fffffff);
   const __m256d magic = _mm256_set1_pd(0x1.8p52);
   const __m256i magici = _mm256_castpd_si256(magic);
   unsigned bad = 0;
+  __m256i s32[6][2]; /* the int32 sums (spilled to L1: 12 registers hold the products) */
+  int have32 = 0;
+  if (store) /* the sums start at 0; every form below adds */
+    for (int r = 0; r < R; r++) {
+      int64_t *a = acc + (size_t)(o0 + r) * C + c;
+      if (nc == 16)
+        for (int v = 0; v < 4; v++) _mm256_storeu_si256((__m256i *)(a + 4 * v), _mm256_setzero_si256());
+      else
+        memset(a, 0, sizeof *a * (size_t)nc);
+    }
   for (int j = 0; j < k; j++) {
     __m256 f[6][2];
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
-    const float *x = sg[j].x + c, *dy = sg[j].dy + o0;
-    const int n = sg[j].n;
-    if (nc == 16) {
-      for (int q = 0; q < n; q++) {
-        const float *xq = x + (size_t)q * C;
-        __m256 x0 = _mm256_loadu_ps(xq), x1 = _mm256_loadu_ps(xq + 8);
-        const float *d = dy + (size_t)q * OC;
-#pragma GCC unroll 6
-        for (int r = 0; r < R; r++) {
-          __m256 a = _mm256_broadcast_ss(d + r);
-          f[r][0] = _mm256_fmadd_ps(a, x0, f[r][0]);
-          f[r][1] = _mm256_fmadd_ps(a, x1, f[r][1]);
-        }
-      }
-    } else {
-      for (int q = 0; q < n; q++) {
-        const float *xq = x + (size_t)q * C;
-        __m256 x0 = _mm256_maskload_ps(xq, m0), x1 = _mm256_maskload_ps(xq + 8, m1);
-        const float *d = dy + (size_t)q * OC;
-#pragma GCC unroll 6
-        for (int r = 0; r < R; r++) {
-          __m256 a = _mm256_broadcast_ss(d + r);
-          f[r][0] = _mm256_fmadd_ps(a, x0, f[r][0]);
-          f[r][1] = _mm256_fmadd_ps(a, x1, f[r][1]);
-        }
-      }
-    }
-    const int st = store && j == 0;
+    wg_products(R, sg[j].x + c, sg[j].dy + o0, sg[j].n, OC, C, nc, f);
     __m256i mx = _mm256_setzero_si256();
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
       mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_castps_si256(f[r][0]), absi));
       mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_castps_si256(f[r][1]), absi));
     }
-    if (nc == 16 && !_mm256_movemask_ps(_mm256_castsi256_ps(
-                        _mm256_cmpgt_epi32(mx, _mm256_set1_epi32(thr32[j]))))) {
-      /* a power-of-two scale (thr32 is -1 otherwise) and every |term| below
-       * 2^31: scaled in float (exact), rounded to int32 in the current
-       * mode (rint's bits), widened to int64 */
+#define WG_LE(t) (!_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(mx, _mm256_set1_epi32(t)))))
+    if (nc == 16 && WG_LE(thrs[j])) {
+      const __m256 s = _mm256_set1_ps(sf[j]);
+#pragma GCC unroll 6
+      for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; v++) {
+          __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(f[r][v], s));
+          s32[r][v] = have32 ? _mm256_add_epi32(s32[r][v], q) : q;
+        }
+      have32 = 1;
+      continue;
+    }
+    if (nc == 16 && WG_LE(thr32[j])) {
       const __m256 s = _mm256_set1_ps(sf[j]);
 #pragma GCC unroll 6
       for (int r = 0; r < R; r++) {
@@ -549,18 +609,15 @@ AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
           __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(f[r][v], s));
           __m256i t0 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(q));
           __m256i t1 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(q, 1));
-          if (!st) {
-            t0 = _mm256_add_epi64(t0, _mm256_loadu_si256((const __m256i *)(a + 8 * v)));
-            t1 = _mm256_add_epi64(t1, _mm256_loadu_si256((const __m256i *)(a + 8 * v + 4)));
-          }
+          t0 = _mm256_add_epi64(t0, _mm256_loadu_si256((const __m256i *)(a + 8 * v)));
+          t1 = _mm256_add_epi64(t1, _mm256_loadu_si256((const __m256i *)(a + 8 * v + 4)));
           _mm256_storeu_si256((__m256i *)(a + 8 * v), t0);
           _mm256_storeu_si256((__m256i *)(a + 8 * v + 4), t1);
         }
       }
       continue;
     }
-    if (nc == 16 && !_mm256_movemask_ps(_mm256_castsi256_ps(
-                        _mm256_cmpgt_epi32(mx, _mm256_set1_epi32(thr[j]))))) {
+    if (nc == 16 && WG_LE(thr[j])) {
       const __m256d s = _mm256_set1_pd(sd[j]);
 #pragma GCC unroll 6
       for (int r = 0; r < R; r++) {
@@ -574,28 +631,37 @@ AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
           __asm__("" : "+x"(y0), "+x"(y1));
           __m256i t0 = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(y0, magic)), magici);
           __m256i t1 = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(y1, magic)), magici);
-          if (!st) {
-            t0 = _mm256_add_epi64(t0, _mm256_loadu_si256((const __m256i *)(a + 8 * v)));
-            t1 = _mm256_add_epi64(t1, _mm256_loadu_si256((const __m256i *)(a + 8 * v + 4)));
-          }
+          t0 = _mm256_add_epi64(t0, _mm256_loadu_si256((const __m256i *)(a + 8 * v)));
+          t1 = _mm256_add_epi64(t1, _mm256_loadu_si256((const __m256i *)(a + 8 * v + 4)));
           _mm256_storeu_si256((__m256i *)(a + 8 * v), t0);
           _mm256_storeu_si256((__m256i *)(a + 8 * v + 4), t1);
         }
       }
       continue;
     }
-    /* rare (a large or not finite gradient) or a column tail: lane by lane */
+#undef WG_LE
     float t[6][16];
     for (int r = 0; r < R; r++) {
       _mm256_storeu_ps(t[r], f[r][0]);
       _mm256_storeu_ps(t[r] + 8, f[r][1]);
       int64_t *a = acc + (size_t)(o0 + r) * C + c;
-      for (int l = 0; l < nc; l++) {
-        int64_t v = wgrad_term(t[r][l], sd[j], bound, &bad);
-        a[l] = st ? v : a[l] + v;
-      }
+      for (int l = 0; l < nc; l++) a[l] += wgrad_term(t[r][l], sd[j], bound, &bad);
     }
   }
+  if (have32)
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+      int64_t *a = acc + (size_t)(o0 + r) * C + c;
+#pragma GCC unroll 2
+      for (int v = 0; v < 2; v++) {
+        __m256i t0 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(s32[r][v]));
+        __m256i t1 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(s32[r][v], 1));
+        t0 = _mm256_add_epi64(t0, _mm256_loadu_si256((const __m256i *)(a + 8 * v)));
+        t1 = _mm256_add_epi64(t1, _mm256_loadu_si256((const __m256i *)(a + 8 * v + 4)));
+        _mm256_storeu_si256((__m256i *)(a + 8 * v), t0);
+        _mm256_storeu_si256((__m256i *)(a + 8 * v + 4), t1);
+      }
+    }
   return bad;
 }
 
@@ -607,12 +673,14 @@ AVX2F static int add_wgrad_avx2(int64_t *restrict acc, const dt_fix_wseg *sg, in
                                 int C, double bound, int store) {
   double sd[64];
   float sf[64];
-  int32_t thr[64], thr32[64];
+  int32_t thr[64], thr32[64], thrs[64];
   int pow2[64];
   seg_scales(sg, k, sd, sf, pow2);
   for (int j = 0; j < k; j++) {
     thr[j] = wgrad_thr_avx2(sd[j], bound, nextafter(0x1p51, 0.0));
     thr32[j] = pow2[j] ? wgrad_thr_avx2(sd[j], bound, 0x1p31 - 128) : -1;
+    /* k int32 terms of at most this sum without overflow */
+    thrs[j] = pow2[j] ? wgrad_thr_avx2(sd[j], bound, (double)(INT32_MAX / k)) : -1;
   }
   unsigned bad = 0;
   for (int c0 = 0; c0 < C; c0 += 128) {
@@ -621,19 +689,19 @@ AVX2F static int add_wgrad_avx2(int64_t *restrict acc, const dt_fix_wseg *sg, in
     for (; o0 + 6 <= OC; o0 += 6)
       for (int c = c0; c < c1; c += 16)
         bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 6, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, bound, store);
+                               thr32, thrs, bound, store);
     for (; o0 + 4 <= OC; o0 += 4)
       for (int c = c0; c < c1; c += 16)
         bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 4, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, bound, store);
+                               thr32, thrs, bound, store);
     for (; o0 + 2 <= OC; o0 += 2)
       for (int c = c0; c < c1; c += 16)
         bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 2, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, bound, store);
+                               thr32, thrs, bound, store);
     for (; o0 < OC; o0++)
       for (int c = c0; c < c1; c += 16)
         bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 1, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, bound, store);
+                               thr32, thrs, bound, store);
   }
   return bad != 0;
 }
