@@ -58,12 +58,14 @@ typedef struct dt_fix_wseg {
   double w;
 } dt_fix_wseg;
 
-/* The largest n dt_fix_add_wgrad takes: the GEMM (tensor/gemm_avx512.c)
- * sums up to KC = 256 products per output in one chain. */
+/* The largest n dt_fix_add_wgrad takes: the GEMM (tensor/gemm_avx512.c,
+ * tensor/gemm_avx2.c) sums up to KC = 256 products per output in one
+ * chain. */
 #define DT_FIX_WGRAD_MAXN 256
 
-/* Nonzero when dt_fix_add_wgrad can run here (AVX-512 and the GEMM uses
- * its AVX-512 kernels, whose bits it reproduces). */
+/* Nonzero when dt_fix_add_wgrad can run here: the fixed-order GEMM runs
+ * on our AVX-512 or AVX2 + FMA kernels (dt__gemm_own), whose bits it
+ * reproduces; not on the portable kernel. */
 int dt_fix_wgrad_ok(void);
 
 /* A linear layer's weight gradients, made and turned into fixed point in
@@ -71,8 +73,9 @@ int dt_fix_wgrad_ok(void);
  * j < k of round(G_j[o][c] * w_j * 2^DT_FIX_BITS), where G_j = dy_j^T x_j
  * is the product dt_sgemm_f(DT_GEMM_FIXED, 1, 0, OC, C, n_j, 1, dy_j, OC,
  * x_j, C, 0, G, C) gives — the same float bits (a chain of fused
- * multiply-adds over the n_j rows in row order, as the AVX-512 micro-kernel
- * makes it for n_j <= DT_FIX_WGRAD_MAXN) — and each term is the one
+ * multiply-adds over the n_j rows in row order from +0, as the AVX-512 and
+ * AVX2 micro-kernels make it for n_j <= DT_FIX_WGRAD_MAXN, one K block,
+ * alpha 1 and beta 0 leaving it as is) — and each term is the one
  * dt_fix_add would add for it. Requires dt_fix_wgrad_ok() and every n_j in
  * [1, DT_FIX_WGRAD_MAXN]. Bad values as dt_fix_add_slots. */
 size_t dt_fix_add_wgrad(int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC, int C,
