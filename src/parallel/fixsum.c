@@ -540,6 +540,26 @@ AVX2F static inline __attribute__((always_inline)) void wg_products(
   }
 }
 
+/* The int32 sums of a tile (R rows x 16 columns) widened and added to
+ * the int64 sums. */
+AVX2F static inline __attribute__((always_inline)) void wg_flush32(int64_t *restrict acc, int C,
+                                                                  int o0, const int R, int c,
+                                                                  __m256i s32[6][2]) {
+#pragma GCC unroll 6
+  for (int r = 0; r < R; r++) {
+    int64_t *a = acc + (size_t)(o0 + r) * C + c;
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; v++) {
+      __m256i t0 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(s32[r][v]));
+      __m256i t1 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(s32[r][v], 1));
+      t0 = _mm256_add_epi64(t0, _mm256_loadu_si256((const __m256i *)(a + 8 * v)));
+      t1 = _mm256_add_epi64(t1, _mm256_loadu_si256((const __m256i *)(a + 8 * v + 4)));
+      _mm256_storeu_si256((__m256i *)(a + 8 * v), t0);
+      _mm256_storeu_si256((__m256i *)(a + 8 * v + 4), t1);
+    }
+  }
+}
+
 /* Rows o0 .. o0 + R - 1 (R <= 6) of the weight gradient, columns c .. c +
  * nc - 1 (nc <= 16), every segment. Per segment the products as the AVX2
  * GEMM micro-kernel makes them for K = n <= 256 (one K block: a chain of
@@ -547,12 +567,12 @@ AVX2F static inline __attribute__((always_inline)) void wg_products(
  * into the accumulator; alpha 1 and beta 0 leave it as is), then each
  * lane's term — rint(G * w * 2^32), dt_fix_add's — by the cheapest exact
  * form the tile's largest |G| allows (the thresholds of add_wgrad_avx2):
- *  - a power-of-two scale and every |term| at most INT32_MAX / k: scaled in
- *    float (exact), rounded to int32 (the current mode: rint's bits) and
- *    summed in int32 over the segments (no overflow: k terms), widened and
- *    added to the int64 sums once per tile (the usual case);
- *  - a power-of-two scale, |term| < 2^31: the same int32 term, widened and
- *    added to the sums at once;
+ *  - a power-of-two scale and every |term| below 2^31 (the usual case):
+ *    scaled in float (exact), rounded to int32 (the current mode: rint's
+ *    bits) and summed in int32 over the segments, widened and added to the
+ *    int64 sums once per tile — or earlier, whenever the next segment's
+ *    largest term could take the int32 sums past INT32_MAX (a bound kept
+ *    from each segment's largest |G|: never an overflow);
  *  - |term| < 2^51: the exact double product rounded by adding 1.5 * 2^52
  *    (add_slots_avx2's form);
  *  - else (a large or not finite gradient), and column tails (nc < 16):
@@ -562,13 +582,14 @@ AVX2F static inline __attribute__((always_inline)) void wg_products(
 AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
     int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC, int C, int o0, const int R,
     int c, int nc, const double *sd, const float *sf, const int32_t *thr, const int32_t *thr32,
-    const int32_t *thrs, double bound, int store) {
+    double bound, int store) {
   const __m256i absi = _mm256_set1_epi32(0x7fffffff);
   const __m256d magic = _mm256_set1_pd(0x1.8p52);
   const __m256i magici = _mm256_castpd_si256(magic);
   unsigned bad = 0;
   __m256i s32[6][2]; /* the int32 sums (spilled to L1: 12 registers hold the products) */
   int have32 = 0;
+  double budget = 0.0; /* a bound on the int32 sums' magnitude */
   if (store) /* the sums start at 0; every form below adds */
     for (int r = 0; r < R; r++) {
       int64_t *a = acc + (size_t)(o0 + r) * C + c;
@@ -587,7 +608,23 @@ AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
       mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_castps_si256(f[r][1]), absi));
     }
 #define WG_LE(t) (!_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(mx, _mm256_set1_epi32(t)))))
-    if (nc == 16 && WG_LE(thrs[j])) {
+    if (nc == 16 && WG_LE(thr32[j])) {
+      /* every |term| of the tile at most tmax + 0.5 (tmax: the largest |G|
+       * times the scale, exact): the int32 sums take it unless they could
+       * then pass INT32_MAX, in which case they go into the int64 sums
+       * first and start again */
+      __m128i h = _mm_max_epi32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
+      h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+      h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+      int32_t hb = _mm_cvtsi128_si32(h);
+      float gm;
+      memcpy(&gm, &hb, sizeof gm);
+      const double tmax = (double)gm * fabs(sd[j]) + 1.0;
+      if (have32 && budget + tmax > (double)INT32_MAX) {
+        wg_flush32(acc, C, o0, R, c, s32);
+        have32 = 0;
+      }
+      if (!have32) budget = 0.0;
       const __m256 s = _mm256_set1_ps(sf[j]);
 #pragma GCC unroll 6
       for (int r = 0; r < R; r++)
@@ -597,24 +634,7 @@ AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
           s32[r][v] = have32 ? _mm256_add_epi32(s32[r][v], q) : q;
         }
       have32 = 1;
-      continue;
-    }
-    if (nc == 16 && WG_LE(thr32[j])) {
-      const __m256 s = _mm256_set1_ps(sf[j]);
-#pragma GCC unroll 6
-      for (int r = 0; r < R; r++) {
-        int64_t *a = acc + (size_t)(o0 + r) * C + c;
-#pragma GCC unroll 2
-        for (int v = 0; v < 2; v++) {
-          __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(f[r][v], s));
-          __m256i t0 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(q));
-          __m256i t1 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(q, 1));
-          t0 = _mm256_add_epi64(t0, _mm256_loadu_si256((const __m256i *)(a + 8 * v)));
-          t1 = _mm256_add_epi64(t1, _mm256_loadu_si256((const __m256i *)(a + 8 * v + 4)));
-          _mm256_storeu_si256((__m256i *)(a + 8 * v), t0);
-          _mm256_storeu_si256((__m256i *)(a + 8 * v + 4), t1);
-        }
-      }
+      budget += tmax;
       continue;
     }
     if (nc == 16 && WG_LE(thr[j])) {
@@ -648,20 +668,7 @@ AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
       for (int l = 0; l < nc; l++) a[l] += wgrad_term(t[r][l], sd[j], bound, &bad);
     }
   }
-  if (have32)
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++) {
-      int64_t *a = acc + (size_t)(o0 + r) * C + c;
-#pragma GCC unroll 2
-      for (int v = 0; v < 2; v++) {
-        __m256i t0 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(s32[r][v]));
-        __m256i t1 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(s32[r][v], 1));
-        t0 = _mm256_add_epi64(t0, _mm256_loadu_si256((const __m256i *)(a + 8 * v)));
-        t1 = _mm256_add_epi64(t1, _mm256_loadu_si256((const __m256i *)(a + 8 * v + 4)));
-        _mm256_storeu_si256((__m256i *)(a + 8 * v), t0);
-        _mm256_storeu_si256((__m256i *)(a + 8 * v + 4), t1);
-      }
-    }
+  if (have32) wg_flush32(acc, C, o0, R, c, s32);
   return bad;
 }
 
@@ -673,14 +680,12 @@ AVX2F static int add_wgrad_avx2(int64_t *restrict acc, const dt_fix_wseg *sg, in
                                 int C, double bound, int store) {
   double sd[64];
   float sf[64];
-  int32_t thr[64], thr32[64], thrs[64];
+  int32_t thr[64], thr32[64];
   int pow2[64];
   seg_scales(sg, k, sd, sf, pow2);
   for (int j = 0; j < k; j++) {
     thr[j] = wgrad_thr_avx2(sd[j], bound, nextafter(0x1p51, 0.0));
     thr32[j] = pow2[j] ? wgrad_thr_avx2(sd[j], bound, 0x1p31 - 128) : -1;
-    /* k int32 terms of at most this sum without overflow */
-    thrs[j] = pow2[j] ? wgrad_thr_avx2(sd[j], bound, (double)(INT32_MAX / k)) : -1;
   }
   unsigned bad = 0;
   for (int c0 = 0; c0 < C; c0 += 128) {
@@ -689,19 +694,19 @@ AVX2F static int add_wgrad_avx2(int64_t *restrict acc, const dt_fix_wseg *sg, in
     for (; o0 + 6 <= OC; o0 += 6)
       for (int c = c0; c < c1; c += 16)
         bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 6, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, thrs, bound, store);
+                               thr32, bound, store);
     for (; o0 + 4 <= OC; o0 += 4)
       for (int c = c0; c < c1; c += 16)
         bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 4, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, thrs, bound, store);
+                               thr32, bound, store);
     for (; o0 + 2 <= OC; o0 += 2)
       for (int c = c0; c < c1; c += 16)
         bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 2, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, thrs, bound, store);
+                               thr32, bound, store);
     for (; o0 < OC; o0++)
       for (int c = c0; c < c1; c += 16)
         bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 1, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, thrs, bound, store);
+                               thr32, bound, store);
   }
   return bad != 0;
 }
