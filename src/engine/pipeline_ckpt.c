@@ -41,26 +41,12 @@
 
 #include "core/core.h"
 #include "engine/engine_int.h"
+#include "engine/spill.h"
 #include "engine/pipeline_int.h"
 
 #define TAG_CKPT 0x300000 /* pipe.c 0x1/0x2, checkpoints 0x3 (x 0x100000) */
 /* floats per message; rank 0's only buffer for the other stages' state */
 #define CK_CHUNK ((size_t)1 << 18)
-
-/* An unlinked file in dir (O_TMPFILE, or a named one removed at once). */
-static int spill_open(const char *dir) {
-  int fd = -1;
-#ifdef O_TMPFILE
-  fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-#endif
-  if (fd >= 0) return fd;
-  char path[DT_CFG_PATH_MAX + 64];
-  snprintf(path, sizeof path, "%s/.pipe-spill-XXXXXX", dir);
-  fd = mkstemp(path);
-  if (fd < 0) return -1;
-  unlink(path);
-  return fd;
-}
 
 static int send_seg(dt_comm *c, const float *p, size_t n) {
   for (size_t at = 0; at < n; at += CK_CHUNK) {
@@ -71,22 +57,6 @@ static int send_seg(dt_comm *c, const float *p, size_t n) {
   return DT_OK;
 }
 
-/* n floats at p into the spill at byte foff; a failure is remembered in
- * *werr (errno) and later writes skipped. */
-static void spill_put(int fd, const float *p, size_t n, uint64_t foff, int *werr) {
-  const char *b = (const char *)p;
-  size_t len = n * sizeof(float);
-  while (len && !*werr) {
-    ssize_t w = pwrite(fd, b, len, (off_t)foff);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      *werr = w < 0 ? errno : ENOSPC;
-      break;
-    }
-    b += w, len -= (size_t)w, foff += (uint64_t)w;
-  }
-}
-
 /* n floats from stage t into the spill at byte foff. A failed write is
  * remembered in *werr and the rest still received, so the stages stay in
  * step; the checkpoint is then not taken (dt__pipe_export). */
@@ -95,7 +65,7 @@ static int recv_seg(dt_comm *c, int t, float *buf, int fd, uint64_t foff, size_t
     size_t k = n - at < CK_CHUNK ? n - at : CK_CHUNK;
     int rc = dt_comm_recv(c, t, TAG_CKPT, buf, k * sizeof(float));
     if (rc < 0) return rc;
-    spill_put(fd, buf, k, foff + at * sizeof(float), werr);
+    dt__spill_put(fd, buf, k, foff + at * sizeof(float), werr);
   }
   return DT_OK;
 }
@@ -144,7 +114,7 @@ int dt__pipe_gather(dt_strategy *s, int32_t *flags) {
   int *fd = &d->ck_fd[d->ck_cur], werr = 0;
   if (*fd < 0) {
     if (!s->ckpt_root) return dt__seterr(DT_EINVAL, "pipeline checkpoint: no checkpoint root");
-    *fd = spill_open(s->ckpt_root);
+    *fd = dt__spill_open(s->ckpt_root, "pipe");
     if (*fd < 0) werr = errno ? errno : EIO; /* still receive: the stages are sending */
   }
   /* stage 0's own state first, straight from its buffers: the snapshot
@@ -153,13 +123,13 @@ int dt__pipe_gather(dt_strategy *s, int32_t *flags) {
   uint64_t foff = 0;
   int nr = 0;
   d->ck_range[nr++] = (dt_ckpt_range){0, pt->param_off[0], pt->params[0], foff};
-  spill_put(*fd, dt_model_params(s->model) + pt->param_off[0], pt->params[0], foff, &werr);
+  dt__spill_put(*fd, dt_model_params(s->model) + pt->param_off[0], pt->params[0], foff, &werr);
   foff += pt->params[0] * sizeof(float);
   if (pt->nbufs[0]) d->ck_range[nr++] = (dt_ckpt_range){1, pt->buf_off[0], pt->nbufs[0], foff};
-  spill_put(*fd, dt_model_bufs(s->model) + pt->buf_off[0], pt->nbufs[0], foff, &werr);
+  dt__spill_put(*fd, dt_model_bufs(s->model) + pt->buf_off[0], pt->nbufs[0], foff, &werr);
   foff += pt->nbufs[0] * sizeof(float);
   d->ck_ooff[0] = foff;
-  if (slots) spill_put(*fd, state, slots * pt->params[0], foff, &werr);
+  if (slots) dt__spill_put(*fd, state, slots * pt->params[0], foff, &werr);
   foff += slots * pt->params[0] * sizeof(float);
   for (int t = 1; t < d->P && rc == DT_OK; t++) {
     d->ck_range[nr++] = (dt_ckpt_range){0, pt->param_off[t], pt->params[t], foff};

@@ -35,6 +35,7 @@
 #include "comm/window.h"
 #include "core/core.h"
 #include "engine/engine_int.h"
+#include "engine/spill.h"
 #include "engine/strategy.h"
 
 typedef struct zero_impl {
@@ -207,37 +208,6 @@ static size_t zero_slots(const zero_impl *z) {
   return dt_optim_state_floats(z->opt) / (z->blk ? z->blk : 1);
 }
 
-/* An unlinked file in dir (O_TMPFILE, or a named one removed at once). */
-static int spill_open(const char *dir) {
-  int fd = -1;
-#ifdef O_TMPFILE
-  fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-#endif
-  if (fd >= 0) return fd;
-  char path[DT_CFG_PATH_MAX + 64];
-  snprintf(path, sizeof path, "%s/.zero-spill-XXXXXX", dir);
-  fd = mkstemp(path);
-  if (fd < 0) return -1;
-  unlink(path);
-  return fd;
-}
-
-/* n floats at p into the spill at byte foff; a failure is remembered in
- * *werr (errno) and later writes skipped. */
-static void spill_put(int fd, const float *p, size_t n, uint64_t foff, int *werr) {
-  const char *b = (const char *)p;
-  size_t len = n * sizeof(float);
-  while (len && !*werr) {
-    ssize_t w = pwrite(fd, b, len, (off_t)foff);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      *werr = w < 0 ? errno : ENOSPC;
-      break;
-    }
-    b += w, len -= (size_t)w, foff += (uint64_t)w;
-  }
-}
-
 /* m floats of a slot-major state of blocks of len floats (slots x len),
  * starting at its float i0, into the whole model's slot-major state
  * (slots x n) at the spill's byte o, the block starting at parameter at. */
@@ -245,7 +215,7 @@ static void spill_block(int fd, const float *p, size_t i0, size_t m, size_t len,
                         size_t at, uint64_t o, int *werr) {
   while (m) {
     const size_t k = i0 / len, j = i0 % len, c = len - j < m ? len - j : m;
-    spill_put(fd, p, c, o + (uint64_t)(k * n + at + j) * sizeof(float), werr);
+    dt__spill_put(fd, p, c, o + (uint64_t)(k * n + at + j) * sizeof(float), werr);
     p += c, i0 += c, m -= c;
   }
 }
@@ -276,11 +246,11 @@ static int zero_gather(dt_strategy *s, int32_t *flags) {
   int *fd = &z->ck_fd[z->ck_cur], werr = 0;
   if (*fd < 0) {
     if (!s->ckpt_root) return dt__seterr(DT_EINVAL, "ZeRO-1 checkpoint: no checkpoint root");
-    *fd = spill_open(s->ckpt_root);
+    *fd = dt__spill_open(s->ckpt_root, "zero");
     if (*fd < 0) werr = errno ? errno : EIO; /* still receive: the others are sending */
   }
   /* the parameters, then the state: own block, tail, the others' blocks */
-  spill_put(*fd, dt_model_params(s->model), n, 0, &werr);
+  dt__spill_put(*fd, dt_model_params(s->model), n, 0, &werr);
   const uint64_t o = (uint64_t)n * sizeof(float);
   z->ck_ooff = o;
   if (slots && blk) spill_block(*fd, dt_optim_state(z->opt), 0, slots * blk, blk, n, 0, o, &werr);
