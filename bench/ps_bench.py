@@ -279,6 +279,26 @@ def wait_first_event(out):
     while time.time() < t_end and not (os.path.exists(ev) and os.path.getsize(ev) > 0):
         time.sleep(0.01)
 
+def log_stamp(line):
+    """The UTC time a dtrain log line carries at its start, or None."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", line)
+    return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
+        tzinfo=datetime.timezone.utc).timestamp() if m else None
+
+def start_then_kill(args, out, rank):
+    """Starts args --out out, waits for its first event, SIGKILLs rank: (process, pids, kill time)."""
+    p = subprocess.Popen(args + ["--out", out], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    pids = {}
+    for line in p.stdout:
+        pids = {int(k): int(v) for k, v in re.findall(r"rank (\d+) pid (\d+)", line)}
+        if pids:
+            break
+    wait_first_event(out)
+    t_kill = time.time()
+    os.kill(pids[rank], 9)
+    return p, pids, t_kill
+
 def ref_sha(args):
     """params_sha256 of a run of args without kills (the kill parts' reference)."""
     with tempfile.TemporaryDirectory() as out:
@@ -297,17 +317,7 @@ def failover():
     times, same = [], 0
     for r in range(a.failover_reps):
         with tempfile.TemporaryDirectory() as out:
-            p = subprocess.Popen(args + ["--out", out], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
-            spid, lines = None, []
-            for line in p.stdout:
-                m = re.search(r"rank 2 pid (\d+)", line)
-                if m:
-                    spid = int(m.group(1))
-                    break
-            wait_first_event(out)
-            t_kill = time.time()
-            os.kill(spid, 9)
+            p, _, t_kill = start_then_kill(args, out, 2)
             _, err = p.communicate(timeout=300)
             done = [float(x) for x in re.findall(r"completed [0-9.]+ s after server 0 was lost "
                                                  r"\(at unix time ([0-9.]+)\)", err)]
@@ -341,23 +351,12 @@ def rereplicate():
             "--set", "ps.replicas=2", "--set", f"train.epochs={ep}", "--set", "data.limit_train=3200",
             "--set", "data.limit_test=500", "--set", "ckpt.epoch_end=false"]
     ref = ref_sha(args)
-    def stamp(line):  # the log line's own UTC time
-        m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", line)
-        return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
-            tzinfo=datetime.timezone.utc).timestamp() if m else time.time()
+    def stamp(line):  # the log line's own UTC time (now if it has none)
+        return log_stamp(line) or time.time()
     times, same = [], 0
     for r in range(a.failover_reps):
         with tempfile.TemporaryDirectory() as out:
-            p = subprocess.Popen(args + ["--out", out], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
-            pids = {}
-            for line in p.stdout:
-                pids = {int(k): int(v) for k, v in re.findall(r"rank (\d+) pid (\d+)", line)}
-                if pids:
-                    break
-            wait_first_event(out)
-            t_kill = time.time()
-            os.kill(pids[2], 9)
+            p, pids, t_kill = start_then_kill(args, out, 2)
             copies, err = [], []
             for line in p.stderr:
                 err.append(line)
@@ -394,23 +393,11 @@ def workers():
             "--standby", "1", "--set", "dist.min_workers=2", "--set", f"train.epochs={ep}",
             "--set", "data.limit_train=3200", "--set", "data.limit_test=500",
             "--set", "ckpt.epoch_end=false"]
-    def stamp(line):  # the log line's own UTC time
-        m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", line)
-        return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
-            tzinfo=datetime.timezone.utc).timestamp() if m else None
+    stamp = log_stamp
     clk, adm = [], []
     for r in range(a.failover_reps):
         with tempfile.TemporaryDirectory() as out:
-            p = subprocess.Popen(args + ["--out", out], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
-            pids = {}
-            for line in p.stdout:
-                pids = {int(k): int(v) for k, v in re.findall(r"rank (\d+) pid (\d+)", line)}
-                if pids:
-                    break
-            wait_first_event(out)
-            t_kill = time.time()
-            os.kill(pids[2], 9)
+            p, _, t_kill = start_then_kill(args, out, 2)
             _, err = p.communicate(timeout=300)
             c = [stamp(l) for l in err.splitlines() if "s after worker 2 was lost" in l]
             j = [stamp(l) for l in err.splitlines() if re.search(r"joiner \d+ is worker 2", l)]
