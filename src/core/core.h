@@ -71,6 +71,7 @@ void dt_log_set_json(int on);
   X(SHUPD, INT, -1, "auto", -1, 2, "dist.balance = dynamic on one host: the optimizer step split over the workers by speed, each stepping its slice inside the gradient reduction, with the optimizer state once per host; 2: every worker keeps its parameter copy and copies the slices the others stepped, 1: one parameter copy per host, 0: off (every worker updates all parameters), -1 auto: 2 with AdamW, 0 with SGD (docs/ddp.md)") \
   X(DYNAMIC_PACE, INT, 0, NULL, 0, 1, "dist.balance = dynamic: a worker whose cgroup allows it less than one core paces itself at 0.9 of its quota (a token bucket, one sleep at a step's start), so the kernel does not stop it for the rest of a quota period (1), or runs until the kernel does (0)") \
   X(DYNAMIC_QUOTA_PCT, INT, 80, NULL, 0, 100, "dist.balance = dynamic: a worker under a CPU quota has its measured speed (CPU seconds / quota when that exceeds its busy time) counted at this percent when the batch is cut, so its CPU stays under the quota; 100: no margin; 0: a margin from how much its speed varies between re-plans (docs/ddp.md)") \
+  X(DYNAMIC_MARGIN_MAX, INT, 95, NULL, 0, 100, "dist.balance = dynamic: the margin of a worker under a CPU quota starts at DTRAIN_DYNAMIC_QUOTA_PCT and rises towards this percent while its cgroup is rarely throttled (cpu.stat), falling back when the kernel throttles it (at or below DTRAIN_DYNAMIC_QUOTA_PCT: the margin stays fixed; docs/ddp.md)") \
   X(GEMM, STR, 0, NULL, 0, 0, "matrix-multiply kernels: blas, avx2 or avx512 (default: avx512 where the CPU has it, else avx2 where it has AVX2 and FMA)") \
   X(GRACE_SECONDS, INT, 8, NULL, 0, 86400, "seconds the launcher waits for the other workers after one fails before it stops them") \
   X(HIER_MIN_BYTES, INT, 64 << 10, NULL, 0, INT64_MAX, "allreduce from this size up is hierarchical when ranks span several hosts, bytes") \
@@ -195,6 +196,10 @@ int64_t dt_now_ns(void);   /* monotonic nanoseconds */
  * on a hybrid mount), 0 when there is none or it cannot be read. Read
  * fresh on every call (cpu_quota.c). */
 double dt_cpu_quota(void);
+/* Seconds this process's cgroup has been throttled for its CPU quota so
+ * far (cpu.stat: v1 throttled_time, v2 throttled_usec), -1 when it cannot
+ * be read. Read fresh on every call (cpu_quota.c). */
+double dt_cpu_throttled(void);
 
 /* ---- counter-based RNG -------------------------------------------------- */
 

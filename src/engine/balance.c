@@ -54,8 +54,9 @@
 #define DT_BALANCE_WARN_S 0.5
 
 /* Gathered per rank at a replan: window busy seconds, samples, wall, the
- * process's CPU seconds and its cgroup's CPU quota in cores (0: none). */
-#define WIN_FIELDS 5
+ * process's CPU seconds, its cgroup's CPU quota in cores (0: none) and the
+ * seconds its cgroup was throttled in the window (cpu.stat). */
+#define WIN_FIELDS 6
 
 /* How often a rank re-reads its CPU quota (a process can be moved into a
  * cgroup while it runs), seconds. */
@@ -76,6 +77,13 @@
  * windows (forgetting-weighted) have been measured, and that margin. */
 #define DT_BALANCE_MARGIN_WINDOWS 3.0
 #define DT_BALANCE_MARGIN0 0.8
+/* The margin from the kernel's throttling (dt__balance_margin_step): it
+ * rises by MARGIN_UP per second of wall time and falls by MARGIN_DOWN per
+ * second the cgroup was throttled, so it settles where the rank is
+ * throttled MARGIN_UP / MARGIN_DOWN = 1% of the time: a 20 ms stall takes
+ * back what 2 s without one gave. */
+#define DT_BALANCE_MARGIN_UP 0.05
+#define DT_BALANCE_MARGIN_DOWN 5.0
 
 /* Gathered per rank at an epoch end: compute, wait, samples, share sum,
  * steps, backups ran, won, dropped. */
@@ -92,6 +100,8 @@ struct dt_balance {
   double quota, quota_next; /* CPU quota in cores (0: none); when to re-read it */
   int pace;            /* dynamic: DTRAIN_DYNAMIC_PACE */
   double quota_use;    /* dynamic: DTRAIN_DYNAMIC_QUOTA_PCT / 100 (0: quota_margin's rule) */
+  double margin_max;   /* dynamic: DTRAIN_DYNAMIC_MARGIN_MAX / 100 (<= quota_use: fixed) */
+  double thr_last;     /* the cgroup's throttled seconds at the last replan (-1: none) */
   double pace_t, pace_cpu, budget; /* pacing under a quota: the token bucket */
   double pace_rate;    /* the share of its quota a paced rank uses (by mode) */
   /* this rank, since the last replan */
@@ -105,6 +115,9 @@ struct dt_balance {
    * (count, sum, sum of squares; restarted when its quota changes, the
    * quota of the last window) and the margin they give (quota_margin) */
   double *var_w, *var_x, *var_x2, *last_q, *margin;
+  /* every rank: the margin under its quota from its throttling
+   * (dt__balance_margin_step), between quota_use and margin_max */
+  double *fbm;
   double *gather;      /* nranks x max(WIN_FIELDS, EP_FIELDS) */
   dt_rank_perf *epoch, *run;
   double *run_share, *run_steps; /* every rank: share sums and steps, the run */
@@ -125,6 +138,8 @@ int dt__balance_create(dt_balance **out, const dt_run_cfg *cfg, int rank, int nr
   b->pace = (int)dt_param(DT_PARAM_DYNAMIC_PACE);
   b->pace_rate = b->mode == DT_BALANCE_STEAL ? DT_BALANCE_STEAL_PACE : DT_BALANCE_PACE;
   b->quota_use = (double)dt_param(DT_PARAM_DYNAMIC_QUOTA_PCT) / 100.0; /* 0: the rule */
+  b->margin_max = (double)dt_param(DT_PARAM_DYNAMIC_MARGIN_MAX) / 100.0;
+  b->thr_last = -1;
   b->slow_us = dt_param(DT_PARAM_TEST_SLOW_RANK) == rank ? dt_param(DT_PARAM_TEST_SLOW_US) : 0;
   b->sum_sec = calloc(n, sizeof(double));
   b->sum_n = calloc(n, sizeof(double));
@@ -134,13 +149,14 @@ int dt__balance_create(dt_balance **out, const dt_run_cfg *cfg, int rank, int nr
   b->var_x2 = calloc(n, sizeof(double));
   b->last_q = calloc(n, sizeof(double));
   b->margin = calloc(n, sizeof(double));
+  b->fbm = calloc(n, sizeof(double));
   b->gather = calloc(n * EP_FIELDS, sizeof(double));
   b->epoch = calloc(n, sizeof(dt_rank_perf));
   b->run = calloc(n, sizeof(dt_rank_perf));
   b->run_share = calloc(n, sizeof(double));
   b->run_steps = calloc(n, sizeof(double));
   if (!b->sum_sec || !b->sum_n || !b->weights || !b->var_w || !b->var_x || !b->var_x2 ||
-      !b->last_q || !b->margin || !b->gather || !b->epoch || !b->run || !b->run_share ||
+      !b->last_q || !b->margin || !b->fbm || !b->gather || !b->epoch || !b->run || !b->run_share ||
       !b->run_steps) {
     dt__balance_destroy(b);
     return dt__seterr(DT_ENOMEM, "balance: out of memory");
@@ -161,6 +177,7 @@ void dt__balance_destroy(dt_balance *b) {
   free(b->var_x2);
   free(b->last_q);
   free(b->margin);
+  free(b->fbm);
   free(b->gather);
   free(b->epoch);
   free(b->run);
@@ -246,8 +263,8 @@ static double cpu_seconds(void) {
  * core does n samples in n x (CPU per sample) / q seconds of wall time on
  * average, whether or not it waited in between, so shares settle where it
  * uses just its quota and never stalls. */
-static double charged(const double *g) {
-  double busy = g[0], cpu = g[3], q = g[4];
+static double charged(const double *g, double m) {
+  double busy = g[0], cpu = g[3], q = g[4] * m;
   if (q > 0 && cpu > 0 && cpu / q > busy) return cpu / q;
   return busy;
 }
@@ -282,6 +299,13 @@ static double quota_margin(const dt_balance *b, int r, double q) {
   return dt__balance_margin(mean > 0 && var > 0 ? sqrt(var) / mean : 0, q, b->nranks);
 }
 
+double dt__balance_margin_step(double m, double wall, double throttled, double lo, double hi) {
+  if (!(hi > lo)) return lo;
+  if (wall > 0) m += DT_BALANCE_MARGIN_UP * wall;
+  if (throttled > 0) m -= DT_BALANCE_MARGIN_DOWN * throttled;
+  return m < lo ? lo : m > hi ? hi : m;
+}
+
 double dt__balance_margin(double v, double q, int nranks) {
   if (!(v > 0) || !(q > 0) || nranks < 2) return 1.0;
   double p = q / (q + nranks - 1);
@@ -311,14 +335,20 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
    * is its edge. quota_margin's rule (DTRAIN_DYNAMIC_QUOTA_PCT=0) is
    * applied to the weights instead. */
   double q = b->quota;
-  if (b->mode == DT_BALANCE_DYNAMIC && q > 0 && q < 1.0) {
-    /* a fixed margin (DTRAIN_DYNAMIC_QUOTA_PCT, default 80%): the part of
-     * the quota the shares may fill */
-    if (b->quota_use > 0) q *= b->quota_use;
-    if (b->pace) q *= DT_BALANCE_PACE;
+  if (b->mode == DT_BALANCE_DYNAMIC && q > 0 && q < 1.0 && b->pace) q *= DT_BALANCE_PACE;
+  /* the kernel's throttling of this rank in the window: what moves its
+   * margin (dt__balance_margin_step); read only when the margin moves */
+  double thr = 0;
+  if (b->mode == DT_BALANCE_DYNAMIC && q > 0 && q < 1.0 && b->quota_use > 0 &&
+      b->margin_max > b->quota_use) {
+    double t = dt_cpu_throttled();
+    if (t >= 0 && b->thr_last >= 0 && t > b->thr_last) thr = t - b->thr_last;
+    b->thr_last = t;
+  } else {
+    b->thr_last = -1;
   }
   double mine[WIN_FIELDS] = {b->win_compute, b->win_samples, now - b->t_last,
-                             b->cpu_last > 0 ? cpu - b->cpu_last : 0, q};
+                             b->cpu_last > 0 ? cpu - b->cpu_last : 0, q, thr};
   b->cpu_last = cpu;
   int rc = dt_comm_allgather(c, mine, b->gather, WIN_FIELDS, DT_F64);
   if (rc < 0) {
@@ -334,7 +364,16 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
   const double keep = exp(-wall / DT_BALANCE_TAU);
   for (int r = 0; r < b->nranks; r++) {
     const double *g = b->gather + r * WIN_FIELDS;
-    double sec = charged(g);
+    /* the margin under a quota (DTRAIN_DYNAMIC_QUOTA_PCT): the part of it
+     * the shares may fill, fixed or moved by the rank's throttling; with
+     * quota_margin's rule (0) applied to the weights instead */
+    double m = 1.0;
+    if (b->mode == DT_BALANCE_DYNAMIC && g[4] > 0 && g[4] < 1.0 && b->quota_use > 0) {
+      if (g[4] != b->last_q[r] || !(b->fbm[r] > 0)) b->fbm[r] = b->quota_use;
+      m = b->fbm[r];
+      b->fbm[r] = dt__balance_margin_step(m, g[2], g[5], b->quota_use, b->margin_max);
+    }
+    double sec = charged(g, m);
     b->sum_sec[r] = b->sum_sec[r] * keep + sec;
     b->sum_n[r] = b->sum_n[r] * keep + g[1];
     if (g[1] > 0) { /* the window's seconds per sample, for the margin */

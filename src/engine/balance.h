@@ -93,6 +93,15 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
  * DTRAIN_DYNAMIC_QUOTA_PCT=0 (by default the margin is a fixed 80%). */
 double dt__balance_margin(double v, double q, int nranks);
 
+/* The margin under a CPU quota moved by the kernel's throttling
+ * (DTRAIN_DYNAMIC_MARGIN_MAX above DTRAIN_DYNAMIC_QUOTA_PCT, the default):
+ * m after a window of `wall` seconds in which the rank's cgroup was
+ * throttled `throttled` seconds (cpu.stat) — up 0.05 per second of wall,
+ * down 5 per throttled second, so it settles where the rank is throttled
+ * about 1% of the time — kept in [lo, hi]; lo when hi <= lo (docs/ddp.md
+ * "The margin under a quota"). */
+double dt__balance_margin_step(double m, double wall, double throttled, double lo, double hi);
+
 /* Stealing under a CPU quota below one core (dist.balance = steal): before
  * this rank takes a micro-shard from ddp's queue, waits (sleeping in steps
  * of 50 us) while its process has used more CPU than 0.97 x its

@@ -6,6 +6,9 @@
  *     spread (1 - 0.41 v for rank 1 of 2 at half a core: 0.85 at v = 0.37,
  *     0.98 at v = 0.05), more under a smaller quota and with more ranks,
  *     never below 0.5;
+ *   - dt__balance_margin_step: the margin under a quota rises while the
+ *     cgroup is not throttled, falls when it is, settles at ~1% throttled,
+ *     stays in its bounds;
  *   - dist.balance = dynamic vs static with 2 forked workers, rank 1 slowed
  *     by the test knob (DTRAIN_TEST_SLOW_US per sample): after 51 steps the
  *     parameters agree to 1e-5 relative (the gradient is the global-batch
@@ -373,10 +376,34 @@ static void test_margin(void **state) {
   assert_true(dt__balance_margin(5.0, 0.5, 2) == 0.5);
 }
 
+/* The margin from the kernel's throttling: rises with wall time while the
+ * rank is not throttled, falls when it is, settles where it is throttled
+ * ~1% of the time, stays in [lo, hi], and is lo when hi <= lo. */
+static void test_margin_step(void **state) {
+  (void)state;
+  double m = 0.8;
+  for (int i = 0; i < 20; i++) m = dt__balance_margin_step(m, 0.1, 0, 0.8, 0.95);
+  assert_true(fabs(m - 0.9) < 1e-9); /* 2 s unthrottled: +0.1 */
+  for (int i = 0; i < 100; i++) m = dt__balance_margin_step(m, 0.1, 0, 0.8, 0.95);
+  assert_true(m == 0.95);
+  m = dt__balance_margin_step(m, 0.1, 0.02, 0.8, 0.95); /* a 20 ms stall */
+  assert_true(fabs(m - (0.95 + 0.005 - 0.1)) < 1e-9);
+  for (int i = 0; i < 10; i++) m = dt__balance_margin_step(m, 0.1, 0.05, 0.8, 0.95);
+  assert_true(m == 0.8);
+  /* throttled 1% of the time: no drift; 2%: down; 0.5%: up */
+  double a = dt__balance_margin_step(0.9, 1.0, 0.01, 0.8, 0.95);
+  assert_true(fabs(a - 0.9) < 1e-9);
+  assert_true(dt__balance_margin_step(0.9, 1.0, 0.02, 0.8, 0.95) < 0.9);
+  assert_true(dt__balance_margin_step(0.9, 1.0, 0.005, 0.8, 0.95) > 0.9);
+  /* hi <= lo: fixed */
+  assert_true(dt__balance_margin_step(0.9, 10.0, 0, 0.8, 0.8) == 0.8);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_split_range),
       cmocka_unit_test(test_margin),
+      cmocka_unit_test(test_margin_step),
       cmocka_unit_test(test_dynamic_normal),
       cmocka_unit_test(test_shared_update),
       cmocka_unit_test(test_dynamic_det),
