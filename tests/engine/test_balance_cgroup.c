@@ -22,6 +22,8 @@
  * CPU, which at 2% of a core made rank 1 alone need ~70 s for 51 steps. They
  * use a 10% quota (rank 1 still about ten times slower than an unthrottled
  * rank) and wait longer for a job.
+ * Rank 1 also checks that its cgroup's throttled time (dt_cpu_throttled,
+ * cpu.stat) grew over its job: what moves dynamic's margin under a quota.
  * Skips (77) without root or a writable cgroup cpu controller. Removes the
  * cgroup it made.
  */
@@ -143,6 +145,16 @@ static int child(const dt_run_cfg *c, int rank, const char *tag) {
     char v[32];
     snprintf(v, sizeof v, "%d", (int)getpid());
     if (write_file(cg_procs, v) < 0) return 4;
+    /* the kernel throttles it, and dt_cpu_throttled sees that (what moves
+     * dynamic's margin under a quota, balance.c) */
+    double t0 = dt_cpu_throttled();
+    int rc = job_worker(c, rank, tag, NULL, 120);
+    if (rc == 0 && !(t0 >= 0 && dt_cpu_throttled() > t0)) {
+      fprintf(stderr, "rank 1: cgroup throttled %.3f s before the job, %.3f s after\n", t0,
+              dt_cpu_throttled());
+      return 5;
+    }
+    return rc;
   }
   return job_worker(c, rank, tag, NULL, 120);
 }
