@@ -118,6 +118,8 @@ struct dt_balance {
   /* every rank: the margin under its quota from its throttling
    * (dt__balance_margin_step), between quota_use and margin_max */
   double *fbm;
+  double *slice_w;     /* every rank: its weight in the reduction's cut (dt__balance_slice_weights) */
+  int quota_slice;     /* dynamic: DTRAIN_DYNAMIC_QUOTA_SLICE */
   double *gather;      /* nranks x max(WIN_FIELDS, EP_FIELDS) */
   dt_rank_perf *epoch, *run;
   double *run_share, *run_steps; /* every rank: share sums and steps, the run */
@@ -150,13 +152,15 @@ int dt__balance_create(dt_balance **out, const dt_run_cfg *cfg, int rank, int nr
   b->last_q = calloc(n, sizeof(double));
   b->margin = calloc(n, sizeof(double));
   b->fbm = calloc(n, sizeof(double));
+  b->slice_w = calloc(n, sizeof(double));
+  b->quota_slice = (int)dt_param(DT_PARAM_DYNAMIC_QUOTA_SLICE);
   b->gather = calloc(n * EP_FIELDS, sizeof(double));
   b->epoch = calloc(n, sizeof(dt_rank_perf));
   b->run = calloc(n, sizeof(dt_rank_perf));
   b->run_share = calloc(n, sizeof(double));
   b->run_steps = calloc(n, sizeof(double));
   if (!b->sum_sec || !b->sum_n || !b->weights || !b->var_w || !b->var_x || !b->var_x2 ||
-      !b->last_q || !b->margin || !b->fbm || !b->gather || !b->epoch || !b->run || !b->run_share ||
+      !b->last_q || !b->margin || !b->fbm || !b->slice_w || !b->gather || !b->epoch || !b->run || !b->run_share ||
       !b->run_steps) {
     dt__balance_destroy(b);
     return dt__seterr(DT_ENOMEM, "balance: out of memory");
@@ -178,6 +182,7 @@ void dt__balance_destroy(dt_balance *b) {
   free(b->last_q);
   free(b->margin);
   free(b->fbm);
+  free(b->slice_w);
   free(b->gather);
   free(b->epoch);
   free(b->run);
@@ -397,6 +402,25 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
   *weights = b->weights;
   *changed = 1;
   return DT_OK;
+}
+
+const double *dt__balance_slice_weights(dt_balance *b, const double *weights) {
+  if (!weights || b->mode != DT_BALANCE_DYNAMIC || !b->quota_slice || weights != b->weights)
+    return weights;
+  /* with the last gathered quotas: a rank under one sums no slice, as long
+   * as some rank has none */
+  int free_ranks = 0, bound = 0;
+  for (int r = 0; r < b->nranks; r++) {
+    double q = b->gather[r * WIN_FIELDS + 4];
+    if (q > 0 && q < 1.0) bound++;
+    else free_ranks++;
+  }
+  if (!bound || !free_ranks) return weights;
+  for (int r = 0; r < b->nranks; r++) {
+    double q = b->gather[r * WIN_FIELDS + 4];
+    b->slice_w[r] = q > 0 && q < 1.0 ? 0.0 : weights[r];
+  }
+  return b->slice_w;
 }
 
 /* Whether this rank paces itself now (its cgroup allows it less than one

@@ -100,6 +100,15 @@ double dt__balance_margin(double v, double q, int nranks);
  * down 5 per throttled second, so it settles where the rank is throttled
  * about 1% of the time — kept in [lo, hi]; lo when hi <= lo (docs/ddp.md
  * "The margin under a quota"). */
+/* The weights the shared window's reduction slices are cut by, from the
+ * weights dt__balance_replan just gave (dynamic mode): those, except that
+ * with DTRAIN_DYNAMIC_QUOTA_SLICE (default 1) a rank under a CPU quota
+ * below one core gets 0 — it sums no slice (and with the shared update
+ * steps none), the ranks without a quota sum its part — as long as some
+ * rank has no quota. Otherwise weights itself. Owned by b, valid until the
+ * next replan; every rank gets the same numbers. */
+const double *dt__balance_slice_weights(dt_balance *b, const double *weights);
+
 double dt__balance_margin_step(double m, double wall, double throttled, double lo, double hi);
 
 /* Stealing under a CPU quota below one core (dist.balance = steal): before

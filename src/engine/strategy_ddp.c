@@ -96,8 +96,12 @@ int dt__ddp_replan(dt_strategy *s, dt_ddp *ddp, dt_balance *bal) {
   DT_CHECK(dt__balance_replan(bal, s->comm, s->step, &w, &changed));
   if (!changed) return DT_OK;
   /* the slow rank also sums less of each bucket in the shared window: the
-   * reduction is per-step work every rank repeats whatever its share */
-  DT_CHECK(dt_ddp_set_shares(ddp, w));
+   * reduction is per-step work every rank repeats whatever its share; a
+   * rank under a CPU quota none (dt__balance_slice_weights): otherwise the
+   * fast rank waits, every step, for it to wake up and sum its slice at
+   * its reduced speed — or for the rest of a quota period when the kernel
+   * stops it there */
+  DT_CHECK(dt_ddp_set_shares(ddp, dt__balance_slice_weights(bal, w)));
   return dt__source_set_weights(s->source, w);
 }
 
