@@ -404,23 +404,28 @@ int dt__balance_replan(dt_balance *b, dt_comm *c, int64_t step, const double **w
   return DT_OK;
 }
 
-const double *dt__balance_slice_weights(dt_balance *b, const double *weights) {
-  if (!weights || b->mode != DT_BALANCE_DYNAMIC || !b->quota_slice || weights != b->weights)
-    return weights;
-  /* with the last gathered quotas: a rank under one sums no slice, as long
-   * as some rank has none */
+int dt__balance_slice_cut(const double *weights, const double *quota, int stride, int nranks,
+                          double *out) {
   int free_ranks = 0, bound = 0;
-  for (int r = 0; r < b->nranks; r++) {
-    double q = b->gather[r * WIN_FIELDS + 4];
+  for (int r = 0; r < nranks; r++) {
+    double q = quota[r * stride];
     if (q > 0 && q < 1.0) bound++;
     else free_ranks++;
   }
-  if (!bound || !free_ranks) return weights;
-  for (int r = 0; r < b->nranks; r++) {
-    double q = b->gather[r * WIN_FIELDS + 4];
-    b->slice_w[r] = q > 0 && q < 1.0 ? 0.0 : weights[r];
+  if (!bound || !free_ranks) return 0;
+  for (int r = 0; r < nranks; r++) {
+    double q = quota[r * stride];
+    out[r] = q > 0 && q < 1.0 ? 0.0 : weights[r];
   }
-  return b->slice_w;
+  return 1;
+}
+
+const double *dt__balance_slice_weights(dt_balance *b, const double *weights) {
+  if (!weights || b->mode != DT_BALANCE_DYNAMIC || !b->quota_slice || weights != b->weights)
+    return weights;
+  /* with the quotas gathered at this replan */
+  return dt__balance_slice_cut(weights, b->gather + 4, WIN_FIELDS, b->nranks, b->slice_w)
+             ? b->slice_w : weights;
 }
 
 /* Whether this rank paces itself now (its cgroup allows it less than one

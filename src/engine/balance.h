@@ -108,6 +108,11 @@ double dt__balance_margin(double v, double q, int nranks);
  * rank has no quota. Otherwise weights itself. Owned by b, valid until the
  * next replan; every rank gets the same numbers. */
 const double *dt__balance_slice_weights(dt_balance *b, const double *weights);
+/* Its rule on plain numbers: rank r's quota is quota[r * stride] (cores,
+ * 0: none). Writes out (nranks) and returns 1 when some rank is under a
+ * quota below one core and some is not; 0 (out untouched) otherwise. */
+int dt__balance_slice_cut(const double *weights, const double *quota, int stride, int nranks,
+                          double *out);
 
 double dt__balance_margin_step(double m, double wall, double throttled, double lo, double hi);
 

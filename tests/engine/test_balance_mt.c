@@ -9,6 +9,8 @@
  *   - dt__balance_margin_step: the margin under a quota rises while the
  *     cgroup is not throttled, falls when it is, settles at ~1% throttled,
  *     stays in its bounds;
+ *   - dt__balance_slice_cut: a rank under a quota sums no slice of the
+ *     reduction while some rank has none;
  *   - dist.balance = dynamic vs static with 2 forked workers, rank 1 slowed
  *     by the test knob (DTRAIN_TEST_SLOW_US per sample): after 51 steps the
  *     parameters agree to 1e-5 relative (the gradient is the global-batch
@@ -376,6 +378,26 @@ static void test_margin(void **state) {
   assert_true(dt__balance_margin(5.0, 0.5, 2) == 0.5);
 }
 
+/* The reduction's cut with DTRAIN_DYNAMIC_QUOTA_SLICE: a rank under a
+ * quota below one core gets weight 0 while some rank has none; the others
+ * keep theirs; nothing changes when every rank or no rank is bound. */
+static void test_slice_cut(void **state) {
+  (void)state;
+  const double w[3] = {3.0, 1.0, 2.0};
+  double out[3] = {-1, -1, -1};
+  const double q1[3] = {0, 0.5, 0};
+  assert_int_equal(dt__balance_slice_cut(w, q1, 1, 3, out), 1);
+  assert_true(out[0] == 3.0 && out[1] == 0.0 && out[2] == 2.0);
+  const double q2[6] = {1.0, 9, 0.25, 9, 2.0, 9}; /* stride 2; a quota of >= 1 core binds nothing */
+  assert_int_equal(dt__balance_slice_cut(w, q2, 2, 3, out), 1);
+  assert_true(out[0] == 3.0 && out[1] == 0.0 && out[2] == 2.0);
+  double keep[3] = {-1, -1, -1};
+  const double none[3] = {0, 0, 0}, all[3] = {0.5, 0.3, 0.9};
+  assert_int_equal(dt__balance_slice_cut(w, none, 1, 3, keep), 0);
+  assert_int_equal(dt__balance_slice_cut(w, all, 1, 3, keep), 0);
+  assert_true(keep[0] == -1 && keep[1] == -1 && keep[2] == -1);
+}
+
 /* The margin from the kernel's throttling: rises with wall time while the
  * rank is not throttled, falls when it is, settles where it is throttled
  * ~1% of the time, stays in [lo, hi], and is lo when hi <= lo. */
@@ -404,6 +426,7 @@ int main(void) {
       cmocka_unit_test(test_split_range),
       cmocka_unit_test(test_margin),
       cmocka_unit_test(test_margin_step),
+      cmocka_unit_test(test_slice_cut),
       cmocka_unit_test(test_dynamic_normal),
       cmocka_unit_test(test_shared_update),
       cmocka_unit_test(test_dynamic_det),
