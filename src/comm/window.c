@@ -29,6 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "comm/proc_watch.h"
 #include "core/core.h"
 
@@ -442,20 +446,53 @@ static void reduce_block_i64(int64_t *restrict dst, int64_t *const *src, int n, 
   }
 }
 
+/* dst[i] = (float)((double)(a[i] (+ b[i])) * kk) for i < k, b NULL for
+ * a alone. With AVX2, 4 at a time: AVX2 has no int64 -> double conversion
+ * (the compiler converts one value at a time), but for |v| < 2^51 the
+ * integer v added to the bits of 1.5 * 2^52 are the bits of the double
+ * 1.5 * 2^52 + v, exactly, and subtracting 1.5 * 2^52 leaves (double)v;
+ * the product and the rounding to float are the scalar expression's. A
+ * block of 64 with some |v| >= 2^51 (v + 2^51 outside [0, 2^52)) is redone
+ * in scalar. parallel/fixsum.c's dt_fix_to_float does the same. */
+static void i64_to_f32(float *restrict dst, const int64_t *restrict a,
+                       const int64_t *restrict b, size_t k, double kk) {
+  size_t i = 0;
+#if defined(__AVX2__)
+  const __m256d magic = _mm256_set1_pd(0x1.8p52), vk = _mm256_set1_pd(kk);
+  const __m256i magici = _mm256_castpd_si256(magic), half = _mm256_set1_epi64x(1LL << 51);
+  const __m256i hi = _mm256_set1_epi64x(~((1LL << 52) - 1));
+  for (; i + 64 <= k; i += 64) {
+    __m256i bad = _mm256_setzero_si256();
+    for (size_t j = i; j < i + 64; j += 4) {
+      __m256i v = _mm256_loadu_si256((const __m256i *)(a + j));
+      if (b) v = _mm256_add_epi64(v, _mm256_loadu_si256((const __m256i *)(b + j)));
+      bad = _mm256_or_si256(bad, _mm256_add_epi64(v, half));
+      __m256d d = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_add_epi64(v, magici)), magic);
+      _mm_storeu_ps(dst + j, _mm256_cvtpd_ps(_mm256_mul_pd(d, vk)));
+    }
+    if (!_mm256_testz_si256(bad, hi))
+      for (size_t j = i; j < i + 64; j++) dst[j] = (float)((double)(a[j] + (b ? b[j] : 0)) * kk);
+  }
+#endif
+  if (b)
+    for (; i < k; i++) dst[i] = (float)((double)(a[i] + b[i]) * kk);
+  else
+    for (; i < k; i++) dst[i] = (float)((double)a[i] * kk);
+}
+
 /* dst[i] = (float)((double)(sum over n ranks of src[q][i]) * k): the
  * expression of dt_fix_to_float (parallel/fixsum.c), so the same bits. */
 static void reduce_block_i64_f32(float *restrict dst, int64_t **src, int n, size_t k,
                                  double kk) {
   if (n == 2) {
-    const int64_t *restrict a = src[0], *restrict b = src[1];
-    for (size_t i = 0; i < k; i++) dst[i] = (float)((double)(a[i] + b[i]) * kk);
+    i64_to_f32(dst, src[0], src[1], k, kk);
     return;
   }
   int64_t acc[512];
   for (size_t j = 0; j < k; j += 512) { /* src advances past each chunk */
     size_t m = k - j < 512 ? k - j : 512;
     reduce_block_i64(acc, src, n, m);
-    for (size_t i = 0; i < m; i++) dst[j + i] = (float)((double)acc[i] * kk);
+    i64_to_f32(dst + j, acc, NULL, m, kk);
     for (int q = 0; q < n; q++) src[q] += m;
   }
 }

@@ -206,7 +206,11 @@ static void test_shares(void **s) {
 
 /* ---- int64 sums ---------------------------------------------------------- */
 
+static int i64_shift; /* set before the ranks start: smaller sums */
 static int64_t i64_val(int r, size_t i) {
+  if (i64_shift) /* |sum| < 2^51 but for one value in 97 */
+    return (int64_t)((r * 7919 + i * 104729) % 200003) * ((int64_t)1 << (i % 97 ? 20 : 40)) *
+               (i % 2 ? -1 : 1) + r;
   return (int64_t)((r * 7919 + i * 104729) % 200003) * ((int64_t)1 << 40) * (i % 2 ? -1 : 1) + r;
 }
 
@@ -290,6 +294,12 @@ static void test_i64_f32(void **s) {
     for (size_t j = 0; j < sizeof counts / sizeof counts[0]; j++) {
       struct sizes_arg a = {j % 2 ? 3 : 0, counts[j]};
       assert_int_equal(run_ranks("inproc", n, 20.0, i64_f32_body, &a, NULL, NULL), 0);
+      /* sums the vector conversion takes (|sum| < 2^51), with a block in
+       * three redone in scalar */
+      i64_shift = 1;
+      int rc = run_ranks("inproc", n, 20.0, i64_f32_body, &a, NULL, NULL);
+      i64_shift = 0;
+      assert_int_equal(rc, 0);
     }
 }
 

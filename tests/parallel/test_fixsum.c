@@ -535,6 +535,76 @@ static void test_add_matches_definition(void **state) {
  * not finite counted alike, and in-range terms of 2^51 or more (the AVX2
  * rounding's limit; the kernels' fast paths check a tile's range once and
  * redo an out-of-range tile lane by lane). */
+/* Whole tiles whose every term is below 2^31 but whose sum over the
+ * segments is not: the int32 sums of the fast form must not take them
+ * (they would wrap); the int64 sums are those of dt_fix_add. */
+static void test_wgrad_int32_sums_do_not_wrap(void **state) {
+  (void)state;
+  if (!dt_fix_wgrad_ok()) skip();
+  enum { OC = 6, C = 32, K = 4 };
+  static float dy[K][OC], x[K][C], g[OC * C];
+  static int64_t a[OC * C], b[OC * C];
+  for (int j = 0; j < K; j++) {
+    for (int o = 0; o < OC; o++) dy[j][o] = 0.5f - 0.001f * (float)o;
+    for (int c = 0; c < C; c++) x[j][c] = (c % 2 ? -0.44f : 0.44f) + 0.0005f * (float)(c + j);
+  }
+  /* terms 0.8-0.95 x 2^30 each (all of a tile below 2^30), 3 or 4 of them
+   * past 2^31 */
+  const double bound = dt_fix_bound(16);
+  for (int k = 1; k <= K; k++)
+    for (int store = 0; store < 2; store++) {
+      dt_fix_wseg sg[K];
+      for (size_t i = 0; i < OC * C; i++) a[i] = b[i] = (int64_t)i * 31 - 100;
+      for (int j = 0; j < k; j++) {
+        sg[j] = (dt_fix_wseg){dy[j], x[j], 1, 1.0};
+        dt_sgemm_f(DT_GEMM_FIXED, 1, 0, OC, C, 1, 1.0f, dy[j], OC, x[j], C, 0.0f, g, C);
+        assert_int_equal(dt_fix_add(b, g, OC * C, 1.0, bound, store && j == 0, NULL), 0);
+      }
+      assert_int_equal(dt_fix_add_wgrad(a, sg, k, OC, C, bound, store, NULL, NULL), 0);
+      assert_memory_equal(a, b, sizeof a);
+    }
+}
+
+/* dt_fix_to_float's vector form (int64 -> double by the 1.5 * 2^52 bias,
+ * |v| < 2^51) against the scalar expression, bit for bit: blocks of small
+ * sums, sums at and past +-2^51 (the block redone in scalar), the largest
+ * magnitudes, and lengths that leave a scalar tail. */
+static void test_to_float_matches_scalar(void **state) {
+  (void)state;
+  enum { N = 64 * 9 + 13 };
+  static int64_t a[N];
+  static float f[N];
+  uint64_t s = 12345;
+  for (size_t i = 0; i < N; i++) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    int64_t v = (int64_t)(s >> 11) - ((int64_t)1 << 52); /* |v| <= 2^52 */
+    size_t blk = i / 64;
+    if (blk < 3) v >>= 20;                                  /* small sums */
+    else if (blk == 3 && i % 64 == 17) v = (int64_t)1 << 51; /* just past */
+    else if (blk == 4 && i % 64 == 5) v = -((int64_t)1 << 51) - 1;
+    else if (blk == 5) v = (i % 3 == 0 ? INT64_MAX : i % 3 == 1 ? INT64_MIN + 1 : v);
+    else if (blk == 6 && i % 64 == 63) v = ((int64_t)1 << 51) - 1; /* just inside */
+    else if (blk == 7 && i % 64 == 0) v = -((int64_t)1 << 51);     /* just inside */
+    else if (blk >= 6) v >>= 1 + (int)(i % 30);
+    a[i] = v;
+  }
+  const double divs[] = {1.0, 64.0, 3.0, 192.0};
+  for (size_t d = 0; d < sizeof divs / sizeof divs[0]; d++)
+    for (size_t n = N - 2; n <= N; n++) {
+      memset(f, 0, sizeof f);
+      dt_fix_to_float(f, a, n, divs[d]);
+      const double k = dt_fix_scale(divs[d]);
+      for (size_t i = 0; i < n; i++) {
+        float want = (float)((double)a[i] * k);
+        if (memcmp(&f[i], &want, sizeof want)) {
+          print_error("divisor %g n %zu: value %zu (%lld) is %a, want %a\n", divs[d], n, i,
+                      (long long)a[i], f[i], want);
+          fail();
+        }
+      }
+    }
+}
+
 static void test_wgrad_matches_gemm(void **state) {
   (void)state;
   if (!dt_fix_wgrad_ok()) skip();
@@ -659,6 +729,8 @@ int main(void) {
       cmocka_unit_test(test_slots_match_one_by_one),
       cmocka_unit_test(test_add_matches_definition),
       cmocka_unit_test(test_wgrad_matches_gemm),
+      cmocka_unit_test(test_to_float_matches_scalar),
+      cmocka_unit_test(test_wgrad_int32_sums_do_not_wrap),
       cmocka_unit_test(test_ddp_fused_step_same_bits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
