@@ -48,6 +48,7 @@ typedef struct det_impl {
   dt_steal_stats st0;  /* the queue's counts when the balance record began */
   dt__wpack *wpk;      /* forward weights packed once per step (DTRAIN_DET_WPACK) */
   int wpack_tried;
+  int wpack_stale;     /* stealing: packed at the step's first take, not at its start */
   uint64_t sent0, recv0;
 } det_impl;
 
@@ -65,6 +66,10 @@ static int64_t det_take(void *ud) {
   dt_steal_get_stats(q, &a);
   int64_t j = dt_steal_take(q, !dt__balance_throttled(d->bal), &d->backup);
   dt_steal_get_stats(q, &b);
+  if (j >= 0 && d->wpack_stale) { /* its forward comes next */
+    dt__wpack_refresh(d->wpk, s->model);
+    d->wpack_stale = 0;
+  }
   /* waiting for shards other ranks hold is waiting for later ranks */
   dt__balance_waited(d->bal, b.wait_seconds - a.wait_seconds);
   return j;
@@ -129,7 +134,7 @@ static int det_setup(dt_strategy *s) {
  * The packed panels are the ones the products would pack (our AVX-512 or
  * AVX2 kernels, src/tensor/gemm_avx*.c), so the bits do not change; layers
  * our kernels do not pack ahead (or a CPU without them) multiply as before. */
-static int det_wpack(dt_strategy *s) {
+static int det_wpack(dt_strategy *s, int now) {
   det_impl *d = s->impl;
   if (!d->wpack_tried) {
     d->wpack_tried = 1;
@@ -138,13 +143,17 @@ static int det_wpack(dt_strategy *s) {
       dt__model_set_wpack(s->model, d->wpk);
     }
   }
-  dt__wpack_refresh(d->wpk, s->model);
+  d->wpack_stale = !now;
+  if (now) dt__wpack_refresh(d->wpk, s->model);
   return DT_OK;
 }
 
 static int det_step_begin(dt_strategy *s, const dt_step_plan *plan) {
   det_impl *d = s->impl;
-  DT_CHECK(det_wpack(s));
+  /* stealing: packed by det_take before the step's first forward here, so
+   * a rank that takes nothing in a step (one under a CPU quota, often)
+   * does not pack for nothing; the panels are the same */
+  DT_CHECK(det_wpack(s, !d->steal));
   d->plan = *plan;
   dt__balance_step_begin(d->bal);
   dt__balance_step_pace(d->bal);
@@ -197,7 +206,7 @@ static int det_step_finish(dt_strategy *s, float lr) {
  * Batch-norm buffers need no averaging: deterministic steps leave them
  * bit-identical on every rank. */
 static int det_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int64_t *hi) {
-  DT_CHECK(det_wpack(s));
+  DT_CHECK(det_wpack(s, 1));
   const int64_t C = (n + chunk - 1) / chunk;
   *lo = C * s->rank / s->nranks * chunk;
   *hi = C * (s->rank + 1) / s->nranks * chunk;
