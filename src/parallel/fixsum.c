@@ -672,100 +672,6 @@ AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile_avx2(
   return bad;
 }
 
-/* The fast form of a whole tile (R rows x 16 columns), every segment's
- * scale a power of two: per segment the products (wg_products_r's FMA
- * chains) are scaled in float (exact), rounded to int32 (rint's bits) and
- * added to int32 sums in the same function, while the accumulators are
- * still in registers (no store of the products and no per-segment range
- * reduction); each term's |value| is OR-ed into one register. Returns 0,
- * the sums left in s32, when every |term| was below lim (a power of two
- * with k x lim <= 2^31, so the int32 sums cannot overflow; a NaN or a
- * term past 2^31 converts to INT32_MIN, whose |value| has bit 31): then the
- * int32 sums are those wgrad_tile_avx2 would form. Otherwise nonzero, and
- * the caller redoes the tile the general way (nothing was written). */
-AVX2F static inline __attribute__((always_inline)) int wg_fast_r(
-    const int R, const dt_fix_wseg *sg, int k, int OC, int C, int o0, int c, const float *sf,
-    uint32_t lim, __m256i s32[6][2]) {
-  __m256i chk = _mm256_setzero_si256();
-#pragma GCC unroll 6
-  for (int r = 0; r < R; r++) s32[r][0] = s32[r][1] = _mm256_setzero_si256();
-  for (int j = 0; j < k; j++) {
-    const float *x = sg[j].x + c, *dy = sg[j].dy + o0;
-    __m256 f[6][2];
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
-    for (int q = 0; q < sg[j].n; q++) {
-      const float *xq = x + (size_t)q * C;
-      __m256 x0 = _mm256_loadu_ps(xq), x1 = _mm256_loadu_ps(xq + 8);
-      const float *d = dy + (size_t)q * OC;
-#pragma GCC unroll 6
-      for (int r = 0; r < R; r++) {
-        __m256 a = _mm256_broadcast_ss(d + r);
-        f[r][0] = _mm256_fmadd_ps(a, x0, f[r][0]);
-        f[r][1] = _mm256_fmadd_ps(a, x1, f[r][1]);
-      }
-    }
-    const __m256 s = _mm256_set1_ps(sf[j]);
-#pragma GCC unroll 6
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
-      for (int v = 0; v < 2; v++) {
-        __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(f[r][v], s));
-        chk = _mm256_or_si256(chk, _mm256_abs_epi32(q));
-        s32[r][v] = _mm256_add_epi32(s32[r][v], q);
-      }
-  }
-  return !_mm256_testz_si256(chk, _mm256_set1_epi32((int32_t)~(lim - 1)));
-}
-
-#define WG_FAST(R)                                                                                 \
-  AVX2F static __attribute__((noinline)) int wg_fast_##R(                                         \
-      const dt_fix_wseg *sg, int k, int OC, int C, int o0, int c, const float *sf, uint32_t lim,   \
-      __m256i s32[6][2]) {                                                                         \
-    return wg_fast_r(R, sg, k, OC, C, o0, c, sf, lim, s32);                                       \
-  }
-WG_FAST(6)
-WG_FAST(4)
-WG_FAST(2)
-WG_FAST(1)
-#undef WG_FAST
-
-/* A tile through wg_fast_r when fast (lim nonzero, 16 columns), written
- * (stored or added) only when every term passed; else wgrad_tile_avx2. */
-AVX2F static inline __attribute__((always_inline)) unsigned wgrad_tile2_avx2(
-    int64_t *restrict acc, const dt_fix_wseg *sg, int k, int OC, int C, int o0, const int R,
-    int c, int nc, const double *sd, const float *sf, const int32_t *thr, const int32_t *thr32,
-    uint32_t lim, double bound, int store) {
-  if (lim && nc == 16) {
-    __m256i s32[6][2];
-    int over;
-    switch (R) {
-    case 6: over = wg_fast_6(sg, k, OC, C, o0, c, sf, lim, s32); break;
-    case 4: over = wg_fast_4(sg, k, OC, C, o0, c, sf, lim, s32); break;
-    case 2: over = wg_fast_2(sg, k, OC, C, o0, c, sf, lim, s32); break;
-    default: over = wg_fast_1(sg, k, OC, C, o0, c, sf, lim, s32); break;
-    }
-    if (!over) {
-      if (store)
-#pragma GCC unroll 6
-        for (int r = 0; r < R; r++) {
-          int64_t *a = acc + (size_t)(o0 + r) * C + c;
-#pragma GCC unroll 2
-          for (int v = 0; v < 2; v++) {
-            _mm256_storeu_si256((__m256i *)(a + 8 * v),
-                                _mm256_cvtepi32_epi64(_mm256_castsi256_si128(s32[r][v])));
-            _mm256_storeu_si256((__m256i *)(a + 8 * v + 4),
-                                _mm256_cvtepi32_epi64(_mm256_extracti128_si256(s32[r][v], 1)));
-          }
-        }
-      else
-        wg_flush32(acc, C, o0, R, c, s32);
-      return 0;
-    }
-  }
-  return wgrad_tile_avx2(acc, sg, k, OC, C, o0, R, c, nc, sd, sf, thr, thr32, bound, store);
-}
-
 /* Columns in blocks of 128 (every segment's rows of x for the block stay
  * in L1 for the usual micro-shards of 8 rows while all rows of the
  * gradient pass), rows in tiles of 6 (12 accumulators: the GEMM's own
@@ -781,36 +687,26 @@ AVX2F static int add_wgrad_avx2(int64_t *restrict acc, const dt_fix_wseg *sg, in
     thr[j] = wgrad_thr_avx2(sd[j], bound, nextafter(0x1p51, 0.0));
     thr32[j] = pow2[j] ? wgrad_thr_avx2(sd[j], bound, 0x1p31 - 128) : -1;
   }
-  /* the fused fast form: every scale a power of two, and a power of two
-   * lim with k x lim <= 2^31 (int32 sums of k terms below lim cannot
-   * overflow) at most the bound (the largest |term| allowed) */
-  uint32_t lim = 0;
-  int all2 = 1;
-  for (int j = 0; j < k; j++) all2 &= pow2[j];
-  if (all2) {
-    lim = 1u << 30;
-    while ((uint64_t)lim * (uint64_t)k > (1ull << 31) || (double)lim > bound) lim >>= 1;
-  }
   unsigned bad = 0;
   for (int c0 = 0; c0 < C; c0 += 128) {
     int c1 = C - c0 < 128 ? C : c0 + 128;
     int o0 = 0;
     for (; o0 + 6 <= OC; o0 += 6)
       for (int c = c0; c < c1; c += 16)
-        bad |= wgrad_tile2_avx2(acc, sg, k, OC, C, o0, 6, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, lim, bound, store);
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 6, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
+                               thr32, bound, store);
     for (; o0 + 4 <= OC; o0 += 4)
       for (int c = c0; c < c1; c += 16)
-        bad |= wgrad_tile2_avx2(acc, sg, k, OC, C, o0, 4, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, lim, bound, store);
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 4, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
+                               thr32, bound, store);
     for (; o0 + 2 <= OC; o0 += 2)
       for (int c = c0; c < c1; c += 16)
-        bad |= wgrad_tile2_avx2(acc, sg, k, OC, C, o0, 2, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, lim, bound, store);
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 2, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
+                               thr32, bound, store);
     for (; o0 < OC; o0++)
       for (int c = c0; c < c1; c += 16)
-        bad |= wgrad_tile2_avx2(acc, sg, k, OC, C, o0, 1, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
-                               thr32, lim, bound, store);
+        bad |= wgrad_tile_avx2(acc, sg, k, OC, C, o0, 1, c, c1 - c < 16 ? c1 - c : 16, sd, sf, thr,
+                               thr32, bound, store);
   }
   return bad != 0;
 }
