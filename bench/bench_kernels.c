@@ -10,7 +10,8 @@
  *      build/kern/libdt_nn.a build/kern/libdt_tensor.a build/kern/libdt_core.a \
  *      $(pkg-config --cflags --libs openblas) -lm -lpthread -o build/kern/bench_kernels
  *   build/kern/bench_kernels [seconds-per-item]
- * (or `cmake --build BUILD --target bench_kernels`). Raw GEMM shapes run
+ * (or `cmake --build BUILD --target bench_kernels`); `bench_kernels SECONDS conv` runs the
+ * conv layers and the CNN step only. Raw GEMM shapes run
  * through every back end the CPU has (blas, avx512, avx2); the layers use dt_sgemm's choice (DTRAIN_GEMM).
  * The environment's OPENBLAS_CORETYPE is left as it is.
  */
@@ -226,6 +227,16 @@ static void bench_mlp_step(int B) {
 
 int main(int argc, char **argv) {
   if (argc > 1) T = atof(argv[1]);
+  /* argv[2] "conv": only the conv2d shapes and the CNN step (paired A/B
+   * of the conv layers against an older build of this same file) */
+  if (argc > 2 && strcmp(argv[2], "conv") == 0) {
+    dt_tensor_set_threads(1);
+    printf("conv2d (batch 64), GEMM %s:\n", dt_tensor_gemm_impl());
+    bench_conv("conv1 1->32 28x28 k3 p1", 64, 1, 28, 28, 32, 3, 1, 0);
+    bench_conv("conv2 32->64 14x14 k3 p1", 64, 32, 14, 14, 64, 3, 1, 1);
+    bench_cnn_step(64);
+    return 0;
+  }
   dt_tensor_set_threads(1);
   printf("OpenBLAS core: %s%s\n", dt_tensor_blas_core(),
          dt_tensor_blas_underpowered() ? " (AVX-512 CPU: unset OPENBLAS_CORETYPE or set it to SkylakeX)" : "");

@@ -82,64 +82,68 @@ static plan make_plan(const dt_conv2d_geom *g) {
 /* ---- implicit-GEMM route (our GEMM kernels, stride 1) -----------------
  *
  * Forward: no patch matrix at all. A chunk of n samples is copied into
- * zero-padded planes xp (as on the grid route) and the GEMM's B operand is
- * described by a row-offset table: row (c,kh,kw) of the patch matrix of
- * sample i is xp_i[c] shifted by kh*Wp + kw, so the GEMM packs its B panels
- * straight from xp (dt__gemm_op with rowoff and seg = S). Output on the grid
- * (OC, n*S) goes to tmp, then to NCHW with the bias.
+ * "shifted planes": for every input channel c and kernel column kw, a plane
+ * of (H + 2*pad) rows of OW floats, xs[c][kw][y][ow] = x[c][y-pad][ow+kw-pad]
+ * (0 outside the image). Row (c,kh,kw) of sample i's patch matrix is then
+ * the contiguous OH*OW floats of xs_i[c][kw] from row kh on, so the GEMM's B
+ * operand is a row-offset table plus one segment of OH*OW columns per
+ * sample (dt__gemm_op with rowoff, seg = OH*OW) and every column of the
+ * product is a real output: no junk columns, unlike a padded grid of
+ * OH x (W + 2*pad), whose (W+2*pad)/OW extra work is 16/14 = 14% at 14x14
+ * pad 1. The price is KW copies of the input (KW short copies per row,
+ * cheap next to the product). Output (OC, n*OH*OW) goes to tmp, then to NCHW
+ * with the bias.
  *
  * Input gradient: for stride 1, dinp is the forward convolution of dout,
  * zero-padded by KH-1-pad, with the weights flipped in space and with the
  * channel axes swapped (W'[c][oc][kh][kw] = W[oc][c][KH-1-kh][KW-1-kw]). So
- * it is the same implicit GEMM (M = C, K = OC*KH*KW) and needs no col2im.
+ * it is the same implicit GEMM (M = C, K = OC*KH*KW, shifted planes of dout)
+ * and needs no col2im.
  *
- * Weight gradient: dW(OC, K) += dout_grid(OC, n*S) * col(K, n*S)^T, with
- * col again implicit (transposed operand, rows by offset table). */
+ * Weight gradient: dW(OC, K) += dout(OC, n*OH*OW) * col(K, n*OH*OW)^T with
+ * both operands read in place: dout as it is (rows oc, one segment of OH*OW
+ * per sample), col as the forward's shifted planes (transposed operand). */
 
 typedef struct iplan {
-  int ok;            /* route usable */
-  int K, KT;         /* C*KH*KW (forward), OC*KH*KW (transposed conv) */
-  int Hp, Wp, P, S;  /* forward grid (as plan) */
-  int Hq, Wq, Q, ST; /* dout padded by KH-1-pad: planes of Q, grid S' = H*Wq */
-  int bc;            /* samples per chunk (full backward) */
-  int bc1;           /* samples per chunk when only xp and tmp are used */
+  int ok;         /* route usable */
+  int K, KT;      /* C*KH*KW (forward), OC*KH*KW (transposed conv) */
+  int OS, IS;     /* OH*OW, H*W */
+  int PL, PLT;    /* shifted plane: (H+2*pad)*OW; of dout: (OH+2*(KH-1-pad))*W */
+  size_t XS, DS;  /* per sample: C*KW*PL, OC*KW*PLT */
+  int bc;         /* samples per chunk of the input-gradient pass */
+  int bc1;        /* samples per chunk of the forward and weight-gradient passes */
 } iplan;
+
+static int clamp_bc(size_t per, int B) {
+  size_t bc = DT_CONV_IMPLICIT_FLOATS / (per ? per : 1);
+  if (bc < 1) bc = 1;
+  if (bc > (size_t)B) bc = (size_t)B;
+  return (int)bc;
+}
 
 static iplan make_iplan(const dt_conv2d_geom *g) {
   iplan p = {0};
   p.ok = g->stride == 1 && g->KH == g->KW && g->pad <= g->KH - 1;
   p.K = g->C * g->KH * g->KW;
   p.KT = g->OC * g->KH * g->KW;
-  p.Hp = g->H + 2 * g->pad;
-  p.Wp = g->W + 2 * g->pad;
-  p.P = p.Hp * p.Wp + g->KW;
-  p.S = g->OH * p.Wp;
-  p.Hq = g->OH + 2 * (g->KH - 1 - g->pad);
-  p.Wq = g->OW + 2 * (g->KW - 1 - g->pad);
-  p.Q = p.Hq * p.Wq + g->KW;
-  p.ST = g->H * p.Wq;
-  /* per sample: xp, tmp (dout grid or output grid), dout planes, dinp grid */
-  size_t per = (size_t)g->C * p.P + (size_t)g->OC * p.S + (size_t)g->OC * p.Q +
-               (size_t)g->C * p.ST;
-  size_t bc = DT_CONV_IMPLICIT_FLOATS / (per ? per : 1);
-  if (bc < 1) bc = 1;
-  if (bc > (size_t)g->B) bc = (size_t)g->B;
-  p.bc = (int)bc;
-  /* Forward and weight-gradient-only passes need only xp and tmp: bigger
-   * chunks, fewer GEMM calls (each packs the weights once). */
-  size_t per1 = (size_t)g->C * p.P + (size_t)g->OC * p.S;
-  size_t bc1 = DT_CONV_IMPLICIT_FLOATS / (per1 ? per1 : 1);
-  if (bc1 < bc) bc1 = bc;
-  if (bc1 > (size_t)g->B) bc1 = (size_t)g->B;
-  p.bc1 = (int)bc1;
+  p.OS = g->OH * g->OW;
+  p.IS = g->H * g->W;
+  p.PL = (g->H + 2 * g->pad) * g->OW;
+  p.PLT = (g->OH + 2 * (g->KH - 1 - g->pad)) * g->W;
+  p.XS = (size_t)g->C * g->KW * p.PL;
+  p.DS = (size_t)g->OC * g->KW * p.PLT;
+  /* The input-gradient pass: dout's shifted planes, dinp grid (C, H*W). */
+  p.bc = clamp_bc(p.DS + (size_t)g->C * p.IS, g->B);
+  /* The forward and the weight-gradient pass: xs and the output grid
+   * (forward only; the weight gradient reads dout in place). */
+  p.bc1 = clamp_bc(p.XS + (size_t)g->OC * p.OS, g->B);
   return p;
 }
 
 static size_t iplan_ws(const dt_conv2d_geom *g, const iplan *p) {
   size_t n = (size_t)p->K + p->KT + (size_t)g->C * p->KT; /* offsets, offsets', W' */
-  size_t m = (size_t)p->bc * ((size_t)g->C * p->P + (size_t)g->OC * p->S + (size_t)g->OC * p->Q +
-                              (size_t)g->C * p->ST);
-  size_t m1 = (size_t)p->bc1 * ((size_t)g->C * p->P + (size_t)g->OC * p->S);
+  size_t m = (size_t)p->bc * (p->DS + (size_t)g->C * p->IS);
+  size_t m1 = (size_t)p->bc1 * (p->XS + (size_t)g->OC * p->OS);
   n += m > m1 ? m : m1;
   return n + 64;
 }
@@ -160,12 +164,119 @@ size_t dt_conv2d_ws_floats(const dt_conv2d_geom *g) {
   return n;
 }
 
-/* Offsets of the rows (c,kh,kw) of an implicit patch matrix over planes of
- * `plane` floats with rows `wp` apart. */
-static void fill_rowoff(int *off, int C, int KH, int KW, int plane, int wp) {
+/* Offsets of the rows (c,kh,kw) of an implicit patch matrix over shifted
+ * planes (KW planes of `plane` floats per channel, rows `w` floats long). */
+static void fill_rowoff(int *off, int C, int KH, int KW, int plane, int w) {
   for (int c = 0; c < C; c++)
     for (int kh = 0; kh < KH; kh++)
-      for (int kw = 0; kw < KW; kw++) off[(c * KH + kh) * KW + kw] = c * plane + kh * wp + kw;
+      for (int kw = 0; kw < KW; kw++)
+        off[(c * KH + kh) * KW + kw] = (c * KW + kw) * plane + kh * w;
+}
+
+/* Shifted planes of nplanes planes (h, w) of src0, padded by ph rows above
+ * and below and pw columns left and right, for a stride-1 kernel KW wide:
+ * dst[q][kw][y][o] = src[q][y-ph][o+kw-pw] (0 outside), y < h + 2*ph,
+ * o < ow = w + 2*pw - KW + 1; each plane is (h + 2*ph) * ow floats. */
+static void shift_planes(float *restrict dst, const float *restrict src0, int nplanes, int h,
+                         int w, int ph, int pw, int KW) {
+  const int ow = w + 2 * pw - KW + 1;
+  const size_t pad = (size_t)ph * ow, plane = (size_t)(h + 2 * ph) * ow;
+  for (int q = 0; q < nplanes; q++) {
+    const float *restrict src = src0 + (size_t)q * h * w;
+    for (int kw = 0; kw < KW; kw++, dst += plane) {
+      /* columns [lo, hi) of a row read the image, the others are zero */
+      int sh = kw - pw, lo = sh < 0 ? -sh : 0, hi = w - sh < ow ? w - sh : ow;
+      if (hi < lo) hi = lo;
+      memset(dst, 0, sizeof(float) * pad);
+      float *restrict row = dst + pad;
+      for (int y = 0; y < h; y++, row += ow) {
+        for (int o = 0; o < lo; o++) row[o] = 0.0f;
+        memcpy(row + lo, src + (size_t)y * w + lo + sh, sizeof(float) * (size_t)(hi - lo));
+        for (int o = hi; o < ow; o++) row[o] = 0.0f;
+      }
+      memset(row, 0, sizeof(float) * pad);
+    }
+  }
+}
+
+static void implicit_forward(float *out, const float *inp, const float *weight, const float *bias,
+                             const dt_conv2d_geom *g, float *ws) {
+  const iplan p = make_iplan(g);
+  const int OC = g->OC, OS = p.OS;
+  const size_t inplane = (size_t)g->C * p.IS;
+  int *off = (int *)ws;
+  float *xs = ws + p.K + p.KT + (size_t)g->C * p.KT;
+  float *tmp = xs + (size_t)p.bc1 * p.XS;
+  fill_rowoff(off, g->C, g->KH, g->KW, p.PL, g->OW);
+  dt__gemm_op A = {.p = weight, .trans = 0, .ld = p.K};
+  for (int b0 = 0; b0 < g->B; b0 += p.bc1) {
+    int n = g->B - b0 < p.bc1 ? g->B - b0 : p.bc1;
+    int ld = n * OS;
+    shift_planes(xs, inp + (size_t)b0 * inplane, n * g->C, g->H, g->W, g->pad, g->pad, g->KW);
+    dt__gemm_op B = {.p = xs, .trans = 0, .rowoff = off, .seg = OS, .segstride = (int)p.XS};
+    dt__gemm_own()->op(OC, ld, p.K, 1.0f, &A, &B, 0.0f, tmp, ld);
+    for (int i = 0; i < n; i++)
+      for (int oc = 0; oc < OC; oc++) {
+        const float *restrict t = tmp + (size_t)oc * ld + (size_t)i * OS;
+        float *restrict d = out + ((size_t)(b0 + i) * OC + oc) * OS;
+        float bv = bias ? bias[oc] : 0.0f;
+        for (int j = 0; j < OS; j++) d[j] = t[j] + bv;
+      }
+  }
+}
+
+/* dbias is summed here, chunk by chunk while dout is in cache, when dweight
+ * is wanted; dt_conv2d_backward does it otherwise. */
+static void implicit_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, const dt_conv2d_geom *g,
+                              float *ws) {
+  const iplan p = make_iplan(g);
+  const int OC = g->OC, C = g->C, KH = g->KH, KW = g->KW, OS = p.OS, IS = p.IS;
+  const size_t inplane = (size_t)C * IS;
+  int *off = (int *)ws, *offt = off + p.K;
+  float *wt = ws + p.K + p.KT; /* W' (C, OC*KH*KW) */
+  float *xs = wt + (size_t)C * p.KT;    /* weight-gradient pass */
+  float *dq = xs;                       /* input-gradient pass: dout's shifted planes */
+  float *tg = dq + (size_t)p.bc * p.DS; /* dinp grid (C, n*H*W) */
+  const int qh = KH - 1 - g->pad;        /* KH == KW on this route */
+  fill_rowoff(off, C, KH, KW, p.PL, g->OW);
+  if (dinp) {
+    fill_rowoff(offt, OC, KH, KW, p.PLT, g->W);
+    for (int c = 0; c < C; c++)
+      for (int oc = 0; oc < OC; oc++)
+        for (int kh = 0; kh < KH; kh++)
+          for (int kw = 0; kw < KW; kw++)
+            wt[(size_t)c * p.KT + (oc * KH + kh) * KW + kw] =
+                weight[(((size_t)oc * C + c) * KH + (KH - 1 - kh)) * KW + (KW - 1 - kw)];
+  }
+  if (dweight)
+    for (int b0 = 0; b0 < g->B; b0 += p.bc1) {
+      int n = g->B - b0 < p.bc1 ? g->B - b0 : p.bc1, ld = n * OS;
+      const float *dc = dout + (size_t)b0 * OC * OS;
+      if (dbias)
+        for (int i = 0; i < n; i++)
+          for (int oc = 0; oc < OC; oc++)
+            dbias[oc] += dt_vec_sum(dc + ((size_t)i * OC + oc) * OS, (size_t)OS);
+      shift_planes(xs, inp + (size_t)b0 * inplane, n * C, g->H, g->W, g->pad, g->pad, KW);
+      dt__gemm_op A = {.p = dc, .trans = 0, .ld = OS, .seg = OS, .segstride = OC * OS};
+      dt__gemm_op B = {.p = xs, .trans = 1, .rowoff = off, .seg = OS, .segstride = (int)p.XS};
+      if (p.K < 32) /* e.g. a first layer: 9 columns would waste much of a 48- or 16-wide tile */
+        dt__gemm_own()->dot(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
+      else
+        dt__gemm_own()->op(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
+    }
+  if (dinp)
+    for (int b0 = 0; b0 < g->B; b0 += p.bc) {
+      int n = g->B - b0 < p.bc ? g->B - b0 : p.bc, ld = n * IS;
+      shift_planes(dq, dout + (size_t)b0 * OC * OS, n * OC, g->OH, g->OW, qh, qh, KW);
+      dt__gemm_op A = {.p = wt, .trans = 0, .ld = p.KT};
+      dt__gemm_op B = {.p = dq, .trans = 0, .rowoff = offt, .seg = IS, .segstride = (int)p.DS};
+      dt__gemm_own()->op(C, ld, p.KT, 1.0f, &A, &B, 0.0f, tg, ld);
+      for (int i = 0; i < n; i++)
+        for (int c = 0; c < C; c++)
+          memcpy(dinp + ((size_t)(b0 + i) * C + c) * IS, tg + (size_t)c * ld + (size_t)i * IS,
+                 sizeof(float) * IS);
+    }
 }
 
 /* Copies n stacks of `ch` planes (h, w) into zero-padded planes of `plane`
@@ -184,104 +295,6 @@ static void pad_planes(float *xp, const float *src0, int nplanes, int h, int w, 
     }
     size_t used = (size_t)(h + ph) * wp - ph;
     memset(dst + used, 0, sizeof(float) * (plane - used));
-  }
-}
-
-static void implicit_forward(float *out, const float *inp, const float *weight, const float *bias,
-                             const dt_conv2d_geom *g, float *ws) {
-  const iplan p = make_iplan(g);
-  const int OC = g->OC, OS = g->OH * g->OW, S = p.S;
-  const size_t inplane = (size_t)g->C * g->H * g->W;
-  int *off = (int *)ws;
-  float *xp = ws + p.K + p.KT + (size_t)g->C * p.KT;
-  float *tmp = xp + (size_t)p.bc1 * g->C * p.P;
-  fill_rowoff(off, g->C, g->KH, g->KW, p.P, p.Wp);
-  dt__gemm_op A = {.p = weight, .trans = 0, .ld = p.K};
-  for (int b0 = 0; b0 < g->B; b0 += p.bc1) {
-    int n = g->B - b0 < p.bc1 ? g->B - b0 : p.bc1;
-    int ld = n * S;
-    pad_planes(xp, inp + (size_t)b0 * inplane, n * g->C, g->H, g->W, g->pad, p.Wp, p.P);
-    dt__gemm_op B = {.p = xp, .trans = 0, .rowoff = off, .seg = S, .segstride = g->C * p.P};
-    dt__gemm_own()->op(OC, ld, p.K, 1.0f, &A, &B, 0.0f, tmp, ld);
-    for (int i = 0; i < n; i++)
-      for (int oc = 0; oc < OC; oc++) {
-        const float *t = tmp + (size_t)oc * ld + (size_t)i * S;
-        float *d = out + ((size_t)(b0 + i) * OC + oc) * OS;
-        float bv = bias ? bias[oc] : 0.0f;
-        for (int oh = 0; oh < g->OH; oh++) {
-          const float *restrict tr = t + (size_t)oh * p.Wp;
-          float *restrict dr = d + (size_t)oh * g->OW;
-          for (int ow = 0; ow < g->OW; ow++) dr[ow] = tr[ow] + bv;
-        }
-      }
-  }
-}
-
-/* dbias is summed here (from the packed dout grid, still in L1) when
- * dweight is wanted, saving a pass over dout; dt_conv2d_backward does it
- * otherwise. */
-static void implicit_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                              const float *inp, const float *weight, const dt_conv2d_geom *g,
-                              float *ws) {
-  iplan p = make_iplan(g);
-  if (!dinp) p.bc = p.bc1;
-  const int OC = g->OC, C = g->C, KH = g->KH, KW = g->KW, OS = g->OH * g->OW, S = p.S;
-  const size_t inplane = (size_t)C * g->H * g->W;
-  int *off = (int *)ws, *offt = off + p.K;
-  float *wt = ws + p.K + p.KT; /* W' (C, OC*KH*KW) */
-  float *xp = wt + (size_t)C * p.KT;
-  float *tmp = xp + (size_t)p.bc * C * p.P;          /* dout grid (OC, n*S) */
-  float *dq = tmp + (size_t)p.bc * OC * S;            /* dout planes padded by KH-1-pad */
-  float *tg = dq + (size_t)p.bc * OC * p.Q;           /* dinp grid (C, n*S') */
-  const int qh = KH - 1 - g->pad; /* KH == KW on this route */
-  fill_rowoff(off, C, KH, KW, p.P, p.Wp);
-  if (dinp) {
-    fill_rowoff(offt, OC, KH, KW, p.Q, p.Wq);
-    for (int c = 0; c < C; c++)
-      for (int oc = 0; oc < OC; oc++)
-        for (int kh = 0; kh < KH; kh++)
-          for (int kw = 0; kw < KW; kw++)
-            wt[(size_t)c * p.KT + (oc * KH + kh) * KW + kw] =
-                weight[(((size_t)oc * C + c) * KH + (KH - 1 - kh)) * KW + (KW - 1 - kw)];
-  }
-  for (int b0 = 0; b0 < g->B; b0 += p.bc) {
-    int n = g->B - b0 < p.bc ? g->B - b0 : p.bc;
-    if (dweight) {
-      int ld = n * S;
-      for (int i = 0; i < n; i++)
-        for (int oc = 0; oc < OC; oc++) {
-          float *t = tmp + (size_t)oc * ld + (size_t)i * S;
-          const float *s = dout + ((size_t)(b0 + i) * OC + oc) * OS;
-          for (int oh = 0; oh < g->OH; oh++) {
-            float *restrict tr = t + (size_t)oh * p.Wp;
-            const float *restrict sr = s + (size_t)oh * g->OW;
-            for (int ow = 0; ow < g->OW; ow++) tr[ow] = sr[ow];
-            for (int ow = g->OW; ow < p.Wp; ow++) tr[ow] = 0.0f;
-          }
-          if (dbias) dbias[oc] += dt_vec_sum(t, (size_t)S);
-        }
-      pad_planes(xp, inp + (size_t)b0 * inplane, n * C, g->H, g->W, g->pad, p.Wp, p.P);
-      dt__gemm_op A = {.p = tmp, .trans = 0, .ld = ld};
-      dt__gemm_op B = {.p = xp, .trans = 1, .rowoff = off, .seg = S, .segstride = C * p.P};
-      if (p.K < 32) /* e.g. a first layer: 9 columns would waste much of a 48- or 16-wide tile */
-        dt__gemm_own()->dot(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
-      else
-        dt__gemm_own()->op(OC, p.K, ld, 1.0f, &A, &B, b0 == 0 ? 0.0f : 1.0f, dweight, p.K);
-    }
-    if (dinp) {
-      int ld = n * p.ST;
-      pad_planes(dq, dout + (size_t)b0 * OC * OS, n * OC, g->OH, g->OW, qh, p.Wq, p.Q);
-      dt__gemm_op A = {.p = wt, .trans = 0, .ld = p.KT};
-      dt__gemm_op B = {.p = dq, .trans = 0, .rowoff = offt, .seg = p.ST, .segstride = OC * p.Q};
-      dt__gemm_own()->op(C, ld, p.KT, 1.0f, &A, &B, 0.0f, tg, ld);
-      for (int i = 0; i < n; i++)
-        for (int c = 0; c < C; c++) {
-          const float *t = tg + (size_t)c * ld + (size_t)i * p.ST;
-          float *d = dinp + ((size_t)(b0 + i) * C + c) * g->H * g->W;
-          for (int h = 0; h < g->H; h++)
-            memcpy(d + (size_t)h * g->W, t + (size_t)h * p.Wq, sizeof(float) * g->W);
-        }
-    }
   }
 }
 
