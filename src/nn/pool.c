@@ -160,8 +160,13 @@ mp2_8(float *restrict o, int32_t *restrict am32, uint8_t *restrict am8, const fl
   __m256i col = _mm256_castps_si256(_mm256_blendv_ps(t0, t1, t));
   __m256i k = _mm256_add_epi32(_mm256_and_si256(col, one), _mm256_and_si256(ti, two));
   __m256 mo = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(m), 0xd8));
-  if (n == 8) _mm256_storeu_ps(o + ow, mo);
-  else _mm256_maskstore_ps(o + ow, lanes_below(n), mo);
+  if (n == 8) {
+    _mm256_storeu_ps(o + ow, mo);
+  } else { /* through the stack: masked stores are slow on AMD cores */
+    float t[8];
+    _mm256_storeu_ps(t, mo);
+    for (int j = 0; j < n; j++) o[ow + j] = t[j];
+  }
   if (relu) {
     k = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(blocked), _mm256_castsi256_ps(k),
                                              _mm256_cmp_ps(m, zero, _CMP_GT_OQ)));
@@ -235,10 +240,11 @@ mp2_back_8(float *restrict d0, float *restrict d1, const float *restrict g,
   if (n == 8) {
     _mm256_storeu_ps(q0, s00), _mm256_storeu_ps(q0 + 8, s01);
     _mm256_storeu_ps(q1, s10), _mm256_storeu_ps(q1 + 8, s11);
-  } else {
-    __m256i ml = lanes_below(2 * n), mh = lanes_below(2 * n - 8);
-    _mm256_maskstore_ps(q0, ml, s00), _mm256_maskstore_ps(q0 + 8, mh, s01);
-    _mm256_maskstore_ps(q1, ml, s10), _mm256_maskstore_ps(q1 + 8, mh, s11);
+  } else { /* through the stack: masked stores are slow on AMD cores */
+    float t[32];
+    _mm256_storeu_ps(t, s00), _mm256_storeu_ps(t + 8, s01);
+    _mm256_storeu_ps(t + 16, s10), _mm256_storeu_ps(t + 24, s11);
+    for (int j = 0; j < 2 * n; j++) q0[j] = t[j], q1[j] = t[16 + j];
   }
 }
 
