@@ -134,9 +134,9 @@ typedef struct iplan {
   int PL;        /* shifted plane: (H+2*pad)*OW */
   size_t XS;      /* per sample: C*KW*PL */
   int Wq, Q, ST;  /* dout padded by KH-1-pad: rows Wq apart, planes of Q, grid H*Wq */
-  int bc;         /* samples per chunk of the input-gradient pass */
-  int bc1;        /* samples per chunk of the forward and weight-gradient passes */
-  int bcj;        /* samples per chunk of a backward doing both gradients */
+  int bc;         /* samples per chunk of a backward without the weight gradient */
+  int bc1;        /* samples per chunk of the forward */
+  int bcj;        /* samples per chunk of a backward with the weight gradient */
 } iplan;
 
 static int clamp_bc(size_t per, int B) {
@@ -160,11 +160,11 @@ static iplan make_iplan(const dt_conv2d_geom *g) {
   p.ST = g->H * p.Wq;
   /* The input-gradient pass: dout's padded planes, dinp grid (C, H*Wq). */
   p.bc = clamp_bc((size_t)g->OC * p.Q + (size_t)g->C * p.ST, g->B);
-  /* The forward and the weight-gradient pass: xs and the output grid
-   * (forward only; the weight gradient reads dout in place). */
+  /* The forward: xs and the output grid. */
   p.bc1 = clamp_bc(p.XS + (size_t)g->OC * p.OS, g->B);
-  /* Both gradients chunk by chunk, so the input-gradient pass finds dout
-   * in cache after the weight-gradient pass read it. */
+  /* The backward with a weight gradient (and an input gradient or not):
+   * both gradients chunk by chunk, so the input-gradient pass finds dout in
+   * cache after the weight-gradient pass read it. */
   p.bcj = clamp_bc(p.XS + (size_t)g->OC * p.Q + (size_t)g->C * p.ST, g->B);
   return p;
 }
@@ -268,7 +268,9 @@ static void implicit_backward(float *dinp, float *dweight, float *dbias, const f
   const size_t inplane = (size_t)C * IS;
   int *off = (int *)ws, *offt = off + p.K;
   float *wt = ws + p.K + p.KT; /* W' (C, OC*KH*KW) */
-  const int step = dinp && dweight ? p.bcj : dinp ? p.bc : p.bc1; /* samples per chunk */
+  /* Samples per chunk: the weight gradient is chunked alike with or
+   * without dinp (its sums, and so its bits, follow the chunks). */
+  const int step = dweight ? p.bcj : p.bc;
   float *xs = wt + (size_t)C * p.KT;                             /* weight gradient */
   float *dq = dweight ? xs + (size_t)step * p.XS : xs; /* input gradient: dout's padded planes */
   float *tg = dq + (size_t)step * OC * p.Q;            /* dinp grid (C, n*H*Wq) */
