@@ -172,8 +172,9 @@ AVX2 static void pack_b(float *bp, const dt__gemm_op *B, int k0, int kc, int n0,
  * 1), plus c (beta 1) or fma(beta, c, .) — whatever R and h. */
 AVX2 static inline __attribute__((always_inline)) void kernel_pf(
     const int R, const int h, int kc, const float *restrict ap, const float *restrict bp,
-    size_t bs, float *c, size_t ldc, float alpha, float beta, const float *pf) {
+    size_t bs, float *c, size_t ldc, float alpha, float beta, const float *pf, int pfn, int pfe) {
   __m256 acc[MR][NV];
+  int cd = 1;
 #pragma GCC unroll 8
   for (int i = 0; i < R; i++)
 #pragma GCC unroll 4
@@ -182,10 +183,12 @@ AVX2 static inline __attribute__((always_inline)) void kernel_pf(
     __m256 b[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++) b[v] = _mm256_loadu_ps(bp + 8 * v);
-    if (pf) {
+    if (pfn && --cd == 0) { /* one row of the next panel every pfe k */
       _mm_prefetch((const char *)pf, _MM_HINT_T0);
       _mm_prefetch((const char *)(pf + NR - 1), _MM_HINT_T0);
       pf += bs;
+      pfn--;
+      cd = pfe;
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
@@ -213,8 +216,9 @@ AVX2 static inline __attribute__((always_inline)) void kernel_pf(
  * a block). */
 #define TILE(R, H)                                                                                 \
   AVX2 static void tile_##R##_##H(int kc, const float *ap, const float *bp, size_t bs, float *c,  \
-                                  size_t ldc, float alpha, float beta, const float *pf) {          \
-    kernel_pf(R, H, kc, ap, bp, bs, c, ldc, alpha, beta, pf);                                      \
+                                  size_t ldc, float alpha, float beta, const float *pf, int pfn,   \
+                                  int pfe) {                                                       \
+    kernel_pf(R, H, kc, ap, bp, bs, c, ldc, alpha, beta, pf, pfn, pfe);                            \
   }
 TILE(6, 6)
 TILE(5, 6)
@@ -224,14 +228,14 @@ TILE(2, 4)
 TILE(1, 4)
 
 AVX2 static void tile(int R, int h, int kc, const float *ap, const float *bp, size_t bs, float *c,
-                      size_t ldc, float alpha, float beta, const float *pf) {
+                      size_t ldc, float alpha, float beta, const float *pf, int pfn, int pfe) {
   switch (h == 6 ? R + 4 : R) {
-  case 10: tile_6_6(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
-  case 9: tile_5_6(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
-  case 4: tile_4_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
-  case 3: tile_3_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
-  case 2: tile_2_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
-  default: tile_1_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf); break;
+  case 10: tile_6_6(kc, ap, bp, bs, c, ldc, alpha, beta, pf, pfn, pfe); break;
+  case 9: tile_5_6(kc, ap, bp, bs, c, ldc, alpha, beta, pf, pfn, pfe); break;
+  case 4: tile_4_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf, pfn, pfe); break;
+  case 3: tile_3_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf, pfn, pfe); break;
+  case 2: tile_2_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf, pfn, pfe); break;
+  default: tile_1_4(kc, ap, bp, bs, c, ldc, alpha, beta, pf, pfn, pfe); break;
   }
 }
 
@@ -243,7 +247,7 @@ AVX2 static void tile_edge(int R, int h, int kc, const float *ap, const float *b
   memset(t, 0, sizeof t);
   if (beta != 0.0f)
     for (int i = 0; i < R; i++) memcpy(t + i * NR, c + (size_t)i * ldc, sizeof(float) * (size_t)nr);
-  tile(R, h, kc, ap, bp, bs, t, NR, alpha, beta, NULL);
+  tile(R, h, kc, ap, bp, bs, t, NR, alpha, beta, NULL, 0, 1);
   for (int i = 0; i < R; i++) memcpy(c + (size_t)i * ldc, t + i * NR, sizeof(float) * (size_t)nr);
 }
 
@@ -273,6 +277,8 @@ AVX2 static void drive(int M, int N, int K, float alpha, const dt__gemm_op *A,
     for (int m0 = 0; m0 < M; m0 += mcb) {
       int mc = M - m0 < mcb ? M - m0 : mcb;
       pack_a(apack, A, m0, mc, k0, kc);
+      int nt = 0;
+      for (int i = 0; i < mc; i += panel_h(mc - i)) nt++;
       for (int n0 = 0; n0 < N; n0 += NR) {
         int nr = N - n0 < NR ? N - n0 : NR;
         const float *bp = bpack, *next = NULL;
@@ -288,13 +294,23 @@ AVX2 static void drive(int M, int N, int K, float alpha, const dt__gemm_op *A,
           pack_b(bpack, B, k0, kc, n0, nr);
         }
         if (n0 + NR >= N) next = NULL;
-        for (int i = 0, h; i < mc; i += h) {
+        /* The next panel's kc rows are prefetched spread over the block's
+         * nt row tiles (tile t: rows [t kc / nt, (t+1) kc / nt), one every
+         * nt k): a few rows at a time rather than all in the first tile,
+         * which with 32 rows (6 tiles) asked for 16 KiB within 1/6 of the
+         * panel's compute. */
+        for (int i = 0, h, t = 0; i < mc; i += h, t++) {
           h = panel_h(mc - i);
           int mr = mc - i < h ? mc - i : h;
           float *c = C + (size_t)(m0 + i) * ldc + n0;
           const float *ap = apack + (size_t)i * kc;
-          if (nr == NR) tile(mr, h, kc, ap, bp, bs, c, ldc, alpha, be, i == 0 ? next : NULL);
-          else tile_edge(mr, h, kc, ap, bp, bs, c, ldc, nr, alpha, be);
+          if (nr == NR) {
+            int r0 = t * kc / nt, r1 = (t + 1) * kc / nt;
+            tile(mr, h, kc, ap, bp, bs, c, ldc, alpha, be, next ? next + (size_t)r0 * bs : NULL,
+                 next ? r1 - r0 : 0, nt);
+          } else {
+            tile_edge(mr, h, kc, ap, bp, bs, c, ldc, nr, alpha, be);
+          }
         }
       }
     }
