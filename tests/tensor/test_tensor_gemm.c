@@ -248,6 +248,61 @@ static void test_packed(void **st) {
   FOR_KERNS packed_one();
 }
 
+/* A pipeline stage's micro-batch products (32 rows of the deep MLP's 256,
+ * m = 8): M = 1, 31, 32, 33 (one tile, and 32 rows' 6-6-6-6-4-4 tiles one
+ * short and one over), N at the 16-column panel edges and over many panels
+ * (the driver prefetches each next panel spread over the block's row
+ * tiles), one and two K blocks, B packed ahead (the forward, x W^T) and B
+ * dense K x N read by the driver (the input gradient, dY W): against the
+ * double reference, and each product's rows are the bits of the same rows
+ * of a 64-row product. */
+static void micro_rows_one(void) {
+  static const int ms[] = {1, 31, 32, 33};
+  static const int ns[] = {15, 16, 17, 33, 149};
+  static const int ks[] = {1, 256, 300};
+  enum { MB = 64 };
+  int bad = 0;
+  uint64_t seed = 5000;
+  for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+    for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+      for (int tb = 0; tb < 2; tb++) {
+        const int N = ns[ni], K = ks[ki], ldb = tb ? K : N;
+        float *A = rnd((size_t)MB * K, seed), *B = rnd((size_t)N * K, seed + 1);
+        float *Cb = malloc((size_t)MB * N * sizeof(float)), *C = malloc((size_t)MB * N * sizeof(float));
+        float *bp = malloc(cur->packb_floats(K, N) * sizeof(float));
+        dt__gemm_op b = {.p = B, .trans = tb, .ld = ldb};
+        cur->packb(K, N, &b, bp);
+        own_sgemm(0, tb, MB, N, K, 1.0f, A, K, B, ldb, 0.0f, Cb, N);
+        for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+          const int M = ms[mi], r0 = (M * 5) % (MB - M + 1);
+          const float *Ar = A + (size_t)r0 * K;
+          for (int packed = 0; packed < 2; packed++) {
+            if (packed) {
+              dt__gemm_op a = {.p = Ar, .trans = 0, .ld = K};
+              cur->op_packed(M, N, K, 1.0f, &a, bp, 0.0f, C, N);
+            } else {
+              own_sgemm(0, tb, M, N, K, 1.0f, Ar, K, B, ldb, 0.0f, C, N);
+            }
+            if (memcmp(C, Cb + (size_t)r0 * N, (size_t)M * N * sizeof(float))) {
+              if (bad < 3)
+                print_error("micro rows %d+%d: N=%d K=%d tb=%d packed=%d: not the 64-row product's bits\n",
+                            r0, M, N, K, tb, packed);
+              bad++;
+            }
+          }
+          /* and the values, with beta and alpha, padded ldc */
+          bad += check_case(own_sgemm, 0, tb, M, N, K, 0.5f, (M & 1) ? 1.0f : 0.0f, 1, seed + 7 + M);
+        }
+        free(A), free(B), free(Cb), free(C), free(bp);
+        seed += 13;
+      }
+  assert_int_equal(bad, 0);
+}
+static void test_micro_rows(void **st) {
+  (void)st;
+  FOR_KERNS micro_rows_one();
+}
+
 /* Rows r0 .. r0 + M - 1 of a 48-row product, computed as an M-row product
  * (A not transposed: the 8-row and 16-row packing paths), bit for bit. */
 static void rows_one(void) {
@@ -361,6 +416,7 @@ int main(void) {
       cmocka_unit_test(test_implicit),
       cmocka_unit_test(test_packed),
       cmocka_unit_test(test_rows),
+      cmocka_unit_test(test_micro_rows),
       cmocka_unit_test(test_fixed_position),
       cmocka_unit_test(test_dispatch),
   };
