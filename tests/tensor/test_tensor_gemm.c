@@ -253,7 +253,8 @@ static void test_packed(void **st) {
  * short and one over), N at the 16-column panel edges and over many panels
  * (the driver prefetches each next panel spread over the block's row
  * tiles), one and two K blocks, B packed ahead (the forward, x W^T) and B
- * dense K x N read by the driver (the input gradient, dY W): against the
+ * dense K x N read by the driver (the input gradient, dY W; with ldb 512
+ * the driver packs its panels together): against the
  * double reference, and each product's rows are the bits of the same rows
  * of a 64-row product. */
 static void micro_rows_one(void) {
@@ -266,8 +267,9 @@ static void micro_rows_one(void) {
   for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
     for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
       for (int tb = 0; tb < 2; tb++) {
-        const int N = ns[ni], K = ks[ki], ldb = tb ? K : N;
-        float *A = rnd((size_t)MB * K, seed), *B = rnd((size_t)N * K, seed + 1);
+        /* ldb 512: the driver packs a dense B's panels together */
+        const int N = ns[ni], K = ks[ki], ldb = tb ? K : ni % 2 ? 512 : N;
+        float *A = rnd((size_t)MB * K, seed), *B = rnd((size_t)(tb ? N : K) * ldb, seed + 1);
         float *Cb = malloc((size_t)MB * N * sizeof(float)), *C = malloc((size_t)MB * N * sizeof(float));
         float *bp = malloc(cur->packb_floats(K, N) * sizeof(float));
         dt__gemm_op b = {.p = B, .trans = tb, .ld = ldb};
