@@ -10,7 +10,10 @@
  * Structure (Goto/BLIS, as gemm_avx512.c): K cut into blocks of at most KC
  * (gemm_kblock: a function of K alone), M into blocks of at most MC; A
  * packed into 6- or 4-row panels ([k][h]), B into NR-column panels ([k][NR]) —
- * a dense B stored K x N is read in place for full-width panels. The
+ * a dense B stored K x N is read in place for full-width panels, unless its
+ * leading dimension is a multiple of 512 floats (then G panels are packed
+ * together, row by row: pack_b_group). The next B panel is prefetched
+ * spread over all the row tiles that use the current one. The
  * micro-kernel is MR x NR = 6 x 16: per k, 2 loads of B, 6 broadcasts of A,
  * 12 independent FMAs into 12 ymm accumulators (16 registers in all); a
  * block whose rows do not divide by 6 ends in 4-row tiles (panel_h: 8 rows
