@@ -724,12 +724,28 @@ void dt__wstash_rows(const dt__wstash *s, int i, const float **x, const float **
 
 void dt__model_set_wpack(dt_model *m, const dt__wpack *p) { m->wpk = p; }
 
+int dt__model_wants_dinp(const dt_model *m, int layer) {
+  return m && layer >= 0 && layer < m->n && (m->need_dx || layer > m->first_param);
+}
+
 void dt__model_set_wstash(dt_model *m, dt__wstash *s, int row0) {
   m->wst = s;
   m->wrow0 = row0;
 }
 
 /* Linear layer i's input and output gradient d (B samples) into the stash. */
+/* A linear layer's input gradient dinp = d * W from W packed once per step
+ * (wpack.c, DTRAIN_WPACK_DINP) when the model has it: computed here, and
+ * NULL returned so the layer's backward makes only its other gradients;
+ * otherwise dinp back, for the backward's own product. */
+static float *packed_dinp(dt_model *m, int i, float *dinp, const float *d, int B) {
+  const float *wd = dinp && m->wpk ? dt__wpack_get_dinp(m->wpk, i) : NULL;
+  if (!wd) return dinp;
+  const int C = (int)m->L[i].in_el, OC = m->L[i].s.oc;
+  dt_sgemm_packed(B, C, OC, 1.0f, d, OC, wd, 0.0f, dinp, C);
+  return NULL;
+}
+
 static int stash_rows(dt_model *m, int i, const float *d, int B) {
   const layer *l = &m->L[i];
   if (m->wrow0 < 0 || m->wrow0 + B > m->wst->max_rows || m->wst->n != m->n || !m->wst->x[i])
@@ -790,18 +806,22 @@ static int backward_layers(dt_model *m, float *d, int B, dt_grad_ready_fn on_rea
         reported = 1;
       } else if (m->wst) {
         DT_CHECK(stash_rows(m, i, d, B));
+        float *din = packed_dinp(m, i, dinp, d, B);
         if (m->accum)
-          dt_linear_backward_acc_f(m->gemm_flags, dinp, NULL, l->db, d, l->in, l->w, B,
+          dt_linear_backward_acc_f(m->gemm_flags, din, NULL, l->db, d, l->in, l->w, B,
                                    (int)l->in_el, s->oc);
         else
-          dt_linear_backward_f(m->gemm_flags, dinp, NULL, l->db, d, l->in, l->w, B,
+          dt_linear_backward_f(m->gemm_flags, din, NULL, l->db, d, l->in, l->w, B,
                                (int)l->in_el, s->oc);
-      } else if (m->accum)
-        dt_linear_backward_acc_f(m->gemm_flags, dinp, l->dw, l->db, d, l->in, l->w, B,
+      } else if (m->accum) {
+        float *din = packed_dinp(m, i, dinp, d, B);
+        dt_linear_backward_acc_f(m->gemm_flags, din, l->dw, l->db, d, l->in, l->w, B,
                                  (int)l->in_el, s->oc);
-      else
-        dt_linear_backward_f(m->gemm_flags, dinp, l->dw, l->db, d, l->in, l->w, B, (int)l->in_el,
+      } else {
+        float *din = packed_dinp(m, i, dinp, d, B);
+        dt_linear_backward_f(m->gemm_flags, din, l->dw, l->db, d, l->in, l->w, B, (int)l->in_el,
                              s->oc);
+      }
       break;
     case DT_L_CONV2D:
       if (l->bchunk) {

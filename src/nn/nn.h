@@ -195,7 +195,13 @@ void dt__wpack_destroy(dt__wpack *p);
 void dt__wpack_refresh(dt__wpack *p, const dt_model *m);
 size_t dt__wpack_bytes(const dt__wpack *p);
 const float *dt__wpack_get(const dt__wpack *p, int layer);
+/* Layer's W packed for the input-gradient product (DTRAIN_WPACK_DINP), or
+ * NULL: multiply by W in place. */
+const float *dt__wpack_get_dinp(const dt__wpack *p, int layer);
 void dt__model_set_wpack(dt_model *m, const dt__wpack *p);
+/* Whether backward computes layer i's input gradient (every layer above
+ * the first with parameters; that one too in a stage that sends it back). */
+int dt__model_wants_dinp(const dt_model *m, int layer);
 /* Bytes of activation memory the model allocated for max_batch samples
  * (outputs, masks, saved statistics, pooling indices, gradient buffers). */
 size_t dt__model_act_bytes(const dt_model *m);

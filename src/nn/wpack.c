@@ -8,9 +8,17 @@
  * a 2048 x 2048 layer, 8 micro-batches of 32, 22.9 ms unpacked vs 19.6 ms
  * packed + 2.9 ms for the one packing. The bits are those of dt_sgemm.
  *
- * It costs one more copy of the packed layers' weights. It does not pack
- * the input-gradient product (its B is W itself, read in place by the
- * GEMM) and does nothing where dt_sgemm would not use the AVX-512 kernels.
+ * The input-gradient product dinp = dout * W reads W itself (not
+ * transposed) as its B; read in place, a micro-batch of 32 rows streamed
+ * each 2048 x 2048 W from L3 at 1.35x the per-row cost of a 256-row
+ * product (bench_pipe_gemm, 2026-11-28). With DTRAIN_WPACK_DINP (the
+ * default) W is packed for that product too, once per step, for every
+ * linear layer whose input gradient the model computes (not a model's
+ * first layer unless a pipeline stage sends it back).
+ *
+ * It costs one more copy of the packed layers' weights (two with the
+ * input-gradient form) and does nothing where dt_sgemm would not use our
+ * own kernels.
  */
 #include <stdlib.h>
 
@@ -20,21 +28,28 @@
 
 struct dt__wpack {
   int n;           /* layers of the model */
-  float **w;       /* per layer: its packed W^T, or NULL */
+  float **w;       /* per layer: its packed W^T (forward), or NULL */
+  float **wd;      /* per layer: its packed W (input gradient), or NULL */
   size_t bytes;
 };
 
 void dt__wpack_destroy(dt__wpack *p) {
   if (!p) return;
-  for (int i = 0; i < p->n; i++) dt_free(p->w[i]);
+  for (int i = 0; i < p->n; i++) {
+    dt_free(p->w[i]);
+    if (p->wd) dt_free(p->wd[i]);
+  }
   free(p->w);
+  free(p->wd);
   free(p);
 }
 
 int dt__wpack_create(dt__wpack **out, const dt_model *m) {
   *out = NULL;
   dt__wpack *p = calloc(1, sizeof *p);
-  if (!p || !(p->w = calloc((size_t)dt_model_nlayers(m), sizeof *p->w))) {
+  if (!p || !(p->w = calloc((size_t)dt_model_nlayers(m), sizeof *p->w)) ||
+      !(p->wd = calloc((size_t)dt_model_nlayers(m), sizeof *p->wd))) {
+    if (p) free(p->w);
     free(p);
     return dt__seterr(DT_ENOMEM, "packed weights: out of memory");
   }
@@ -50,6 +65,16 @@ int dt__wpack_create(dt__wpack **out, const dt_model *m) {
       return dt__seterr(DT_ENOMEM, "packed weights: out of memory (%zu bytes)", nf * sizeof(float));
     }
     p->bytes += nf * sizeof(float);
+    /* op(B) = W: OC x C */
+    size_t nd = dt_param(DT_PARAM_WPACK_DINP) && dt__model_wants_dinp(m, i)
+                    ? dt_sgemm_packb_floats(0, OC, C)
+                    : 0;
+    if (!nd) continue;
+    if (!(p->wd[i] = dt_alloc(nd * sizeof(float)))) {
+      dt__wpack_destroy(p);
+      return dt__seterr(DT_ENOMEM, "packed weights: out of memory (%zu bytes)", nd * sizeof(float));
+    }
+    p->bytes += nd * sizeof(float);
   }
   *out = p;
   return DT_OK;
@@ -60,8 +85,10 @@ void dt__wpack_refresh(dt__wpack *p, const dt_model *m) {
     if (!p->w[i]) continue;
     const dt_layer_info *l = dt_model_layer(m, i);
     const int C = l->in_c * l->in_h * l->in_w;
+    const float *W = dt_model_params((dt_model *)m) + l->param_off;
     /* op(B) = W^T: C x OC, W stored OC x C */
-    dt_sgemm_packb(1, C, l->out_c, dt_model_params((dt_model *)m) + l->param_off, C, p->w[i]);
+    dt_sgemm_packb(1, C, l->out_c, W, C, p->w[i]);
+    if (p->wd[i]) dt_sgemm_packb(0, l->out_c, C, W, C, p->wd[i]);
   }
 }
 
@@ -69,4 +96,8 @@ size_t dt__wpack_bytes(const dt__wpack *p) { return p ? p->bytes : 0; }
 
 const float *dt__wpack_get(const dt__wpack *p, int layer) {
   return p && layer >= 0 && layer < p->n ? p->w[layer] : NULL;
+}
+
+const float *dt__wpack_get_dinp(const dt__wpack *p, int layer) {
+  return p && layer >= 0 && layer < p->n ? p->wd[layer] : NULL;
 }
