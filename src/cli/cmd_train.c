@@ -308,6 +308,10 @@ static int start_elastic(const struct dt_job_worker *w, const dt_run_cfg *r, dt_
   return rc;
 }
 
+/* strategy_ps.c: a new server process in a lost server's slot (docs/ps.md) */
+int dt__engine_rejoin_serve(dt_engine *e, const char *host, int port,
+                            const struct dt_comm_config *cc, int index);
+
 /* One worker of a job (--workers, launch, mpirun/srun): trains as its rank
  * over the job's communicator; returns the exit status. */
 static int run_worker(const struct dt_job_worker *w, void *arg) {
@@ -326,6 +330,18 @@ static int run_worker(const struct dt_job_worker *w, void *arg) {
    * servers through it (strategy_ps.c) */
   if (ps_el && w->rdzv_port && w->comm_config)
     rc = dt__engine_set_rdzv(a->e, w->rdzv_host, w->rdzv_port, w->comm_config);
+  /* replicas: a new server process in a lost server's slot announces itself
+   * in the store; the workers and servers take it at an epoch end */
+  if (!ps_el && a->servers > 0 && a->cfg->ps.replicas > 1 && w->rdzv_port && w->comm_config)
+    rc = dt__engine_set_rdzv(a->e, w->rdzv_host, w->rdzv_port, w->comm_config);
+  /* this process is such a server (dtrain launch --join, DTRAIN_PS_REJOIN) */
+  if (w->joining && dt_param(DT_PARAM_PS_REJOIN) >= 0) {
+    int slot = (int)dt_param(DT_PARAM_PS_REJOIN);
+    rc = dt__engine_rejoin_serve(a->e, w->rdzv_host, w->rdzv_port, w->comm_config, slot);
+    if (rc < 0) fprintf(stderr, "dtrain: rejoining server %d: %s\n", slot, dt_errmsg());
+    fflush(stderr);
+    return rc < 0 ? DT_EXIT_FAIL : DT_EXIT_OK;
+  }
   if (a->servers > 0 && !w->joining) {
     /* a parameter-server job: workers first, then servers; the engine
      * trains over the workers' communicator and talks to the servers over
@@ -588,10 +604,16 @@ static int make_job(dt_job **job, const struct dt__launch *L, int ext, const dt_
       jc.workers = cfg->run.workers + cfg->run.ps.servers;
     }
     jc.min_workers = cfg->run.min_workers;
+    /* (the launcher's join is for elastic jobs; a rejoining server is none) */
+    if (L && L->join && dt_param(DT_PARAM_PS_REJOIN) >= 0 && !jc.min_workers) jc.min_workers = 1;
     /* separate servers with replicas: a server may die, the job goes on */
     if (cfg->run.ps.servers > 0 && cfg->run.ps.replicas > 1) {
       jc.expendable_from = cfg->run.workers;
       jc.expendable_max = cfg->run.ps.servers - 1; /* the workers tell which losses they survive */
+      /* a lost server's slot may take a new process (a rejoin, docs/ps.md) and
+       * lose it again: over the job's life every server forked here may die;
+       * a loss that leaves a range without a copy ends the job in the workers */
+      jc.expendable_max = cfg->run.ps.servers;
     }
     /* elastic: spares replace lost workers (dist.standby of them; with
      * dist.replace alone, one per worker) */
@@ -737,7 +759,7 @@ int dt__cmd_train_launch(int argc, char **argv, const struct dt__launch *L) {
   /* A world of one trains here, without a job: nothing to fork (and the
    * single-worker engine has started its loader thread already). */
   int multi = cfg->run.workers + cfg->run.ps.servers > 1 || (L && L->join);
-  if (L && L->join && !cfg->run.min_workers) {
+  if (L && L->join && !cfg->run.min_workers && dt_param(DT_PARAM_PS_REJOIN) < 0) {
     fprintf(stderr, "dtrain: --join: the job must be elastic (dist.min_workers, as the running "
             "job's config sets it)\n");
     status = DT_EXIT_USAGE;

@@ -45,6 +45,7 @@
  * the servers over a communicator of its own (src/ps/server_join.c) and
  * pulls the parameters.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,6 +80,8 @@ typedef struct ps_impl {
   int me;            /* this worker's slot at the servers (its rank in the job, or the
                       * slot it joined into) */
   dt_comm *jc;       /* a joiner: its communicator with the servers (server_join.c) */
+  int64_t rj_seen;   /* replicas: the rejoins (src/ps/rejoin.c) taken at epoch ends */
+  dt_store *rst;     /* ... the job's store, where they are announced */
 } ps_impl;
 
 static void ps_opts(const dt_run_cfg *c, int nworkers, dt_ps_opts *o) {
@@ -366,6 +369,39 @@ static int ps_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int6
   return dt__ddp_eval_begin(s, n, chunk, lo, hi);
 }
 
+/* Replicas: a new server process in a lost server's slot announces itself
+ * in the job's store (src/ps/rejoin.c); at an epoch's end (no request
+ * outstanding) the workers agree on the announcements (the most any of
+ * them read) and take each: the servers hear of it, everyone moves to the
+ * rejoin's communicator and the newcomer gets its copies. */
+static int take_rejoins(dt_strategy *s) {
+  ps_impl *d = s->impl;
+  if (!d || d->stopped || d->o.replicas < 2 || d->o.elastic || d->o.joined || !s->rdzv_port ||
+      !s->rdzv_cc)
+    return DT_OK;
+  const char *job = s->rdzv_cc->job ? s->rdzv_cc->job : "dtrain";
+  const double t = s->rdzv_cc->timeout_s > 0 ? s->rdzv_cc->timeout_s : 60;
+  char key[300], val[32];
+  int64_t v = 0;
+  if (!d->rst) DT_CHECK(dt_store_connect(&d->rst, s->rdzv_host, s->rdzv_port, s->rdzv_cc->token, t));
+  dt_store *st = d->rst;
+  snprintf(key, sizeof key, "%s/ps/rejoins", job);
+  int rc = dt_store_add(st, key, 0, &v, t);
+  double dv = (double)v;
+  if (rc == DT_OK && s->comm && s->nranks > 1)
+    rc = dt_comm_allreduce(s->comm, &dv, &dv, 1, DT_F64, DT_OP_MAX);
+  for (int64_t j = d->rj_seen + 1; rc == DT_OK && j <= (int64_t)dv; j++) {
+    size_t n = 0;
+    snprintf(key, sizeof key, "%s/ps/rejoin/%lld", job, (long long)j);
+    rc = dt_store_get(st, key, val, sizeof val - 1, &n, t);
+    if (rc < 0) break;
+    val[n] = 0;
+    rc = dt_ps_client_rejoin(d->cl, s->rdzv_host, s->rdzv_port, s->rdzv_cc, j, atoi(val));
+    if (rc == DT_OK) d->rj_seen = j;
+  }
+  return rc;
+}
+
 static int ps_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
   (void)epoch;
   ps_impl *d = s->impl;
@@ -373,7 +409,9 @@ static int ps_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
     int rc = dt_ps_client_quiesce(d->cl);
     if (rc < 0) return err_client(s, rc);
   }
-  return dt__ddp_epoch_reduce(s, t);
+  int rc = dt__ddp_epoch_reduce(s, t);
+  if (rc == DT_OK && (rc = take_rejoins(s)) < 0) return err_client(s, rc);
+  return rc;
 }
 
 static int ps_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all) {
@@ -408,6 +446,7 @@ static void ps_teardown(dt_strategy *s) {
     dt_ps_client_destroy(d->cl);
     dt_ps_server_destroy(d->srv);
     dt_comm_destroy(d->jc);
+    dt_store_destroy(d->rst);
     dt_ps_direct_destroy(d->direct);
     dt_comm_window_destroy(d->tw);
     win_close(&d->win, s->model);
@@ -646,6 +685,9 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
   /* elastic workers: joiners announce themselves in the job's store */
   if (rc == DT_OK && o.elastic && e->strat.rdzv_port && e->strat.rdzv_cc)
     rc = dt_ps_server_set_joins(srv, e->strat.rdzv_host, e->strat.rdzv_port, e->strat.rdzv_cc);
+  /* replicas: a new process in a lost server's slot may rejoin (rejoin.c) */
+  if (rc == DT_OK && o.replicas > 1 && e->strat.rdzv_port && e->strat.rdzv_cc)
+    rc = dt_ps_server_set_rejoins(srv, e->strat.rdzv_host, e->strat.rdzv_port, e->strat.rdzv_cc);
   /* a resumed run: this server's records from its shard of the checkpoint */
   if (rc == DT_OK && e->ck.res) {
     dt_state_reader rd;
@@ -658,6 +700,45 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
   if (rc == DT_OK) rc = dt_ps_server_run(srv);
   dt_ps_server_destroy(srv);
   win_close(&win, NULL);
+  dt_ps_map_free(&map);
+  return rc;
+}
+
+/* A new server process in lost server `index`'s slot of a running job
+ * (dtrain launch --join with DTRAIN_PS_REJOIN, src/ps/rejoin.c): waits for
+ * the workers' next epoch end, takes a copy of every range that runs on
+ * fewer than ps.replicas copies and serves as their backup until the
+ * workers say goodbye. */
+int dt__engine_rejoin_serve(dt_engine *e, const char *host, int port,
+                            const struct dt_comm_config *cc, int index);
+int dt__engine_rejoin_serve(dt_engine *e, const char *host, int port,
+                            const struct dt_comm_config *cc, int index) {
+  if (!e || !host || port <= 0 || !cc)
+    return dt__seterr(DT_EINVAL, "ps rejoin: needs the job's rendezvous store (dtrain launch "
+                      "--join --rdzv HOST:PORT)");
+  const dt_run_cfg *c = &e->cfg;
+  if (c->ps.colocate || c->ps.servers < 1 || index >= c->ps.servers)
+    return dt__seterr(DT_EINVAL, "ps rejoin: server slot %d, but the job has %d separate "
+                      "servers", index, c->ps.colocate ? 0 : c->ps.servers);
+  dt_ps_opts o;
+  ps_opts(c, c->workers, &o);
+  dt_ps_map map;
+  DT_CHECK(dt_ps_map_from_model(&map, e->model, o.nservers, o.consistency));
+  dt_ps_server *srv = NULL;
+  dt_comm *comm = NULL;
+  uint8_t *late = calloc((size_t)o.nservers, 1);
+  int64_t number = 0;
+  int rc = late ? dt_ps_map_set_replicas(&map, o.replicas) : dt__seterr(DT_ENOMEM, "ps: out of memory");
+  if (rc == DT_OK)
+    rc = dt_ps_rejoin_connect(host, port, cc, &map, o.nworkers, index, &comm, late, &number);
+  if (rc == DT_OK) rc = dt_ps_server_create(&srv, &map, &o, index, comm, dt_model_params(e->model));
+  if (rc == DT_OK) rc = dt_ps_server_set_rejoins(srv, host, port, cc);
+  if (rc == DT_OK) rc = dt_ps_server_rejoined(srv, late, number);
+  if (rc == DT_OK && dt_comm_timeout(comm) < 600) dt_comm_set_timeout(comm, 600);
+  if (rc == DT_OK) rc = dt_ps_server_run(srv);
+  dt_ps_server_destroy(srv);
+  dt_comm_destroy(comm);
+  free(late);
   dt_ps_map_free(&map);
   return rc;
 }

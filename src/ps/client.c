@@ -89,6 +89,7 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
   c->rfrom = calloc((size_t)c->nk, sizeof *c->rfrom);
   c->sdead = calloc((size_t)map->nservers, 1);
   c->stold = calloc((size_t)map->nservers, 1);
+  c->late = calloc((size_t)map->nservers, 1);
   c->kst = calloc((size_t)c->nk, 1);
   c->nreq = calloc((size_t)c->nk, 1);
   c->kver = calloc((size_t)c->nk, sizeof *c->kver);
@@ -116,7 +117,7 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
     c->rbuf = dt_alloc((c->kbuf0[c->nk] ? c->kbuf0[c->nk] : 1) * sizeof(float));
   }
   if (!c->hout || !c->hin || !c->kreq || !c->kpeer || !c->rclock || !c->rflags || !c->rfrom ||
-      !c->sdead || !c->stold || !c->kst || !c->nreq || !c->kver || !c->kfwd || (c->lazy && !c->stage) ||
+      !c->sdead || !c->stold || !c->late || !c->kst || !c->nreq || !c->kver || !c->kfwd || (c->lazy && !c->stage) ||
       !c->knrows ||
       !c->krow0 || !c->kbuf0 || !c->rows || !c->rbuf ||
       (opts->significance > 0 && (!c->resid || !c->pairs))) {
@@ -147,6 +148,9 @@ void dt_ps_client_destroy(dt_ps_client *c) {
   free(c->rfrom);
   free(c->sdead);
   free(c->stold);
+  free(c->late);
+  for (int i = 0; i < c->rj_n; i++) dt_comm_destroy(c->rj_comms[i]);
+  free(c->rj_comms);
   free(c->kst);
   free(c->nreq);
   free(c->kver);
@@ -236,7 +240,7 @@ int dt__psc_request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, i
   /* (the holders as this worker sees them: a loss adds a new one,
    * dt_ps_holders; every loss is told to the servers before this) */
   int hl[DT_PS_MAX_REPLICAS];
-  const int nh = dt_ps_holders(c->map, K->server, c->sdead, hl);
+  const int nh = dt_ps_holders_late(c->map, K->server, c->sdead, c->late, hl);
   const int fan = m->type == DT_PS_PUSH ? nh : 1;
   for (int j = 0; j < fan; j++) {
     int t = hl[j];

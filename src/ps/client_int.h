@@ -42,6 +42,9 @@ struct dt_ps_client {
   uint8_t *sdead;      /* per server: lost */
   uint8_t *stold;      /* per server: its loss told to every live server (DT_PS_LOST) */
   int untold;          /* a loss not told yet: told before the next request */
+  uint8_t *late;       /* per server: came back after a loss (rejoin.c) */
+  dt_comm **rj_comms;  /* the rejoins' communicators (owned; the last is comm) */
+  int rj_n;
   int64_t lost_ns;     /* when the last loss was seen (0: no fail-over pending) */
   int lost_srv;
   int64_t *kver;       /* per key: version of the parameters held */

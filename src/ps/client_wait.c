@@ -96,7 +96,7 @@ int dt__psc_holder(const dt_ps_client *c, int k) {
   if (c->R < 2) return c->sdead[r] ? -1 : r;
   /* a range's first holders are the only ones with its state from the
    * start: if all R of them are lost before a copy was made, the range is */
-  int n = dt_ps_holders(c->map, r, c->sdead, hl);
+  int n = dt_ps_holders_late(c->map, r, c->sdead, c->late, hl);
   return n ? hl[0] : -1;
 }
 
@@ -116,9 +116,9 @@ static void lose(dt_ps_client *c, int srv) {
   for (int g = 0; g < m->nservers; g++) {
     if (m->srv_key0[g] == m->srv_key0[g + 1]) continue;
     c->sdead[srv] = 0;
-    int nb = dt_ps_holders(m, g, c->sdead, before);
+    int nb = dt_ps_holders_late(m, g, c->sdead, c->late, before);
     c->sdead[srv] = 1;
-    int na = dt_ps_holders(m, g, c->sdead, after);
+    int na = dt_ps_holders_late(m, g, c->sdead, c->late, after);
     int had = 0;
     for (int j = 0; j < nb; j++) had |= before[j] == srv;
     if (!had || !na) continue;

@@ -18,7 +18,7 @@
 
 static const char *const type_names[] = {"?",      "hello", "welcome", "push",
                                          "pull",   "params", "bye",    "err",
-                                         "lost",   "copy"};
+                                         "lost",   "copy",   "rejoin"};
 
 const char *dt_ps_type_name(int type) {
   return type > 0 && type < DT_PS_TYPE_MAX ? type_names[type] : "?";
@@ -99,7 +99,8 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
   const int to_server = to >= 0;
   int ok_type = to_server ? (m.type == DT_PS_HELLO || m.type == DT_PS_PUSH ||
                              m.type == DT_PS_PULL || m.type == DT_PS_BYE ||
-                             (m.type == DT_PS_LOST && map->replicas > 1))
+                             ((m.type == DT_PS_LOST || m.type == DT_PS_REJOIN) &&
+                              map->replicas > 1))
                           : (m.type == DT_PS_WELCOME || m.type == DT_PS_PARAMS ||
                              m.type == DT_PS_ERR);
   if (!ok_type)
@@ -126,7 +127,7 @@ int dt_ps_msg_parse(const uint8_t *buf, size_t len, const dt_ps_map *map, int nw
   if (m.clock < 0)
     return dt__seterr(DT_EPROTO, "ps: %s %d sent %s with negative clock %lld", who, from,
                       dt_ps_type_name(m.type), (long long)m.clock);
-  if (m.type == DT_PS_LOST) {
+  if (m.type == DT_PS_LOST || m.type == DT_PS_REJOIN) {
     if (m.count || m.key || m.flags || m.aux >= (uint64_t)map->nservers)
       return dt__seterr(DT_EPROTO, "ps: worker %d sent a malformed loss notice (server %llu)",
                         from, (unsigned long long)m.aux);

@@ -119,18 +119,30 @@ static inline int dt_ps_map_holds(const dt_ps_map *m, int s, int k) {
  * takes a copy of the range: re-replication), or, with no server left
  * outside it, the range runs on fewer copies. Writes up to R servers into
  * out and returns how many. Without replicas: g alone, whatever is lost. */
-static inline int dt_ps_holders(const dt_ps_map *m, int g, const uint8_t *dead, int *out) {
+static inline int dt_ps_holders(const dt_ps_map *m, int g, const uint8_t *dead, int *out);
+/* The same when the servers with late[s] != 0 came back after a loss (a
+ * new process in a lost server's slot, rejoin.c; late NULL: none): they
+ * come after every other live server in each range's list (g, g+1, ...
+ * among the others first, then among them), so a server that rejoins
+ * holds only what runs on fewer than R copies and moves no range off a
+ * server that holds it. */
+static inline int dt_ps_holders_late(const dt_ps_map *m, int g, const uint8_t *dead,
+                                     const uint8_t *late, int *out) {
   const int S = m->nservers, R = m->replicas > 1 ? m->replicas : 1;
   if (R == 1) {
     out[0] = g;
     return 1;
   }
   int n = 0;
-  for (int j = 0; j < S && n < R; j++) {
-    int t = (g + j) % S;
-    if (!dead || !dead[t]) out[n++] = t;
-  }
+  for (int pass = 0; pass < (late ? 2 : 1); pass++)
+    for (int j = 0; j < S && n < R; j++) {
+      int t = (g + j) % S;
+      if ((!dead || !dead[t]) && (late ? (late[t] != 0) == pass : 1)) out[n++] = t;
+    }
   return n;
+}
+static inline int dt_ps_holders(const dt_ps_map *m, int g, const uint8_t *dead, int *out) {
+  return dt_ps_holders_late(m, g, dead, NULL, out);
 }
 /* One line per server: "server 1: keys 3-5, floats [52000, 104100) (407 KiB):
  * layer 3 'linear' [52000, 100480), ..." into buf (always terminated);
@@ -155,6 +167,37 @@ int dt_ps_server_set_joins(struct dt_ps_server *s, const char *host, int port,
 int dt_ps_join(const char *host, int port, const struct dt_comm_config *cc, const dt_ps_map *map,
                int slot, dt_comm **out);
 
+/* ---- a server process rejoining (rejoin.c) ------------------------------- */
+
+/* Replicas: server s may take part in rejoins — a new process in a lost
+ * server's slot — through the job's store (host:port, cc the job's comm
+ * config). A no-op without replicas. */
+int dt_ps_server_set_rejoins(struct dt_ps_server *s, const char *host, int port,
+                             const struct dt_comm_config *cc);
+/* The newcomer in lost server `slot`: takes the next rejoin number
+ * (*number), marks in late[] (map->nservers bytes) every slot that
+ * rejoined so far and its own, and waits (up to cc's deadline) for the
+ * workers' next epoch end to build the rejoin's communicator with it
+ * (*out, the job's ranks: it at nworkers + slot). DT_EINVAL without
+ * replicas or for a slot out of range. */
+int dt_ps_rejoin_connect(const char *host, int port, const struct dt_comm_config *cc,
+                         const dt_ps_map *map, int nworkers, int slot, struct dt_comm **out,
+                         uint8_t *late, int64_t *number);
+/* The newcomer's server (created on that communicator with the slot's
+ * index) drops the ranges it would hold at start and waits for a copy of
+ * every range that now lists it (dt_ps_holders_late with late), from
+ * each range's primary. */
+int dt_ps_server_rejoined(struct dt_ps_server *s, const uint8_t *late, int64_t number);
+struct dt_ps_client;
+/* A worker at an epoch's end (no request outstanding), once the workers
+ * agree that rejoin `number` of server slot d is announced: tells every
+ * live server (its last message on its communicator), joins the rejoin's
+ * communicator and talks to every server there from now on; d counts as
+ * live again, after the others in each holder list. Skipped with a
+ * warning when d was not lost here or another server is lost too. */
+int dt_ps_client_rejoin(struct dt_ps_client *c, const char *host, int port,
+                        const struct dt_comm_config *cc, int64_t number, int d);
+
 /* ---- wire messages (msg.c) ----------------------------------------------- */
 
 enum dt_ps_type {
@@ -171,6 +214,9 @@ enum dt_ps_type {
                     * parameters, then optimizer state; then the workers' push clocks,
                     * N int64), at version `clock`, optimizer step count `aux`,
                     * the key's row mode + 1 in `flags` */
+  DT_PS_REJOIN,    /* worker -> server: server `aux`, lost, is back (a new process in its
+                    * slot), rejoin number `clock` of the job: this worker's last message
+                    * on this communicator; the next ones come on the rejoin's (rejoin.c) */
   DT_PS_TYPE_MAX
 };
 

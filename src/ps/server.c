@@ -220,6 +220,7 @@ void dt_ps_server_destroy(dt_ps_server *s) {
   for (int i = 0; s->keys && i < s->nk; i++) dt__pss_key_free(&s->keys[i]);
   dt__pss_copy_free(s);
   free(s->keys);
+  dt__pss_rejoin_free(s);
   free(s->kpos);
   dt_free(s->params);
   free(s->hdr);
@@ -490,6 +491,8 @@ int dt__pss_handle(dt_ps_server *s, int w, const dt_ps_msg *m, const float *data
   switch (m->type) {
   case DT_PS_LOST:
     return dt__pss_lost(s, w, (int)m->aux);
+  case DT_PS_REJOIN:
+    return dt__pss_rejoin_told(s, w, m);
   case DT_PS_HELLO: {
     uint64_t mine = 0;
     const int R = s->map->replicas > 1 ? s->map->replicas : 1;
@@ -615,7 +618,7 @@ static int take(dt_ps_server *s, int w, const dt_ps_msg *mp) {
   } else {
     DT_CHECK(dt__pss_handle(s, w, &m, data));
   }
-  if (!s->bye[w]) DT_CHECK(post(s, w));
+  if (!s->bye[w] && !dt__pss_rj_hold(s, w)) DT_CHECK(post(s, w));
   return DT_OK;
 }
 
@@ -687,7 +690,7 @@ int dt_ps_server_poll(dt_ps_server *s, int *busy) {
   if (s->failed) return dt__seterr(DT_EABORTED, "ps server %d: failed earlier", s->index);
   int rc = DT_OK;
   for (int w = 0; w < s->N && rc == DT_OK; w++) {
-    if (w == s->local || s->bye[w]) continue;
+    if (w == s->local || s->bye[w] || dt__pss_rj_hold(s, w)) continue;
     if (s->parked[w]) {
       if (must_park(s, w, &s->pmsg[w])) continue;
       s->parked[w] = 0;

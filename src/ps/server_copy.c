@@ -45,7 +45,9 @@ int dt__pss_copy_init(dt_ps_server *s) {
   s->cp_want = calloc((size_t)S * (size_t)S, 1);
   s->cp_from = malloc((size_t)S * sizeof *s->cp_from);
   s->cp_left = calloc((size_t)S, sizeof *s->cp_left);
-  if (!s->dead || !s->told || !s->hold || !s->nhold || !s->cp_want || !s->cp_from || !s->cp_left)
+  s->late = calloc((size_t)S, 1);
+  s->rj_told = calloc((size_t)N, sizeof *s->rj_told);
+  if (!s->late || !s->rj_told || !s->dead || !s->told || !s->hold || !s->nhold || !s->cp_want || !s->cp_from || !s->cp_left)
     return dt__seterr(DT_ENOMEM, "ps server %d: out of memory", s->index);
   for (int g = 0; g < S; g++) {
     s->nhold[g] = dt_ps_holders(s->map, g, NULL, s->hold + (size_t)g * R);
@@ -63,6 +65,8 @@ void dt__pss_copy_free(dt_ps_server *s) {
   free(s->cp_want);
   free(s->cp_from);
   free(s->cp_left);
+  free(s->late);
+  free(s->rj_told);
   for (int i = 0; i < s->nq; i++) dt_free(s->q[i].data);
   free(s->q);
 }
@@ -84,7 +88,7 @@ static void range_lost(dt_ps_server *s, int g, const char *why) {
 
 /* This server is a new holder of range g: its keys, waiting for their
  * copies from server src (posted now; a push that comes first is queued). */
-static int take_range(dt_ps_server *s, int g, int src, int src_has_it) {
+int dt__pss_take_range(dt_ps_server *s, int g, int src, int src_has_it) {
   const dt_ps_map *m = s->map;
   const int S = m->nservers;
   for (int key = m->srv_key0[g]; key < m->srv_key0[g + 1]; key++) {
@@ -138,7 +142,7 @@ int dt__pss_lost(dt_ps_server *s, int w, int d) {
   for (int g = 0; g < S; g++) {
     if (empty(m, g)) continue;
     int *old = s->hold + (size_t)g * R, no = s->nhold[g];
-    int nn = dt_ps_holders(m, g, s->dead, nw);
+    int nn = dt_ps_holders_late(m, g, s->dead, s->late, nw);
     const int was = in(old, no, me), is = in(nw, nn, me);
     s->cp_want[(size_t)g * S + d] = 0;
     if (is && nw[0] == me && in(old, no, d)) {
@@ -157,7 +161,7 @@ int dt__pss_lost(dt_ps_server *s, int w, int d) {
                     m->srv_key0[g], m->srv_key0[g + 1] - 1, g, nn, nn == 1 ? "y" : "ies", S, R);
     }
     if (is && !was) {
-      DT_CHECK(take_range(s, g, nw[0], in(old, no, nw[0])));
+      DT_CHECK(dt__pss_take_range(s, g, nw[0], in(old, no, nw[0])));
     } else if (is && s->cp_from[g] == d) {
       range_lost(s, g, "the server sending its copy is lost");
     }

@@ -117,6 +117,17 @@ struct dt_ps_server {
   int64_t cp_t0;     /* when the last loss was first reported here */
   pss_queued *q;
   int nq, capq;
+  /* rejoins (rejoin.c): a new process in a lost server's slot */
+  uint8_t *late;     /* per server: came back after a loss (last in every holder list) */
+  int64_t *rj_told;  /* per worker: the last rejoin it told of (its messages on the
+                      * communicator before it end there) */
+  int64_t rj_done;   /* rejoins this server has switched communicators for */
+  int rj_slot;       /* the slot of rejoin rj_done + 1, as told */
+  char rj_host[256];
+  int rj_port;       /* 0: no store, no rejoins */
+  struct dt_comm_config rj_cc;
+  dt_comm **rj_comms; /* the rejoins' communicators (owned) */
+  int rj_n;
 };
 
 static inline skey *dt__pss_key(dt_ps_server *s, int idx) { return &s->keys[s->kpos[idx]]; }
@@ -138,6 +149,11 @@ int dt__pss_enqueue(dt_ps_server *s, int w, const dt_ps_msg *m, float *data);
 void dt__pss_copy_finish(dt_ps_server *s);
 int dt__pss_worker_lost(dt_ps_server *s, int w, const char *how);
 int64_t dt__pss_min_clock(const dt_ps_server *s, const struct skey *k);
+/* rejoin.c */
+int dt__pss_rejoin_told(dt_ps_server *s, int w, const dt_ps_msg *m);
+int dt__pss_rj_hold(const dt_ps_server *s, int w);
+void dt__pss_rejoin_free(dt_ps_server *s);
+int dt__pss_take_range(dt_ps_server *s, int g, int src, int src_has_it);
 /* server_join.c */
 int dt__pss_join_poll(dt_ps_server *s, int *busy);
 void dt__pss_join_free(dt_ps_server *s);

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# test_ps_rejoin.sh — a restarted server rejoins (docs/ps.md "A restarted
+# server rejoins"): 2 workers, 2 separate servers, ps.replicas = 2 (no free
+# server: after a loss every range runs on one copy), bsp, the MLP:
+#  - server 0 SIGKILLed mid-run: both ranges run on server 1 alone;
+#  - a new process in server 0's slot (dtrain launch --join with
+#    DTRAIN_PS_REJOIN=0) rejoins at the workers' next epoch end and takes a
+#    copy of both ranges from server 1 ("holds its copy" twice);
+#  - then server 1 is SIGKILLed: the workers fail over to the newcomer and
+#    the job ends with status 0 and the same params_sha256 as the run
+#    without kills (without the rejoin, losing server 1 loses every holder
+#    of both ranges and the job ends with an error).
+# Every process this test starts is killed and reaped by pid on exit.
+. "$(dirname "$0")/../cli/lib.sh"
+SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+[ -e "$FASHION/train-images-idx3-ubyte.gz" ] || { echo "SKIP: no Fashion-MNIST in $FASHION"; exit 77; }
+
+MLP="$SRC/examples/fashion_mlp.ini"
+export DTRAIN_JOB_TOKEN=0123456789abcdef0123456789abcdef
+Q=(--set train.epochs=40 --set data.limit_train=1280 --set data.limit_test=200
+   --set ps.servers=2 --set ps.replicas=2)
+sha() { json_str "$T/$1/summary.json" params_sha256; }
+pid_in() { grep -m1 '^workers:' "$T/$1.log" | sed -nE "s/.*rank $2 pid ([0-9]+).*/\1/p"; }
+count() { grep -c "$2" "$T/$1.log" 2>/dev/null || true; }
+# wait_for NAME PATTERN N SECONDS — until the log has N lines matching
+wait_for() {
+  local t0
+  t0=$(now)
+  while [ "$(count "$1" "$2")" -lt "$3" ] && kill -0 "$job" 2>/dev/null &&
+    elapsed_ok "$t0" "$(now)" "$4"; do sleep 0.02; done
+  [ "$(count "$1" "$2")" -ge "$3" ]
+}
+launch() { # NAME — the job in the background, pid in $job
+  local P
+  P=$(free_port)
+  echo "$P" >"$T/$1.port"
+  "$DTRAIN" launch --rdzv 127.0.0.1:$P --nproc-per-node 4 -- train "$MLP" "${Q[@]}" \
+    --out "$T/$1" >"$T/$1.log" 2>&1 </dev/null &
+  job=$!
+  PIDS="$PIDS $job"
+}
+wait_job() { # SECONDS — $rc: the job's status (124: still running)
+  local t0
+  t0=$(now)
+  while kill -0 "$job" 2>/dev/null && elapsed_ok "$t0" "$(now)" "$1"; do sleep 0.05; done
+  if kill -0 "$job" 2>/dev/null; then rc=124; return; fi
+  wait "$job"
+  rc=$?
+}
+
+# the reference: no kills
+launch ref
+wait_job 80
+[ $rc = 0 ] && [ -s "$T/ref/summary.json" ] && pass || fail "ref: exit $rc: $(tail -c 400 "$T/ref.log")"
+ref=$(sha ref)
+
+# server 0 killed; a new process in its slot; once it holds its copies, server 1 killed
+launch rj
+if wait_for rj '^workers:' 1 30; then
+  t0=$(now)
+  while ! { [ -s "$T/rj/events.jsonl" ] && grep -q '"epoch"' "$T/rj/events.jsonl"; } &&
+    kill -0 "$job" 2>/dev/null && elapsed_ok "$t0" "$(now)" 30; do sleep 0.02; done
+  kill -9 "$(pid_in rj 2)"
+  wait_for rj "ps worker [01]: server 0 (rank 2) lost at clock" 2 20 && pass ||
+    fail "rj: the workers did not report server 0 lost: $(tail -5 "$T/rj.log")"
+  DTRAIN_PS_REJOIN=0 "$DTRAIN" launch --join --rdzv "127.0.0.1:$(cat "$T/rj.port")" -- \
+    train "$MLP" "${Q[@]}" --set dist.workers=2 >"$T/new.log" 2>&1 </dev/null &
+  newp=$!
+  PIDS="$PIDS $newp"
+  t0=$(now)
+  while [ "$(count new 'holds its copy of keys')" -lt 2 ] && kill -0 "$newp" 2>/dev/null &&
+    elapsed_ok "$t0" "$(now)" 40; do sleep 0.02; done
+  if [ "$(count new 'holds its copy of keys')" = 2 ]; then
+    pass
+    grep -h 'holds its copy' "$T/new.log" | sed 's/.*dtrain warn: //'
+    kill -9 "$(pid_in rj 3)"
+  else
+    fail "new: no two 'holds its copy' lines within 40 s: $(tail -5 "$T/new.log"; tail -5 "$T/rj.log")"
+  fi
+  wait_job 80
+  [ -n "$KEEP_LOGS" ] && cp "$T"/*.log "$KEEP_LOGS"/
+  if [ $rc = 124 ]; then
+    fail "rj: still running 80 s after the kills: $(tail -3 "$T/rj.log")"
+  else
+    [ $rc = 0 ] && pass || fail "rj: exit $rc: $(grep -v 'go on' "$T/rj.log" | tail -c 800)"
+    [ -n "$ref" ] && [ "$(sha rj)" = "$ref" ] && pass ||
+      fail "rj: params_sha256 $(sha rj), not the run without kills' $ref"
+    n=$(count rj "ps worker [01]: server 1 (rank 3) lost at clock")
+    [ "$n" = 2 ] && pass || fail "rj: $n workers said they lost server 1"
+    n=$(count rj "ps worker [01]: keys .* get a copy on server 0, back in its slot")
+    [ "$n" = 4 ] && pass || fail "rj: $n lines of workers giving server 0 its ranges back (4 expected)"
+    grep -q "ps server 1: server 0 is back; keys" "$T/rj.log" && pass ||
+      fail "rj: server 1 did not say it copies to server 0"
+  fi
+  t0=$(now)
+  while kill -0 "$newp" 2>/dev/null && elapsed_ok "$t0" "$(now)" 20; do sleep 0.05; done
+  if kill -0 "$newp" 2>/dev/null; then
+    fail "new: the rejoined server still runs 20 s after the job's end"
+  else
+    wait "$newp" && pass || fail "new: exit $?: $(tail -3 "$T/new.log")"
+  fi
+  for r in 0 1 2 3; do
+    p=$(pid_in rj $r)
+    [ -n "$p" ] && kill -0 "$p" 2>/dev/null && fail "rj: rank $r (pid $p) still running" || pass
+  done
+fi
+unset DTRAIN_JOB_TOKEN
+finish
