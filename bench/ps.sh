@@ -4,7 +4,7 @@
 # straggler, the sparse ratings workload and a server's SIGKILL with
 # replicas (bench/ps_bench.py says what each part measures). Environment:
 # REPS (default 3), BUILD (default build/release), PARTS (default
-# speed,rpc,straggler,sparse,failover; also breakdown, rereplicate, workers), RATINGS (sparse: default 2000000),
+# speed,rpc,straggler,sparse,failover; also breakdown, rereplicate, rejoin, workers), RATINGS (sparse: default 2000000),
 # STRAGGLER_SERVERS (0: colocated servers in the
 # straggler part; S: S separate, unthrottled server processes).
 set -euo pipefail

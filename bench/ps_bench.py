@@ -46,6 +46,13 @@ Parts (--parts, default speed,rpc,straggler,sparse):
              clocks after it (their log lines give the wall time), its
              median (target <= 2 s), and whether params_sha256 equals the
              run without the kill (bsp stays deterministic).
+  rejoin     (not in the default list) 2 workers, 2 separate servers,
+             ps.replicas = 2, bsp, the same MLP under dtrain launch: server
+             0 SIGKILLed after the first epoch record, a new process started
+             in its slot (DTRAIN_PS_REJOIN=0, dtrain launch --join), server 1
+             SIGKILLed once the newcomer holds both copies; the time from the
+             newcomer's start to its copies (it waits for an epoch's end) and
+             whether params_sha256 equals the run without kills.
   workers    (not in the default list) 3 workers + 1 separate server + 1 spare, bsp,
              dist.min_workers = 2: worker 2 SIGKILLed after epoch 1; the time to the
              server's first clock without it and to the spare's admission.
@@ -385,6 +392,82 @@ def rereplicate():
         print(f"  median SIGKILL -> both new copies in {statistics.median(times):.3f} s; "
               f"params_sha256 unchanged after both kills in {same} of {a.failover_reps} runs")
 
+def rejoin():
+    """A restarted server rejoins (docs/ps.md): 2 workers, 2 servers, 2 copies of each range
+    (no free server), bsp, under dtrain launch with a known store; server 0 SIGKILLed after
+    epoch 1, a new process started in its slot (dtrain launch --join, DTRAIN_PS_REJOIN=0) once
+    both workers reported the loss, then, once it holds both copies, server 1 SIGKILLed.
+    Prints the time from the newcomer's start to its later "holds its copy" line (it waits
+    for the workers' next epoch end) and whether bsp ends with the run without kills'
+    params_sha256."""
+    ep = a.failover_epochs
+    print(f"== rejoin: MLP, 2 workers + 2 servers, ps.replicas=2, bsp, {ep} epochs of 3200 samples; "
+          f"server 0 SIGKILLed after epoch 1, a new server 0 started, server 1 SIGKILLed once it "
+          f"holds its copies ({a.failover_reps} runs)")
+    tok = "0123456789abcdef0123456789abcdef"
+    renv = dict(env, DTRAIN_JOB_TOKEN=tok)
+    cfg = ["examples/fashion_mlp.ini", "--set", "ps.servers=2", "--set", "ps.replicas=2",
+           "--set", f"train.epochs={ep}", "--set", "data.limit_train=3200",
+           "--set", "data.limit_test=500", "--set", "ckpt.epoch_end=false"]
+    def port():
+        import socket
+        with socket.socket() as so:
+            so.bind(("127.0.0.1", 0))
+            return so.getsockname()[1]
+    def job(P):
+        return [dtrain, "launch", "--rdzv", f"127.0.0.1:{P}", "--nproc-per-node", "4", "--", "train"] + cfg
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run(job(port()) + ["--out", out], env=renv, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        ref = out_sha(out)
+    times, same = [], 0
+    for r in range(a.failover_reps):
+        P = port()
+        with tempfile.TemporaryDirectory() as out:
+            p = subprocess.Popen(job(P) + ["--out", out], env=renv, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+            pids, log = {}, []
+            for line in p.stdout:
+                log.append(line)
+                pids = {int(k): int(v) for k, v in re.findall(r"rank (\d+) pid (\d+)", line)}
+                if pids:
+                    break
+            wait_first_event(out)
+            os.kill(pids[2], 9)
+            for line in p.stdout:
+                log.append(line)
+                if sum("server 0 (rank 2) lost at clock" in x for x in log) >= 2:
+                    break
+            t0 = time.time()
+            q = subprocess.Popen([dtrain, "launch", "--join", "--rdzv", f"127.0.0.1:{P}", "--",
+                                  "train"] + cfg + ["--set", "dist.workers=2"],
+                                 env=dict(renv, DTRAIN_PS_REJOIN="0"), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+            copies = []
+            for line in q.stderr:
+                if "holds its copy of keys" in line:
+                    copies.append(log_stamp(line) or time.time())
+                    if len(copies) == 2:
+                        break
+            if len(copies) == 2:
+                os.kill(pids[3], 9)
+            rest, _ = p.communicate(timeout=300)
+            q.communicate(timeout=60)
+            sha = out_sha(out) if p.returncode == 0 else None
+            same += sha == ref
+            if len(copies) == 2:
+                times.append(max(copies) - t0)
+                print(f"  run {r + 1}: newcomer started -> both copies in {times[-1]:.3f} s, then "
+                      f"server 1 killed: exit {p.returncode} (newcomer {q.returncode}), params_sha256 "
+                      f"{'same as' if sha == ref else 'differs from'} the run without kills", flush=True)
+            else:
+                print(f"  run {r + 1}: exit {p.returncode}, {len(copies)} copies: "
+                      f"{(''.join(log) + rest)[-400:]}", flush=True)
+    if times:
+        print(f"  median newcomer start -> both copies in {statistics.median(times):.3f} s; "
+              f"params_sha256 unchanged after the kills and the rejoin in {same} of "
+              f"{a.failover_reps} runs")
+
 def workers():
     """Elastic workers (docs/ps.md "Workers leaving and joining"): 3 workers, 1 server, bsp,
     dist.min_workers=2 and one spare (--standby 1); worker 2 SIGKILLed after epoch 1. Prints
@@ -459,6 +542,6 @@ def breakdown():
 
 for part in a.parts.split(","):
     {"speed": speed, "rpc": rpc, "straggler": straggler, "sparse": sparse,
-     "failover": failover, "rereplicate": rereplicate, "workers": workers,
+     "failover": failover, "rejoin": rejoin, "rereplicate": rereplicate, "workers": workers,
      "breakdown": breakdown}[part]()
     print(flush=True)

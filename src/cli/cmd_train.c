@@ -659,6 +659,9 @@ static void header(const dt_config *cfg, const dt_engine *e, const struct dt__la
     }
     free(map);
   }
+  else if (L && L->join && dt_param(DT_PARAM_PS_REJOIN) >= 0)
+    printf("dtrain %s: server %d of the job at %s, rejoining (at the workers' next epoch end)\n",
+           dt_version(), (int)dt_param(DT_PARAM_PS_REJOIN), L->rdzv);
   else if (L && L->join)
     printf("dtrain %s: joining the elastic job at %s (admitted at its next re-forming)\n",
            dt_version(), L->rdzv);

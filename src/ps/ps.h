@@ -22,7 +22,9 @@
  * the first live one; when it dies they read from the next (client.c).
  * A loss also moves the next free server into a range's holders
  * (dt_ps_holders), which takes a copy of it from the range's primary
- * (server_copy.c: re-replication).
+ * (server_copy.c: re-replication). A new process in a lost server's
+ * slot rejoins at the workers' next epoch end and takes a copy of what
+ * runs on fewer than R copies (rejoin.c).
  *
  * It does not train, load data or pick learning rates: workers send the
  * rate with each push.

@@ -28,7 +28,9 @@
  * move a range that has its R copies, nor take a slot whose server is
  * alive (the workers skip the rejoin with a warning; the newcomer's wait
  * ends at the deadline), nor rejoin while another server is lost (the
- * communicator needs every other process of the job).
+ * communicator needs every other process of the job). A newcomer that
+ * dies before the communicator is built costs the job the deadline: every
+ * process's creation fails and they go on on the old one.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,9 +143,14 @@ static int switch_comm(dt_ps_server *s, int64_t J, int d) {
   dt_comm *nc = NULL;
   int rc = rejoin_comm(s->rj_host, s->rj_port, &s->rj_cc, J, dt_ps_server_rank(&s->o, s->index),
                        s->N + S, lim, &nc);
-  if (rc < 0)
-    return dt__preerr(rc, "ps server %d: joining rejoin %lld (server %d's slot)", s->index,
-                      (long long)J, d);
+  if (rc < 0) {
+    /* the newcomer never came (it died, or another process failed): the
+     * workers fail the same way and go on on the old communicator */
+    DT_LOG_WARN("ps server %d: rejoin %lld of server %d failed (%s); going on without it",
+                s->index, (long long)J, d, dt_errmsg());
+    s->rj_done = J;
+    return DT_OK;
+  }
   s->rj_comms[s->rj_n++] = nc;
   if (dt_comm_timeout(nc) < 600) dt_comm_set_timeout(nc, 600);
   s->comm = nc;
@@ -287,9 +294,13 @@ int dt_ps_client_rejoin(dt_ps_client *c, const char *host, int port,
   dt_comm *nc = NULL;
   const double t = cc->timeout_s > 0 ? cc->timeout_s : 60;
   int rc = rejoin_comm(host, port, cc, number, c->me, c->o.nworkers + S, t, &nc);
-  if (rc < 0)
-    return dt__preerr(rc, "ps worker %d: joining rejoin %lld (server %d's slot)", c->me,
-                      (long long)number, d);
+  if (rc < 0) {
+    /* the newcomer never came: every process's creation fails alike, and
+     * everyone goes on on the old communicator with the slot lost */
+    DT_LOG_WARN("ps worker %d: rejoin %lld of server %d failed (%s); going on without it",
+                c->me, (long long)number, d, dt_errmsg());
+    return DT_OK;
+  }
   c->rj_comms[c->rj_n++] = nc;
   c->comm = nc;
   c->sdead[d] = 0;

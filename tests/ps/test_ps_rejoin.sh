@@ -10,7 +10,8 @@
 #    the job ends with status 0 and the same params_sha256 as the run
 #    without kills (without the rejoin, losing server 1 loses every holder
 #    of both ranges and the job ends with an error).
-# Every process this test starts is killed and reaped by pid on exit.
+# Every process this test starts is killed and reaped by pid on exit
+# (KEEP_LOGS=DIR keeps the logs).
 . "$(dirname "$0")/../cli/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 [ -e "$FASHION/train-images-idx3-ubyte.gz" ] || { echo "SKIP: no Fashion-MNIST in $FASHION"; exit 77; }
@@ -78,7 +79,7 @@ if wait_for rj '^workers:' 1 30; then
     fail "new: no two 'holds its copy' lines within 40 s: $(tail -5 "$T/new.log"; tail -5 "$T/rj.log")"
   fi
   wait_job 80
-  [ -n "$KEEP_LOGS" ] && cp "$T"/*.log "$KEEP_LOGS"/
+  [ -n "${KEEP_LOGS:-}" ] && cp "$T"/*.log "$KEEP_LOGS"/
   if [ $rc = 124 ]; then
     fail "rj: still running 80 s after the kills: $(tail -3 "$T/rj.log")"
   else
