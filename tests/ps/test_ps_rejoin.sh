@@ -11,14 +11,16 @@
 #    without kills (without the rejoin, losing server 1 loses every holder
 #    of both ranges and the job ends with an error).
 # Every process this test starts is killed and reaped by pid on exit
-# (KEEP_LOGS=DIR keeps the logs).
+# (KEEP_LOGS=DIR keeps the logs). Sanitizer builds: REJOIN_EPOCHS (40)
+# and TIME_SCALE (1, multiplies every limit), e.g. 12 and 8.
 . "$(dirname "$0")/../cli/lib.sh"
 SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 [ -e "$FASHION/train-images-idx3-ubyte.gz" ] || { echo "SKIP: no Fashion-MNIST in $FASHION"; exit 77; }
 
 MLP="$SRC/examples/fashion_mlp.ini"
 export DTRAIN_JOB_TOKEN=0123456789abcdef0123456789abcdef
-Q=(--set train.epochs=40 --set data.limit_train=1280 --set data.limit_test=200
+TS=${TIME_SCALE:-1}
+Q=(--set train.epochs=${REJOIN_EPOCHS:-40} --set data.limit_train=1280 --set data.limit_test=200
    --set ps.servers=2 --set ps.replicas=2)
 sha() { json_str "$T/$1/summary.json" params_sha256; }
 pid_in() { grep -m1 '^workers:' "$T/$1.log" | sed -nE "s/.*rank $2 pid ([0-9]+).*/\1/p"; }
@@ -51,18 +53,18 @@ wait_job() { # SECONDS — $rc: the job's status (124: still running)
 
 # the reference: no kills
 launch ref
-wait_job 80
+wait_job $((80 * TS))
 [ $rc = 0 ] && [ -s "$T/ref/summary.json" ] && pass || fail "ref: exit $rc: $(tail -c 400 "$T/ref.log")"
 ref=$(sha ref)
 
 # server 0 killed; a new process in its slot; once it holds its copies, server 1 killed
 launch rj
-if wait_for rj '^workers:' 1 30; then
+if wait_for rj '^workers:' 1 $((30 * TS)); then
   t0=$(now)
   while ! { [ -s "$T/rj/events.jsonl" ] && grep -q '"epoch"' "$T/rj/events.jsonl"; } &&
-    kill -0 "$job" 2>/dev/null && elapsed_ok "$t0" "$(now)" 30; do sleep 0.02; done
+    kill -0 "$job" 2>/dev/null && elapsed_ok "$t0" "$(now)" $((30 * TS)); do sleep 0.02; done
   kill -9 "$(pid_in rj 2)"
-  wait_for rj "ps worker [01]: server 0 (rank 2) lost at clock" 2 20 && pass ||
+  wait_for rj "ps worker [01]: server 0 (rank 2) lost at clock" 2 $((20 * TS)) && pass ||
     fail "rj: the workers did not report server 0 lost: $(tail -5 "$T/rj.log")"
   DTRAIN_PS_REJOIN=0 "$DTRAIN" launch --join --rdzv "127.0.0.1:$(cat "$T/rj.port")" -- \
     train "$MLP" "${Q[@]}" --set dist.workers=2 >"$T/new.log" 2>&1 </dev/null &
@@ -70,7 +72,7 @@ if wait_for rj '^workers:' 1 30; then
   PIDS="$PIDS $newp"
   t0=$(now)
   while [ "$(count new 'holds its copy of keys')" -lt 2 ] && kill -0 "$newp" 2>/dev/null &&
-    elapsed_ok "$t0" "$(now)" 40; do sleep 0.02; done
+    elapsed_ok "$t0" "$(now)" $((40 * TS)); do sleep 0.02; done
   if [ "$(count new 'holds its copy of keys')" = 2 ]; then
     pass
     grep -h 'holds its copy' "$T/new.log" | sed 's/.*dtrain warn: //'
@@ -78,7 +80,7 @@ if wait_for rj '^workers:' 1 30; then
   else
     fail "new: no two 'holds its copy' lines within 40 s: $(tail -5 "$T/new.log"; tail -5 "$T/rj.log")"
   fi
-  wait_job 80
+  wait_job $((80 * TS))
   [ -n "${KEEP_LOGS:-}" ] && cp "$T"/*.log "$KEEP_LOGS"/
   if [ $rc = 124 ]; then
     fail "rj: still running 80 s after the kills: $(tail -3 "$T/rj.log")"
@@ -94,7 +96,7 @@ if wait_for rj '^workers:' 1 30; then
       fail "rj: server 1 did not say it copies to server 0"
   fi
   t0=$(now)
-  while kill -0 "$newp" 2>/dev/null && elapsed_ok "$t0" "$(now)" 20; do sleep 0.05; done
+  while kill -0 "$newp" 2>/dev/null && elapsed_ok "$t0" "$(now)" $((20 * TS)); do sleep 0.05; done
   if kill -0 "$newp" 2>/dev/null; then
     fail "new: the rejoined server still runs 20 s after the job's end"
   else
