@@ -399,8 +399,9 @@ def rejoin():
     both workers reported the loss, then, once it holds both copies, server 1 SIGKILLed.
     Prints the time from the newcomer's start to its later "holds its copy" line (it waits
     for the workers' next epoch end) and whether bsp ends with the run without kills'
-    params_sha256."""
-    ep = a.failover_epochs
+    params_sha256. At least 16 epochs (the newcomer loads the data, then waits for an epoch's
+    end: it must come before the run's last)."""
+    ep = max(a.failover_epochs, 16)
     print(f"== rejoin: MLP, 2 workers + 2 servers, ps.replicas=2, bsp, {ep} epochs of 3200 samples; "
           f"server 0 SIGKILLed after epoch 1, a new server 0 started, server 1 SIGKILLed once it "
           f"holds its copies ({a.failover_reps} runs)")
@@ -454,19 +455,19 @@ def rejoin():
             rest, _ = p.communicate(timeout=300)
             q.communicate(timeout=60)
             sha = out_sha(out) if p.returncode == 0 else None
-            same += sha == ref
             if len(copies) == 2:
+                same += sha == ref
                 times.append(max(copies) - t0)
                 print(f"  run {r + 1}: newcomer started -> both copies in {times[-1]:.3f} s, then "
                       f"server 1 killed: exit {p.returncode} (newcomer {q.returncode}), params_sha256 "
                       f"{'same as' if sha == ref else 'differs from'} the run without kills", flush=True)
             else:
-                print(f"  run {r + 1}: exit {p.returncode}, {len(copies)} copies: "
-                      f"{(''.join(log) + rest)[-400:]}", flush=True)
+                print(f"  run {r + 1}: exit {p.returncode} (newcomer {q.returncode}), {len(copies)} "
+                      f"copies (the run ended first?): {(''.join(log) + rest)[-300:]}", flush=True)
     if times:
         print(f"  median newcomer start -> both copies in {statistics.median(times):.3f} s; "
               f"params_sha256 unchanged after the kills and the rejoin in {same} of "
-              f"{a.failover_reps} runs")
+              f"{len(times)} runs that rejoined ({a.failover_reps} runs)")
 
 def workers():
     """Elastic workers (docs/ps.md "Workers leaving and joining"): 3 workers, 1 server, bsp,
