@@ -396,7 +396,19 @@ static int take_rejoins(dt_strategy *s) {
     rc = dt_store_get(st, key, val, sizeof val - 1, &n, t);
     if (rc < 0) break;
     val[n] = 0;
-    rc = dt_ps_client_rejoin(d->cl, s->rdzv_host, s->rdzv_port, s->rdzv_cc, j, atoi(val));
+    /* "SLOT DIGEST": a newcomer with another key-range map is skipped (it
+     * times out; the job goes on without it) */
+    char *end = NULL;
+    int slot = (int)strtol(val, &end, 10);
+    unsigned long long dg = end ? strtoull(end, NULL, 16) : 0;
+    if (dg != (unsigned long long)dt_ps_map_digest(&d->map)) {
+      DT_LOG_WARN("ps worker %d: rejoin %lld of server %d skipped: the newcomer has another "
+                  "key-range map (digest %016llx; here %016llx)", d->me, (long long)j, slot, dg,
+                  (unsigned long long)dt_ps_map_digest(&d->map));
+      d->rj_seen = j;
+      continue;
+    }
+    rc = dt_ps_client_rejoin(d->cl, s->rdzv_host, s->rdzv_port, s->rdzv_cc, j, slot);
     if (rc == DT_OK) d->rj_seen = j;
   }
   return rc;

@@ -171,6 +171,13 @@ int dt_ps_join(const char *host, int port, const struct dt_comm_config *cc, cons
 
 /* ---- a server process rejoining (rejoin.c) ------------------------------- */
 
+/* The map's digest as a number (its first 8 bytes, as HELLO carries it). */
+static inline uint64_t dt_ps_map_digest(const dt_ps_map *m) {
+  uint64_t d = 0;
+  for (int i = 0; i < 8; i++) d |= (uint64_t)m->sha[i] << (8 * i);
+  return d;
+}
+
 /* Replicas: server s may take part in rejoins — a new process in a lost
  * server's slot — through the job's store (host:port, cc the job's comm
  * config). A no-op without replicas. */

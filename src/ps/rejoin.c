@@ -167,9 +167,10 @@ int dt__pss_rejoin_told(dt_ps_server *s, int w, const dt_ps_msg *m) {
   if (!s->cp || !s->rj_port)
     return dt__seterr(DT_EPROTO, "ps server %d: worker %d told of a rejoin, but this server has "
                       "no replicas or no store", s->index, w);
-  if (m->clock != s->rj_done + 1)
-    return dt__seterr(DT_EPROTO, "ps server %d: worker %d told of rejoin %lld, expected %lld",
-                      s->index, w, (long long)m->clock, (long long)(s->rj_done + 1));
+  /* (numbers the workers skipped never come) */
+  if (m->clock <= s->rj_done)
+    return dt__seterr(DT_EPROTO, "ps server %d: worker %d told of rejoin %lld, after %lld",
+                      s->index, w, (long long)m->clock, (long long)s->rj_done);
   if (d == s->index || !s->dead[d])
     return dt__seterr(DT_EPROTO, "ps server %d: worker %d says server %d is back, but it was not "
                       "lost here", s->index, w, d);
@@ -203,28 +204,40 @@ int dt_ps_rejoin_connect(const char *host, int port, const struct dt_comm_config
   int rc = dt_store_add(st, ckey, 1, &J, t);
   if (rc == DT_OK) {
     snprintf(key, sizeof key, "%s/ps/rejoin/%lld", job_name(cc), (long long)J);
-    snprintf(val, sizeof val, "%d", slot);
+    /* the slot and this process's map digest: the workers skip a newcomer
+     * with another map (another model or config) */
+    snprintf(val, sizeof val, "%d %016llx", slot, (unsigned long long)dt_ps_map_digest(map));
     rc = dt_store_set(st, key, val, strlen(val), t);
   }
+  /* the slots that rejoined before (their newcomer built its communicator
+   * and said so under .../ok; a skipped or failed one did not) */
   memset(late, 0, (size_t)map->nservers);
   for (int64_t j = 1; rc == DT_OK && j < J; j++) {
     size_t n = 0;
-    snprintf(key, sizeof key, "%s/ps/rejoin/%lld", job_name(cc), (long long)j);
-    rc = dt_store_get(st, key, val, sizeof val - 1, &n, t);
-    if (rc == DT_OK) {
-      val[n] = 0;
-      int v = atoi(val);
-      if (v >= 0 && v < map->nservers) late[v] = 1;
-    }
+    snprintf(key, sizeof key, "%s/ps/rejoin/%lld/ok", job_name(cc), (long long)j);
+    if (dt_store_get(st, key, val, sizeof val - 1, &n, 0.05) != DT_OK) continue;
+    val[n] = 0;
+    int v = atoi(val);
+    if (v >= 0 && v < map->nservers) late[v] = 1;
   }
   late[slot] = 1;
+  if (rc == DT_OK) {
+    *number = J;
+    DT_LOG_WARN("ps server %d: rejoin %lld: waiting for the workers' next epoch end (at most "
+                "%.0f s)", slot, (long long)J, t);
+    rc = rejoin_comm(host, port, cc, J, nworkers + slot, nworkers + map->nservers, t, out);
+  }
+  if (rc == DT_OK) {
+    snprintf(key, sizeof key, "%s/ps/rejoin/%lld/ok", job_name(cc), (long long)J);
+    snprintf(val, sizeof val, "%d", slot);
+    rc = dt_store_set(st, key, val, strlen(val), t);
+  }
   dt_store_destroy(st);
-  if (rc < 0) return dt__preerr(rc, "ps rejoin (server %d)", slot);
-  *number = J;
-  DT_LOG_WARN("ps server %d: rejoin %lld: waiting for the workers' next epoch end (at most "
-              "%.0f s)", slot, (long long)J, t);
-  rc = rejoin_comm(host, port, cc, J, nworkers + slot, nworkers + map->nservers, t, out);
-  if (rc < 0) return dt__preerr(rc, "ps rejoin (server %d)", slot);
+  if (rc < 0) {
+    dt_comm_destroy(*out);
+    *out = NULL;
+    return dt__preerr(rc, "ps rejoin (server %d)", slot);
+  }
   return DT_OK;
 }
 

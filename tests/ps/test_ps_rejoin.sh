@@ -3,6 +3,8 @@
 # server rejoins"): 2 workers, 2 separate servers, ps.replicas = 2 (no free
 # server: after a loss every range runs on one copy), bsp, the MLP:
 #  - server 0 SIGKILLed mid-run: both ranges run on server 1 alone;
+#  - a new process with another model in server 0's slot is skipped by the
+#    workers (another key-range map) and gives up at its deadline;
 #  - a new process in server 0's slot (dtrain launch --join with
 #    DTRAIN_PS_REJOIN=0) rejoins at the workers' next epoch end and takes a
 #    copy of both ranges from server 1 ("holds its copy" twice);
@@ -66,6 +68,16 @@ if wait_for rj '^workers:' 1 $((30 * TS)); then
   kill -9 "$(pid_in rj 2)"
   wait_for rj "ps worker [01]: server 0 (rank 2) lost at clock" 2 $((20 * TS)) && pass ||
     fail "rj: the workers did not report server 0 lost: $(tail -5 "$T/rj.log")"
+  # first a newcomer with another model (another key-range map): the
+  # workers skip it (it gives up at its deadline) and take the next one
+  DTRAIN_TIMEOUT=$((10 * TS)) DTRAIN_PS_REJOIN=0 "$DTRAIN" launch --join \
+    --rdzv "127.0.0.1:$(cat "$T/rj.port")" -- train "$MLP" "${Q[@]}" --set dist.workers=2 \
+    --set "model.layers=flatten linear(128) relu linear(10)" >"$T/bad.log" 2>&1 </dev/null &
+  badp=$!
+  PIDS="$PIDS $badp"
+  t0=$(now)
+  while ! grep -q "rejoin 1: waiting" "$T/bad.log" && kill -0 "$badp" 2>/dev/null &&
+    elapsed_ok "$t0" "$(now)" $((20 * TS)); do sleep 0.02; done
   DTRAIN_PS_REJOIN=0 "$DTRAIN" launch --join --rdzv "127.0.0.1:$(cat "$T/rj.port")" -- \
     train "$MLP" "${Q[@]}" --set dist.workers=2 >"$T/new.log" 2>&1 </dev/null &
   newp=$!
@@ -90,10 +102,17 @@ if wait_for rj '^workers:' 1 $((30 * TS)); then
       fail "rj: params_sha256 $(sha rj), not the run without kills' $ref"
     n=$(count rj "ps worker [01]: server 1 (rank 3) lost at clock")
     [ "$n" = 2 ] && pass || fail "rj: $n workers said they lost server 1"
-    n=$(count rj "ps worker [01]: keys .* get a copy on server 0, back in its slot")
+    n=$(count rj "ps worker [01]: keys .* get a copy on server 0, back in its slot (rejoin 2)")
     [ "$n" = 4 ] && pass || fail "rj: $n lines of workers giving server 0 its ranges back (4 expected)"
     grep -q "ps server 1: server 0 is back; keys" "$T/rj.log" && pass ||
       fail "rj: server 1 did not say it copies to server 0"
+  fi
+  grep -q "ps worker [01]: rejoin 1 of server 0 skipped: the newcomer has another key-range map" \
+    "$T/rj.log" && pass || fail "rj: the workers did not skip the newcomer with another map"
+  t0=$(now)
+  while kill -0 "$badp" 2>/dev/null && elapsed_ok "$t0" "$(now)" $((30 * TS)); do sleep 0.05; done
+  if kill -0 "$badp" 2>/dev/null; then fail "bad: still running"; else
+    wait "$badp" && fail "bad: exit 0" || pass
   fi
   t0=$(now)
   while kill -0 "$newp" 2>/dev/null && elapsed_ok "$t0" "$(now)" $((20 * TS)); do sleep 0.05; done
