@@ -213,6 +213,7 @@ void dt__pss_key_free(skey *k) {
   dt_free(k->own);
   dt_free(k->cbuf);
   free(k->creq);
+  free(k->cpend);
 }
 
 void dt_ps_server_destroy(dt_ps_server *s) {
