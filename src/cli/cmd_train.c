@@ -308,10 +308,6 @@ static int start_elastic(const struct dt_job_worker *w, const dt_run_cfg *r, dt_
   return rc;
 }
 
-/* strategy_ps.c: a new server process in a lost server's slot (docs/ps.md) */
-int dt__engine_rejoin_serve(dt_engine *e, const char *host, int port,
-                            const struct dt_comm_config *cc, int index);
-
 /* One worker of a job (--workers, launch, mpirun/srun): trains as its rank
  * over the job's communicator; returns the exit status. */
 static int run_worker(const struct dt_job_worker *w, void *arg) {

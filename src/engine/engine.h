@@ -53,6 +53,10 @@ int dt__engine_set_rdzv(dt_engine *e, const char *host, int port, const struct d
 /* A server rank of such a job: serves key range `index` of the engine's
  * model until every worker is done. Errors name the server and worker. */
 int dt__engine_serve(dt_engine *e, dt_comm *job, int index);
+/* A new server process in a lost server's slot of a running ps job
+ * (dtrain launch --join with DTRAIN_PS_REJOIN; strategy_ps.c, docs/ps.md). */
+int dt__engine_rejoin_serve(dt_engine *e, const char *host, int port,
+                            const struct dt_comm_config *cc, int index);
 /* One line per server: its key ranges (printed at start). *out is malloc'd. */
 int dt__engine_ps_describe(dt_engine *e, char **out);
 

@@ -722,8 +722,6 @@ int dt__engine_serve(dt_engine *e, dt_comm *job, int index) {
  * fewer than ps.replicas copies and serves as their backup until the
  * workers say goodbye. */
 int dt__engine_rejoin_serve(dt_engine *e, const char *host, int port,
-                            const struct dt_comm_config *cc, int index);
-int dt__engine_rejoin_serve(dt_engine *e, const char *host, int port,
                             const struct dt_comm_config *cc, int index) {
   if (!e || !host || port <= 0 || !cc)
     return dt__seterr(DT_EINVAL, "ps rejoin: needs the job's rendezvous store (dtrain launch "
