@@ -8,7 +8,8 @@
  * ranges, so the server checks what it holds), a payload size equal to the key's length, a
  * finite rate and weight; rows only of a key of rows, no more than it
  * has), and re-encode to the same bytes but the
- * reserved fields; a refusal must leave a message. Bit 0x40 of the first
+ * reserved fields; a refusal must leave a message. LOST and REJOIN (a
+ * server lost, a server back) reach servers only with replicas. Bit 0x40 of the first
  * byte feeds the header to the re-replication copy parser
  * (dt_ps_msg_parse_copy) instead: a copy names a key of the map, a record
  * of one, two or three floats per parameter, and its sender.
@@ -56,9 +57,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   if (size != DT_PS_HDR_BYTES || m.sender != from) abort();
   if (to >= 0 && !(m.type == DT_PS_HELLO || m.type == DT_PS_PUSH || m.type == DT_PS_PULL ||
-                   m.type == DT_PS_BYE || (m.type == DT_PS_LOST && mp->replicas > 1)))
+                   m.type == DT_PS_BYE ||
+                   ((m.type == DT_PS_LOST || m.type == DT_PS_REJOIN) && mp->replicas > 1)))
     abort();
-  if (m.type == DT_PS_LOST && (m.aux >= 3 || m.key || m.count || m.flags)) abort();
+  if ((m.type == DT_PS_LOST || m.type == DT_PS_REJOIN) && (m.aux >= 3 || m.key || m.count || m.flags))
+    abort();
   if (to < 0 && !(m.type == DT_PS_WELCOME || m.type == DT_PS_PARAMS || m.type == DT_PS_ERR))
     abort();
   if (m.type == DT_PS_PUSH || m.type == DT_PS_PULL || m.type == DT_PS_PARAMS) {
