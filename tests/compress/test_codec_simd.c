@@ -61,6 +61,9 @@
 #define dt__cz_topk_k ref__cz_topk_k
 #define dt__cz_topk_encode ref__cz_topk_encode
 #define dt__cz_topk_decode_add ref__cz_topk_decode_add
+#define dt__cz_sign_bytes ref__cz_sign_bytes
+#define dt__cz_sign_encode ref__cz_sign_encode
+#define dt__cz_sign_decode_add ref__cz_sign_decode_add
 #pragma push_macro("__AVX512F__")
 #pragma push_macro("__AVX2__")
 #pragma push_macro("__F16C__")
@@ -91,6 +94,11 @@ int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_c
 int dt_cz_decode_add(int codec, const void *frame, size_t bytes, size_t n, float *out);
 extern const char *const dt__codec_names[];
 int dt_codec_is_linear(int codec);
+size_t dt__cz_sign_bytes(size_t n, size_t nb, int two);
+int dt__cz_sign_encode(const float *x, size_t n, const uint32_t *end, size_t nb, int two,
+                       void *frame, float *resid, int flags);
+int dt__cz_sign_decode_add(const void *frame, size_t bytes, size_t n, const uint32_t *end,
+                           size_t nb, int two, float *out);
 #include "comm/compress/codec.c"
 #include "comm/compress/topk.c"
 #pragma pop_macro("__AVX512F__")
@@ -115,6 +123,9 @@ int dt_codec_is_linear(int codec);
 #undef dt__cz_topk_k
 #undef dt__cz_topk_encode
 #undef dt__cz_topk_decode_add
+#undef dt__cz_sign_bytes
+#undef dt__cz_sign_encode
+#undef dt__cz_sign_decode_add
 
 /* ---- data ---------------------------------------------------------------- */
 

@@ -112,6 +112,84 @@ static void test_exact_values(void **st) {
   free(f);
 }
 
+/* sign over a block plan (dt__cz_sign_encode with end[]): each block keeps
+ * its own scale wherever it starts (not on a byte, not on 256), the
+ * residual is x - decoded, two scales give each sign group its own mean;
+ * the frame says it used a plan, and a receiver with another plan, no
+ * plan, or a frame cut short rejects it before touching out. */
+static void expect_sign_corrupt(const void *f, size_t bytes, size_t n, const uint32_t *end,
+                                size_t nb, int two, const char *word) {
+  float out[64];
+  for (int i = 0; i < 64; i++) out[i] = (float)i;
+  int rc = end ? dt__cz_sign_decode_add(f, bytes, n, end, nb, two, out)
+               : dt_cz_decode_add(DT_CODEC_SIGN, f, bytes, n, out);
+  assert_int_equal(rc, DT_ECORRUPT);
+  if (!strstr(dt_errmsg(), word)) fail_msg("message '%s' lacks '%s'", dt_errmsg(), word);
+  for (int i = 0; i < 64; i++) assert_float_equal(out[i], (float)i, 0);
+}
+
+static void test_sign_plan(void **st) {
+  (void)st;
+  enum { N = 21 };
+  /* blocks [0,3) [3,10) [10,11) [11,21) */
+  const uint32_t end[] = {3, 10, 11, 21};
+  const float x[N] = {1, -2, 3,                      /* |x| mean 2; pos 2, neg 2 */
+                      10, 20, -30, 40, -50, 60, 0,   /* mean 30; pos 26, neg 40 */
+                      -7,                            /* mean 7; pos 0 (none), neg 7 */
+                      0.5f, 0.5f, 0.5f, 0.5f, 0.5f, -1, -1, -1, -1, -1};
+  const float want1[4] = {2, 30, 7, 0.75f};
+  const float wantp[4] = {2, 26, 0, 0.5f}, wantn[4] = {2, 40, 7, 1};
+  for (int two = 0; two < 2; two++) {
+    size_t fb = dt__cz_sign_bytes(N, 4, two);
+    assert_int_equal(fb, (DT_CZ_HDR_LEN + 4 * 4 * (two ? 2 : 1) + 3 + 7) & ~(size_t)7);
+    uint8_t *f = aligned_alloc(8, fb);
+    memset(f, 0, fb);
+    float resid[N], dec[N] = {0};
+    assert_int_equal(dt__cz_sign_encode(x, N, end, 4, two, f, resid, 0), DT_OK);
+    dt_cz_hdr h;
+    memcpy(&h, f, sizeof h);
+    assert_int_equal(h.k, 4);
+    assert_int_equal(h.flags, DT_CZ_FLAG_BLOCKS | (two ? DT_CZ_FLAG_TWO : 0));
+    assert_int_equal(dt__cz_sign_decode_add(f, fb, N, end, 4, two, dec), DT_OK);
+    for (int b = 0, lo = 0; b < 4; lo = (int)end[b++])
+      for (int i = lo; i < (int)end[b]; i++) {
+        float w = x[i] >= 0 ? (two ? wantp[b] : want1[b]) : -(two ? wantn[b] : want1[b]);
+        if (dec[i] != w) fail_msg("two %d value %d: decoded %g, want %g", two, i, dec[i], w);
+        if (resid[i] != x[i] - w) fail_msg("two %d value %d: residual %g", two, i, resid[i]);
+      }
+    /* a receiver with another plan, or with none, or the other scale count */
+    const uint32_t other[] = {3, 10, 21};
+    expect_sign_corrupt(f, fb, N, other, 3, two, "plan has 3 blocks");
+    expect_sign_corrupt(f, fb, N, end, 4, !two, "scale");
+    expect_sign_corrupt(f, fb, N, NULL, 0, 0, "layout plan");
+    expect_sign_corrupt(f, fb - 8, N, end, 4, two, "truncated");
+    uint8_t *g = aligned_alloc(8, fb);
+    memcpy(g, f, fb);
+    ((dt_cz_hdr *)g)->k = N + 1;
+    expect_sign_corrupt(g, fb, N, end, 4, two, "sign blocks");
+    memcpy(g, f, fb);
+    float neg = -1;
+    memcpy(g + DT_CZ_HDR_LEN + 4 * (two ? 7 : 3), &neg, 4); /* the last block's (negative) scale */
+    expect_sign_corrupt(g, fb, N, end, 4, two, "sign block 3 has scale");
+    memcpy(g, f, fb);
+    ((dt_cz_hdr *)g)->flags |= 0x40;
+    expect_sign_corrupt(g, fb, N, end, 4, two, "flags");
+    free(g);
+    free(f);
+  }
+  /* a plan-less frame is no plan frame either */
+  uint8_t *f = frame_for(DT_CODEC_SIGN, N, N);
+  assert_int_equal(dt_cz_encode(DT_CODEC_SIGN, x, N, N, 0, RNG0, f, NULL), DT_OK);
+  expect_sign_corrupt(f, dt_cz_frame_bytes(DT_CODEC_SIGN, N, N), N, end, 4, 0, "blocks of 256");
+  free(f);
+  /* bad plans are the caller's error */
+  uint8_t buf[256];
+  const uint32_t bad1[] = {3, 3, 21}, bad2[] = {3, 10, 20};
+  assert_int_equal(dt__cz_sign_encode(x, N, bad1, 3, 0, buf, NULL, 0), DT_EINVAL);
+  assert_int_equal(dt__cz_sign_encode(x, N, bad2, 3, 0, buf, NULL, 0), DT_EINVAL);
+  assert_int_equal(dt__cz_sign_encode(x, N, NULL, 0, 1, buf, NULL, 0), DT_EINVAL);
+}
+
 /* Mean over many independent draws approaches x (int8, qsgd). */
 static void unbiased(int codec, int levels) {
   enum { N = 64, DRAWS = 4000 };
@@ -743,6 +821,7 @@ int main(void) {
       cmocka_unit_test(test_malformed),         cmocka_unit_test(test_nonfinite),
       cmocka_unit_test(test_huge_finite),
       cmocka_unit_test(test_state),             cmocka_unit_test(test_int8_blocks),
+      cmocka_unit_test(test_sign_plan),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -450,6 +450,75 @@ static void test_bad_cfg(void **st) {
   assert_null(z);
 }
 
+/* sign's block plan (cfg.sign_blocks): a gradient whose magnitude is
+ * constant inside each block the rule makes — each row of MATS' matrices
+ * (rows of 50 and 20), the 100 values between them, and the 300 after the
+ * last cut into two near-equal pieces of 150 by rule 1 — comes through
+ * exactly (every block's mean |x| is its |x|), with a zero residual, over
+ * spans cut mid-row (1025 is inside row 20 of the first matrix), fused
+ * and not, with one scale or two. With blocks of 256 from a span's start
+ * (rule 0) or a whole 300-value segment (rule 2) a block mixes
+ * magnitudes and the result differs. */
+typedef struct { dt_compress_cfg cfg; int fuse, exact; char why[160]; } plan_job;
+static float plan_mag(size_t i) {
+  if (i < 2000) return (float)(1 + i / 50 % 7);            /* matrix 1: rows of 50 */
+  if (i < 2100) return 64.0f;                              /* between the matrices */
+  if (i < 2300) return 0.125f * (float)(1 + (i - 2100) / 20); /* matrix 2: rows of 20 */
+  return i < 2450 ? 3.0f : 0.25f;                          /* after it: two pieces of 150 */
+}
+static int plan_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  plan_job *j = arg;
+  int r = dt_comm_rank(c), n = dt_comm_size(c);
+  static const size_t cut[][2] = {{0, 1025}, {1025, 1575}};
+  dt_compress *z;
+  int rc = dt_compress_create(&z, &j->cfg, NP, MATS, 2, r, n);
+  if (rc < 0) {
+    snprintf(fail, cap, "create: %s", dt_errmsg());
+    return rc;
+  }
+  if (j->fuse) (void)dt_compress_fuse(z, 2);
+  float *g = malloc(NP * sizeof *g);
+  for (size_t i = 0; i < NP; i++) g[i] = (i * 7 % 5 < 2 ? -1.0f : 1.0f) * plan_mag(i);
+  dt_compress_begin_step(z, 0, 0);
+  for (int b = 0; b < 2 && rc == DT_OK; b++) {
+    rc = dt_compress_reduce(z, c, g, cut[b][0], cut[b][1], 1.0f);
+    if (rc < 0) snprintf(fail, cap, "reduce: %s", dt_errmsg());
+  }
+  const float *res = dt_compress_residual(z);
+  int exact = 1; /* every rank checks; rank 0 reports (no shared writes) */
+  for (size_t i = 0; i < NP && rc == DT_OK && exact; i++) {
+    float want = (float)n * (i * 7 % 5 < 2 ? -1.0f : 1.0f) * plan_mag(i);
+    if (g[i] != want || res[i] != 0) {
+      exact = 0;
+      if (r == 0)
+        snprintf(j->why, sizeof j->why, "value %zu: sum %g (want %g), residual %g", i,
+                 (double)g[i], (double)want, (double)res[i]);
+    }
+  }
+  if (r == 0) j->exact = exact;
+  free(g);
+  dt_compress_destroy(z);
+  return rc;
+}
+
+static void test_sign_plan_rule(void **st) {
+  (void)st;
+  for (int rule = 0; rule <= 2; rule++)
+    for (int two = 0; two < 2; two++)
+      for (int fuse = 0; fuse < 2; fuse++) {
+        if (rule == 0 && two) continue; /* two scales need a plan */
+        plan_job j = {DT_COMPRESS_CFG_INIT, fuse, 0, ""};
+        j.cfg.codec = DT_CODEC_SIGN;
+        j.cfg.sign_blocks = rule;
+        j.cfg.sign_two = two;
+        if (run_ranks("inproc", 2, 60, plan_body, &j, NULL, NULL))
+          fail_msg("rule %d two %d fuse %d: a rank failed (above)", rule, two, fuse);
+        if (j.exact != (rule == 1))
+          fail_msg("rule %d two %d fuse %d: %s", rule, two, fuse,
+                   j.exact ? "exact, but its blocks should mix magnitudes" : j.why);
+      }
+}
+
 /* Huge finite gradients through every compressed reduction: the sum
  * stays finite (a sum of two ranks' |g| <= 1e19 cannot overflow), with
  * error feedback on. PowerSGD's warm-started Q carries the gradient's
@@ -509,6 +578,7 @@ int main(void) {
       cmocka_unit_test(test_int8_ring),
       cmocka_unit_test(test_int8_ring_malformed),
       cmocka_unit_test(test_huge),
+      cmocka_unit_test(test_sign_plan_rule),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

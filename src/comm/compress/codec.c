@@ -155,12 +155,20 @@ int dt__cz_check_hdr(int codec, const void *frame, size_t bytes, size_t n, dt_cz
     return dt__seterr(DT_ECORRUPT, "compressed frame: codec %u ('%s'), expected '%s'", h->codec,
                       h->codec < DT_CODEC_COUNT ? dt__codec_names[h->codec] : "?",
                       codec >= 0 && codec < DT_CODEC_COUNT ? dt__codec_names[codec] : "?");
-  if ((h->flags & ~(DT_CZ_FLAG_NONFINITE | DT_CZ_FLAG_NOTE)) || h->reserved)
+  /* sign frames cut by a layout plan (dt__cz_sign_encode) say so, and may
+   * carry two scales per block */
+  unsigned known = DT_CZ_FLAG_NONFINITE | DT_CZ_FLAG_NOTE;
+  int plan = codec == DT_CODEC_SIGN && (h->flags & DT_CZ_FLAG_BLOCKS);
+  if (plan) known |= DT_CZ_FLAG_BLOCKS | DT_CZ_FLAG_TWO;
+  if ((h->flags & ~known) || h->reserved)
     return dt__seterr(DT_ECORRUPT, "compressed frame: unknown flags 0x%02x / reserved 0x%x",
                       h->flags, h->reserved);
   if (h->n != n)
     return dt__seterr(DT_ECORRUPT, "compressed frame: %u values, the bucket holds %zu", h->n, n);
-  if (codec == DT_CODEC_TOPK) {
+  if (plan) {
+    if (h->k < 1 || h->k > n) /* entries: the plan's blocks */
+      return dt__seterr(DT_ECORRUPT, "compressed frame: %u sign blocks for %zu values", h->k, n);
+  } else if (codec == DT_CODEC_TOPK) {
     if (h->k > n)
       return dt__seterr(DT_ECORRUPT, "compressed frame: %u entries beyond the bucket of %zu "
                         "values", h->k, n);
@@ -173,7 +181,8 @@ int dt__cz_check_hdr(int codec, const void *frame, size_t bytes, size_t n, dt_cz
     return dt__seterr(DT_ECORRUPT, "compressed frame: negative scale %g", (double)h->scale);
   if (!isfinite(h->scale)) /* no encoder writes one: Inf/NaN rides in the flag */
     return dt__seterr(DT_ECORRUPT, "compressed frame: scale %g not finite", (double)h->scale);
-  size_t need = dt_cz_frame_bytes(codec, n, h->k);
+  size_t need = plan ? dt__cz_sign_bytes(n, h->k, (h->flags & DT_CZ_FLAG_TWO) != 0)
+                     : dt_cz_frame_bytes(codec, n, h->k);
   if (bytes < need)
     return dt__seterr(DT_ECORRUPT, "compressed frame: %zu bytes, its header needs %zu (truncated)",
                       bytes, need);
@@ -504,12 +513,184 @@ static void sign_unpack_add(const uint8_t *restrict bits, float *restrict out, s
   for (; i < n; i++) out[i] += (bits[i / 8] >> (i % 8)) & 1 ? s : -s;
 }
 
+/* Sign frames over a block plan. end[b] is where block b ends (strictly
+ * increasing, end[nb-1] = n); without a plan (end NULL) the blocks are
+ * DT_CZ_SIGN_BLOCK values from the span's start, one scale each: the
+ * frames of dt_cz_encode, the same bytes as before plans existed. A plan
+ * comes from the model's layout (reduce.c: blocks that never straddle a
+ * row or a layer) and is not sent: both sides make it from the layout and
+ * the span, the frame says only that it used one (DT_CZ_FLAG_BLOCKS, its
+ * entry count k = nb) and whether it carries two scales per block
+ * (DT_CZ_FLAG_TWO: the mean of the block's values >= 0 and the mean |x|
+ * of the others, as 1-bit SGD reconstructs each column from the means of
+ * its two groups; one scale, the mean |x|, is EF-SGD's scaled sign). */
+size_t dt__cz_sign_bytes(size_t n, size_t nb, int two) {
+  return (DT_CZ_HDR_LEN + 4 * nb * (two ? 2 : 1) + (n + 7) / 8 + 7) & ~(size_t)7;
+}
+
+static inline size_t blk_end(const uint32_t *end, size_t b, size_t n) {
+  if (end) return end[b];
+  size_t e = (b + 1) * DT_CZ_SIGN_BLOCK;
+  return e < n ? e : n;
+}
+
+/* The sums of x's values >= 0 and of the others' |x|, and how many are
+ * >= 0: in float lanes, redone in double when a sum overflowed (as
+ * abssum). */
+static __attribute__((noinline, cold)) void twosum_double(const float *restrict x, size_t n,
+                                                          double *pos, double *neg) {
+  double p = 0, q = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (x[i] >= 0) p += x[i];
+    else q -= x[i];
+  }
+  *pos = p;
+  *neg = q;
+}
+
+static size_t twosum(const float *restrict x, size_t n, double *pos, double *neg) {
+  float ap[16] = {0}, an[16] = {0};
+  int cn[16] = {0};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; l++) {
+      float v = x[i + l];
+      int ge = v >= 0;
+      ap[l] += ge ? v : 0.0f;
+      an[l] += ge ? 0.0f : -v;
+      cn[l] += ge;
+    }
+  double p = 0, q = 0;
+  size_t c = 0;
+  for (int l = 0; l < 16; l++) {
+    p += ap[l];
+    q += an[l];
+    c += (size_t)cn[l];
+  }
+  for (; i < n; i++) {
+    if (x[i] >= 0) {
+      p += x[i];
+      c++;
+    } else {
+      q -= x[i];
+    }
+  }
+  if (p > DBL_MAX || q > DBL_MAX) twosum_double(x, n, &p, &q);
+  *pos = p;
+  *neg = q;
+  return c;
+}
+
+int dt__cz_sign_encode(const float *x, size_t n, const uint32_t *end, size_t nb, int two,
+                       void *frame, float *resid, int flags) {
+  if (!x || !frame || n == 0 || n > UINT32_MAX || (end && (nb < 1 || nb > n)) || (two && !end))
+    return dt__seterr(DT_EINVAL, "sign encode: bad arguments (n = %zu, %zu blocks)", n, nb);
+  if (end) {
+    for (size_t b = 0; b < nb; b++)
+      if (end[b] <= (b ? end[b - 1] : 0) || (b == nb - 1 && end[b] != n))
+        return dt__seterr(DT_EINVAL, "sign encode: block %zu ends at %u (plan for %zu values)", b,
+                          end[b], n);
+  } else {
+    nb = (n + DT_CZ_SIGN_BLOCK - 1) / DT_CZ_SIGN_BLOCK;
+  }
+  flags &= ~(DT_CZ_FLAG_BLOCKS | DT_CZ_FLAG_TWO);
+  if (!(flags & DT_CZ_FLAG_NONFINITE) && nonfinite(x, n)) flags |= DT_CZ_FLAG_NONFINITE;
+  dt__cz_put_hdr(frame, DT_CODEC_SIGN, 0,
+                 flags | (end ? DT_CZ_FLAG_BLOCKS : 0) | (two ? DT_CZ_FLAG_TWO : 0), n,
+                 end ? nb : n, 1.0f);
+  uint8_t *p = (uint8_t *)frame + DT_CZ_HDR_LEN;
+  float *scales = (float *)p;
+  uint8_t *bits = p + 4 * nb * (two ? 2 : 1);
+  int bad = (flags & DT_CZ_FLAG_NONFINITE) != 0;
+  if (!end) {
+    /* blocks of DT_CZ_SIGN_BLOCK: bits and residual in one pass a block */
+    for (size_t b = 0; b < nb; b++) {
+      size_t lo = b * DT_CZ_SIGN_BLOCK, m = blk_end(NULL, b, n) - lo;
+      float s = bad ? 0 : (float)(abssum(x + lo, m) / (double)m);
+      memcpy(&scales[b], &s, 4);
+      sign_pack(x + lo, bits + lo / 8, resid ? resid + lo : NULL, m, s);
+    }
+    return DT_OK;
+  }
+  /* a plan's blocks need not start on a byte: the scales first, then the
+   * bits of the whole span, then each block's residual (resid may be x) */
+  for (size_t b = 0, lo = 0; b < nb; lo = end[b++]) {
+    size_t m = end[b] - lo;
+    if (bad) {
+      memset(&scales[two ? 2 * b : b], 0, (two ? 2 : 1) * sizeof(float));
+    } else if (two) {
+      double ps, ns;
+      size_t np = twosum(x + lo, m, &ps, &ns);
+      float sp = np ? (float)(ps / (double)np) : 0.0f, sn = np < m ? (float)(ns / (double)(m - np)) : 0.0f;
+      memcpy(&scales[2 * b], &sp, 4);
+      memcpy(&scales[2 * b + 1], &sn, 4);
+    } else {
+      float s = (float)(abssum(x + lo, m) / (double)m);
+      memcpy(&scales[b], &s, 4);
+    }
+  }
+  sign_pack(x, bits, NULL, n, 0.0f);
+  if (resid)
+    for (size_t b = 0, lo = 0; b < nb; lo = end[b++]) {
+      float sp = scales[two ? 2 * b : b], sn = -scales[two ? 2 * b + 1 : b];
+      for (size_t i = lo; i < end[b]; i++) resid[i] = x[i] - (x[i] >= 0 ? sp : sn);
+    }
+  return DT_OK;
+}
+
+int dt__cz_sign_decode_add(const void *frame, size_t bytes, size_t n, const uint32_t *end,
+                           size_t nb, int two, float *out) {
+  dt_cz_hdr h;
+  DT_CHECK(dt__cz_check_hdr(DT_CODEC_SIGN, frame, bytes, n, &h));
+  int fplan = (h.flags & DT_CZ_FLAG_BLOCKS) != 0, ftwo = (h.flags & DT_CZ_FLAG_TWO) != 0;
+  if (!end) {
+    if (fplan)
+      return dt__seterr(DT_ECORRUPT, "compressed frame: sign blocks cut by a layout plan (%u "
+                        "blocks), expected blocks of %d values", h.k, DT_CZ_SIGN_BLOCK);
+    nb = (n + DT_CZ_SIGN_BLOCK - 1) / DT_CZ_SIGN_BLOCK;
+    two = 0;
+  } else if (!fplan || h.k != nb || ftwo != (two != 0)) {
+    return dt__seterr(DT_ECORRUPT, "compressed frame: sign frame with %s, %s scale%s; this "
+                      "rank's plan has %zu blocks, %s", fplan ? "a plan's blocks" : "blocks of 256",
+                      ftwo ? "two" : "one", ftwo ? "s a block" : " a block", nb,
+                      two ? "two scales a block" : "one scale a block");
+  }
+  const uint8_t *p = (const uint8_t *)frame + DT_CZ_HDR_LEN;
+  size_t ns = nb * (two ? 2 : 1);
+  for (size_t b = 0; b < ns; b++) { /* checked before any is used */
+    float st;
+    memcpy(&st, p + 4 * b, 4);
+    if (!(st >= 0) || !isfinite(st))
+      return dt__seterr(DT_ECORRUPT, "compressed frame: sign block %zu has scale %g (negative or "
+                        "not finite)", two ? b / 2 : b, (double)st);
+  }
+  if (h.flags & DT_CZ_FLAG_NONFINITE) {
+    for (size_t i = 0; i < n; i++) out[i] += NAN;
+    return DT_OK;
+  }
+  const uint8_t *bits = p + 4 * ns;
+  for (size_t b = 0, lo = 0; b < nb; lo = blk_end(end, b++, n)) {
+    size_t hi = blk_end(end, b, n);
+    float sp, sn;
+    memcpy(&sp, p + 4 * (two ? 2 * b : b), 4);
+    memcpy(&sn, p + 4 * (two ? 2 * b + 1 : b), 4);
+    if (!two && lo % 8 == 0) {
+      sign_unpack_add(bits + lo / 8, out + lo, hi - lo, sp);
+      continue;
+    }
+    sn = -sn;
+    for (size_t i = lo; i < hi; i++) out[i] += (bits[i / 8] >> (i % 8)) & 1 ? sp : sn;
+  }
+  return DT_OK;
+}
+
 /* ---- encode / decode ------------------------------------------------------ */
 
 int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_cz_rng rng,
                  void *frame, float *resid) {
   if (!x || !frame || n == 0 || n > UINT32_MAX)
     return dt__seterr(DT_EINVAL, "compress encode: bad arguments (n = %zu)", n);
+  if (codec == DT_CODEC_SIGN) return dt__cz_sign_encode(x, n, NULL, 0, 0, frame, resid, 0);
   uint8_t *p = (uint8_t *)frame + DT_CZ_HDR_LEN;
   /* int8 finds non-finite values in its max pass */
   uint32_t mb = codec == DT_CODEC_INT8 ? maxabs_bits(x, n) : 0;
@@ -560,25 +741,6 @@ int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_c
     }
     return DT_OK;
   }
-  case DT_CODEC_SIGN: {
-    /* One scale per block of DT_CZ_SIGN_BLOCK values, the block's mean
-     * |x| (scaled sign, EF-SGD), then the bits. One scale for a whole
-     * bucket made values far below the bucket's mean magnitude (biases,
-     * quiet layers) move by that mean every step: with momentum the
-     * residuals grew and training diverged (bench/RESULTS.md). */
-    size_t nb = (n + DT_CZ_SIGN_BLOCK - 1) / DT_CZ_SIGN_BLOCK;
-    dt__cz_put_hdr(frame, codec, 0, flags, n, n, 1.0f);
-    float *scales = (float *)p;
-    uint8_t *bits = p + 4 * nb;
-    for (size_t b = 0; b < nb; b++) {
-      size_t lo = b * DT_CZ_SIGN_BLOCK, m = n - lo < DT_CZ_SIGN_BLOCK ? n - lo : DT_CZ_SIGN_BLOCK;
-      float s = 0;
-      if (!flags) s = (float)(abssum(x + lo, m) / (double)m);
-      memcpy(&scales[b], &s, 4);
-      sign_pack(x + lo, bits + lo / 8, resid ? resid + lo : NULL, m, s);
-    }
-    return DT_OK;
-  }
   case DT_CODEC_TOPK:
     return dt__cz_topk_encode(x, n, k, rng, frame, resid, flags);
   default:
@@ -587,6 +749,8 @@ int dt_cz_encode(int codec, const float *x, size_t n, size_t k, int levels, dt_c
 }
 
 int dt_cz_decode_add(int codec, const void *frame, size_t bytes, size_t n, float *out) {
+  /* sign checks its own blocks (and refuses a frame cut by a layout plan) */
+  if (codec == DT_CODEC_SIGN) return dt__cz_sign_decode_add(frame, bytes, n, NULL, 0, 0, out);
   dt_cz_hdr h;
   DT_CHECK(dt__cz_check_hdr(codec, frame, bytes, n, &h));
   const uint8_t *p = (const uint8_t *)frame + DT_CZ_HDR_LEN;
@@ -619,23 +783,6 @@ int dt_cz_decode_add(int codec, const void *frame, size_t bytes, size_t n, float
       float st;
       memcpy(&st, p + 4 * c, 4);
       dequantize_add(q + lo, out + lo, m, st);
-    }
-    break;
-  }
-  case DT_CODEC_SIGN: {
-    size_t nb = (n + DT_CZ_SIGN_BLOCK - 1) / DT_CZ_SIGN_BLOCK;
-    for (size_t b = 0; b < nb; b++) { /* checked before any is used */
-      float st;
-      memcpy(&st, p + 4 * b, 4);
-      if (!(st >= 0) || !isfinite(st))
-        return dt__seterr(DT_ECORRUPT, "compressed frame: sign block %zu has scale %g (negative or not finite)",
-                          b, (double)st);
-    }
-    for (size_t b = 0; b < nb; b++) {
-      size_t lo = b * DT_CZ_SIGN_BLOCK, m = n - lo < DT_CZ_SIGN_BLOCK ? n - lo : DT_CZ_SIGN_BLOCK;
-      float st;
-      memcpy(&st, p + 4 * b, 4);
-      sign_unpack_add(p + 4 * nb + lo / 8, out + lo, m, st);
     }
     break;
   }

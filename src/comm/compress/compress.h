@@ -65,8 +65,10 @@ typedef struct dt_compress_cfg {
   float clip;            /* local L2 clip of a bucket's gradient, 0 = off */
   float momentum;        /* worker momentum before the codec (0 = off); topk also masks what it sent (DGC) */
   uint64_t seed;         /* train.seed */
+  int sign_blocks;       /* sign: block rule 0..3 (DTRAIN_CZ_SIGN_BLOCKS), -1: that knob's */
+  int sign_two;          /* sign: two scales per block (DTRAIN_CZ_SIGN_TWO), -1: that knob's */
 } dt_compress_cfg;
-#define DT_COMPRESS_CFG_INIT {DT_CODEC_NONE, 1, 0.01, 15, 2, 0, 0, 0, 0, 0.0f, 0.0f, 42}
+#define DT_COMPRESS_CFG_INIT {DT_CODEC_NONE, 1, 0.01, 15, 2, 0, 0, 0, 0, 0.0f, 0.0f, 42, -1, -1}
 
 /* Linear codecs are reduced by allreduce, the others by allgather. */
 int dt_codec_is_linear(int codec);
@@ -134,6 +136,26 @@ size_t dt__cz_i8b_bytes(size_t n);
 void dt__cz_i8b_encode(const float *x, size_t n, dt_cz_rng rng, void *frame, float *resid,
                        int flags);
 int dt__cz_i8b_decode_add(const void *frame, size_t bytes, size_t n, float *out, int *flags);
+
+/* ---- sign frames over a block plan (exposed for tests and fuzzing) --------
+ * end[0..nb) are where the blocks end (strictly increasing, end[nb-1] = n;
+ * end NULL: blocks of DT_CZ_SIGN_BLOCK values from the start, the frames
+ * of dt_cz_encode). A plan's frame has the flag DT_CZ_FLAG_BLOCKS and k =
+ * nb; with two (a plan only) each block carries two scales, the mean of
+ * its values >= 0 and the mean |x| of the others (DT_CZ_FLAG_TWO), else
+ * one, the mean |x|. Payload: the scales (f32, block order; two: positive
+ * then negative), then ceil(n/8) bytes of bits (bit i = value i >= 0).
+ * _bytes: the frame's size, rounded up to 8. _encode: resid (NULL, or
+ * may alias x) gets x - decoded; flags (DT_CZ_FLAG_NOTE) are added to the
+ * header's; DT_EINVAL for a bad plan. _decode_add validates the whole
+ * frame against the receiver's own plan first (DT_ECORRUPT naming the
+ * field, out untouched). */
+#define DT_CZ_FLAG_TWO 8 /* sign frame: two scales per block */
+size_t dt__cz_sign_bytes(size_t n, size_t nb, int two);
+int dt__cz_sign_encode(const float *x, size_t n, const uint32_t *end, size_t nb, int two,
+                       void *frame, float *resid, int flags);
+int dt__cz_sign_decode_add(const void *frame, size_t bytes, size_t n, const uint32_t *end,
+                           size_t nb, int two, float *out);
 
 /* ---- PowerSGD pieces (exposed for tests) ---------------------------------- */
 /* Orthonormalises the r columns of p (m x r, row-major) in place: modified

@@ -48,9 +48,16 @@ struct dt_compress {
   int npend;
   /* framed: g the span, fb its frame's bytes, at the frame's place in
    * sbuf; powersgd: g the gradients' base, at the span's offset */
-  struct dt_cz_pend { float *g; size_t n, fb, at; } *pend; /* fuse entries */
+  struct dt_cz_pend { float *g; size_t n, fb, at, off; } *pend; /* fuse entries */
   uint8_t *sbuf;         /* this rank's frames of the step, back to back */
   size_t sbuf_cap, spos;
+  /* sign's block plan (DTRAIN_CZ_SIGN_BLOCKS > 0): blocks never straddle
+   * the starts in sseg (rows, layers; sorted, sseg[0] = 0) and hold at
+   * most sblk values (0: no cut); stwo: two scales per block */
+  size_t *sseg, nsseg, sblk;
+  int splan, stwo;
+  uint32_t *plan;        /* one span's block ends */
+  size_t plan_cap;
   int64_t step;
   int epoch;
   dt_compress_stats st;

@@ -47,10 +47,102 @@ static int check_cfg(const dt_compress_cfg *c) {
   if (c->momentum > 0 && c->codec == DT_CODEC_NONE)
     return dt__seterr(DT_EINVAL, "dist.compress_momentum = %g: needs a codec (dist.compress)",
                       (double)c->momentum);
+  if (c->sign_blocks > 3 || c->sign_two > 1)
+    return dt__seterr(DT_EINVAL, "compress: sign block rule %d / two scales %d: must be 0..3 / "
+                      "0..1 (-1: DTRAIN_CZ_SIGN_BLOCKS / DTRAIN_CZ_SIGN_TWO)", c->sign_blocks,
+                      c->sign_two);
   if (c->warmup_epochs < 0 || c->start_step < 0)
     return dt__seterr(DT_EINVAL, "dist.compress_warmup_epochs / dist.compress_start_step must "
                       "be >= 0");
   return DT_OK;
+}
+
+/* sign's block plan (DTRAIN_CZ_SIGN_BLOCKS): the starts its blocks may not
+ * straddle. Rule 1 and 2: every row of every weight matrix, and where
+ * the parameters between matrices (biases, other layers) start; rule 3:
+ * each matrix and each stretch between them; rule 1 cuts each into
+ * pieces of at most DT_CZ_SIGN_BLOCK values. A block that straddled a
+ * row or a layer took its scale from values of another magnitude (the
+ * CNN: conv1's last weights and biases with conv2's first filter, fc1's
+ * biases with fc2). 1 on failure (out of memory). */
+static int sign_segments(dt_compress *z, const dt_cz_matrix *mats, int nmats) {
+  int rule = z->cfg.sign_blocks >= 0 ? z->cfg.sign_blocks : (int)dt_param(DT_PARAM_CZ_SIGN_BLOCKS);
+  if (rule <= 0) return 0;
+  z->splan = 1;
+  z->stwo = (z->cfg.sign_two >= 0 ? z->cfg.sign_two : dt_param(DT_PARAM_CZ_SIGN_TWO)) != 0;
+  z->sblk = rule == 1 ? DT_CZ_SIGN_BLOCK : 0;
+  size_t cap = 1;
+  for (int i = 0; i < nmats; i++) cap += (rule == 3 ? 1 : (size_t)mats[i].rows) + 1;
+  z->sseg = malloc(cap * sizeof *z->sseg);
+  if (!z->sseg) return 1;
+  size_t ns = 0;
+  z->sseg[ns++] = 0;
+  for (int i = 0; i < nmats; i++) {
+    const dt_cz_matrix *m = &mats[i];
+    size_t rows = rule == 3 ? 1 : (size_t)m->rows, len = (size_t)m->rows * (size_t)m->cols;
+    for (size_t r = 0; r < rows; r++) {
+      size_t at = m->off + r * (len / rows);
+      if (at > z->sseg[ns - 1] && at < z->nparams) z->sseg[ns++] = at;
+    }
+    if (m->off + len > z->sseg[ns - 1] && m->off + len < z->nparams) z->sseg[ns++] = m->off + len;
+  }
+  z->nsseg = ns;
+  return 0;
+}
+
+/* The block ends of span [off, off + n) under sign's plan into z->plan
+ * (made the same way on every rank): the segments the span meets, each
+ * clipped to the span and, with a cut, split into near-equal pieces.
+ * Returns the block count; 0 when out of memory (error set). */
+static size_t sign_plan(dt_compress *z, size_t off, size_t n) {
+  if (z->plan_cap < n) {
+    uint32_t *p = realloc(z->plan, n * sizeof *p);
+    if (!p) {
+      dt__seterr(DT_ENOMEM, "compress: out of memory for a sign plan of %zu values", n);
+      return 0;
+    }
+    z->plan = p;
+    z->plan_cap = n;
+  }
+  size_t lo = 0, hi = z->nsseg; /* the last segment starting at or before off */
+  while (hi - lo > 1) {
+    size_t mid = (lo + hi) / 2;
+    if (z->sseg[mid] <= off) lo = mid;
+    else hi = mid;
+  }
+  size_t nb = 0, pos = off, stop = off + n;
+  for (size_t j = lo; pos < stop; j++) {
+    size_t e = j + 1 < z->nsseg ? z->sseg[j + 1] : z->nparams;
+    e = e < stop ? e : stop;
+    size_t len = e - pos, pieces = z->sblk ? (len + z->sblk - 1) / z->sblk : 1;
+    size_t at = pos - off;
+    for (size_t i = 0; i < pieces; i++) {
+      at += len / pieces + (i < len % pieces);
+      z->plan[nb++] = (uint32_t)at;
+    }
+    pos = e;
+  }
+  return nb;
+}
+
+/* A span's frame size, and its decode into g (added): sign's plan frames
+ * need the plan of the span at off, the others only n. */
+static size_t span_frame_bytes(dt_compress *z, size_t off, size_t n, size_t k) {
+  if (z->cfg.codec == DT_CODEC_SIGN && z->splan) {
+    size_t nb = sign_plan(z, off, n);
+    return nb ? dt__cz_sign_bytes(n, nb, z->stwo) : 0;
+  }
+  return dt_cz_frame_bytes(z->cfg.codec, n, k);
+}
+
+static int span_decode_add(dt_compress *z, const void *frame, size_t fb, size_t off, size_t n,
+                           float *g) {
+  if (z->cfg.codec == DT_CODEC_SIGN && z->splan) {
+    size_t nb = sign_plan(z, off, n);
+    if (!nb) return DT_ENOMEM;
+    return dt__cz_sign_decode_add(frame, fb, n, z->plan, nb, z->stwo, g);
+  }
+  return dt_cz_decode_add(z->cfg.codec, frame, fb, n, g);
 }
 
 int dt_compress_create(dt_compress **out, const dt_compress_cfg *cfg, size_t nparams,
@@ -101,6 +193,7 @@ int dt_compress_create(dt_compress **out, const dt_compress_cfg *cfg, size_t npa
       }
     }
   }
+  if (!fail && cfg->codec == DT_CODEC_SIGN) fail = sign_segments(z, mats, nmats);
   if (fail) {
     dt_compress_destroy(z);
     return dt__seterr(DT_ENOMEM, "compress: out of memory for %zu gradients", nparams);
@@ -122,6 +215,8 @@ void dt_compress_destroy(dt_compress *z) {
   free(z->pq);
   free(z->pend);
   free(z->sbuf);
+  free(z->sseg);
+  free(z->plan);
   free(z);
 }
 
@@ -190,7 +285,7 @@ static int flush_framed(dt_compress *z, dt_comm *c) {
     const struct dt_cz_pend *p = &z->pend[j];
     memset(p->g, 0, p->n * sizeof *p->g);
     for (int r = 0; r < z->nranks; r++) {
-      rc = dt_cz_decode_add(z->cfg.codec, z->frames + total * (size_t)r + p->at, p->fb, p->n, p->g);
+      rc = span_decode_add(z, z->frames + total * (size_t)r + p->at, p->fb, p->off, p->n, p->g);
       if (rc < 0)
         return dt__preerr(rc, "gradient frame of rank %d (span %d of the step's fused frames)", r,
                           j);
@@ -204,7 +299,8 @@ static int flush_framed(dt_compress *z, dt_comm *c) {
 static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t off, size_t n) {
   int codec = z->cfg.codec;
   size_t k = codec == DT_CODEC_TOPK ? dt__cz_topk_k(n, density(z)) : n;
-  size_t fb = dt_cz_frame_bytes(codec, n, k);
+  size_t fb = span_frame_bytes(z, off, n, k);
+  if (!fb) return DT_ENOMEM;
   int fused = z->fuse > 1;
   uint8_t *mine;
   if (fused) {
@@ -219,7 +315,10 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
   memset(mine, 0, fb); /* padding too: every byte on the wire is defined */
   dt_cz_rng rng = {z->cfg.seed, (uint64_t)z->step, ((uint64_t)z->rank << 32) | (uint32_t)off};
   float *resid = z->resid ? z->resid + off : NULL;
-  DT_CHECK(dt_cz_encode(codec, w, n, k, z->cfg.qsgd_levels, rng, mine, resid));
+  if (codec == DT_CODEC_SIGN && z->splan) /* z->plan: span_frame_bytes made it */
+    DT_CHECK(dt__cz_sign_encode(w, n, z->plan, sign_plan(z, off, n), z->stwo, mine, resid, 0));
+  else
+    DT_CHECK(dt_cz_encode(codec, w, n, k, z->cfg.qsgd_levels, rng, mine, resid));
   if (z->note_out) mine[offsetof(dt_cz_hdr, flags)] |= DT_CZ_FLAG_NOTE;
   if (z->mom && z->resid && codec == DT_CODEC_TOPK) {
     /* DGC momentum factor masking: what was sent leaves the velocity too */
@@ -232,7 +331,7 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
     }
   }
   if (fused) {
-    z->pend[z->npend++] = (struct dt_cz_pend){g, n, fb, z->spos};
+    z->pend[z->npend++] = (struct dt_cz_pend){g, n, fb, z->spos, off};
     z->spos += fb;
     return z->npend < z->fuse ? DT_OK : flush_framed(z, c);
   }
@@ -242,7 +341,7 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
   if (z->frames[offsetof(dt_cz_hdr, flags)] & DT_CZ_FLAG_NOTE) z->note_in = 1; /* rank 0's */
   memset(g, 0, n * sizeof *g);
   for (int r = 0; r < z->nranks; r++) {
-    rc = dt_cz_decode_add(codec, z->frames + fb * (size_t)r, fb, n, g);
+    rc = span_decode_add(z, z->frames + fb * (size_t)r, fb, off, n, g);
     if (rc < 0) return dt__preerr(rc, "gradient frame of rank %d (bucket at %zu)", r, off);
   }
   return DT_OK;
@@ -344,7 +443,7 @@ static int reduce_half(dt_compress *z, dt_comm *c, float *g, float *w, size_t of
 static int powersgd_fused(dt_compress *z, dt_comm *c, float *g, size_t off, size_t n) {
   if (z->npend >= z->fuse)
     return dt__seterr(DT_EINVAL, "compress: more than %d spans in one fused step", z->fuse);
-  z->pend[z->npend++] = (struct dt_cz_pend){g - off, n, 0, off};
+  z->pend[z->npend++] = (struct dt_cz_pend){g - off, n, 0, off, off};
   if (z->npend < z->fuse) return DT_OK;
   size_t lo = SIZE_MAX, hi = 0, tot = 0;
   for (int j = 0; j < z->npend; j++) {
