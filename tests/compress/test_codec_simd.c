@@ -400,6 +400,46 @@ static void test_int8_ring(void **st) {
 
 /* ---- the counter-based uniforms -------------------------------------------- */
 
+/* sign over a block plan: blocks of odd lengths that start anywhere in a
+ * byte (1, 9, 3, then 241s and the rest), one scale and two: the same
+ * frame, residual and decode as the portable path. */
+static void test_sign_plan(void **st) {
+  (void)st;
+  NEED_VECTOR();
+  const size_t ns[] = {1, 13, 300, 4099};
+  for (size_t si = 0; si < sizeof ns / sizeof *ns; si++)
+    for (int d = 0; d < D_COUNT; d++)
+      for (int two = 0; two < 2; two++) {
+        size_t n = ns[si], nb = 0;
+        uint32_t *end = xalloc(n * sizeof *end);
+        const size_t first[] = {1, 9, 3};
+        for (size_t at = 0; at < n;) {
+          size_t len = nb < 3 ? first[nb] : 241;
+          at = at + len < n ? at + len : n;
+          end[nb++] = (uint32_t)at;
+        }
+        float *x = xalloc(n * 4), *ra = xalloc(n * 4), *rb = xalloc(n * 4);
+        float *da = xalloc(n * 4), *db = xalloc(n * 4);
+        fill(x, n, d, 77 + n);
+        size_t fb = dt__cz_sign_bytes(n, nb, two);
+        uint8_t *fa = xalloc(fb), *fr = xalloc(fb);
+        memset(fa, 0, fb);
+        memset(fr, 0, fb);
+        assert_int_equal(dt__cz_sign_encode(x, n, end, nb, two, fa, ra, 0), DT_OK);
+        assert_int_equal(ref__cz_sign_encode(x, n, end, nb, two, fr, rb, 0), DT_OK);
+        char what[96];
+        snprintf(what, sizeof what, "sign plan two=%d n=%zu %s", two, n, DNAME[d]);
+        compare_frames(DT_CODEC_SIGN, fa, fr, fb, n, what);
+        same_f32(ra, rb, n, what);
+        memset(da, 0, n * 4);
+        memset(db, 0, n * 4);
+        assert_int_equal(dt__cz_sign_decode_add(fa, fb, n, end, nb, two, da), DT_OK);
+        assert_int_equal(ref__cz_sign_decode_add(fr, fb, n, end, nb, two, db), DT_OK);
+        same_f32(da, db, n, what);
+        free(end), free(x), free(ra), free(rb), free(da), free(db), free(fa), free(fr);
+      }
+}
+
 static void test_uniform(void **st) {
   (void)st;
   NEED_VECTOR();
@@ -425,6 +465,7 @@ int main(void) {
       cmocka_unit_test(test_codecs),
       cmocka_unit_test(test_int8_ring),
       cmocka_unit_test(test_uniform),
+      cmocka_unit_test(test_sign_plan),
   };
   return dt_skip_status(cmocka_run_group_tests(tests, NULL, NULL));
 }
