@@ -62,7 +62,7 @@ void dt_run_cfg_defaults(dt_run_cfg *c) {
   c->scale_lr = 0;
   c->base_batch = 64;
   c->deterministic = 0;
-  c->micro_batch = 8;
+  c->micro_batch = 16; /* 8 before 2026-11-28: 16 halves the per-micro-shard rounding (docs/ddp.md) */
   c->balance = DT_BALANCE_STATIC;
   c->straggler_threshold = 0.25f;
   c->balance_every = 8;
