@@ -59,27 +59,36 @@ static double quota_v2(const char *grp) {
   return 0;
 }
 
-double dt_cpu_quota(void) {
+/* The calling process's cpu groups, from /proc/self/cgroup: the v1 cpu
+ * controller's ("N:cpu,cpuacct:/path" or "N:cpu:/path", not cpuset or
+ * cpuacct alone) in *v1, the v2 unified one ("0::/path") in *v2, each
+ * empty when absent. -1 when the file cannot be read. */
+static int cpu_groups(char *v1, char *v2, size_t cap) {
   FILE *f = fopen("/proc/self/cgroup", "re");
-  if (!f) return 0;
+  if (!f) return -1;
   char line[512];
-  double v1 = 0, v2 = 0;
+  v1[0] = v2[0] = '\0';
   while (fgets(line, sizeof line, f)) {
     line[strcspn(line, "\n")] = '\0';
     char *a = strchr(line, ':'), *b = a ? strchr(a + 1, ':') : NULL;
     if (!b) continue;
     *b = '\0';
     const char *ctl = a + 1, *grp = b + 1;
-    if (!*ctl) {
-      v2 = quota_v2(grp);
-      continue;
-    }
-    /* "cpu" alone or in a comma list (cpu,cpuacct), not "cpuset"/"cpuacct" */
     char list[128];
     snprintf(list, sizeof list, ",%s,", ctl);
-    if (strstr(list, ",cpu,")) v1 = quota_v1(grp);
+    if (!*ctl)
+      snprintf(v2, cap, "%s", grp);
+    else if (strstr(list, ",cpu,"))
+      snprintf(v1, cap, "%s", grp);
   }
   fclose(f);
+  return 0;
+}
+
+double dt_cpu_quota(void) {
+  char g1[512], g2[512];
+  if (cpu_groups(g1, g2, sizeof g1) < 0) return 0;
+  double v1 = g1[0] ? quota_v1(g1) : 0, v2 = g2[0] ? quota_v2(g2) : 0;
   /* both hierarchies may limit (a hybrid mount): the tighter one counts */
   if (v1 > 0 && v2 > 0) return v1 < v2 ? v1 : v2;
   return v1 > 0 ? v1 : v2;
@@ -101,27 +110,13 @@ static double throttled_in(const char *root, const char *grp, const char *key, d
 }
 
 double dt_cpu_throttled(void) {
-  FILE *f = fopen("/proc/self/cgroup", "re");
-  if (!f) return -1;
-  char line[512];
-  double v1 = -1, v2 = -1;
-  while (fgets(line, sizeof line, f)) {
-    line[strcspn(line, "\n")] = '\0';
-    char *a = strchr(line, ':'), *b = a ? strchr(a + 1, ':') : NULL;
-    if (!b) continue;
-    *b = '\0';
-    const char *ctl = a + 1, *grp = b + 1;
-    if (!*ctl) {
-      v2 = throttled_in("/sys/fs/cgroup", grp, "throttled_usec", 1e-6);
-      continue;
-    }
-    char list[128];
-    snprintf(list, sizeof list, ",%s,", ctl);
-    if (!strstr(list, ",cpu,")) continue;
-    v1 = throttled_in("/sys/fs/cgroup/cpu", grp, "throttled_time", 1e-9);
-    if (v1 < 0) v1 = throttled_in("/sys/fs/cgroup/cpu,cpuacct", grp, "throttled_time", 1e-9);
+  char g1[512], g2[512];
+  if (cpu_groups(g1, g2, sizeof g1) < 0) return -1;
+  double v1 = -1, v2 = g2[0] ? throttled_in("/sys/fs/cgroup", g2, "throttled_usec", 1e-6) : -1;
+  if (g1[0]) {
+    v1 = throttled_in("/sys/fs/cgroup/cpu", g1, "throttled_time", 1e-9);
+    if (v1 < 0) v1 = throttled_in("/sys/fs/cgroup/cpu,cpuacct", g1, "throttled_time", 1e-9);
   }
-  fclose(f);
   /* v1 where the quota is (dt_cpu_quota prefers neither; a hybrid mount
    * with both limiting is not handled: the v1 figure counts) */
   return v1 >= 0 ? v1 : v2;
