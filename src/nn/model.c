@@ -733,7 +733,6 @@ void dt__model_set_wstash(dt_model *m, dt__wstash *s, int row0) {
   m->wrow0 = row0;
 }
 
-/* Linear layer i's input and output gradient d (B samples) into the stash. */
 /* A linear layer's input gradient dinp = d * W from W packed once per step
  * (wpack.c, DTRAIN_WPACK_DINP) when the model has it: computed here, and
  * NULL returned so the layer's backward makes only its other gradients;
@@ -746,6 +745,7 @@ static float *packed_dinp(dt_model *m, int i, float *dinp, const float *d, int B
   return NULL;
 }
 
+/* Linear layer i's input and output gradient d (B samples) into the stash. */
 static int stash_rows(dt_model *m, int i, const float *d, int B) {
   const layer *l = &m->L[i];
   if (m->wrow0 < 0 || m->wrow0 + B > m->wst->max_rows || m->wst->n != m->n || !m->wst->x[i])
