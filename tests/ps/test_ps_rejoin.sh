@@ -22,11 +22,20 @@ SRC=${DT_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 MLP="$SRC/examples/fashion_mlp.ini"
 export DTRAIN_JOB_TOKEN=0123456789abcdef0123456789abcdef
 TS=${TIME_SCALE:-1}
-Q=(--set train.epochs=${REJOIN_EPOCHS:-40} --set data.limit_train=1280 --set data.limit_test=200
+# 12800 samples an epoch: the job must outlast two newcomers' start-ups
+# (~1-2 s each) on a quiet machine (1280 ended the job first, 40 epochs in ~2 s)
+Q=(--set train.epochs=${REJOIN_EPOCHS:-40} --set data.limit_train=12800 --set data.limit_test=200
    --set ps.servers=2 --set ps.replicas=2)
 sha() { json_str "$T/$1/summary.json" params_sha256; }
 pid_in() { grep -m1 '^workers:' "$T/$1.log" | sed -nE "s/.*rank $2 pid ([0-9]+).*/\1/p"; }
-count() { grep -c "$2" "$T/$1.log" 2>/dev/null || true; }
+# count NAME PATTERN — matching lines of NAME's log, 0 before the log exists
+# (a background process opens its log after the fork: the first checks can
+# come first)
+count() {
+  local n
+  n=$(grep -c "$2" "$T/$1.log" 2>/dev/null)
+  echo "${n:-0}"
+}
 # wait_for NAME PATTERN N SECONDS — until the log has N lines matching
 wait_for() {
   local t0
