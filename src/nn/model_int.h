@@ -45,6 +45,14 @@ typedef struct layer {
   dt_conv2d_geom g;       /* conv: geometry at max_batch; B is set per call */
 } layer;
 
+/* Deferred weight gradients (nn.h, wstash.c): per linear layer, the stashed
+ * inputs and output gradients of a step's rows. */
+struct dt__wstash {
+  int n, max_rows;
+  float **x, **dy; /* per layer (linear ones): stashed inputs, output gradients */
+  size_t bytes;
+};
+
 struct dt_model {
   int n;
   layer *L;

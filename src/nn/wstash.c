@@ -1,0 +1,70 @@
+/*
+ * wstash.c — deferred weight gradients (nn.h, dt__wstash): a pipeline stage
+ * (DTRAIN_PIPE_WGRAD) stashes each linear layer's input rows and output
+ * gradient rows of every micro-batch during backward (model.c's
+ * stash_rows) and makes the layer's weight gradient once per step from all
+ * of them, dW = dy^T * x over the step's rows: one product over many rows
+ * instead of one small product per micro-batch. The stash is sized for a
+ * step's rows when it is created; nothing is allocated per step.
+ */
+#include <stdlib.h>
+
+#include "core/core.h"
+#include "nn/model_int.h"
+#include "tensor/tensor.h"
+
+void dt__wstash_destroy(dt__wstash *s) {
+  if (!s) return;
+  for (int i = 0; i < s->n; i++) dt_free(s->x[i]), dt_free(s->dy[i]);
+  free(s->x), free(s->dy), free(s);
+}
+
+int dt__wstash_create(dt__wstash **out, const dt_model *m, int max_rows) {
+  dt__wstash *s = calloc(1, sizeof *s);
+  *out = NULL;
+  if (!s || !(s->x = calloc((size_t)m->n, sizeof *s->x)) ||
+      !(s->dy = calloc((size_t)m->n, sizeof *s->dy))) {
+    dt__wstash_destroy(s);
+    return dt__seterr(DT_ENOMEM, "model: out of memory for deferred weight gradients");
+  }
+  s->n = m->n;
+  s->max_rows = max_rows;
+  for (int i = 0; i < m->n; i++) {
+    const layer *l = &m->L[i];
+    if (l->s.info.kind != DT_L_LINEAR) continue;
+    size_t bx = (size_t)max_rows * l->in_el * sizeof(float), by = (size_t)max_rows * l->out_el * sizeof(float);
+    if (!(s->x[i] = dt_alloc(bx)) || !(s->dy[i] = dt_alloc(by))) {
+      dt__wstash_destroy(s);
+      return dt__seterr(DT_ENOMEM, "model: out of memory for deferred weight gradients (%d rows)",
+                        max_rows);
+    }
+    s->bytes += bx + by;
+  }
+  *out = s;
+  return DT_OK;
+}
+
+size_t dt__wstash_bytes(const dt__wstash *s) { return s ? s->bytes : 0; }
+
+void dt__wstash_rows(const dt__wstash *s, int i, const float **x, const float **dy) {
+  int ok = s && i >= 0 && i < s->n;
+  *x = ok ? s->x[i] : NULL;
+  *dy = ok ? s->dy[i] : NULL;
+}
+
+void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows, int accumulate) {
+  dt__model_wgrad_flush_ready(m, s, rows, accumulate, NULL, NULL);
+}
+
+void dt__model_wgrad_flush_ready(dt_model *m, const dt__wstash *s, int rows, int accumulate,
+                                 dt_grad_ready_fn on_ready, void *ud) {
+  /* last layer first, as backward reports them */
+  for (int i = m->n - 1; i >= 0; i--) {
+    layer *l = &m->L[i];
+    if (s && rows > 0 && i < s->n && s->x[i] && l->dw)
+      /* dweight(OC,C) = dy^T(OC,rows) * x(rows,C) */
+      dt_sgemm_f(m->gemm_flags, 1, 0, l->s.oc, (int)l->in_el, rows, 1.0f, s->dy[i], l->s.oc,
+                 s->x[i], (int)l->in_el, accumulate ? 1.0f : 0.0f, l->dw, (int)l->in_el);
+    if (on_ready && l->s.info.nparams) on_ready(ud, l->s.info.param_off, l->s.info.nparams);
+  }
+}
