@@ -109,6 +109,11 @@ static double throttled_in(const char *root, const char *grp, const char *key, d
   return v;
 }
 
+/* The groups are looked up on every call, not cached: a launcher or a
+ * benchmark may move a running worker into a cgroup (bench/straggler.py
+ * does), and a cached path would then read the old group's counter. The
+ * caller reads it once per re-plan (every dist.balance_every steps), a
+ * few microseconds against milliseconds of steps. */
 double dt_cpu_throttled(void) {
   char g1[512], g2[512];
   if (cpu_groups(g1, g2, sizeof g1) < 0) return -1;
