@@ -134,6 +134,7 @@ int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_op
   s->N = opts->nworkers;
   s->comm = comm;
   s->local = -1;
+  s->fused = dt_param(DT_PARAM_PS_FUSED) != 0;
   int N = s->N;
   /* the ranges held: this server's own, then those it is a replica of */
   const int S = map->nservers, R = map->replicas > 1 ? map->replicas : 1;

@@ -93,6 +93,14 @@ static int bsp_close(dt_ps_server *s, skey *k) {
   const float *a = NULL;
   int n = 0;
   float lr = 0, wsum = 0;
+  /* two pushes, SGD: the sum and the step in one pass (fused.c, the same
+   * bits; DTRAIN_PS_FUSED=0 for the two passes) */
+  if (N == 2 && k->narr == 2 && k->arr[0] && k->arr[1] && s->fused &&
+      dt__pss_fused_sum2_step(&s->o.optim, k->opt, len, k->p, k->wsrc[0], k->wsrc[1],
+                              k->wlr[0])) {
+    n = 2;
+    goto stepped;
+  }
   /* in rank order: ((x0 + x1) + x2) + ... */
   for (int w = 0; w < N; w++) {
     if (!k->arr[w]) continue;
@@ -116,6 +124,7 @@ static int bsp_close(dt_ps_server *s, skey *k) {
   }
   int rc = dt_optim_step(k->opt, k->p, g, lr);
   if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
+stepped:
   memset(k->arr, 0, (size_t)N);
   k->narr = 0;
   k->version++;

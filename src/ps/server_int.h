@@ -106,6 +106,7 @@ struct dt_ps_server {
   dt_ps_server_stats st;
   int failed;
   int extra;         /* the last message was a checkpoint pull: not a turn of its worker */
+  int fused;         /* bsp: two pushes summed and stepped in one pass (DTRAIN_PS_FUSED) */
   /* re-replication (server_copy.c; replicas only, cp != 0) */
   int cp;
   uint8_t *dead;     /* per server: lost, as the workers said (DT_PS_LOST) */
@@ -159,6 +160,10 @@ int dt__pss_join_poll(dt_ps_server *s, int *busy);
 void dt__pss_join_free(dt_ps_server *s);
 /* server_apply.c */
 int dt__pss_need(const dt_ps_server *s);
+/* bsp, two pushes of a dense key, SGD without Nesterov or dampening: the
+ * sum and the update in one pass (fused.c); 0 when not applicable */
+int dt__pss_fused_sum2_step(const dt_optim_cfg *c, dt_optim *o, size_t n, float *p,
+                            const float *a, const float *b, float lr);
 int dt__pss_recheck(dt_ps_server *s, skey *k);
 int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data);
 float *dt__pss_push_dest(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m);
