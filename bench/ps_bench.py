@@ -15,11 +15,13 @@ Parts (--parts, default speed,rpc,straggler,sparse):
              tutorial, 1 server, 2 trainers, batch 32 each) and dtrain with 1
              separate server and 2 workers (32 each); ratio of samples/s.
   straggler  2 workers of the MLP (examples/fashion_mlp.ini as it is: cosine
-             schedule, 20 epochs), colocated servers, worker 1 limited to
+             schedule, 20 epochs), in each deployment of --straggler-servers
+             (default 0,1: colocated servers, then 1 separate unthrottled
+             server process), worker 1 limited to
              50% of a core by a cgroup-v1 CPU quota (/sys/fs/cgroup/cpu, root
              only; skipped otherwise): time to 0.88 test accuracy with bsp
-             and with ssp (s = 3) (stopped there), and asp's final accuracy
-             after 20 epochs.
+             and with ssp (s = 3) (stopped there), the epochs and seconds per
+             epoch that took, and asp's final accuracy after 20 epochs.
   sparse     two ratings sets of tools/gen_ratings.py with --ratings
              (default 2M) ratings: the issue's density (users = ratings /
              100, items = ratings / 200, as 100k x 50k x 10M; --ratings
@@ -80,8 +82,9 @@ ap.add_argument("--sparse-rank", type=int, default=2, help="the ratings sets' ra
 ap.add_argument("--cnn-limit", type=int, default=12000)
 ap.add_argument("--failover-reps", type=int, default=5)
 ap.add_argument("--failover-epochs", type=int, default=6)
-ap.add_argument("--straggler-servers", type=int, default=0,
-                help="straggler part: separate servers (0: colocated, the default)")
+ap.add_argument("--straggler-servers", default="0,1",
+                help="straggler part: the deployments, a comma list (0: colocated servers; "
+                     "S: S separate, unthrottled server processes); default both")
 a = ap.parse_args()
 env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 dtrain = os.path.join(a.build, "dtrain")
@@ -187,19 +190,21 @@ def throttled_run(extra, epochs, target, stop_at_target):
     ev = os.path.join(out, "events.jsonl")
     while p.poll() is None:
         time.sleep(0.5)
-        hit, acc = scan(ev, target)
+        hit, acc, _ = scan(ev, target)
         if hit is not None and stop_at_target:
             p.terminate()
             break
     p.wait()
     th.join()
-    hit, acc = scan(ev, target)
+    hit, acc, ep = scan(ev, target)
     os.rmdir(cg)
     subprocess.run(["rm", "-rf", out])
-    return hit, acc
+    return hit, acc, ep
 
 def scan(ev, target):
-    hit, acc = None, 0.0
+    """(time of the first epoch record at or above target or None, the last accuracy,
+    the number of epoch records up to and with that first one)"""
+    hit, acc, n, ep = None, 0.0, 0, None
     try:
         with open(ev) as f:
             for l in f:
@@ -209,35 +214,54 @@ def scan(ev, target):
                     continue
                 if e.get("test_accuracy") is not None:
                     acc = e["test_accuracy"]
+                    n += 1
                     if hit is None and acc >= target:
-                        hit = e.get("time")
+                        hit, ep = e.get("time"), n
     except OSError:
         pass
-    return hit, acc
+    return hit, acc, ep
 
 def straggler():
-    where = (["--servers", str(a.straggler_servers)] if a.straggler_servers
-             else ["--set", "ps.colocate=true"])
-    print(f"== straggler: MLP, 2 workers ({' '.join(where)}), worker 1 at 50% of a core")
+    """Each deployment of --straggler-servers (0: colocated servers; S: S separate,
+    unthrottled server processes), bsp and ssp(3) under identical conditions (the
+    same config, the same quota on worker 1), then asp. Besides the time to 0.88,
+    the epochs it took and the seconds per epoch until then: the ratio ssp/bsp is
+    (their epochs' ratio) x (their seconds per epoch's ratio), i.e. how many clocks
+    each needs times how fast the clocks go (docs/ps.md "ssp against bsp")."""
     if os.geteuid() != 0 or not os.access(CG, os.W_OK):
-        print(f"  skipped: needs root and a writable cgroup-v1 cpu controller at {CG}")
+        print(f"== straggler: skipped: needs root and a writable cgroup-v1 cpu controller at {CG}")
         return
+    for S in (int(x) for x in str(a.straggler_servers).split(",")):
+        straggler_one(S)
+
+def straggler_one(S):
+    where = ["--servers", str(S)] if S else ["--set", "ps.colocate=true"]
+    dep = f"{S} separate unthrottled server process{'es' if S > 1 else ''}" if S else \
+        "colocated servers (each worker's server in its process: worker 1's under its quota too)"
+    print(f"== straggler: MLP, 2 workers, {dep}, worker 1 at 50% of a core")
     runs = {"bsp": [], "ssp s=3": [], "asp": []}
     for r in range(a.reps):
         for m, extra in (("bsp", []), ("ssp s=3", ["--set", "ps.consistency=ssp", "--set", "ps.staleness=3"]),
                          ("asp", ["--set", "ps.consistency=asp"])):
-            hit, acc = throttled_run(["--workers", "2", *where, *extra], 20, 0.88,
-                                     m != "asp")
-            runs[m].append((hit, acc))
-            print(f"  round {r + 1}: {m}: time to 0.88 {hit if hit is None else round(hit, 1)} s, final acc {acc:.4f}", flush=True)
-    def med(m):
-        xs = [h for h, _ in runs[m] if h is not None]
+            hit, acc, ep = throttled_run(["--workers", "2", *where, *extra], 20, 0.88,
+                                         m != "asp")
+            runs[m].append((hit, acc, ep))
+            per = f", {ep} epochs, {hit / ep:.2f} s per epoch" if hit is not None else ""
+            print(f"  round {r + 1}: {m}: time to 0.88 {hit if hit is None else round(hit, 1)} s{per}, "
+                  f"final acc {acc:.4f}", flush=True)
+    def med(m, f=lambda h, e: h):
+        xs = [f(h, e) for h, _, e in runs[m] if h is not None]
         return statistics.median(xs) if xs else None
     b, s = med("bsp"), med("ssp s=3")
-    print(f"  median time to 0.88: bsp {b} s, ssp(3) {s} s" +
+    tag = "colocated" if not S else f"{S} separate server{'s' if S > 1 else ''}"
+    print(f"  [{tag}] median time to 0.88: bsp {b and round(b, 2)} s, ssp(3) {s and round(s, 2)} s" +
           (f", ratio {s / b:.2f} (target <= 0.75: {'met' if s / b <= 0.75 else 'missed'})" if b and s else ""))
-    am = statistics.median(acc for _, acc in runs['asp'])
-    print(f"  asp final accuracy (median) {am:.4f} (target >= 0.885: {'met' if am >= 0.885 else 'missed'})")
+    if b and s:
+        print(f"  [{tag}] epochs to 0.88 (median): bsp {med('bsp', lambda h, e: e)}, ssp(3) "
+              f"{med('ssp s=3', lambda h, e: e)}; seconds per epoch: bsp {med('bsp', lambda h, e: h / e):.2f}, "
+              f"ssp(3) {med('ssp s=3', lambda h, e: h / e):.2f}")
+    am = statistics.median(acc for _, acc, _ in runs['asp'])
+    print(f"  [{tag}] asp final accuracy (median) {am:.4f} (target >= 0.885: {'met' if am >= 0.885 else 'missed'})")
 
 def sparse():
     for per_user in (100, 1000):
