@@ -96,6 +96,7 @@ int dt_ps_client_create(dt_ps_client **out, const dt_ps_map *map, const dt_ps_op
   c->kfwd = calloc((size_t)c->nk, sizeof *c->kfwd);
   c->lazy = local && opts->consistency == DT_PS_ASP && c->R == 1 && !opts->direct &&
             dt_param(DT_PARAM_PS_LAZY);
+  c->qsleep = dt_param(DT_PARAM_PS_QUOTA_SLEEP) != 0;
   if (c->lazy) c->stage = dt_alloc(map->nparams * sizeof(float));
   if (opts->significance > 0) {
     c->resid = dt_alloc(map->nparams * sizeof(float));

@@ -79,6 +79,11 @@ struct dt_ps_client {
   int park, quit, spin;
   int err;             /* a push or a poll failed during backward (reported by finish) */
   char errmsg[512];
+  /* under a CPU quota below one core (dt_cpu_quota, read every 100 ms), a
+   * wait sleeps between polls instead of spinning: every polled microsecond
+   * is charged to the quota (DTRAIN_PS_QUOTA_SLEEP; client_wait.c) */
+  int qsleep, quota_bound;
+  int64_t quota_next;
 };
 
 static inline int dt__psc_srv_rank(const dt_ps_client *c, int s) {
@@ -93,6 +98,7 @@ void dt__psc_local_reply(void *ud, const dt_ps_msg *m, const float *payload);
 int dt__psc_comm_fail(dt_ps_client *c, int rc, const char *what);
 int dt__psc_holder(const dt_ps_client *c, int k);
 int dt__psc_survivable(dt_ps_client *c, int rc, int srv);
+int dt__psc_quota_bound(dt_ps_client *c);
 int dt__psc_tell_losses(dt_ps_client *c);
 int dt__psc_poll_local(dt_ps_client *c, int *busy);
 int dt__psc_reap(dt_ps_client *c, int k0, int block);

@@ -70,6 +70,47 @@ static int server_fail(dt_ps_client *c, int rc, int srv) {
                     (unsigned long long)m->srv_lo[srv + 1], msg);
 }
 
+/* 1 while this process's cgroup allows it less than one core (read every
+ * 100 ms: the straggler bench moves a running worker into its cgroup).
+ * Polling there is paid for with compute: a throttled worker's spinning in
+ * its waits took ~16-20% of its CPU (perf, MLP, 50% quota, 2026-11-28). */
+static int quota_check(int64_t *next, int *bound) {
+  int64_t now = dt_now_ns();
+  if (now >= *next) {
+    double q = dt_cpu_quota();
+    *bound = q > 0 && q < 1.0;
+    *next = now + 100000000;
+  }
+  return *bound;
+}
+int dt__psc_quota_bound(dt_ps_client *c) {
+  if (!c->qsleep || !quota_check(&c->quota_next, &c->quota_bound)) return 0;
+  if (c->qsleep == 1) {
+    c->qsleep = 2;
+    DT_LOG_INFO("ps worker %d: under a CPU quota of %.2f cores: waits for parameters sleep "
+                "between polls (DTRAIN_PS_QUOTA_SLEEP)", c->me, dt_cpu_quota());
+  }
+  return 1;
+}
+/* Not with a server thread (colocated ssp/asp): the thread and its worker
+ * hand the communicator to each other; sleeping there instead of yielding
+ * made colocated ssp under the quota slower (18.7 / 18.4 s to 0.88 against
+ * 11.5 / 16.8 s polling, 2026-11-28, load ~25 with boosted cgroups). */
+
+/* One request, sleeping 20 us between tests (under a quota): after a
+ * second, the transport's own wait (its deadline and liveness checks). */
+static int wait_sleeping(dt_ps_client *c, dt_comm_req *r) {
+  const int64_t end = dt_now_ns() + 1000000000;
+  for (int n = 0;; n++) {
+    bool done = false;
+    int rc = dt_comm_test(c->comm, r, &done);
+    if (rc < 0 || done) return rc;
+    if ((n & 15) == 15 && dt_now_ns() > end) break;
+    dt__ps_sleep_ns(20000);
+  }
+  return dt_comm_waitall(c->comm, r, 1);
+}
+
 /* Lets this worker's colocated server make progress while the worker
  * waits: polls it, or with a server thread gives the thread the
  * communicator for a moment (and reports as busy, so the caller does not
@@ -264,7 +305,8 @@ int dt__psc_wait_all(dt_ps_client *c) {
         c->nreq[k] = 0;
         for (int i = 0; i < n; i++) {
           int srv = who[i] < 0 ? -who[i] - 1 : who[i];
-          int r1 = dt_comm_waitall(c->comm, &r[i], 1);
+          int r1 = dt__psc_quota_bound(c) ? wait_sleeping(c, &r[i])
+                                          : dt_comm_waitall(c->comm, &r[i], 1);
           if (r1 == DT_OK) continue;
           if (!dt__psc_survivable(c, r1, srv)) return server_fail(c, r1, srv);
           /* the reply's server was lost: ask the next holder (below) */
@@ -298,7 +340,8 @@ int dt__psc_wait_all(dt_ps_client *c) {
       if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
       progressed |= busy;
       idle = progressed ? 0 : idle + 1;
-      dt__ps_backoff(idle);
+      if (idle && !c->threaded && dt__psc_quota_bound(c)) dt__ps_sleep_ns(20000);
+      else dt__ps_backoff(idle);
     }
     for (int k = 0; k < c->nk; k++) c->nreq[k] = 0;
   }
