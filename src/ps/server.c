@@ -112,6 +112,7 @@ int dt__pss_key_init(dt_ps_server *s, skey *k, int key) {
       !k->wflags || !k->sreq || !k->sent || !k->shdr || !k->snap)
     goto oom;
   for (int w = 0; w < N; w++) k->want[w] = -1;
+  k->prever = -1;
   k->live = 1;
   return DT_OK;
 oom:
@@ -381,7 +382,7 @@ static int reply(dt_ps_server *s, skey *k, int w) {
     /* the window: the parameters go straight into the worker's own (it
      * reads none of this key's until this header is in), one copy; the
      * header follows them, in order */
-    memcpy(s->o.win_params[w] + k->K->off, k->p, len * sizeof(float));
+    if (k->prever != k->version) memcpy(s->o.win_params[w] + k->K->off, k->p, len * sizeof(float));
     s->st.win_sent += (int64_t)(len * sizeof(float));
     m.flags = DT_PS_F_WIN;
     uint8_t *h = k->shdr + (size_t)w * DT_PS_HDR_BYTES;

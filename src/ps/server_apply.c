@@ -95,11 +95,22 @@ static int bsp_close(dt_ps_server *s, skey *k) {
   float lr = 0, wsum = 0;
   /* two pushes, SGD: the sum and the step in one pass (fused.c, the same
    * bits; DTRAIN_PS_FUSED=0 for the two passes) */
-  if (N == 2 && k->narr == 2 && k->arr[0] && k->arr[1] && s->fused &&
-      dt__pss_fused_sum2_step(&s->o.optim, k->opt, len, k->p, k->wsrc[0], k->wsrc[1],
-                              k->wlr[0])) {
-    n = 2;
-    goto stepped;
+  if (N == 2 && k->narr == 2 && k->arr[0] && k->arr[1] && s->fused) {
+    /* both workers remote, through windows, reading this very version:
+     * the same pass writes their parameters (reply() then sends headers) */
+    float *o0 = NULL, *o1 = NULL;
+    if (s->local < 0 && s->o.win_params && !s->gone[0] && !s->gone[1] &&
+        k->want[0] == k->version + 1 && k->want[1] == k->version + 1 &&
+        k->wflags[0] == DT_PS_F_WIN && k->wflags[1] == DT_PS_F_WIN) {
+      o0 = s->o.win_params[0] + k->K->off;
+      o1 = s->o.win_params[1] + k->K->off;
+    }
+    if (dt__pss_fused_sum2_step(&s->o.optim, k->opt, len, k->p, k->wsrc[0], k->wsrc[1],
+                                k->wlr[0], o0, o1)) {
+      k->prever = o0 ? k->version + 1 : -1;
+      n = 2;
+      goto stepped;
+    }
   }
   /* in rank order: ((x0 + x1) + x2) + ... */
   for (int w = 0; w < N; w++) {

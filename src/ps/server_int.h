@@ -15,6 +15,8 @@ typedef struct skey {
   float *p;          /* the key's parameters (into s->params) */
   dt_optim *opt;
   int64_t version;   /* bsp: clocks closed; ssp/asp: pushes applied */
+  int64_t prever;    /* bsp, fused close: the version already written into both workers'
+                      * windows by the close itself (reply() sends the headers only) */
   int64_t *wclock;   /* per worker: pushes received (its next clock) */
   /* bsp */
   int narr;
@@ -163,7 +165,7 @@ int dt__pss_need(const dt_ps_server *s);
 /* bsp, two pushes of a dense key, SGD without Nesterov or dampening: the
  * sum and the update in one pass (fused.c); 0 when not applicable */
 int dt__pss_fused_sum2_step(const dt_optim_cfg *c, dt_optim *o, size_t n, float *p,
-                            const float *a, const float *b, float lr);
+                            const float *a, const float *b, float lr, float *o0, float *o1);
 int dt__pss_recheck(dt_ps_server *s, skey *k);
 int dt__pss_on_push(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m, const float *data);
 float *dt__pss_push_dest(dt_ps_server *s, skey *k, int w, const dt_ps_msg *m);
