@@ -93,6 +93,7 @@ static int bsp_close(dt_ps_server *s, skey *k) {
   const float *a = NULL;
   int n = 0;
   float lr = 0, wsum = 0;
+  int rc;
   /* two pushes, SGD: the sum and the step in one pass (fused.c, the same
    * bits; DTRAIN_PS_FUSED=0 for the two passes) */
   if (N == 2 && k->narr == 2 && k->arr[0] && k->arr[1] && s->fused) {
@@ -133,7 +134,7 @@ static int bsp_close(dt_ps_server *s, skey *k) {
     float sc = 1.0f / wsum;
     for (size_t i = 0; i < len; i++) g[i] *= sc;
   }
-  int rc = dt_optim_step(k->opt, k->p, g, lr);
+  rc = dt_optim_step(k->opt, k->p, g, lr);
   if (rc < 0) return dt__preerr(rc, "ps server %d: key %d", s->index, k->idx);
 stepped:
   memset(k->arr, 0, (size_t)N);
@@ -141,7 +142,10 @@ stepped:
   k->version++;
   s->st.clocks++;
   clock_after_loss(s, k);
-  return dt__pss_try_replies(s, k);
+  /* the windows written by the fused pass serve these replies only */
+  rc = dt__pss_try_replies(s, k);
+  k->prever = -1;
+  return rc;
 }
 
 /* Where the payload of push m from worker w goes: bsp's per-worker slot, or
