@@ -181,6 +181,14 @@ void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows, int accum
  * reported): a caller reducing the gradients overlaps the rest. */
 void dt__model_wgrad_flush_ready(dt_model *m, const dt__wstash *s, int rows, int accumulate,
                                  dt_grad_ready_fn on_ready, void *ud);
+/* dt__model_wgrad_flush's products for two threads: the stashed layers
+ * split once into two sets of about equal work (out x in each, largest
+ * first to the lighter set, ties to set 0); part 0 or 1 makes its set's.
+ * Each layer's product is the same call whichever part makes it: the two
+ * parts together give dt__model_wgrad_flush's bits. Returns the part's
+ * share of the work (0..1). */
+double dt__model_wgrad_flush_part(dt_model *m, const dt__wstash *s, int rows, int accumulate,
+                                  int part);
 /* Layer i's stashed inputs (rows x in) and output gradients (rows x out),
  * row 0 first; NULL for a layer the stash does not hold (not linear). */
 void dt__wstash_rows(const dt__wstash *s, int i, const float **x, const float **dy);

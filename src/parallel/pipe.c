@@ -11,6 +11,7 @@
  * same message by two floats, j's loss and correct count. It does not
  * reduce over replicas or step the optimizer.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,7 +53,35 @@ struct dt_pipe {
   double fwd_s, pack_s, wgrad_s, recv_s, send_s;
   dt_grad_ready_fn ready;    /* the stage's gradient spans, once final each step */
   void *ready_ud;
+  /* the step's last weight-gradient flush on two threads (DTRAIN_PIPE_TAIL,
+   * stages before the last): the helper makes part 1 of the layers
+   * (dt__model_wgrad_flush_part) while the stage's thread makes part 0 */
+  int tail_on, tail_quit;
+  pthread_t tail;
+  pthread_mutex_t tail_mu;
+  pthread_cond_t tail_cv;
+  uint64_t tail_gen, tail_done; /* jobs posted, jobs finished */
+  int tail_rows, tail_acc;
 };
+
+static void *tail_main(void *arg) {
+  dt_pipe *p = arg;
+  uint64_t seen = 0;
+  pthread_mutex_lock(&p->tail_mu);
+  for (;;) {
+    while (!p->tail_quit && p->tail_gen == seen) pthread_cond_wait(&p->tail_cv, &p->tail_mu);
+    if (p->tail_quit) break;
+    seen = p->tail_gen;
+    int rows = p->tail_rows, acc = p->tail_acc;
+    pthread_mutex_unlock(&p->tail_mu);
+    dt__model_wgrad_flush_part(p->inst[0], p->wst, rows, acc, 1);
+    pthread_mutex_lock(&p->tail_mu);
+    p->tail_done = seen;
+    pthread_cond_broadcast(&p->tail_cv);
+  }
+  pthread_mutex_unlock(&p->tail_mu);
+  return NULL;
+}
 
 /* 1f1b: forwards before the first backward. With e extra ones a stage
  * before the last computes while its first micro-batch goes through the
@@ -71,6 +100,15 @@ static int nslots(const dt_pipe_cfg *c) {
 
 void dt_pipe_destroy(dt_pipe *p) {
   if (!p) return;
+  if (p->tail_on) {
+    pthread_mutex_lock(&p->tail_mu);
+    p->tail_quit = 1;
+    pthread_cond_broadcast(&p->tail_cv);
+    pthread_mutex_unlock(&p->tail_mu);
+    pthread_join(p->tail, NULL);
+    pthread_cond_destroy(&p->tail_cv);
+    pthread_mutex_destroy(&p->tail_mu);
+  }
   /* pending sends are finished by dt_pipe_step before it returns */
   for (int k = 0; p->inst && k < p->K; k++) dt_model_destroy(p->inst[k]);
   for (int s = 0; s < p->S; s++) {
@@ -165,6 +203,24 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
   if (!cfg->det && cfg->micro > 1 && cfg->wgrad && group > 1 && p->G == 1) {
     p->wcap = group * cfg->max_batch;
     DT_CHECK_GOTO(dt__wstash_create(&p->wst, p->inst[0], p->wcap), rc, fail);
+    /* the step's last flush on two threads on a stage before the last: it
+     * runs while the next stage, done with the step's backwards sooner,
+     * makes its own (smaller) flush and then waits for this stage */
+    if (cfg->tail && cfg->stage < cfg->nstages - 1 && !cfg->recompute) {
+      if (pthread_mutex_init(&p->tail_mu, NULL)) goto nomem;
+      if (pthread_cond_init(&p->tail_cv, NULL)) {
+        pthread_mutex_destroy(&p->tail_mu);
+        goto nomem;
+      }
+      if (pthread_create(&p->tail, NULL, tail_main, p)) {
+        pthread_cond_destroy(&p->tail_cv);
+        pthread_mutex_destroy(&p->tail_mu);
+        rc = dt__seterr(DT_ENOMEM, "pipeline stage %d: cannot start the weight-gradient thread",
+                        cfg->stage);
+        goto fail;
+      }
+      p->tail_on = 1;
+    }
   }
   /* the forward products' weights packed once per step rather than once
    * per micro-batch (not in deterministic mode, whose products are fixed
@@ -360,6 +416,31 @@ static int det_backward(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, 
 static void wflush(dt_pipe *p) {
   double t0 = dt_now();
   dt__model_wgrad_flush(p->inst[0], p->wst, p->wrows, p->wflushed > 0);
+  double t = dt_now() - t0;
+  p->compute_s += t;
+  p->wgrad_s += t;
+  p->wflushed++;
+  p->wrows = 0;
+}
+
+/* The step's last flush (wflush's), part 1 of the layers on the helper
+ * thread when there is one. */
+static void wflush_tail(dt_pipe *p) {
+  if (!p->tail_on) {
+    wflush(p);
+    return;
+  }
+  double t0 = dt_now();
+  pthread_mutex_lock(&p->tail_mu);
+  p->tail_rows = p->wrows;
+  p->tail_acc = p->wflushed > 0;
+  uint64_t gen = ++p->tail_gen;
+  pthread_cond_broadcast(&p->tail_cv);
+  pthread_mutex_unlock(&p->tail_mu);
+  dt__model_wgrad_flush_part(p->inst[0], p->wst, p->wrows, p->wflushed > 0, 0);
+  pthread_mutex_lock(&p->tail_mu);
+  while (p->tail_done != gen) pthread_cond_wait(&p->tail_cv, &p->tail_mu);
+  pthread_mutex_unlock(&p->tail_mu);
   double t = dt_now() - t0;
   p->compute_s += t;
   p->wgrad_s += t;
@@ -606,6 +687,6 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
   /* the stage's weight gradients over the micro-batches not yet flushed
    * (without recompute: every one, in one product per layer, after the
    * last backward's gradients went to the previous stage) */
-  if (rc == DT_OK && p->wst && p->wrows) wflush(p);
+  if (rc == DT_OK && p->wst && p->wrows) wflush_tail(p);
   return p->c.comm ? drain(p, rc) : rc;
 }

@@ -46,6 +46,7 @@ typedef struct dt_pipe_cfg {
   int wgrad;              /* deferred weight gradients (pipe.c) unless 0 */
   int wpack;              /* forward weights packed once per step (nn.h dt__wpack) unless 0 */
   int warm_extra;         /* 1f1b: extra warm-up forwards on stages before the last */
+  int tail;               /* the step's last weight-gradient flush on two threads (pipe.c) unless 0 */
   int det;                /* deterministic mode: see dt_pipe_set_det */
   dt_model *whole;        /* lends its parameters and state; must outlive the pipe */
   dt_comm *comm;          /* rank = stage; NULL with one stage */
