@@ -201,6 +201,10 @@ typedef struct dt__wpack dt__wpack;
 int dt__wpack_create(dt__wpack **out, const dt_model *m);
 void dt__wpack_destroy(dt__wpack *p);
 void dt__wpack_refresh(dt__wpack *p, const dt_model *m);
+/* The same for some of the forms: forms & 1 the forward products' W^T,
+ * forms & 2 the input-gradient products' W (a pipeline stage packs the
+ * latter on another thread while its first forwards run). */
+void dt__wpack_refresh_part(dt__wpack *p, const dt_model *m, int forms);
 size_t dt__wpack_bytes(const dt__wpack *p);
 const float *dt__wpack_get(const dt__wpack *p, int layer);
 /* Layer's W packed for the input-gradient product (DTRAIN_WPACK_DINP), or

@@ -80,15 +80,17 @@ int dt__wpack_create(dt__wpack **out, const dt_model *m) {
   return DT_OK;
 }
 
-void dt__wpack_refresh(dt__wpack *p, const dt_model *m) {
+void dt__wpack_refresh(dt__wpack *p, const dt_model *m) { dt__wpack_refresh_part(p, m, 3); }
+
+void dt__wpack_refresh_part(dt__wpack *p, const dt_model *m, int forms) {
   for (int i = 0; p && i < p->n; i++) {
     if (!p->w[i]) continue;
     const dt_layer_info *l = dt_model_layer(m, i);
     const int C = l->in_c * l->in_h * l->in_w;
     const float *W = dt_model_params((dt_model *)m) + l->param_off;
     /* op(B) = W^T: C x OC, W stored OC x C */
-    dt_sgemm_packb(1, C, l->out_c, W, C, p->w[i]);
-    if (p->wd[i]) dt_sgemm_packb(0, l->out_c, C, W, C, p->wd[i]);
+    if (forms & 1) dt_sgemm_packb(1, C, l->out_c, W, C, p->w[i]);
+    if ((forms & 2) && p->wd[i]) dt_sgemm_packb(0, l->out_c, C, W, C, p->wd[i]);
   }
 }
 

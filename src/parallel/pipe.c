@@ -53,16 +53,22 @@ struct dt_pipe {
   double fwd_s, pack_s, wgrad_s, recv_s, send_s;
   dt_grad_ready_fn ready;    /* the stage's gradient spans, once final each step */
   void *ready_ud;
-  /* the step's last weight-gradient flush on two threads (DTRAIN_PIPE_TAIL,
-   * stages before the last): the helper makes part 1 of the layers
-   * (dt__model_wgrad_flush_part) while the stage's thread makes part 0 */
+  /* a helper thread on stages before the last (DTRAIN_PIPE_TAIL), for
+   * work the stage's thread need not wait for at once, run while the next
+   * stage has nothing to do: part 1 of the step's last weight-gradient
+   * flush (dt__model_wgrad_flush_part) while the stage's thread makes part
+   * 0; the input-gradient forms of the packed weights while the step's
+   * first forwards run (the first backward waits for them) */
   int tail_on, tail_quit;
   pthread_t tail;
   pthread_mutex_t tail_mu;
   pthread_cond_t tail_cv;
   uint64_t tail_gen, tail_done; /* jobs posted, jobs finished */
-  int tail_rows, tail_acc;
+  int tail_kind, tail_rows, tail_acc;
+  uint64_t pack_gen;            /* the packing job the first backward waits for (0: none) */
 };
+
+enum { JOB_WGRAD = 1, JOB_PACK_DINP = 2 };
 
 static void *tail_main(void *arg) {
   dt_pipe *p = arg;
@@ -72,9 +78,10 @@ static void *tail_main(void *arg) {
     while (!p->tail_quit && p->tail_gen == seen) pthread_cond_wait(&p->tail_cv, &p->tail_mu);
     if (p->tail_quit) break;
     seen = p->tail_gen;
-    int rows = p->tail_rows, acc = p->tail_acc;
+    int kind = p->tail_kind, rows = p->tail_rows, acc = p->tail_acc;
     pthread_mutex_unlock(&p->tail_mu);
-    dt__model_wgrad_flush_part(p->inst[0], p->wst, rows, acc, 1);
+    if (kind == JOB_WGRAD) dt__model_wgrad_flush_part(p->inst[0], p->wst, rows, acc, 1);
+    else dt__wpack_refresh_part(p->wpk, p->inst[0], 2);
     pthread_mutex_lock(&p->tail_mu);
     p->tail_done = seen;
     pthread_cond_broadcast(&p->tail_cv);
@@ -203,10 +210,20 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
   if (!cfg->det && cfg->micro > 1 && cfg->wgrad && group > 1 && p->G == 1) {
     p->wcap = group * cfg->max_batch;
     DT_CHECK_GOTO(dt__wstash_create(&p->wst, p->inst[0], p->wcap), rc, fail);
-    /* the step's last flush on two threads on a stage before the last: it
-     * runs while the next stage, done with the step's backwards sooner,
-     * makes its own (smaller) flush and then waits for this stage */
-    if (cfg->tail && cfg->stage < cfg->nstages - 1 && !cfg->recompute) {
+  }
+  /* the forward products' weights packed once per step rather than once
+   * per micro-batch (not in deterministic mode, whose products are fixed
+   * kernels of their own) */
+  if (!cfg->det && cfg->micro > 1 && cfg->wpack) {
+    DT_CHECK_GOTO(dt__wpack_create(&p->wpk, p->inst[0]), rc, fail);
+    for (int k = 0; k < p->K; k++) dt__model_set_wpack(p->inst[k], p->wpk);
+  }
+  {
+    /* the helper on a stage before the last: that stage finishes each
+     * step after the next one (its last backward comes after theirs), and
+     * the next starts each step waiting for its first activations */
+    if (cfg->tail && cfg->stage < cfg->nstages - 1 && !cfg->recompute && !cfg->det &&
+        (p->wst || p->wpk)) {
       if (pthread_mutex_init(&p->tail_mu, NULL)) goto nomem;
       if (pthread_cond_init(&p->tail_cv, NULL)) {
         pthread_mutex_destroy(&p->tail_mu);
@@ -221,13 +238,6 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
       }
       p->tail_on = 1;
     }
-  }
-  /* the forward products' weights packed once per step rather than once
-   * per micro-batch (not in deterministic mode, whose products are fixed
-   * kernels of their own) */
-  if (!cfg->det && cfg->micro > 1 && cfg->wpack) {
-    DT_CHECK_GOTO(dt__wpack_create(&p->wpk, p->inst[0]), rc, fail);
-    for (int k = 0; k < p->K; k++) dt__model_set_wpack(p->inst[k], p->wpk);
   }
   *out = p;
   return DT_OK;
@@ -423,6 +433,36 @@ static void wflush(dt_pipe *p) {
   p->wrows = 0;
 }
 
+/* A job for the helper; its number for tail_wait. */
+static uint64_t tail_post(dt_pipe *p, int kind, int rows, int acc) {
+  pthread_mutex_lock(&p->tail_mu);
+  while (p->tail_done < p->tail_gen) pthread_cond_wait(&p->tail_cv, &p->tail_mu); /* one at a time */
+  p->tail_kind = kind;
+  p->tail_rows = rows;
+  p->tail_acc = acc;
+  uint64_t gen = ++p->tail_gen;
+  pthread_cond_broadcast(&p->tail_cv);
+  pthread_mutex_unlock(&p->tail_mu);
+  return gen;
+}
+
+static void tail_wait(dt_pipe *p, uint64_t gen) {
+  pthread_mutex_lock(&p->tail_mu);
+  while (p->tail_done < gen) pthread_cond_wait(&p->tail_cv, &p->tail_mu);
+  pthread_mutex_unlock(&p->tail_mu);
+}
+
+/* The input-gradient packing posted at the step's start, finished. */
+static void pack_wait(dt_pipe *p) {
+  if (!p->pack_gen) return;
+  double t0 = dt_now();
+  tail_wait(p, p->pack_gen);
+  p->pack_gen = 0;
+  double t = dt_now() - t0;
+  p->compute_s += t;
+  p->pack_s += t;
+}
+
 /* The step's last flush (wflush's), part 1 of the layers on the helper
  * thread when there is one. */
 static void wflush_tail(dt_pipe *p) {
@@ -431,16 +471,9 @@ static void wflush_tail(dt_pipe *p) {
     return;
   }
   double t0 = dt_now();
-  pthread_mutex_lock(&p->tail_mu);
-  p->tail_rows = p->wrows;
-  p->tail_acc = p->wflushed > 0;
-  uint64_t gen = ++p->tail_gen;
-  pthread_cond_broadcast(&p->tail_cv);
-  pthread_mutex_unlock(&p->tail_mu);
+  uint64_t gen = tail_post(p, JOB_WGRAD, p->wrows, p->wflushed > 0);
   dt__model_wgrad_flush_part(p->inst[0], p->wst, p->wrows, p->wflushed > 0, 0);
-  pthread_mutex_lock(&p->tail_mu);
-  while (p->tail_done != gen) pthread_cond_wait(&p->tail_cv, &p->tail_mu);
-  pthread_mutex_unlock(&p->tail_mu);
+  tail_wait(p, gen);
   double t = dt_now() - t0;
   p->compute_s += t;
   p->wgrad_s += t;
@@ -457,6 +490,7 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
   if (s < P - 1 && (p->c.det || p->inst_mb[k] == j))
     DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin, ((size_t)n * p->out_dim + 2) * sizeof(float),
                       j, "receiving gradients of"));
+  pack_wait(p);
   double t0 = dt_now(), sent0 = p->send_s, wg0 = p->wgrad_s;
   if (p->c.det) {
     DT_CHECK(wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
@@ -641,7 +675,13 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
     /* the parameters changed since the last step (the optimizer, a
      * checkpoint's import, a broadcast): pack them for this step */
     double t0 = dt_now();
-    dt__wpack_refresh(p->wpk, p->inst[0]);
+    if (p->tail_on) {
+      /* the input-gradient forms on the helper; the first backward waits */
+      p->pack_gen = tail_post(p, JOB_PACK_DINP, 0, 0);
+      dt__wpack_refresh_part(p->wpk, p->inst[0], 1);
+    } else {
+      dt__wpack_refresh(p->wpk, p->inst[0]);
+    }
     double t = dt_now() - t0;
     p->compute_s += t;
     p->pack_s += t;
