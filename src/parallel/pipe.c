@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core.h"
 #include "obs/obs.h"
@@ -70,6 +71,8 @@ struct dt_pipe {
 
 enum { JOB_WGRAD = 1, JOB_PACK_DINP = 2 };
 
+int dt__pipe_tail_delay_us = 0;
+
 static void *tail_main(void *arg) {
   dt_pipe *p = arg;
   uint64_t seen = 0;
@@ -80,6 +83,10 @@ static void *tail_main(void *arg) {
     seen = p->tail_gen;
     int kind = p->tail_kind, rows = p->tail_rows, acc = p->tail_acc;
     pthread_mutex_unlock(&p->tail_mu);
+    if (dt__pipe_tail_delay_us > 0) {
+      struct timespec ts = {dt__pipe_tail_delay_us / 1000000, dt__pipe_tail_delay_us % 1000000 * 1000L};
+      nanosleep(&ts, NULL);
+    }
     if (kind == JOB_WGRAD) dt__model_wgrad_flush_part(p->inst[0], p->wst, rows, acc, 1);
     else dt__wpack_refresh_part(p->wpk, p->inst[0], 2);
     pthread_mutex_lock(&p->tail_mu);

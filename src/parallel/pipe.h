@@ -137,4 +137,8 @@ typedef void (*dt_pipe_eval_fn)(void *ud, float loss, int n, int correct);
 int dt_pipe_eval_run(dt_pipe_eval *e, const float *x, const int32_t *y, int64_t lo, int64_t hi,
                      dt_pipe_eval_fn fn, void *ud);
 
+/* Tests: the helper thread (dt_pipe_cfg.tail) sleeps this long before
+ * each job, so a caller that did not wait for it would see it unfinished. */
+extern int dt__pipe_tail_delay_us;
+
 #endif /* DT_PARALLEL_PIPE_H */

@@ -42,6 +42,7 @@
 #include "comm/comm.h"
 #include "core/core.h"
 #include "engine/engine.h"
+#include "parallel/pipe.h"
 #include "../engine/fork_workers.h"
 #include "../engine/engine_job.h"
 
@@ -371,6 +372,52 @@ static void test_stage_killed(void **state) {
   assert_non_null(strstr(msg, "stage 1"));
 }
 
+/* DTRAIN_PIPE_TAIL: the helper thread of the stages before the last (half
+ * of the step's last weight-gradient flush, the input-gradient packing
+ * during the first forwards) gives the bits of one thread, also when the
+ * helper is slow (each job delayed 30 ms: the first backward must wait for
+ * the packing, the flush for the other half). Layers wide enough for the
+ * packed products (N >= 16) on every stage. */
+static void test_tail(void **state) {
+  (void)state;
+  static const char *mlp = "linear(64) relu linear(48) relu linear(40) relu linear(32) relu linear(3)";
+  static const struct { int P, m, sched; } runs[] = {{2, 8, 1}, {3, 4, 0}, {2, 1, 1}};
+  for (int i = 0; i < 3; i++) {
+    float *ref = NULL;
+    size_t n0 = 0;
+    for (int v = 0; v < 3; v++) {
+      dt_run_cfg c;
+      base_cfg(&c, runs[i].P);
+      snprintf(c.layers, sizeof c.layers, "%s", mlp);
+      c.batch = 256;
+      c.pipeline_stages = runs[i].P;
+      c.micro_batches = runs[i].m;
+      c.schedule = runs[i].sched;
+      setenv("DTRAIN_PIPE_TAIL", v ? "1" : "0", 1);
+      dt__param_reload();
+      dt__pipe_tail_delay_us = v == 2 ? 30000 : 0;
+      char tag[32];
+      snprintf(tag, sizeof tag, "tail%d_%d", i, v);
+      size_t n;
+      float *p = run_ok(&c, runs[i].P, tag, &n);
+      dt__pipe_tail_delay_us = 0;
+      unsetenv("DTRAIN_PIPE_TAIL");
+      dt__param_reload();
+      if (!v) {
+        ref = p, n0 = n;
+        continue;
+      }
+      assert_int_equal(n, n0);
+      double d = rel_diff(p, ref, n);
+      printf("# P=%d m=%d %s, helper thread%s vs none: relative difference %.3g\n", runs[i].P,
+             runs[i].m, runs[i].sched ? "1f1b" : "gpipe", v == 2 ? " (slow)" : "", d);
+      assert_memory_equal(p, ref, n * sizeof(float));
+      free(p);
+    }
+    free(ref);
+  }
+}
+
 static int setup(void **state) {
   (void)state;
   snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_test_pipe_XXXXXX");
@@ -390,6 +437,7 @@ int main(void) {
       cmocka_unit_test(test_stage_killed),
       cmocka_unit_test(test_zero1),
       cmocka_unit_test(test_pipeline_zero1),
+      cmocka_unit_test(test_tail),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
