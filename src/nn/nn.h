@@ -205,6 +205,11 @@ void dt__wpack_refresh(dt__wpack *p, const dt_model *m);
  * forms & 2 the input-gradient products' W (a pipeline stage packs the
  * latter on another thread while its first forwards run). */
 void dt__wpack_refresh_part(dt__wpack *p, const dt_model *m, int forms);
+/* A refresh on another thread: after dt__wpack_refresh_begin, until that
+ * thread's dt__wpack_refresh_part(p, m, 3) returns, dt__wpack_get and
+ * dt__wpack_get_dinp wait for their layer's form (every forward form is
+ * packed first, layer by layer, then the input-gradient forms). */
+void dt__wpack_refresh_begin(dt__wpack *p);
 size_t dt__wpack_bytes(const dt__wpack *p);
 const float *dt__wpack_get(const dt__wpack *p, int layer);
 /* Layer's W packed for the input-gradient product (DTRAIN_WPACK_DINP), or

@@ -69,7 +69,7 @@ struct dt_pipe {
   uint64_t pack_gen;            /* the packing job the first backward waits for (0: none) */
 };
 
-enum { JOB_WGRAD = 1, JOB_PACK_DINP = 2 };
+enum { JOB_WGRAD = 1, JOB_PACK = 2 };
 
 int dt__pipe_tail_delay_us = 0;
 
@@ -88,7 +88,7 @@ static void *tail_main(void *arg) {
       nanosleep(&ts, NULL);
     }
     if (kind == JOB_WGRAD) dt__model_wgrad_flush_part(p->inst[0], p->wst, rows, acc, 1);
-    else dt__wpack_refresh_part(p->wpk, p->inst[0], 2);
+    else dt__wpack_refresh_part(p->wpk, p->inst[0], 3);
     pthread_mutex_lock(&p->tail_mu);
     p->tail_done = seen;
     pthread_cond_broadcast(&p->tail_cv);
@@ -683,9 +683,12 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
      * checkpoint's import, a broadcast): pack them for this step */
     double t0 = dt_now();
     if (p->tail_on) {
-      /* the input-gradient forms on the helper; the first backward waits */
-      p->pack_gen = tail_post(p, JOB_PACK_DINP, 0, 0);
-      dt__wpack_refresh_part(p->wpk, p->inst[0], 1);
+      /* on the helper, layer by layer, forward forms first: each forward
+       * product waits for its layer's (dt__wpack_get), so the first
+       * forward starts after one layer's packing; the first backward waits
+       * for the whole job */
+      dt__wpack_refresh_begin(p->wpk);
+      p->pack_gen = tail_post(p, JOB_PACK, 0, 0);
     } else {
       dt__wpack_refresh(p->wpk, p->inst[0]);
     }
