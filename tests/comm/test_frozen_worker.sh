@@ -20,12 +20,16 @@ one() {
   PIDS="$PIDS $parent"
   local t0 ok=0
   t0=$(now)
-  while elapsed_ok "$t0" "$(now)" 40; do
+  # the first epoch record is only the starting point: 90 s (not 40) for it,
+  # polled while the job lives — ~3 s at load 23, over 40 s once at load 30
+  # with the test niced (ctest -j2 beside other suites); 2 x (90 + 30) s
+  # stays under ctest's 300 s
+  while elapsed_ok "$t0" "$(now)" 90; do
     if [ -s "$out/events.jsonl" ] && grep -q '^workers:' "$T/out$victim"; then ok=1; break; fi
     kill -0 "$parent" 2>/dev/null || break
     sleep 0.05
   done
-  [ $ok = 1 ] && pass || { fail "victim $victim: no epoch record within 40 s: $(cat "$T/err$victim")"; return; }
+  [ $ok = 1 ] && pass || { fail "victim $victim: no epoch record within 90 s: $(cat "$T/err$victim")"; return; }
   local line vpid
   line=$(grep -m1 '^workers:' "$T/out$victim")
   vpid=$(echo "$line" | sed -nE "s/.*rank $victim pid ([0-9]+).*/\1/p")
