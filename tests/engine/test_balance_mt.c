@@ -147,6 +147,29 @@ static double summary_num(const char *tag, int r, const char *name) {
   return sh ? atof(sh + strlen(key)) : -1;
 }
 
+/* The slowed rank's sleep per sample must dwarf the other rank's own time
+ * per sample, which is wall time (preemptions count). Sanitizer builds are
+ * unoptimised and instrumented: in the ASan build at load 30 the unslowed
+ * rank spent 8.7 ms per sample in deterministic mode and the static run no
+ * longer flagged rank 1 behind its 3 ms (its ms_per_sample 8.90 vs 8.70),
+ * and stealing's slowed rank took 0.341 of the micro-shards behind 1 ms
+ * (bound 0.4). They sleep 20 ms and 5 ms, and wait longer for a job (rank
+ * 1's 800 samples of a static run sleep 16 s). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define UNDER_SANITIZER 1
+#endif
+#endif
+#ifdef UNDER_SANITIZER
+#define SLOW_US "20000"
+#define STEAL_SLOW_US "5000"
+#else
+#define SLOW_US "3000"
+#define STEAL_SLOW_US "1000"
+#endif
+
 static double summary_share(const char *tag, int r) { return summary_num(tag, r, "share"); }
 
 static void run_pair(const char *tag, int deterministic, int balance, int *st) {
@@ -169,7 +192,7 @@ static void check_balance(int deterministic, int shupd) {
   setenv("DTRAIN_TEST_SLOW_RANK", "1", 1);
   /* 3 ms: at load 20 on 2 cores the unslowed rank's busy time reached
    * 1.5 ms per sample, and the static run flagged it instead of rank 1 */
-  setenv("DTRAIN_TEST_SLOW_US", "3000", 1);
+  setenv("DTRAIN_TEST_SLOW_US", SLOW_US, 1);
   dt__param_reload(); /* the knob table caches the environment; children inherit it */
   int st[2];
   const char *ts = deterministic ? "det_static" : shupd ? "shupd_static" : "static";
@@ -236,7 +259,7 @@ static void test_steal(void **state) {
     int N = runs[k].n;
     if (runs[k].slow) {
       setenv("DTRAIN_TEST_SLOW_RANK", runs[k].slow, 1);
-      setenv("DTRAIN_TEST_SLOW_US", "1000", 1);
+      setenv("DTRAIN_TEST_SLOW_US", STEAL_SLOW_US, 1);
     }
     dt__param_reload();
     dt_run_cfg cfgs[3];
@@ -357,6 +380,9 @@ static int setup(void **state) {
   (void)state;
   snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_test_balance_XXXXXX");
   if (!mkdtemp(tmpdir)) return -1;
+#ifdef UNDER_SANITIZER
+  job_deadline_s = 120;
+#endif
   char p[300];
   path(p, sizeof p, "train.csv");
   write_csv(p, 32 * 50 + 1, 7); /* 51 steps; the last global batch holds 1 sample */
