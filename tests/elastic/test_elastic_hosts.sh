@@ -38,7 +38,11 @@ if [ "${1:-}" = inner ]; then
   nothing_left lk
 
   if [ "$HAVE_ETCD" = 1 ] && start_etcd; then
-    launch lk0 etcd --set train.epochs=3 --set dist.min_workers=2
+    # a 3 s heartbeat (the etcd lease's TTL) instead of netns_lib's 1 s: at
+    # load 25 a live member's lease expired before the first epoch ("cut
+    # off from etcd for longer than dist.heartbeat_timeout = 1.0 s") and the
+    # job stopped; the kill of node 0 is still found by the lease
+    launch lk0 etcd --set train.epochs=3 --set dist.min_workers=2 --set dist.heartbeat_timeout=3
     if wait_first_epoch lk0; then kill -9 "${LP[0]}"; else fail "(c) no epoch recorded"; fi
     wait_nodes lk0 90
     went_on lk0 "(c) etcd, launcher of node 0 killed" 3 1 2 "slack<=22"
