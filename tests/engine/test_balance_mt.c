@@ -35,7 +35,7 @@
  *     exactly those (summary.json's backups_won and dropped).
  * The slow rank sleeps 3 ms per sample (1 ms with stealing), hundreds of
  * times the tiny MLP's own compute, so the straggler is unmistakable even
- * on a loaded machine.
+ * on a loaded machine; sanitizer builds 20 ms (5 ms), see SLOW_US.
  */
 #include <math.h>
 #include <setjmp.h>
