@@ -37,6 +37,7 @@
  * This file does not allocate: dt__wino_ws_floats() floats of scratch.
  */
 #include "nn/kernels.h"
+#include "tensor/gemm_wino.h"
 #include "tensor/tensor.h"
 
 #include <stdint.h>
@@ -90,7 +91,7 @@ static inline size_t xs(int rows, int N) { return (size_t)rows * N + 32; }
 /* Scratch of one pass (transform blocks + row buffers). */
 static size_t pass_ws(const wgeo *w, int Ci, int Co) {
   int n = w->rb * w->twp;
-  return 16 * (xs(Ci, n) + xs(Co, n)) + 8 * (size_t)w->wb + 64;
+  return 16 * (xs(Ci, n) + xs(Co, n)) + 8 * (size_t)w->wb + 4 * (size_t)w->twp + 64;
 }
 
 int dt__wino_ok(const dt_conv2d_geom *g) {
@@ -99,8 +100,14 @@ int dt__wino_ok(const dt_conv2d_geom *g) {
          dt__gemm_own() != NULL && dt__gemm_avx2_ok();
 }
 
+/* Floats of the 16 packed U_xi (Co x Ci each), 64-float aligned. */
+static size_t apack_floats(int Co, int Ci) {
+  return 16 * ((dt__gemm_avx2_packa_floats(Co, Ci) + 63) / 64 * 64);
+}
+
 size_t dt__wino_ws_floats(const dt_conv2d_geom *g) {
-  size_t u = 16 * (size_t)g->OC * g->C;
+  size_t u = 16 * (size_t)g->OC * g->C, pa = apack_floats(g->OC, g->C), pb = apack_floats(g->C, g->OC);
+  u += (pa > pb ? pa : pb);
   wgeo f = make_wgeo(g->OH, g->OW, g->C, g->OC, g->B); /* forward and weight gradient */
   wgeo d = make_wgeo(g->H, g->W, g->OC, g->C, g->B);   /* input gradient */
   size_t a = pass_ws(&f, g->C, g->OC), b = pass_ws(&d, g->OC, g->C);
@@ -188,13 +195,18 @@ AVX2 static inline void deint(const float *x, __m256 *e, __m256 *o) {
 /* Input transform of one tile row: rows[r] (r < 4) are the 4 input rows,
  * zero-padded, column x - pad at index x; V + xi * vs + lane the 16
  * outputs of the twp tiles. */
-AVX2 static void in_row(float *V, size_t vs, const float *const rows[4], int twp) {
+AVX2 static void in_row(float *V, size_t vs, const float *const rows[4], int twp,
+                        const float *mask) {
   for (int v = 0; v < twp; v += 8) {
     __m256 h[4][4];
+    const __m256 k0 = _mm256_loadu_ps(mask + v), k1 = _mm256_loadu_ps(mask + twp + v);
+    const __m256 k2 = _mm256_loadu_ps(mask + 2 * twp + v), k3 = _mm256_loadu_ps(mask + 3 * twp + v);
     for (int r = 0; r < 4; r++) {
       __m256 x0, x1, x2, x3;
       deint(rows[r] + 2 * v, &x0, &x1);
       deint(rows[r] + 2 * v + 2, &x2, &x3);
+      x0 = _mm256_and_ps(x0, k0), x1 = _mm256_and_ps(x1, k1);
+      x2 = _mm256_and_ps(x2, k2), x3 = _mm256_and_ps(x3, k3);
       h[r][0] = _mm256_sub_ps(x0, x2);
       h[r][1] = _mm256_add_ps(x1, x2);
       h[r][2] = _mm256_sub_ps(x2, x1);
@@ -284,13 +296,28 @@ AVX2 static void grad_row(float *dM, size_t ms, const float *r0, const float *r1
   }
 }
 
+/* Column masks of the input transform: mask[k * twp + t] all ones iff
+ * column 2t + k - pad of a row is inside the image (0 <= . < Wi). */
+static void fill_mask(float *mask, int twp, int Wi, int pad) {
+  for (int k = 0; k < 4; k++)
+    for (int t = 0; t < twp; t++) {
+      int col = 2 * t + k - pad;
+      uint32_t m = col >= 0 && col < Wi ? 0xFFFFFFFFu : 0u;
+      memcpy(mask + k * twp + t, &m, sizeof m);
+    }
+}
+
 /* Input transform of a block: tile rows r0 .. r0+nr-1 of images in
  * (B, Ci, Hi, Wi), padded by pad, into V[xi][ci][N], N = nr * twp.
- * bufs: 5 rows of wb floats (4 data rows, 1 zero row). */
-AVX2 static void in_block(float *V, const float *in, int Ci, int Hi, int Wi, int pad,
+ * Rows are read in place (2 * twp + 2 floats from column -pad, the
+ * columns outside the image masked to zero), except where that would
+ * leave the tensor: those go through bufs, 5 rows of wb floats (4 data
+ * rows, 1 zero row), followed by the 4 * twp floats of fill_mask. */
+AVX2 static void in_block(float *V, const float *in, int B, int Ci, int Hi, int Wi, int pad,
                           const wgeo *w, int r0, int nr, float *bufs) {
   const size_t N = (size_t)nr * w->twp, vs = xs(Ci, (int)N);
-  float *zero = bufs + 4 * (size_t)w->wb;
+  float *zero = bufs + 4 * (size_t)w->wb, *mask = zero + w->wb;
+  const float *end = in + (size_t)B * Ci * Hi * Wi;
   for (int rr = 0; rr < nr; rr++) {
     const int i = (r0 + rr) / w->th, ty = (r0 + rr) % w->th;
     for (int c = 0; c < Ci; c++) {
@@ -302,33 +329,49 @@ AVX2 static void in_block(float *V, const float *in, int Ci, int Hi, int Wi, int
           rows[r] = zero;
           continue;
         }
-        float *b = bufs + (size_t)r * w->wb + pad;
         const float *s = plane + (size_t)y * Wi;
+        if (s - pad >= in && s - pad + 2 * w->twp + 2 <= end) {
+          rows[r] = s - pad;
+          continue;
+        }
+        float *b = bufs + (size_t)r * w->wb + pad;
         int x = 0;
         for (; x + 8 <= Wi; x += 8) _mm256_storeu_ps(b + x, _mm256_loadu_ps(s + x));
         if (x < Wi) /* the tail and zeros up to 8 (the right padding stays zero) */
           _mm256_storeu_ps(b + x, _mm256_maskload_ps(s + x, tail_mask(Wi - x)));
         rows[r] = b - pad;
       }
-      in_row(V + (size_t)c * N + (size_t)rr * w->twp, vs, rows, w->twp);
+      in_row(V + (size_t)c * N + (size_t)rr * w->twp, vs, rows, w->twp, mask);
     }
   }
 }
 
 /* One convolution by the transform: out (B, Co, Ho, Wo) from in (B, Ci,
- * Hi, Wi) padded by pad, U[xi][Co][Ci], plus bias (or none). */
+ * Hi, Wi) padded by pad, U[xi][Co][Ci], plus bias (or none); ws starts
+ * with apack_floats(Co, Ci) for the packed U. */
 AVX2 static void wino_conv(float *out, const float *in, const float *U, const float *bias, int B,
                            int Ci, int Hi, int Wi, int Co, int Ho, int Wo, int pad, float *ws) {
   const wgeo w = make_wgeo(Ho, Wo, Ci, Co, B);
+  const int packed = Ci <= 256;
+  const size_t aps = apack_floats(Co, Ci) / 16;
+  float *AP = ws;
+  if (packed)
+    for (int x = 0; x < 16; x++) dt__gemm_avx2_packa(Co, Ci, U + (size_t)x * Co * Ci, Ci, AP + x * aps);
+  ws += apack_floats(Co, Ci);
   const int nmax = w.rb * w.twp;
   float *V = ws, *M = V + 16 * xs(Ci, nmax), *bufs = M + 16 * xs(Co, nmax);
   memset(bufs, 0, sizeof(float) * 5 * (size_t)w.wb);
+  fill_mask(bufs + 5 * (size_t)w.wb, w.twp, Wi, pad);
   const int rows = B * w.th;
   for (int r0 = 0; r0 < rows; r0 += w.rb) {
     const int nr = rows - r0 < w.rb ? rows - r0 : w.rb;
     const int N = nr * w.twp;
-    in_block(V, in, Ci, Hi, Wi, pad, &w, r0, nr, bufs);
+    in_block(V, in, B, Ci, Hi, Wi, pad, &w, r0, nr, bufs);
     for (int x = 0; x < 16; x++) {
+      if (packed) {
+        dt__gemm_avx2_apacked(Co, N, Ci, AP + x * aps, V + x * xs(Ci, N), N, M + x * xs(Co, N), N);
+        continue;
+      }
       dt__gemm_op A = {.p = U + (size_t)x * Co * Ci, .trans = 0, .ld = Ci};
       dt__gemm_op Bo = {.p = V + x * xs(Ci, N), .trans = 0, .ld = N};
       dt__gemm_own()->op(Co, N, Ci, 1.0f, &A, &Bo, 0.0f, M + x * xs(Co, N), N);
@@ -366,11 +409,12 @@ AVX2 void dt__wino_backward(float *dinp, float *dweight, const float *dout, cons
     /* g0, g1: the gradient rows; ib: in_block's 4 rows and zero row */
     memset(bufs, 0, sizeof(float) * 7 * (size_t)w.wb);
     float *g0 = bufs, *g1 = bufs + w.wb, *ib = bufs + 2 * (size_t)w.wb;
+    fill_mask(bufs + 7 * (size_t)w.wb, w.twp, g->W, g->pad);
     const int rows = g->B * w.th;
     for (int r0 = 0; r0 < rows; r0 += w.rb) {
       const int nr = rows - r0 < w.rb ? rows - r0 : w.rb;
       const int N = nr * w.twp;
-      in_block(V, inp, C, g->H, g->W, g->pad, &w, r0, nr, ib);
+      in_block(V, inp, g->B, C, g->H, g->W, g->pad, &w, r0, nr, ib);
       const size_t ms = xs(OC, N);
       for (int rr = 0; rr < nr; rr++) {
         const int i = (r0 + rr) / w.th, ty = (r0 + rr) % w.th;

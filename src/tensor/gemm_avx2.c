@@ -499,3 +499,71 @@ const dt__gemm_kern dt__gemm_kern_avx2 = {
     .packb = dt__gemm_avx2_packb,
     .op_packed = dt__gemm_avx2_op_packed,
 };
+
+/* ---- A packed once, B dense in place (Winograd's 16 products) ----------
+ *
+ * src/nn/winograd.c multiplies the same 16 transformed kernels U_xi
+ * (M x K, small: 64 x 32 for the CNN) by block after block of transformed
+ * inputs (K x N, N ~ 64): packing A on every call (dt__gemm_avx2_op) cost
+ * as much as a tenth of the product. Here A is packed once
+ * (dt__gemm_avx2_packa, the driver's own panels) and C = A * B (alpha 1,
+ * beta 0) runs its tiles over a B read in place (edge panel packed), K in
+ * one block (K <= 256). Same tiles, so the same bits as dt__gemm_avx2_op
+ * for these shapes. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+size_t dt__gemm_avx2_packa_floats(int M, int K) {
+  return M > 0 && K > 0 ? (size_t)(M + 4) * K : 0;
+}
+
+AVX2 void dt__gemm_avx2_packa(int M, int K, const float *A, int lda, float *dst) {
+  dt__gemm_op a = {.p = A, .trans = 0, .ld = lda};
+  pack_a(dst, &a, 0, M, 0, K);
+}
+
+AVX2 void dt__gemm_avx2_apacked(int M, int N, int K, const float *ap, const float *B, int ldb,
+                                float *C, int ldc) {
+  if (M <= 0 || N <= 0 || K <= 0 || K > KC) return;
+  _Alignas(64) float bpack[KC * NR];
+  int nt = 0;
+  for (int i = 0; i < M; i += panel_h(M - i)) nt++;
+  for (int n0 = 0; n0 < N; n0 += NR) {
+    int nr = N - n0 < NR ? N - n0 : NR;
+    if (nr < NR) {
+      dt__gemm_op b = {.p = B, .trans = 0, .ld = ldb};
+      pack_b(bpack, &b, 0, K, n0, nr);
+    }
+    const float *bp = nr == NR ? B + n0 : bpack;
+    const size_t bs = nr == NR ? (size_t)ldb : NR;
+    const float *next = n0 + 2 * NR <= N ? B + n0 + NR : NULL;
+    for (int i = 0, h, t = 0; i < M; i += h, t++) {
+      h = panel_h(M - i);
+      int mr = M - i < h ? M - i : h;
+      float *c = C + (size_t)i * ldc + n0;
+      const float *ap1 = ap + (size_t)i * K;
+      if (nr == NR) {
+        int r0 = t * K / nt, r1 = (t + 1) * K / nt;
+        tile(mr, h, K, ap1, bp, bs, c, ldc, 1.0f, 0.0f, next ? next + (size_t)r0 * bs : NULL,
+             next ? r1 - r0 : 0, nt);
+      } else {
+        tile_edge(mr, h, K, ap1, bp, bs, c, ldc, nr, 1.0f, 0.0f);
+      }
+    }
+  }
+}
+
+#else
+
+size_t dt__gemm_avx2_packa_floats(int M, int K) {
+  (void)M; (void)K;
+  return 0;
+}
+void dt__gemm_avx2_packa(int M, int K, const float *A, int lda, float *dst) {
+  (void)M; (void)K; (void)A; (void)lda; (void)dst;
+}
+void dt__gemm_avx2_apacked(int M, int N, int K, const float *ap, const float *B, int ldb,
+                           float *C, int ldc) {
+  (void)M; (void)N; (void)K; (void)ap; (void)B; (void)ldb; (void)C; (void)ldc;
+}
+
+#endif
