@@ -318,9 +318,11 @@ AVX2 static void in_block(float *V, const float *in, int B, int Ci, int Hi, int 
   const size_t N = (size_t)nr * w->twp, vs = xs(Ci, (int)N);
   float *zero = bufs + 4 * (size_t)w->wb, *mask = zero + w->wb;
   const float *end = in + (size_t)B * Ci * Hi * Wi;
-  for (int rr = 0; rr < nr; rr++) {
-    const int i = (r0 + rr) / w->th, ty = (r0 + rr) % w->th;
-    for (int c = 0; c < Ci; c++) {
+  /* channel by channel, so that each of the 16 output streams is written
+   * in order (tile row after tile row) */
+  for (int c = 0; c < Ci; c++) {
+    for (int rr = 0; rr < nr; rr++) {
+      const int i = (r0 + rr) / w->th, ty = (r0 + rr) % w->th;
       const float *plane = in + ((size_t)i * Ci + c) * Hi * Wi;
       const float *rows[4];
       for (int r = 0; r < 4; r++) {
@@ -377,9 +379,9 @@ AVX2 static void wino_conv(float *out, const float *in, const float *U, const fl
       dt__gemm_own()->op(Co, N, Ci, 1.0f, &A, &Bo, 0.0f, M + x * xs(Co, N), N);
     }
     const size_t ms = xs(Co, N);
-    for (int rr = 0; rr < nr; rr++) {
-      const int i = (r0 + rr) / w.th, ty = (r0 + rr) % w.th;
-      for (int o = 0; o < Co; o++) {
+    for (int o = 0; o < Co; o++) { /* each of the 16 streams of M read in order */
+      for (int rr = 0; rr < nr; rr++) {
+        const int i = (r0 + rr) / w.th, ty = (r0 + rr) % w.th;
         float *y0 = out + (((size_t)i * Co + o) * Ho + 2 * ty) * Wo;
         float *y1 = 2 * ty + 1 < Ho ? y0 + Wo : NULL;
         out_row(y0, y1, M + (size_t)o * N + (size_t)rr * w.twp, ms, w.twp, Wo,
