@@ -421,7 +421,8 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *
   const size_t inplane = (size_t)g->C * g->H * g->W;
   float *col = ws, *tmp = ws + (size_t)K * p.bc * S, *xp = tmp + (size_t)OC * p.bc * S;
 
-  const int implicit = use_implicit(g);
+  const int wino = dt__wino_ok(g); /* Winograd's transform (winograd.c) */
+  const int implicit = !wino && use_implicit(g);
   if (dbias) {
     for (int oc = 0; oc < OC; oc++) dbias[oc] = 0.0f;
     if (!(implicit && dweight))
@@ -430,13 +431,8 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *
           dbias[oc] += dt_vec_sum(dout + ((size_t)b * OC + oc) * OS, (size_t)OS);
   }
   if (!dweight && !dinp) return;
-  if (implicit && dinp && dt__wino_ok(g)) {
-    /* The input gradient by Winograd's transform (winograd.c); the weight
-     * gradient stays on the implicit route: as a transform-domain product
-     * (dM * V^T, both operands transposed when packed) it measured slower
-     * (6.3-7.3 against 6.0-6.1 ms at 64 x 32->64 x 14x14). */
-    if (dweight) implicit_backward(NULL, dweight, dbias, dout, inp, weight, g, ws);
-    dt__wino_backward(dinp, NULL, dout, inp, weight, g, ws);
+  if (wino) {
+    dt__wino_backward(dinp, dweight, dout, inp, weight, g, ws);
     return;
   }
   if (implicit) {

@@ -59,7 +59,7 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, const float *
                         const float *inp, const float *weight, const dt_conv2d_geom *g, float *ws);
 /* 3x3 stride-1 convolutions by Winograd F(2x2,3x3) (winograd.c), normal
  * mode with AVX2: whether g takes it, its scratch, forward, and backward
- * (dweight overwritten; dinp if not NULL; no dbias). */
+ * (dweight overwritten if not NULL; dinp if not NULL; no dbias). */
 int dt__wino_ok(const dt_conv2d_geom *g);
 int dt__wino_enabled(void);
 size_t dt__wino_ws_floats(const dt_conv2d_geom *g);

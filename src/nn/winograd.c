@@ -91,7 +91,7 @@ static inline size_t xs(int rows, int N) { return (size_t)rows * N + 32; }
 /* Scratch of one pass (transform blocks + row buffers). */
 static size_t pass_ws(const wgeo *w, int Ci, int Co) {
   int n = w->rb * w->twp;
-  return 16 * (xs(Ci, n) + xs(Co, n)) + 8 * (size_t)w->wb + 4 * (size_t)w->twp + 64;
+  return 16 * (xs(Ci, n) + xs(Co, n)) + 8 * (size_t)w->wb + 6 * (size_t)w->twp + 64;
 }
 
 int dt__wino_ok(const dt_conv2d_geom *g) {
@@ -279,11 +279,15 @@ AVX2 static void out_row(float *y0, float *y1, const float *M, size_t ms, int tw
 
 /* Output-gradient transform of one tile row: r0, r1 the two gradient rows
  * (zero-padded to 2 * twp); dM + xi * ms + lane = (A dY A^T)[xi]. */
-AVX2 static void grad_row(float *dM, size_t ms, const float *r0, const float *r1, int twp) {
+AVX2 static void grad_row(float *dM, size_t ms, const float *r0, const float *r1, int twp,
+                          const float *mask) {
   for (int v = 0; v < twp; v += 8) {
     __m256 a, b, c, d;
+    const __m256 ke = _mm256_loadu_ps(mask + v), ko = _mm256_loadu_ps(mask + twp + v);
     deint(r0 + 2 * v, &a, &b);
     deint(r1 + 2 * v, &c, &d);
+    a = _mm256_and_ps(a, ke), c = _mm256_and_ps(c, ke);
+    b = _mm256_and_ps(b, ko), d = _mm256_and_ps(d, ko);
     __m256 p[4] = {a, _mm256_add_ps(a, c), _mm256_sub_ps(a, c), _mm256_sub_ps(_mm256_setzero_ps(), c)};
     __m256 q[4] = {b, _mm256_add_ps(b, d), _mm256_sub_ps(b, d), _mm256_sub_ps(_mm256_setzero_ps(), d)};
     float *o = dM + v;
@@ -412,22 +416,36 @@ AVX2 void dt__wino_backward(float *dinp, float *dweight, const float *dout, cons
     memset(bufs, 0, sizeof(float) * 7 * (size_t)w.wb);
     float *g0 = bufs, *g1 = bufs + w.wb, *ib = bufs + 2 * (size_t)w.wb;
     fill_mask(bufs + 7 * (size_t)w.wb, w.twp, g->W, g->pad);
+    /* gmask: even and odd lanes of a gradient row inside OW (2 x twp) */
+    float *gmask = bufs + 7 * (size_t)w.wb + 4 * (size_t)w.twp, *zrow = ib + 4 * (size_t)w.wb;
+    for (int k = 0; k < 2; k++)
+      for (int t = 0; t < w.twp; t++) {
+        uint32_t m = 2 * t + k < g->OW ? 0xFFFFFFFFu : 0u;
+        memcpy(gmask + k * w.twp + t, &m, sizeof m);
+      }
+    const float *dend = dout + (size_t)g->B * OC * g->OH * g->OW;
     const int rows = g->B * w.th;
     for (int r0 = 0; r0 < rows; r0 += w.rb) {
       const int nr = rows - r0 < w.rb ? rows - r0 : w.rb;
       const int N = nr * w.twp;
       in_block(V, inp, g->B, C, g->H, g->W, g->pad, &w, r0, nr, ib);
       const size_t ms = xs(OC, N);
-      for (int rr = 0; rr < nr; rr++) {
-        const int i = (r0 + rr) / w.th, ty = (r0 + rr) % w.th;
-        for (int o = 0; o < OC; o++) {
-          const float *d0 = dout + (((size_t)i * OC + o) * g->OH + 2 * ty) * g->OW;
-          for (int x = 0; x < g->OW; x++) g0[x] = d0[x];
-          if (2 * ty + 1 < g->OH)
-            for (int x = 0; x < g->OW; x++) g1[x] = d0[g->OW + x];
-          else
-            for (int x = 0; x < g->OW; x++) g1[x] = 0.0f;
-          grad_row(dM + (size_t)o * N + (size_t)rr * w.twp, ms, g0, g1, w.twp);
+      for (int o = 0; o < OC; o++) {
+        for (int rr = 0; rr < nr; rr++) {
+          const int i = (r0 + rr) / w.th, ty = (r0 + rr) % w.th;
+          /* rows read in place (columns from OW on masked) unless that
+           * would leave dout: then through g0 / g1 */
+          const float *d0 = dout + (((size_t)i * OC + o) * g->OH + 2 * ty) * g->OW, *d1 = d0 + g->OW;
+          if (d0 + 2 * w.twp > dend) {
+            for (int x = 0; x < g->OW; x++) g0[x] = d0[x];
+            d0 = g0;
+          }
+          if (2 * ty + 1 >= g->OH) d1 = zrow;
+          else if (d1 + 2 * w.twp > dend) {
+            for (int x = 0; x < g->OW; x++) g1[x] = d1[x];
+            d1 = g1;
+          }
+          grad_row(dM + (size_t)o * N + (size_t)rr * w.twp, ms, d0, d1, w.twp, gmask);
         }
       }
       for (int x = 0; x < 16; x++) {

@@ -114,6 +114,25 @@ static void test_chunks(void **st) {
   conv_case(9, 32, 14, 14, 64, 3, 1, 1);  /* the CNN's second conv */
 }
 
+/* 3x3 stride-1 convolutions with 4+ channels take Winograd's F(2x2,3x3)
+ * in normal mode on AVX2 (winograd.c): every padding (0..2: the input
+ * gradient's is 2 - pad), odd sizes (tiles cut by the image edge, the
+ * 8-lane tile rows partly empty), rows of more than one register (W 40),
+ * an odd number of tile rows (a 8-column edge panel), one output pixel,
+ * more than 256 channels into a product (the unpacked GEMM), and
+ * channels cut by the L2 blocks. */
+static void test_winograd(void **st) {
+  (void)st;
+  for (int pad = 0; pad <= 2; pad++) conv_case(3, 4, 7, 5, 5, 3, 1, pad);
+  conv_case(3, 4, 5, 7, 6, 3, 1, 1);    /* 9 tile rows: an edge panel */
+  conv_case(2, 5, 9, 40, 6, 3, 1, 1);   /* 20 tiles a row: 3 registers */
+  conv_case(3, 6, 3, 3, 4, 3, 1, 0);    /* one output pixel */
+  conv_case(2, 4, 28, 28, 8, 3, 1, 1);
+  conv_case(2, 260, 4, 4, 4, 3, 1, 1);  /* forward K = 260 */
+  conv_case(2, 4, 5, 5, 260, 3, 1, 1);  /* input gradient K = 260 */
+  conv_case(7, 16, 28, 28, 32, 3, 1, 1); /* the deep CNN's second conv */
+}
+
 static void test_generic_route(void **st) {
   (void)st;
   conv_case(2, 3, 9, 8, 4, 3, 2, 1);
@@ -126,6 +145,7 @@ int main(void) {
       cmocka_unit_test(test_one_channel),
       cmocka_unit_test(test_chunks),
       cmocka_unit_test(test_generic_route),
+      cmocka_unit_test(test_winograd),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
