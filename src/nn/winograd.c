@@ -36,6 +36,7 @@
  *
  * This file does not allocate: dt__wino_ws_floats() floats of scratch.
  */
+#include "core/core.h"
 #include "nn/kernels.h"
 #include "tensor/gemm_wino.h"
 #include "tensor/tensor.h"
@@ -52,10 +53,7 @@
 
 int dt__wino_enabled(void) {
   static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("DTRAIN_CONV_WINOGRAD");
-    on = !(e && e[0] == '0');
-  }
+  if (on < 0) on = dt_param(DT_PARAM_CONV_WINOGRAD) != 0;
   return on;
 }
 
