@@ -2,12 +2,14 @@
 # test_compress_ckpt.sh — compression state in checkpoints (docs/compress.md
 # "Checkpoints", docs/checkpoint.md): 2 workers over tcp, compression
 # forced on one host, a checkpoint every 7 steps.
-#  1. int8, powersgd and topk with worker momentum: two uninterrupted runs
+#  1. int8, powersgd, topk with worker momentum and sign with the
+#     optimizer's momentum before the codec (DTRAIN_CZ_SIGN_MOM=1): two uninterrupted runs
 #     end with the same params_sha256 (the premise), the checkpoint holds
 #     worker-0/worker-1.safetensors (owners "worker-0", "worker-1") and
 #     verifies, and a run resumed from the step-14 checkpoint (what a run
 #     SIGKILLed after it leaves) ends with the uninterrupted hash — which
-#     needs the residuals, the velocities and PowerSGD's Q of both workers;
+#     needs the residuals, the velocities, PowerSGD's Q and sign's summed
+#     velocities of both workers;
 #  2. one real SIGKILL of every process after a checkpoint, then --resume;
 #  3. resuming with another codec or worker count goes on, with one warning
 #     line saying the compression state starts at zero;
@@ -36,11 +38,12 @@ train() {
 
 MOM=(--set dist.compress_momentum=0.9 --set optim.momentum=0)
 # ---- 1 ---------------------------------------------------------------------------
-for codec in int8 powersgd topk+mom; do
+for codec in int8 powersgd topk+mom sign; do
   c=${codec%+mom}
   extra=()
   [ "$c" != "$codec" ] && extra=("${MOM[@]}")
   n=${codec/+/_}
+  if [ "$c" = sign ]; then export DTRAIN_CZ_SIGN_MOM=1; else unset DTRAIN_CZ_SIGN_MOM; fi
   train "$n" 2 "$c" "${extra[@]}" --out "$T/$n" || { fail "$n: $(tail -2 "$T/$n.err")"; continue; }
   train "$n.again" 2 "$c" "${extra[@]}" --out "$T/$n.again" || fail "$n.again: $(tail -2 "$T/$n.again.err")"
   H=$(sha "$T/$n")
@@ -54,6 +57,7 @@ for codec in int8 powersgd topk+mom; do
   [ "$(sha "$T/$n.r")" = "$H" ] && pass || fail "$n: resumed params_sha256 $(sha "$T/$n.r") != uninterrupted $H"
   grep -q "start at zero\|starts at zero" "$T/$n.r.err" && fail "$n: resume warned: $(grep zero "$T/$n.r.err")"
 done
+unset DTRAIN_CZ_SIGN_MOM
 
 # ---- 2: SIGKILL after a checkpoint --------------------------------------------------
 "$DTRAIN" train "$CFG" --workers 2 "${S[@]}" --set train.epochs=30 --set dist.compress=int8 \

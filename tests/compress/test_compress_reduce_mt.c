@@ -56,6 +56,11 @@ static int body(dt_comm *c, void *arg, char *fail, size_t cap) {
   float *g = malloc(NP * sizeof *g);
   float *sum = j->sum[r];
   memset(sum, 0, NP * sizeof *sum);
+  /* sign under the optimizer's momentum (cfg.opt_momentum): the optimizer's
+   * buffer b = m b + g (weight decay 0) must be the summed decoded
+   * velocities, which the bookkeeping below checks */
+  float *b = calloc(NP, sizeof *b);
+  const float om = j->cfg.opt_momentum;
   for (int s = 0; s < STEPS && rc == DT_OK; s++) {
     grad(g, r, s);
     dt_compress_begin_step(z, s, s / 2);
@@ -63,8 +68,12 @@ static int body(dt_comm *c, void *arg, char *fail, size_t cap) {
       rc = dt_compress_reduce(z, c, g, BUCKETS[b][0], BUCKETS[b][1], 0.5f);
       if (rc < 0) snprintf(fail, cap, "reduce: %s", dt_errmsg());
     }
-    for (int i = 0; i < NP; i++) sum[i] += g[i];
+    if (om > 0)
+      for (int i = 0; i < NP; i++) sum[i] += b[i] = om * b[i] + g[i];
+    else
+      for (int i = 0; i < NP; i++) sum[i] += g[i];
   }
+  free(b);
   const float *res = dt_compress_residual(z);
   if (res) memcpy(j->resid[r], res, NP * sizeof *res);
   else memset(j->resid[r], 0, NP * sizeof(float));
@@ -163,6 +172,34 @@ static void test_fused(void **st) {
   free(b);
 }
 
+/* signum (cfg.opt_momentum) fused: the same bits as per bucket, the
+ * bookkeeping of run_one_f on both; the optimizer's momentum with another
+ * codec, or unequal to the worker momentum, is refused. */
+static void test_signum_fused(void **st) {
+  (void)st;
+  float *a = malloc(NP * sizeof *a), *b = malloc(NP * sizeof *b);
+  for (int n = 1; n <= 3; n++) {
+    dt_compress_cfg cfg = DT_COMPRESS_CFG_INIT;
+    cfg.codec = DT_CODEC_SIGN;
+    cfg.momentum = cfg.opt_momentum = 0.9f;
+    cfg.start_step = 1;
+    run_one_f("inproc", n, &cfg, a, 0);
+    run_one_f("inproc", n, &cfg, b, 1);
+    if (memcmp(a, b, NP * sizeof *a)) fail_msg("inproc n=%d signum: fused and per-bucket differ", n);
+  }
+  dt_compress *z = NULL;
+  dt_compress_cfg cfg = DT_COMPRESS_CFG_INIT;
+  cfg.codec = DT_CODEC_TOPK;
+  cfg.momentum = cfg.opt_momentum = 0.9f;
+  assert_int_equal(dt_compress_create(&z, &cfg, NP, MATS, 2, 0, 1), DT_EINVAL);
+  cfg.codec = DT_CODEC_SIGN;
+  cfg.momentum = 0.8f;
+  assert_int_equal(dt_compress_create(&z, &cfg, NP, MATS, 2, 0, 1), DT_EINVAL);
+  assert_null(z);
+  free(a);
+  free(b);
+}
+
 static void matrix(const char *tp, const int *ns, int nn) {
   float *a = malloc(NP * sizeof *a), *b = malloc(NP * sizeof *b);
   for (int k = 0; k < nn; k++)
@@ -211,6 +248,14 @@ static void matrix(const char *tp, const int *ns, int nn) {
   /* the same with two dense steps first: they keep the velocity too (dense
    * momentum SGD; before, they reduced the bare gradients and the
    * bookkeeping against the velocities failed) */
+  cfg.start_step = 2;
+  run_one(tp, ns[nn - 1], &cfg, a);
+  /* sign under the optimizer's momentum (signum, DTRAIN_CZ_SIGN_MOM): the
+   * optimizer's buffer rebuilt from what it is handed is the summed decoded
+   * velocities (run_one's bookkeeping), with and without dense steps */
+  cfg.opt_momentum = 0.9f;
+  cfg.start_step = 0;
+  run_one(tp, ns[nn - 1], &cfg, a);
   cfg.start_step = 2;
   run_one(tp, ns[nn - 1], &cfg, a);
   /* powersgd with a warm rank (dist.powersgd_warm_rank): rank 4 for two
@@ -575,6 +620,7 @@ int main(void) {
       cmocka_unit_test(test_inproc),
       cmocka_unit_test(test_tcp),
       cmocka_unit_test(test_fused),
+      cmocka_unit_test(test_signum_fused),
       cmocka_unit_test(test_int8_ring),
       cmocka_unit_test(test_int8_ring_malformed),
       cmocka_unit_test(test_huge),

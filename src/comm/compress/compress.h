@@ -67,8 +67,14 @@ typedef struct dt_compress_cfg {
   uint64_t seed;         /* train.seed */
   int sign_blocks;       /* sign: block rule 0..3 (DTRAIN_CZ_SIGN_BLOCKS), -1: that knob's */
   int sign_two;          /* sign: two scales per block (DTRAIN_CZ_SIGN_TWO), -1: that knob's */
+  /* sign's momentum before the codec under the optimizer's own (signum,
+   * DTRAIN_CZ_SIGN_MOM): > 0 (= momentum, = the optimizer's SGD momentum,
+   * no dampening, no Nesterov) hands the optimizer D_t - m D_{t-1}, D the
+   * summed decoded velocities, so its momentum buffer is their sum plus
+   * the weight decay it adds, as in dense SGD; 0 off */
+  float opt_momentum;
 } dt_compress_cfg;
-#define DT_COMPRESS_CFG_INIT {DT_CODEC_NONE, 1, 0.01, 15, 2, 0, 0, 0, 0, 0.0f, 0.0f, 42, -1, -1}
+#define DT_COMPRESS_CFG_INIT {DT_CODEC_NONE, 1, 0.01, 15, 2, 0, 0, 0, 0, 0.0f, 0.0f, 42, -1, -1, 0.0f}
 
 /* Linear codecs are reduced by allreduce, the others by allgather. */
 int dt_codec_is_linear(int codec);

@@ -33,6 +33,7 @@ struct dt_compress {
   int rank, nranks;
   float *resid;          /* error feedback: nparams (NULL without EF) */
   float *mom;            /* topk momentum correction: nparams (NULL without) */
+  float *prev;           /* cfg.opt_momentum: last step's summed velocities D (NULL without) */
   float *work;           /* the bucket's gradient plus residual: nparams */
   uint8_t *frames;       /* allgather: every rank's frame */
   size_t frames_cap;

@@ -47,6 +47,10 @@ static int check_cfg(const dt_compress_cfg *c) {
   if (c->momentum > 0 && c->codec == DT_CODEC_NONE)
     return dt__seterr(DT_EINVAL, "dist.compress_momentum = %g: needs a codec (dist.compress)",
                       (double)c->momentum);
+  if (c->opt_momentum != 0 && (c->codec != DT_CODEC_SIGN || c->opt_momentum != c->momentum))
+    return dt__seterr(DT_EINVAL, "compress: the optimizer's momentum before the codec (%g) is "
+                      "sign's, with the worker momentum equal to it (%g)", (double)c->opt_momentum,
+                      (double)c->momentum);
   if (c->sign_blocks > 3 || c->sign_two > 1)
     return dt__seterr(DT_EINVAL, "compress: sign block rule %d / two scales %d: must be 0..3 / "
                       "0..1 (-1: DTRAIN_CZ_SIGN_BLOCKS / DTRAIN_CZ_SIGN_TWO)", c->sign_blocks,
@@ -169,6 +173,10 @@ int dt_compress_create(dt_compress **out, const dt_compress_cfg *cfg, size_t npa
     z->mom = calloc(np, sizeof *z->mom);
     fail |= !z->mom;
   }
+  if (cfg->opt_momentum > 0) {
+    z->prev = calloc(np, sizeof *z->prev);
+    fail |= !z->prev;
+  }
   if (cfg->codec == DT_CODEC_POWERSGD && nmats) {
     z->mats = malloc((size_t)nmats * sizeof *z->mats);
     z->q = calloc((size_t)nmats, sizeof *z->q);
@@ -209,6 +217,7 @@ void dt_compress_destroy(dt_compress *z) {
   free(z->mats);
   free(z->resid);
   free(z->mom);
+  free(z->prev);
   free(z->work);
   free(z->frames);
   free(z->half);
@@ -272,6 +281,22 @@ static int comm_err(dt_comm *c, int rc, const char *what) {
   return dt__seterr(rc, "%s: %s", what, m && *m ? m : dt_errmsg());
 }
 
+/* sign under the optimizer's momentum (cfg.opt_momentum, signum): g holds
+ * D_t, the sum of the workers' decoded velocities over this span; the
+ * optimizer gets D_t - m D_{t-1}, so its buffer b_t = m b_{t-1} + that
+ * (+ its weight decay) stays D_t plus the decay filtered as in dense SGD
+ * (b - D obeys x_t = m x_{t-1} + wd p: rounding decays too). */
+static void feed_opt(dt_compress *z, float *restrict g, size_t off, size_t n) {
+  if (!z->prev) return;
+  float *restrict d = z->prev + off;
+  const float m = z->cfg.opt_momentum;
+  for (size_t i = 0; i < n; i++) {
+    float D = g[i];
+    g[i] = D - m * d[i];
+    d[i] = D;
+  }
+}
+
 /* The fused allgather of a step's frames (dt_compress_fuse): every rank's
  * frames sit back to back in one block of spos bytes, in span order. */
 static int flush_framed(dt_compress *z, dt_comm *c) {
@@ -290,6 +315,7 @@ static int flush_framed(dt_compress *z, dt_comm *c) {
         return dt__preerr(rc, "gradient frame of rank %d (span %d of the step's fused frames)", r,
                           j);
     }
+    feed_opt(z, p->g, p->off, p->n);
   }
   z->npend = 0;
   z->spos = 0;
@@ -344,6 +370,7 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
     rc = span_decode_add(z, z->frames + fb * (size_t)r, fb, off, n, g);
     if (rc < 0) return dt__preerr(rc, "gradient frame of rank %d (bucket at %zu)", r, off);
   }
+  feed_opt(z, g, off, n);
   return DT_OK;
 }
 
@@ -482,6 +509,7 @@ int dt_compress_reduce(dt_compress *z, dt_comm *c, float *g, size_t off, size_t 
     }
     int rc = dt_comm_allreduce(c, g, g, n, DT_F32, DT_OP_SUM);
     if (rc < 0) return comm_err(c, rc, "gradients (allreduce)");
+    feed_opt(z, g, off, n);
     z->st.bytes_sent += 4 * n;
     if (z->note_on && !z->note_dense_done) {
       int32_t v = z->note_out;

@@ -7,10 +7,12 @@
  * one blob restores one worker.
  *
  * Layout (little-endian): a 48-byte header — magic "LTCS", version, codec,
- * which parts follow (1 residual, 2 momentum, 4 Q), the gradient count,
+ * which parts follow (1 residual, 2 momentum, 4 Q, 8 sign's summed
+ * velocities under the optimizer's momentum), the gradient count,
  * the rank and worker count that saved it, the matrix count and PowerSGD
  * rank, and the step it was saved after — then the residual (nparams f32),
- * the momentum (nparams f32), every matrix's Q (cols x rank f32).
+ * the momentum (nparams f32), the summed velocities (nparams f32), every
+ * matrix's Q (cols x rank f32).
  *
  * Loading checks the whole header against the compressor before writing
  * anything: another codec, another set of parts (error feedback or worker
@@ -33,6 +35,7 @@
 #define PART_RESID 1u
 #define PART_MOM 2u
 #define PART_Q 4u
+#define PART_PREV 8u
 
 typedef struct state_hdr {
   uint32_t magic, version, codec, parts;
@@ -42,7 +45,8 @@ typedef struct state_hdr {
 } state_hdr;
 
 static uint32_t parts_of(const dt_compress *z) {
-  return (z->resid ? PART_RESID : 0) | (z->mom ? PART_MOM : 0) | (z->nmats ? PART_Q : 0);
+  return (z->resid ? PART_RESID : 0) | (z->mom ? PART_MOM : 0) | (z->nmats ? PART_Q : 0) |
+         (z->prev ? PART_PREV : 0);
 }
 
 static size_t q_floats(const dt_compress *z, int i) {
@@ -53,6 +57,7 @@ static size_t body_floats(const dt_compress *z, uint32_t parts) {
   size_t n = 0;
   if (parts & PART_RESID) n += z->nparams;
   if (parts & PART_MOM) n += z->nparams;
+  if (parts & PART_PREV) n += z->nparams;
   if (parts & PART_Q)
     for (int i = 0; i < z->nmats; i++) n += q_floats(z, i);
   return n;
@@ -108,6 +113,7 @@ int dt_compress_state_save(const dt_compress *z, void *buf, size_t len) {
   p += STATE_HDR;
   if (z->resid) p = put_floats(p, z->resid, z->nparams);
   if (z->mom) p = put_floats(p, z->mom, z->nparams);
+  if (z->prev) p = put_floats(p, z->prev, z->nparams);
   for (int i = 0; i < z->nmats; i++) p = put_floats(p, z->q[i], q_floats(z, i));
   return DT_OK;
 }
@@ -117,9 +123,9 @@ static const char *codec_name(uint32_t c) {
 }
 
 static void parts_text(uint32_t parts, char *b, size_t cap) {
-  snprintf(b, cap, "%s%s%s%s", parts & PART_RESID ? " error-feedback residuals" : "",
+  snprintf(b, cap, "%s%s%s%s%s", parts & PART_RESID ? " error-feedback residuals" : "",
            parts & PART_MOM ? " worker momentum" : "", parts & PART_Q ? " PowerSGD Q" : "",
-           parts ? "" : " nothing");
+           parts & PART_PREV ? " sign's summed velocities" : "", parts ? "" : " nothing");
 }
 
 int dt_compress_state_load(dt_compress *z, const void *buf, size_t len) {
@@ -145,7 +151,7 @@ int dt_compress_state_load(dt_compress *z, const void *buf, size_t len) {
                       (unsigned long long)h.nparams, z->nparams);
   const uint32_t parts = parts_of(z);
   if (h.parts != parts) {
-    char a[96], b[96];
+    char a[128], b[128];
     parts_text(h.parts, a, sizeof a);
     parts_text(parts, b, sizeof b);
     return dt__seterr(DT_EMISMATCH, "saved with%s, this run keeps%s (dist.error_feedback or "
@@ -160,6 +166,7 @@ int dt_compress_state_load(dt_compress *z, const void *buf, size_t len) {
   const uint8_t *p = (const uint8_t *)buf + STATE_HDR;
   if (z->resid) memcpy(z->resid, p, z->nparams * sizeof(float)), p += z->nparams * sizeof(float);
   if (z->mom) memcpy(z->mom, p, z->nparams * sizeof(float)), p += z->nparams * sizeof(float);
+  if (z->prev) memcpy(z->prev, p, z->nparams * sizeof(float)), p += z->nparams * sizeof(float);
   for (int i = 0; i < z->nmats; i++) {
     memcpy(z->q[i], p, q_floats(z, i) * sizeof(float));
     p += q_floats(z, i) * sizeof(float);
