@@ -141,9 +141,13 @@ unset DTRAIN_JOB_TOKEN
 # elastic workers cannot survive a server without a replica: the job ends
 if start srv --servers 1 --set dist.min_workers=2; then
   kill -9 "$(pid_of srv 3)"
-  wait_end srv 30
+  # usually over in ~1 s (the dead server is seen by pid); the bound is the
+  # wait's own deadline (DTRAIN_TIMEOUT, 60 s): a CI dry run once found rank
+  # 0 still running 30 s after the kill (2026-11-28; not seen again in 37
+  # runs, 12 of them 3 at a time), so the test allows the deadline
+  wait_end srv 90
   if [ $rc = 124 ]; then
-    fail "srv: still running 30 s after the server's SIGKILL"
+    fail "srv: still running 90 s after the server's SIGKILL: $(tail -5 "$T/srv.err")"
   else
     [ $rc -ne 0 ] && pass || fail "srv: exit 0"
     n=$(grep -o "ps worker [012]: waiting for server 0 (rank 3, keys 0-2" "$T/srv.err" | sort -u | wc -l)
