@@ -78,7 +78,7 @@ median() {
 }
 
 if want speed; then
-echo "== deep MLP, batch 256, $STEPS steps, $REPS rounds: in each, 1 process then 2 stages (1f1b, m=8) then 2 stages without packed forward weights (DTRAIN_PIPE_WPACK=0), with weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0), without the extra warm-up forward (DTRAIN_PIPE_WARMUP=0), without stage 0's helper thread (DTRAIN_PIPE_TAIL=0), then PyTorch Pipe (checkpoint=never, where python3 has torch); medians, and the median of each round's ratio"
+echo "== deep MLP, batch 256, $STEPS steps, $REPS rounds: in each, 1 process then 2 stages (1f1b, m=8) then 2 stages without packed forward weights (DTRAIN_PIPE_WPACK=0), with weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0), without the extra warm-up forward (DTRAIN_PIPE_WARMUP=0), with stage 0's helper thread (DTRAIN_PIPE_TAIL=1), then PyTorch Pipe (checkpoint=never, where python3 has torch); medians, and the median of each round's ratio"
 # The baseline is plain training in one process (the whole batch at once,
 # strategy local): the example config asks for 8 micro-batches, which in
 # one process would be micro-batch accumulation, slower than one batch.
@@ -90,7 +90,7 @@ have_torch=0
 tpn() { [ "$have_torch" = 1 ] && /usr/bin/python3 bench/pipeline_vs_torch.py 8 "$((STEPS / 3 + 2))" 256 never 2>/dev/null | awk '/torch_pipe/ {print $3}'; }
 for i in $(seq "$REPS"); do
   t=$(tpn)
-  echo "$(run "one$i" --set dist.micro_batches=1) $(run "p2$i" "${P2[@]}") $(DTRAIN_PIPE_WPACK=0 run "p2p$i" "${P2[@]}") $(DTRAIN_PIPE_WGRAD=0 run "p2w$i" "${P2[@]}") $(DTRAIN_PIPE_WARMUP=0 run "p2u$i" "${P2[@]}") ${t:-0} $(DTRAIN_PIPE_TAIL=0 run "p2t$i" "${P2[@]}")"
+  echo "$(run "one$i" --set dist.micro_batches=1) $(run "p2$i" "${P2[@]}") $(DTRAIN_PIPE_WPACK=0 run "p2p$i" "${P2[@]}") $(DTRAIN_PIPE_WGRAD=0 run "p2w$i" "${P2[@]}") $(DTRAIN_PIPE_WARMUP=0 run "p2u$i" "${P2[@]}") ${t:-0} $(DTRAIN_PIPE_TAIL=1 run "p2t$i" "${P2[@]}")"
 done > "$OUT/speed.txt"
 # columns: 1 process (sps bubble rss), 2 stages (sps bubble rss), no wpack (...), no wgrad (...),
 # no extra warm-up (...), Pipe (sps), no helper thread (sps bubble rss)
@@ -107,7 +107,7 @@ awk '
     printf "same, forward weights packed per micro-batch (DTRAIN_PIPE_WPACK=0): %.1f samples/s; packed once per step: %.2fx of it\n", med(q, n), med(y, n)
     printf "same, weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0): %.1f samples/s; deferred: %.2fx of it\n", med(w, n), med(z, n)
     printf "same, without the extra warm-up forward (DTRAIN_PIPE_WARMUP=0): %.1f samples/s, bubble %.3f; with it: %.2fx of it\n", med(u, n), med(ub, n), med(v, n)
-    printf "same, without the helper thread of stage 0 (DTRAIN_PIPE_TAIL=0): %.1f samples/s, bubble %.3f; with it: %.2fx of it\n", med(hs, n), med(hb, n), med(hr, n)
+    printf "same, with the helper thread of stage 0 (DTRAIN_PIPE_TAIL=1): %.1f samples/s, bubble %.3f; without it: %.2fx of it\n", med(hs, n), med(hb, n), med(hr, n)
     if (med(tp, n) > 0)
       printf "PyTorch Pipe (checkpoint=never, the same arithmetic): %.1f samples/s; dtrain 2 stages: %.2fx of it (median of %d paired rounds; target >= 3x)\n", med(tp, n), med(tr, n), n
     else print "PyTorch Pipe: not run (no torch in /usr/bin/python3)"

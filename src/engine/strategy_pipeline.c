@@ -237,7 +237,7 @@ static int pipe_setup(dt_strategy *s) {
       .wgrad = c->pipe_wgrad >= 0 ? c->pipe_wgrad : (int)dt_param_or(DT_PARAM_PIPE_WGRAD, 1),
       .wpack = (int)dt_param_or(DT_PARAM_PIPE_WPACK, 1),
       .warm_extra = (int)dt_param_or(DT_PARAM_PIPE_WARMUP, 1),
-      .tail = (int)dt_param_or(DT_PARAM_PIPE_TAIL, 1),
+      .tail = (int)dt_param_or(DT_PARAM_PIPE_TAIL, 0),
       .det = det,
       .whole = s->model,
       .comm = d->pcomm,
