@@ -110,13 +110,7 @@ static void cg_remove(void) {
   cg_dir[0] = '\0';
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define UNDER_SANITIZER 1
-#endif
-#endif
+#include "../dt_sanitizer.h"
 #ifdef UNDER_SANITIZER
 #define QUOTA 0.10
 #else

@@ -155,13 +155,7 @@ static double summary_num(const char *tag, int r, const char *name) {
  * and stealing's slowed rank took 0.341 of the micro-shards behind 1 ms
  * (bound 0.4). They sleep 20 ms and 5 ms, and wait longer for a job (rank
  * 1's 800 samples of a static run sleep 16 s). */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define UNDER_SANITIZER 1
-#endif
-#endif
+#include "../dt_sanitizer.h"
 #ifdef UNDER_SANITIZER
 #define SLOW_US "20000"
 #define STEAL_SLOW_US "5000"
