@@ -185,10 +185,9 @@ void dt__model_wgrad_flush_ready(dt_model *m, const dt__wstash *s, int rows, int
  * split once into two sets of about equal work (out x in each, largest
  * first to the lighter set, ties to set 0); part 0 or 1 makes its set's.
  * Each layer's product is the same call whichever part makes it: the two
- * parts together give dt__model_wgrad_flush's bits. Returns the part's
- * share of the work (0..1). */
-double dt__model_wgrad_flush_part(dt_model *m, const dt__wstash *s, int rows, int accumulate,
-                                  int part);
+ * parts together give dt__model_wgrad_flush's bits. */
+void dt__model_wgrad_flush_part(dt_model *m, const dt__wstash *s, int rows, int accumulate,
+                                int part);
 /* Layer i's stashed inputs (rows x in) and output gradients (rows x out),
  * row 0 first; NULL for a layer the stash does not hold (not linear). */
 void dt__wstash_rows(const dt__wstash *s, int i, const float **x, const float **dy);
@@ -201,12 +200,8 @@ typedef struct dt__wpack dt__wpack;
 int dt__wpack_create(dt__wpack **out, const dt_model *m);
 void dt__wpack_destroy(dt__wpack *p);
 void dt__wpack_refresh(dt__wpack *p, const dt_model *m);
-/* The same for some of the forms: forms & 1 the forward products' W^T,
- * forms & 2 the input-gradient products' W (a pipeline stage packs the
- * latter on another thread while its first forwards run). */
-void dt__wpack_refresh_part(dt__wpack *p, const dt_model *m, int forms);
 /* A refresh on another thread: after dt__wpack_refresh_begin, until that
- * thread's dt__wpack_refresh_part(p, m, 3) returns, dt__wpack_get and
+ * thread's dt__wpack_refresh returns, dt__wpack_get and
  * dt__wpack_get_dinp wait for their layer's form (every forward form is
  * packed first, layer by layer, then the input-gradient forms). */
 void dt__wpack_refresh_begin(dt__wpack *p);

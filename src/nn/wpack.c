@@ -99,8 +99,6 @@ int dt__wpack_create(dt__wpack **out, const dt_model *m) {
   return DT_OK;
 }
 
-void dt__wpack_refresh(dt__wpack *p, const dt_model *m) { dt__wpack_refresh_part(p, m, 3); }
-
 /* Layer i's form f (1, 2) is ready (a pending refresh). */
 static void mark(dt__wpack *p, int i, int f) {
   pthread_mutex_lock(&p->mu);
@@ -109,12 +107,11 @@ static void mark(dt__wpack *p, int i, int f) {
   pthread_mutex_unlock(&p->mu);
 }
 
-void dt__wpack_refresh_part(dt__wpack *p, const dt_model *m, int forms) {
+void dt__wpack_refresh(dt__wpack *p, const dt_model *m) {
   if (!p) return;
   const int async = __atomic_load_n(&p->pending, __ATOMIC_ACQUIRE);
   /* every layer's forward form first (the forwards need them first) */
   for (int f = 1; f <= 2; f++) {
-    if (!(forms & f)) continue;
     for (int i = 0; i < p->n; i++) {
       if (!p->w[i]) continue;
       const dt_layer_info *l = dt_model_layer(m, i);
@@ -126,7 +123,7 @@ void dt__wpack_refresh_part(dt__wpack *p, const dt_model *m, int forms) {
       if (async) mark(p, i, f);
     }
   }
-  if (async && forms == 3) {
+  if (async) {
     pthread_mutex_lock(&p->mu);
     __atomic_store_n(&p->pending, 0, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&p->cv);

@@ -69,44 +69,44 @@ void dt__model_wgrad_flush_ready(dt_model *m, const dt__wstash *s, int rows, int
   }
 }
 
-/* Layer i's set (0 or 1) in dt__model_wgrad_flush_part, and the work of
- * set 0 and of both in w[0], w[1]. */
-static int wgrad_set(const dt_model *m, const dt__wstash *s, int want, double w[2]) {
-  int set = -1;
+/* The stashed layers' sets for dt__model_wgrad_flush_part, in set[i]
+ * (0 or 1; -1: nothing to make): the largest layer not yet placed (the
+ * last of equal size first) goes to the lighter set, ties to set 0. A
+ * model of more than DT_WGRAD_SPLIT_MAX layers is not split (set 0 makes
+ * every product). */
+#define DT_WGRAD_SPLIT_MAX 1024
+static void wgrad_sets(const dt_model *m, const dt__wstash *s, signed char *set, int n) {
   double load[2] = {0, 0};
-  unsigned char done[1024] = {0};
-  const int n = s->n < m->n ? s->n : m->n;
-  if (n > (int)sizeof done) return want < 0 ? -1 : 0; /* not split: set 0 makes all */
+  for (int i = 0; i < n; i++) set[i] = (s->x[i] && m->L[i].dw) ? (n > DT_WGRAD_SPLIT_MAX ? 0 : 2) : -1;
   for (;;) {
-    /* the largest layer not yet placed (the last one of equal size first) */
     int best = -1;
     double bw = -1;
     for (int i = n - 1; i >= 0; i--) {
-      const layer *l = &m->L[i];
-      if (done[i] || !s->x[i] || !l->dw) continue;
-      double c = (double)l->s.oc * (double)l->in_el;
+      if (set[i] != 2) continue;
+      double c = (double)m->L[i].s.oc * (double)m->L[i].in_el;
       if (c > bw) bw = c, best = i;
     }
-    if (best < 0) break;
-    done[best] = 1;
+    if (best < 0) return;
     int to = load[1] < load[0] ? 1 : 0;
     load[to] += bw;
-    if (best == want) set = to;
+    set[best] = (signed char)to;
   }
-  if (w) w[0] = load[0], w[1] = load[0] + load[1];
-  return set;
 }
 
-double dt__model_wgrad_flush_part(dt_model *m, const dt__wstash *s, int rows, int accumulate,
-                                  int part) {
-  if (!s || rows <= 0) return 0;
-  double w[2] = {0, 0};
-  (void)wgrad_set(m, s, -2, w);
-  for (int i = m->n - 1; i >= 0; i--) {
+void dt__model_wgrad_flush_part(dt_model *m, const dt__wstash *s, int rows, int accumulate,
+                                int part) {
+  if (!s || rows <= 0) return;
+  const int n = s->n < m->n ? s->n : m->n;
+  signed char set[DT_WGRAD_SPLIT_MAX + 1];
+  if (n > DT_WGRAD_SPLIT_MAX) {
+    if (part) return; /* not split: part 0 makes every product */
+  } else {
+    wgrad_sets(m, s, set, n);
+  }
+  for (int i = n - 1; i >= 0; i--) {
     layer *l = &m->L[i];
-    if (i >= s->n || !s->x[i] || !l->dw || wgrad_set(m, s, i, NULL) != part) continue;
+    if (!s->x[i] || !l->dw || (n <= DT_WGRAD_SPLIT_MAX && set[i] != part)) continue;
     dt_sgemm_f(m->gemm_flags, 1, 0, l->s.oc, (int)l->in_el, rows, 1.0f, s->dy[i], l->s.oc,
                s->x[i], (int)l->in_el, accumulate ? 1.0f : 0.0f, l->dw, (int)l->in_el);
   }
-  return w[1] > 0 ? (part ? w[1] - w[0] : w[0]) / w[1] : 0;
 }

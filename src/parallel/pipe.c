@@ -58,8 +58,9 @@ struct dt_pipe {
    * work the stage's thread need not wait for at once, run while the next
    * stage has nothing to do: part 1 of the step's last weight-gradient
    * flush (dt__model_wgrad_flush_part) while the stage's thread makes part
-   * 0; the input-gradient forms of the packed weights while the step's
-   * first forwards run (the first backward waits for them) */
+   * 0; the step's weight packing, layer by layer, forward forms first,
+   * while the step's first forwards run (each waits for its layer's form,
+   * the first backward for the whole job) */
   int tail_on, tail_quit;
   pthread_t tail;
   pthread_mutex_t tail_mu;
@@ -88,7 +89,7 @@ static void *tail_main(void *arg) {
       nanosleep(&ts, NULL);
     }
     if (kind == JOB_WGRAD) dt__model_wgrad_flush_part(p->inst[0], p->wst, rows, acc, 1);
-    else dt__wpack_refresh_part(p->wpk, p->inst[0], 3);
+    else dt__wpack_refresh(p->wpk, p->inst[0]);
     pthread_mutex_lock(&p->tail_mu);
     p->tail_done = seen;
     pthread_cond_broadcast(&p->tail_cv);
