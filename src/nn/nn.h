@@ -191,6 +191,16 @@ void dt__model_wgrad_flush_part(dt_model *m, const dt__wstash *s, int rows, int 
 /* Layer i's stashed inputs (rows x in) and output gradients (rows x out),
  * row 0 first; NULL for a layer the stash does not hold (not linear). */
 void dt__wstash_rows(const dt__wstash *s, int i, const float **x, const float **dy);
+/* Layer i's weight-gradient product alone (as dt__model_wgrad_flush makes
+ * it; nothing for a layer the stash does not hold). */
+void dt__model_wgrad_layer(dt_model *m, const dt__wstash *s, int i, int rows, int accumulate);
+/* Where linear layer i's weight gradient (out x in) is (NULL: not linear). */
+float *dt__model_wgrad_dst(dt_model *m, int i);
+/* The same product for another model's layer (a pipeline's last stage
+ * making stage 0's, DTRAIN_PIPE_OFFLOAD), with m's GEMM flags, into dw
+ * (overwritten): dw(OC,C) = dy^T(OC,rows) * x(rows,C). */
+void dt__wgrad_product(const dt_model *m, int OC, int C, int rows, const float *dy,
+                       const float *x, float *dw);
 /* Packed forward weights (wpack.c): every linear layer's W packed for the
  * forward product once (dt__wpack_refresh, after W changed) and used by
  * every forward of the models it is set on (dt__model_set_wpack; NULL

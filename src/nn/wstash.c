@@ -52,6 +52,29 @@ void dt__wstash_rows(const dt__wstash *s, int i, const float **x, const float **
   *dy = ok ? s->dy[i] : NULL;
 }
 
+/* The one weight-gradient product: dweight(OC,C) = dy^T(OC,rows) * x(rows,C),
+ * whoever makes it (a stage's own flush, its two parts, or the last stage
+ * for stage 0, dt__wgrad_product), so every path has the same bits. */
+static void product(int flags, int OC, int C, int rows, const float *dy, const float *x,
+                    int accumulate, float *dw) {
+  dt_sgemm_f(flags, 1, 0, OC, C, rows, 1.0f, dy, OC, x, C, accumulate ? 1.0f : 0.0f, dw, C);
+}
+
+void dt__wgrad_product(const dt_model *m, int OC, int C, int rows, const float *dy,
+                       const float *x, float *dw) {
+  product(m->gemm_flags, OC, C, rows, dy, x, 0, dw);
+}
+
+void dt__model_wgrad_layer(dt_model *m, const dt__wstash *s, int i, int rows, int accumulate) {
+  if (!s || rows <= 0 || i < 0 || i >= s->n || i >= m->n || !s->x[i] || !m->L[i].dw) return;
+  layer *l = &m->L[i];
+  product(m->gemm_flags, l->s.oc, (int)l->in_el, rows, s->dy[i], s->x[i], accumulate, l->dw);
+}
+
+float *dt__model_wgrad_dst(dt_model *m, int i) {
+  return i >= 0 && i < m->n && m->L[i].s.info.kind == DT_L_LINEAR ? m->L[i].dw : NULL;
+}
+
 void dt__model_wgrad_flush(dt_model *m, const dt__wstash *s, int rows, int accumulate) {
   dt__model_wgrad_flush_ready(m, s, rows, accumulate, NULL, NULL);
 }
@@ -62,9 +85,7 @@ void dt__model_wgrad_flush_ready(dt_model *m, const dt__wstash *s, int rows, int
   for (int i = m->n - 1; i >= 0; i--) {
     layer *l = &m->L[i];
     if (s && rows > 0 && i < s->n && s->x[i] && l->dw)
-      /* dweight(OC,C) = dy^T(OC,rows) * x(rows,C) */
-      dt_sgemm_f(m->gemm_flags, 1, 0, l->s.oc, (int)l->in_el, rows, 1.0f, s->dy[i], l->s.oc,
-                 s->x[i], (int)l->in_el, accumulate ? 1.0f : 0.0f, l->dw, (int)l->in_el);
+      product(m->gemm_flags, l->s.oc, (int)l->in_el, rows, s->dy[i], s->x[i], accumulate, l->dw);
     if (on_ready && l->s.info.nparams) on_ready(ud, l->s.info.param_off, l->s.info.nparams);
   }
 }
@@ -106,7 +127,6 @@ void dt__model_wgrad_flush_part(dt_model *m, const dt__wstash *s, int rows, int 
   for (int i = n - 1; i >= 0; i--) {
     layer *l = &m->L[i];
     if (!s->x[i] || !l->dw || (n <= DT_WGRAD_SPLIT_MAX && set[i] != part)) continue;
-    dt_sgemm_f(m->gemm_flags, 1, 0, l->s.oc, (int)l->in_el, rows, 1.0f, s->dy[i], l->s.oc,
-               s->x[i], (int)l->in_el, accumulate ? 1.0f : 0.0f, l->dw, (int)l->in_el);
+    product(m->gemm_flags, l->s.oc, (int)l->in_el, rows, s->dy[i], s->x[i], accumulate, l->dw);
   }
 }
