@@ -89,6 +89,7 @@ struct dt_pipe {
 enum { JOB_WGRAD = 1, JOB_PACK = 2 };
 
 int dt__pipe_tail_delay_us = 0;
+int dt__pipe_offload_at = -1;
 
 static void *tail_main(void *arg) {
   dt_pipe *p = arg;
@@ -235,6 +236,7 @@ static int offload_setup(dt_pipe *p) {
       break;
     }
   }
+  if (dt__pipe_offload_at >= 0) p->ocut = dt__pipe_offload_at;
   p->off = 2;
   return DT_OK;
 nomem:
@@ -632,11 +634,29 @@ static int offload_post(dt_pipe *p, const dt_pipe_mb *mb, int m) {
   return DT_OK;
 }
 
+/* Offload: the pending row messages moved on (tested), without waiting.
+ * A message that did not fit in the transport's ring when it was sent
+ * goes on only when its sender drives the transport, and a received one
+ * leaves the ring only when its receiver does: both stages are in their
+ * weight-gradient products at the step's end (the last micro-batches'
+ * rows, about 1 MiB, waited there for stage 0's next call otherwise,
+ * 50 ms later), so both call this between their layers' products. */
+static void offload_progress(dt_pipe *p) {
+  for (int i = 0; p->off && i < 2 * p->c.micro; i++) {
+    if (!p->opend[i]) continue;
+    bool done = false;
+    if (dt_comm_test(p->c.comm, &p->oreq[i], &done) < 0) return; /* the wait reports it */
+    if (done) p->opend[i] = 0;
+  }
+}
+
 /* Offload, the last stage: waits for the step's rows, makes the product
  * and sends it to stage 0. */
 static int offload_product(dt_pipe *p, int m, int rows) {
   int64_t t0 = dt_now_ns();
-  int rc = dt_comm_waitall(p->c.comm, p->oreq, 2 * m);
+  int rc = DT_OK;
+  for (int i = 0; i < 2 * m && rc >= 0; i++)
+    if (p->opend[i]) rc = dt_comm_waitall(p->c.comm, &p->oreq[i], 1);
   double w = dt_obs_lap(p->obs, p->m_recv, "recv", 0, t0, -1);
   p->wait_s += w;
   p->recv_s += w;
@@ -671,6 +691,7 @@ static int offload_flush(dt_pipe *p, int m) {
   const int cut = p->ready ? n : p->ocut, defer = p->ready && p->off == 1;
   int made = p->off != 2;
   for (int i = n - 1; i >= 0; i--) {
+    offload_progress(p);
     if (!made && i < cut) {
       DT_CHECK(offload_product(p, m, rows));
       made = 1;

@@ -140,5 +140,8 @@ int dt_pipe_eval_run(dt_pipe_eval *e, const float *x, const int32_t *y, int64_t 
 /* Tests: the helper thread (dt_pipe_cfg.tail) sleeps this long before
  * each job, so a caller that did not wait for it would see it unfinished. */
 extern int dt__pipe_tail_delay_us;
+/* Tests: >= 0 puts the last stage's offloaded product (DTRAIN_PIPE_OFFLOAD)
+ * before its own layers from this index down (0: after all of them). */
+extern int dt__pipe_offload_at;
 
 #endif /* DT_PARALLEL_PIPE_H */
