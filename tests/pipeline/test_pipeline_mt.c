@@ -424,23 +424,31 @@ static void test_tail(void **state) {
  * last global batch shorter than m micro-batches' worth, the product
  * placed first, in the middle and last of the last stage's own products
  * (dt__pipe_offload_at), hybrid 2 x 2 with the replica reduction in ddp's
- * buckets (the offload's messages before any report) and after the step)
+ * buckets (the offload's messages before any report), also on ddp's
+ * thread, and after the step)
  * and equal to plain whole-batch training to 1e-5; where it does not apply
  * (3 stages, recomputation, m = 1) it changes nothing. */
 static void test_offload(void **state) {
   (void)state;
   static const char *mlp = "linear(64) relu linear(48) relu linear(40) relu linear(32) relu linear(3)";
-  static const struct { int W, P, m, sched, recompute; const char *env, *at; } runs[] = {
-      {2, 2, 8, 1, 0, NULL, NULL}, {2, 2, 8, 0, 0, NULL, NULL}, {2, 2, 4, 1, 0, NULL, "9"},
-      {2, 2, 4, 1, 0, NULL, "0"},  {4, 2, 4, 1, 0, NULL, NULL}, {4, 2, 4, 1, 0, "DTRAIN_PIPE_DDP", NULL},
-      {3, 3, 4, 1, 0, NULL, NULL}, {2, 2, 4, 1, 1, NULL, NULL}, {2, 2, 1, 1, 0, NULL, NULL}};
+  static const struct { int W, P, m, sched, recompute; const char *env, *val, *at; } runs[] = {
+      {2, 2, 8, 1, 0, NULL, NULL, NULL},
+      {2, 2, 8, 0, 0, NULL, NULL, NULL},
+      {2, 2, 4, 1, 0, NULL, NULL, "9"},
+      {2, 2, 4, 1, 0, NULL, NULL, "0"},
+      {4, 2, 4, 1, 0, NULL, NULL, NULL},
+      {4, 2, 4, 1, 0, "DTRAIN_DDP_OVERLAP", "1", NULL}, /* ddp's thread reducing during the flush */
+      {4, 2, 4, 1, 0, "DTRAIN_PIPE_DDP", "0", NULL},
+      {3, 3, 4, 1, 0, NULL, NULL, NULL},
+      {2, 2, 4, 1, 1, NULL, NULL, NULL},
+      {2, 2, 1, 1, 0, NULL, NULL, NULL}};
   dt_run_cfg c;
   base_cfg(&c, 1);
   snprintf(c.layers, sizeof c.layers, "%s", mlp);
   c.batch = 256;
   size_t n0, n;
   float *ref = run_ok(&c, 1, "off_local", &n0);
-  for (int i = 0; i < 9; i++) {
+  for (int i = 0; i < 10; i++) {
     float *p[2];
     for (int v = 0; v < 2; v++) {
       base_cfg(&c, runs[i].W);
@@ -450,8 +458,9 @@ static void test_offload(void **state) {
       c.micro_batches = runs[i].m;
       c.schedule = runs[i].sched;
       c.recompute = runs[i].recompute;
+      if (runs[i].val && runs[i].val[0] == '1') c.bucket_bytes = 256; /* the thread has work */
       setenv("DTRAIN_PIPE_OFFLOAD", v ? "1" : "0", 1);
-      if (runs[i].env) setenv(runs[i].env, "0", 1);
+      if (runs[i].env) setenv(runs[i].env, runs[i].val, 1);
       dt__pipe_offload_at = runs[i].at ? atoi(runs[i].at) : -1;
       dt__param_reload();
       char tag[32];
@@ -464,9 +473,11 @@ static void test_offload(void **state) {
       assert_int_equal(n, n0);
     }
     double d = rel_diff(p[1], p[0], n), r = rel_diff(p[1], ref, n);
+    char env[48] = "";
+    if (runs[i].env) snprintf(env, sizeof env, " %s=%s", runs[i].env, runs[i].val);
     printf("# W=%d P=%d m=%d %s%s%s%s%s: offload vs none %.3g, vs whole-batch local %.3g\n",
            runs[i].W, runs[i].P, runs[i].m, runs[i].sched ? "1f1b" : "gpipe",
-           runs[i].recompute ? " recompute" : "", runs[i].env ? " DTRAIN_PIPE_DDP=0" : "",
+           runs[i].recompute ? " recompute" : "", env,
            runs[i].at ? " product at layer " : "", runs[i].at ? runs[i].at : "", d, r);
     assert_memory_equal(p[1], p[0], n * sizeof(float));
     assert_true(r < 1e-5);
