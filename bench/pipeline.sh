@@ -78,7 +78,7 @@ median() {
 }
 
 if want speed; then
-echo "== deep MLP, batch 256, $STEPS steps, $REPS rounds: in each, 1 process then 2 stages (1f1b, m=8) then 2 stages without packed forward weights (DTRAIN_PIPE_WPACK=0), with weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0), without the extra warm-up forward (DTRAIN_PIPE_WARMUP=0), with stage 0's helper thread (DTRAIN_PIPE_TAIL=1), then PyTorch Pipe (checkpoint=never, where python3 has torch); medians, and the median of each round's ratio"
+echo "== deep MLP, batch 256, $STEPS steps, $REPS rounds: in each, 1 process then 2 stages (1f1b, m=8) then 2 stages without packed forward weights (DTRAIN_PIPE_WPACK=0), with weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0), without the extra warm-up forward (DTRAIN_PIPE_WARMUP=0), with stage 0's helper thread (DTRAIN_PIPE_TAIL=1), with DTRAIN_PIPE_OFFLOAD flipped from its default, then PyTorch Pipe (checkpoint=never, where python3 has torch); medians, and the median of each round's ratio"
 # The baseline is plain training in one process (the whole batch at once,
 # strategy local): the example config asks for 8 micro-batches, which in
 # one process would be micro-batch accumulation, slower than one batch.
@@ -88,18 +88,25 @@ P2=(--workers 2 --set dist.pipeline_stages=2 --set dist.schedule=1f1b --set dist
 have_torch=0
 /usr/bin/python3 -c 'import torch' 2>/dev/null && have_torch=1
 tpn() { [ "$have_torch" = 1 ] && /usr/bin/python3 bench/pipeline_vs_torch.py 8 "$((STEPS / 3 + 2))" 256 never 2>/dev/null | awk '/torch_pipe/ {print $3}'; }
+# the last stage making stage 0's first weight gradient (DTRAIN_PIPE_OFFLOAD):
+# the run with it flipped from the binary's default (none where the binary
+# has no such knob: "0 0 0")
+od=$("$DT" env 2>/dev/null | awk '$1 == "DTRAIN_PIPE_OFFLOAD" {print $3}')
 for i in $(seq "$REPS"); do
   t=$(tpn)
-  echo "$(run "one$i" --set dist.micro_batches=1) $(run "p2$i" "${P2[@]}") $(DTRAIN_PIPE_WPACK=0 run "p2p$i" "${P2[@]}") $(DTRAIN_PIPE_WGRAD=0 run "p2w$i" "${P2[@]}") $(DTRAIN_PIPE_WARMUP=0 run "p2u$i" "${P2[@]}") ${t:-0} $(DTRAIN_PIPE_TAIL=1 run "p2t$i" "${P2[@]}")"
+  o="0 0 0"
+  [ -n "$od" ] && o=$(DTRAIN_PIPE_OFFLOAD=$((1 - od)) run "p2o$i" "${P2[@]}")
+  echo "$(run "one$i" --set dist.micro_batches=1) $(run "p2$i" "${P2[@]}") $(DTRAIN_PIPE_WPACK=0 run "p2p$i" "${P2[@]}") $(DTRAIN_PIPE_WGRAD=0 run "p2w$i" "${P2[@]}") $(DTRAIN_PIPE_WARMUP=0 run "p2u$i" "${P2[@]}") ${t:-0} $(DTRAIN_PIPE_TAIL=1 run "p2t$i" "${P2[@]}") $o"
 done > "$OUT/speed.txt"
 # columns: 1 process (sps bubble rss), 2 stages (sps bubble rss), no wpack (...), no wgrad (...),
-# no extra warm-up (...), Pipe (sps), no helper thread (sps bubble rss)
-awk '
+# no extra warm-up (...), Pipe (sps), helper thread (sps bubble rss), offload flipped (...)
+awk -v od="${od:-}" '
   function med(v, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
                                   return v[int((n + 1) / 2)] }
   { n++; o[n] = $1; p[n] = $4; b[n] = $5; r[n] = $6; q[n] = $7; w[n] = $10; x[n] = $4 / $1; y[n] = $4 / $7; z[n] = $4 / $10
     u[n] = $13; ub[n] = $14; v[n] = $4 / $13; tp[n] = $16; tr[n] = $16 > 0 ? $4 / $16 : 0
-    hs[n] = $17; hb[n] = $18; hr[n] = $17 > 0 ? $4 / $17 : 0 }
+    hs[n] = $17; hb[n] = $18; hr[n] = $17 > 0 ? $4 / $17 : 0
+    os[n] = $20; ob[n] = $21; orr[n] = $20 > 0 ? $4 / $20 : 0 }
   END {
     printf "1 process:              %.1f samples/s (median)\n", med(o, n)
     printf "2 stages 1f1b m=8:      %.1f samples/s  bubble %.3f  peak RSS %d MiB per rank (medians)\n", med(p, n), med(b, n), med(r, n)
@@ -108,6 +115,11 @@ awk '
     printf "same, weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0): %.1f samples/s; deferred: %.2fx of it\n", med(w, n), med(z, n)
     printf "same, without the extra warm-up forward (DTRAIN_PIPE_WARMUP=0): %.1f samples/s, bubble %.3f; with it: %.2fx of it\n", med(u, n), med(ub, n), med(v, n)
     printf "same, with the helper thread of stage 0 (DTRAIN_PIPE_TAIL=1): %.1f samples/s, bubble %.3f; without it: %.2fx of it\n", med(hs, n), med(hb, n), med(hr, n)
+    if (od == "") print "same, DTRAIN_PIPE_OFFLOAD flipped: not run (the binary has no such knob)"
+    else if (od == 0)
+      printf "same, with the last stage making the first weight gradient of stage 0 (DTRAIN_PIPE_OFFLOAD=1): %.1f samples/s, bubble %.3f; without it (the default): %.2fx of it\n", med(os, n), med(ob, n), med(orr, n)
+    else
+      printf "same, with stage 0 making its first weight gradient itself (DTRAIN_PIPE_OFFLOAD=0): %.1f samples/s, bubble %.3f; with the offload (the default): %.2fx of it\n", med(os, n), med(ob, n), med(orr, n)
     if (med(tp, n) > 0)
       printf "PyTorch Pipe (checkpoint=never, the same arithmetic): %.1f samples/s; dtrain 2 stages: %.2fx of it (median of %d paired rounds; target >= 3x)\n", med(tp, n), med(tr, n), n
     else print "PyTorch Pipe: not run (no torch in /usr/bin/python3)"
