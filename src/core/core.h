@@ -136,6 +136,7 @@ void dt_log_set_json(int on);
   X(TEST_KILL, STR, 0, NULL, 0, 0, "tests of elastic training: ID:STEP:PHASE makes worker ID kill itself at global step STEP during forward, backward, allreduce, eval or ckpt, before its last collective send of the step (lastsend) or after the step's reduction (reduced)") \
   X(TEST_TCP_SHED, INT, 0, NULL, 0, 1000, "tests only: a tcp listener closes this many of the first connections it accepts in mid-handshake, as one shedding strangers does") \
   X(TEST_VISITS, STR, 0, NULL, 0, 0, "tests of elastic training: directory where each worker appends the positions it trained on per epoch (visits.PID)") \
+  X(TEST_PS_DIE, STR, 0, NULL, 0, 0, "tests of ps: CLOCK[:final] makes a separate server SIGKILL itself right after it answered one worker's reads of every key it holds at clock CLOCK or later (step reads, or FINAL reads with :final)") \
   X(TIMEOUT, INT, 60, NULL, 1, 86400 * 7, "deadline of every blocking step (connect, collective), seconds") \
   X(TRANSPORT, STR, 0, NULL, 0, 0, "overrides dist.transport: auto shm tcp mpi") \
   X(TREE_MAX_BYTES, INT, 32 << 10, NULL, 0, INT64_MAX, "allreduce up to this size uses the binomial tree, bytes") \

@@ -198,6 +198,34 @@ static int err_client(dt_strategy *s, int rc) {
   return err_rank(s, rc);
 }
 
+/* Elastic workers: a collective of the workers failed in a way the loop
+ * re-forms around (a member lost, the communicator aborted). That member
+ * may have stopped because a server without a replica died: replies go
+ * worker by worker, so a server lost between two workers' replies (the
+ * last step of an epoch, the reads before evaluation or the end) leaves
+ * one worker past its wait, in a collective, while the others fail
+ * naming the server. Re-forming cannot bring the server back, and below
+ * dist.min_workers the re-forming waits dist.rejoin_timeout (30 s) for
+ * joiners first: ask the servers (one HELLO each, dt_ps_client_probe)
+ * and end at once naming the lost one. Otherwise the collective's error
+ * stands. */
+static int err_coll(dt_strategy *s, int rc) {
+  ps_impl *d = s->impl;
+  if (!d || !d->cl || !d->o.elastic ||
+      !(rc == DT_EPEERLOST || rc == DT_ETIMEDOUT || rc == DT_EABORTED || rc == DT_EMISMATCH))
+    return rc;
+  char why[1024];
+  snprintf(why, sizeof why, "%s", dt_errmsg());
+  int prc = dt_ps_client_probe(d->cl);
+  if (prc < 0) {
+    char srv[768];
+    snprintf(srv, sizeof srv, "%s", dt_errmsg());
+    return err_client(s, dt__seterr(prc, "%s (and the workers' collective failed: %.200s)",
+                                    srv, why));
+  }
+  return dt__seterr(rc, "%s", why);
+}
+
 static int ps_source(const dt_run_cfg *cfg, const dt_dataset *train, dt_batch_source **out) {
   return dt__source_shards(out, train, cfg->batch, cfg->seed, cfg->shuffle, 0);
 }
@@ -366,7 +394,13 @@ static int ps_eval_begin(dt_strategy *s, int64_t n, int chunk, int64_t *lo, int6
     int rc = dt_ps_client_sync(d->cl);
     if (rc < 0) return err_client(s, rc);
   }
-  return dt__ddp_eval_begin(s, n, chunk, lo, hi);
+  int rc = dt__ddp_eval_begin(s, n, chunk, lo, hi);
+  return rc < 0 ? err_coll(s, rc) : DT_OK;
+}
+
+static int ps_eval_reduce(dt_strategy *s, dt_tally *t) {
+  int rc = dt__ddp_eval_reduce(s, t);
+  return rc < 0 ? err_coll(s, rc) : DT_OK;
 }
 
 /* Replicas: a new server process in a lost server's slot announces itself
@@ -422,7 +456,8 @@ static int ps_epoch_end(dt_strategy *s, int epoch, dt_tally *t) {
     if (rc < 0) return err_client(s, rc);
   }
   int rc = dt__ddp_epoch_reduce(s, t);
-  if (rc == DT_OK && (rc = take_rejoins(s)) < 0) return err_client(s, rc);
+  if (rc < 0) return err_coll(s, rc);
+  if ((rc = take_rejoins(s)) < 0) return err_client(s, rc);
   return rc;
 }
 
@@ -434,7 +469,7 @@ static int ps_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all)
   d->stopped = 1;
   if (s->comm && s->nranks > 1) {
     rc = dt_ddp_check_params(s->model, s->comm);
-    if (rc < 0) return err_rank(s, rc);
+    if (rc < 0) return err_coll(s, err_rank(s, rc));
   }
   dt_ps_client_stats cs;
   dt_ps_client_stats_get(d->cl, &cs);
@@ -449,7 +484,7 @@ static int ps_run_end(dt_strategy *s, dt_worker_stats *me, dt_worker_stats *all)
   all[0] = *me;
   if (!s->comm || s->nranks < 2) return DT_OK;
   rc = dt_comm_allgather(s->comm, me, all, DT_WORKER_STATS_FIELDS, DT_F64);
-  return rc < 0 ? dt__ddp_comm_err(s, rc, "summary statistics") : DT_OK;
+  return rc < 0 ? err_coll(s, dt__ddp_comm_err(s, rc, "summary statistics")) : DT_OK;
 }
 
 static void ps_teardown(dt_strategy *s) {
@@ -477,7 +512,7 @@ static void ps_teardown(dt_strategy *s) {
  * parameters of the same clock (bsp) and only the buffers (running
  * statistics) and the step count come from the source. The client keeps
  * talking to the servers as the job's rank it started as. */
-static int ps_membership(dt_strategy *s, const dt_membership *m) {
+static int membership_impl(dt_strategy *s, const dt_membership *m) {
   ps_impl *d = s->impl;
   if (!m->comm || m->source < 0 || m->source >= m->nranks || m->rank < 0 ||
       m->rank >= m->nranks)
@@ -552,6 +587,13 @@ static int ps_membership(dt_strategy *s, const dt_membership *m) {
     DT_LOG_INFO("ps: %d workers go on at step %lld; the servers' clocks count only them",
                 s->nranks, (long long)s->step);
   return DT_OK;
+}
+
+/* (a collective of the change failing for a lost member: the servers are
+ * asked first, err_coll) */
+static int ps_membership(dt_strategy *s, const dt_membership *m) {
+  int rc = membership_impl(s, m);
+  return rc < 0 ? err_coll(s, rc) : DT_OK;
 }
 
 static int ps_export(dt_strategy *s, const dt_state_writer *w) {
@@ -655,7 +697,7 @@ const struct dt_strategy_ops dt__strategy_ps = {
     .grad_ready = ps_grad_ready,
     .step_finish = ps_step_finish,
     .eval_begin = ps_eval_begin,
-    .eval_reduce = dt__ddp_eval_reduce,
+    .eval_reduce = ps_eval_reduce,
     .epoch_end = ps_epoch_end,
     .state_export = ps_export,
     .state_import = ps_import,

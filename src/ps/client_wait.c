@@ -351,6 +351,33 @@ int dt__psc_wait_all(dt_ps_client *c) {
   return DT_OK;
 }
 
+int dt_ps_client_probe(dt_ps_client *c) {
+  if (c->local) return DT_OK;
+  uint64_t digest = 0;
+  for (int i = 0; i < 8; i++) digest |= (uint64_t)c->map->sha[i] << (8 * i);
+  dt_ps_msg h = {.type = DT_PS_HELLO, .sender = c->me, .key = c->map->nkeys,
+                 .count = c->map->nparams, .aux = digest, .clock = c->R};
+  uint8_t out[DT_PS_HDR_BYTES], in[DT_PS_HDR_BYTES];
+  dt_ps_msg_encode(&h, out);
+  for (int s = 0; s < c->map->nservers; s++) {
+    if (c->sdead[s]) continue;
+    const int peer = dt__psc_srv_rank(c, s);
+    dt_comm_req r[2];
+    int n = 0;
+    int rc = dt_comm_irecv(c->comm, peer, DT_PS_TAG_CTL, in, sizeof in, &r[n]);
+    if (rc == DT_OK) n++, rc = dt_comm_isend(c->comm, peer, DT_PS_TAG_REQ, out, sizeof out, &r[n]);
+    if (rc == DT_OK) n++;
+    /* the transport's own wait: its liveness checks, its deadline */
+    if (n) {
+      int r2 = dt_comm_waitall(c->comm, r, n);
+      if (rc == DT_OK) rc = r2;
+    }
+    if (rc < 0 && dt__psc_survivable(c, rc, s)) continue;
+    if (rc < 0) return server_fail(c, rc, s);
+  }
+  return DT_OK;
+}
+
 /* Colocated: tell every server this worker reached mark n (a bye with the
  * final flag ends it), then serve until every worker reached it here. */
 int dt__psc_mark(dt_ps_client *c, uint32_t flags) {

@@ -491,6 +491,15 @@ int dt_ps_client_stop(dt_ps_client *c);
  * meanwhile, so a collective on the communicator that follows cannot block
  * a worker still waiting for this worker's server. A no-op otherwise. */
 int dt_ps_client_quiesce(dt_ps_client *c);
+/* Separate servers: whether every server is still there, when a collective
+ * of the workers failed for a lost member (elastic workers): a HELLO to
+ * each live server, answered by its WELCOME (nothing changes there); a lost
+ * one fails the exchange as any wait for it (shm: its pid is watched; tcp:
+ * its connection closed). A lost server with a replica is survived
+ * (counted lost, as in a wait); one without ends with DT_EPEERLOST naming
+ * it, as a wait for its keys would. No request may be outstanding. DT_OK
+ * with colocated servers (they die with their workers). */
+int dt_ps_client_probe(dt_ps_client *c);
 void dt_ps_client_stats_get(const dt_ps_client *c, dt_ps_client_stats *out);
 int64_t dt_ps_client_clock(const dt_ps_client *c);
 /* A joiner (dt_ps_join): its next push is at clock (the members' step). */

@@ -59,6 +59,7 @@
  * about models beyond the key-range map.
  */
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,17 @@ int dt_ps_server_create(dt_ps_server **out, const dt_ps_map *map, const dt_ps_op
   s->local = -1;
   s->fused = dt_param(DT_PARAM_PS_FUSED) != 0;
   int N = s->N;
+  s->die_at = -1;
+  const char *die = dt_param_s(DT_PARAM_TEST_PS_DIE);
+  if (die && *die) {
+    char *end = NULL;
+    long long at = strtoll(die, &end, 10);
+    if (end != die && at >= 0) {
+      s->die_at = at;
+      s->die_final = !strcmp(end, ":final");
+      if (!(s->die_n = calloc((size_t)N, sizeof *s->die_n))) goto oom;
+    }
+  }
   /* the ranges held: this server's own, then those it is a replica of */
   const int S = map->nservers, R = map->replicas > 1 ? map->replicas : 1;
   uint64_t floats = 0;
@@ -234,6 +246,7 @@ void dt_ps_server_destroy(dt_ps_server *s) {
   free(s->parked);
   free(s->pmsg);
   free(s->gone);
+  free(s->die_n);
   free(s->losing);
   dt__pss_join_free(s);
   free(s);
@@ -335,7 +348,7 @@ int dt__pss_settle(dt_ps_server *s, skey *k) {
   return DT_OK;
 }
 
-static int reply(dt_ps_server *s, skey *k, int w) {
+static int reply_send(dt_ps_server *s, skey *k, int w) {
   int64_t c = k->want[w], mc = min_clock(s, k);
   k->want[w] = -1;
   s->st.reads++;
@@ -416,6 +429,31 @@ static int reply(dt_ps_server *s, skey *k, int w) {
   if (rc < 0) return comm_fail(s, rc, "sending parameters");
   k->sent[w] = 2;
   return DT_OK;
+}
+
+/* DTRAIN_TEST_PS_DIE=CLOCK[:final] (tests only): a separate server
+ * SIGKILLs itself right after the reply that completes one worker's reads
+ * of every key it holds at clock CLOCK or later (its step reads, or with
+ * ":final" its FINAL reads: evaluation, the end): that worker goes on past
+ * its wait while the others are still in theirs, the window in which a
+ * server lost between two workers' replies leaves one worker in a
+ * collective of the workers (tests/ps/test_ps_workers_leave.sh). */
+static void test_die(dt_ps_server *s, skey *k, int w, int64_t c, uint32_t flags) {
+  if (s->die_at < 0 || s->local >= 0 || c < s->die_at ||
+      ((flags & DT_PS_F_FINAL) != 0) != s->die_final || ++s->die_n[w] < s->nk)
+    return;
+  dt__pss_wait_sent(s, k, w); /* the reply is out */
+  DT_LOG_WARN("ps server %d: DTRAIN_TEST_PS_DIE: SIGKILL after worker %d's reads of clock "
+              "%lld", s->index, w, (long long)c);
+  fflush(NULL);
+  raise(SIGKILL);
+}
+
+static int reply(dt_ps_server *s, skey *k, int w) {
+  const uint32_t rflags = k->wflags[w];
+  int rc_ = reply_send(s, k, w);
+  if (rc_ == DT_OK) test_die(s, k, w, k->version, rflags);
+  return rc_;
 }
 
 size_t dt_ps_key_state_floats(const dt_ps_opts *o, const dt_ps_key *K) {

@@ -131,6 +131,12 @@ struct dt_ps_server {
   struct dt_comm_config rj_cc;
   dt_comm **rj_comms; /* the rejoins' communicators (owned) */
   int rj_n;
+  /* DTRAIN_TEST_PS_DIE (tests only, server.c): the clock from which on
+   * replies are counted (-1: off), FINAL reads or step reads, and per
+   * worker the replies counted */
+  int64_t die_at;
+  int die_final;
+  int *die_n;
 };
 
 static inline skey *dt__pss_key(dt_ps_server *s, int idx) { return &s->keys[s->kpos[idx]]; }
