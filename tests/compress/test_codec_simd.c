@@ -64,6 +64,9 @@
 #define dt__cz_sign_bytes ref__cz_sign_bytes
 #define dt__cz_sign_encode ref__cz_sign_encode
 #define dt__cz_sign_decode_add ref__cz_sign_decode_add
+#define dt__cz_sign_bytes_d ref__cz_sign_bytes_d
+#define dt__cz_sign_encode_d ref__cz_sign_encode_d
+#define dt__cz_sign_decode_add_d ref__cz_sign_decode_add_d
 #pragma push_macro("__AVX512F__")
 #pragma push_macro("__AVX2__")
 #pragma push_macro("__F16C__")
@@ -99,6 +102,11 @@ int dt__cz_sign_encode(const float *x, size_t n, const uint32_t *end, size_t nb,
                        void *frame, float *resid, int flags);
 int dt__cz_sign_decode_add(const void *frame, size_t bytes, size_t n, const uint32_t *end,
                            size_t nb, int two, float *out);
+size_t dt__cz_sign_bytes_d(size_t n, size_t nb, int two, size_t nd);
+int dt__cz_sign_encode_d(const float *x, size_t n, const uint32_t *end, size_t nb, int two,
+                         const uint8_t *dense, void *frame, float *resid, int flags);
+int dt__cz_sign_decode_add_d(const void *frame, size_t bytes, size_t n, const uint32_t *end,
+                             size_t nb, int two, const uint8_t *dense, float *out);
 #include "comm/compress/codec.c"
 #include "comm/compress/topk.c"
 #pragma pop_macro("__AVX512F__")
@@ -126,6 +134,9 @@ int dt__cz_sign_decode_add(const void *frame, size_t bytes, size_t n, const uint
 #undef dt__cz_sign_bytes
 #undef dt__cz_sign_encode
 #undef dt__cz_sign_decode_add
+#undef dt__cz_sign_bytes_d
+#undef dt__cz_sign_encode_d
+#undef dt__cz_sign_decode_add_d
 
 /* ---- data ---------------------------------------------------------------- */
 

@@ -190,6 +190,108 @@ static void test_sign_plan(void **st) {
   assert_int_equal(dt__cz_sign_encode(x, N, NULL, 0, 1, buf, NULL, 0), DT_EINVAL);
 }
 
+/* sign with dense blocks (dt__cz_sign_encode_d, DTRAIN_CZ_SIGN_DENSE):
+ * the dense blocks' values come through bit for bit (odd values no sign
+ * or scale could give, at block starts off a byte), with a zero residual,
+ * beside signed blocks decoded as without dense blocks; the frame says
+ * it has a dense section and its count; a receiver whose plan has no
+ * dense blocks, other dense blocks or another count, a frame cut inside
+ * its dense values or one with a NaN there is rejected before out is
+ * touched. */
+static void dense_corrupt(const void *f, size_t bytes, size_t n, const uint32_t *end, size_t nb,
+                          int two, const uint8_t *dense, const char *word) {
+  float out[64];
+  for (int i = 0; i < 64; i++) out[i] = (float)i;
+  assert_int_equal(dt__cz_sign_decode_add_d(f, bytes, n, end, nb, two, dense, out), DT_ECORRUPT);
+  if (!strstr(dt_errmsg(), word)) fail_msg("message '%s' lacks '%s'", dt_errmsg(), word);
+  for (int i = 0; i < 64; i++) assert_float_equal(out[i], (float)i, 0);
+}
+
+static void test_sign_dense(void **st) {
+  (void)st;
+  enum { N = 21 };
+  const uint32_t end[] = {3, 10, 11, 21};
+  const uint8_t dense[] = {0, 1, 0, 1}; /* [3,10) and [11,21): 17 values */
+  const float x[N] = {1, -2, 3, 1.2345678f, -3e-7f, 12345.5f, -0.0f, 7e-39f, -1.0f / 3, 42,
+                      -7, 0.1f, -0.2f, 0.3f, 1e30f, -1e-30f, 5, 6, 7, -8, 0.999f};
+  for (int two = 0; two < 2; two++) {
+    size_t fb = dt__cz_sign_bytes_d(N, 4, two, 17);
+    assert_int_equal(fb, ((((DT_CZ_HDR_LEN + 4 * 4 * (two ? 2 : 1) + 3) + 3) & ~(size_t)3) +
+                          4 + 4 * 17 + 7) & ~(size_t)7);
+    assert_int_equal(dt__cz_sign_bytes_d(N, 4, two, 0), dt__cz_sign_bytes(N, 4, two));
+    uint8_t *f = aligned_alloc(8, fb);
+    memset(f, 0, fb);
+    float resid[N], dec[N] = {0}, ref[N] = {0}, rres[N];
+    assert_int_equal(dt__cz_sign_encode_d(x, N, end, 4, two, dense, f, resid, 2 /* the note */),
+                     DT_OK);
+    dt_cz_hdr h;
+    memcpy(&h, f, sizeof h);
+    assert_int_equal(h.k, 4);
+    assert_int_equal(h.flags, DT_CZ_FLAG_BLOCKS | DT_CZ_FLAG_DENSE | 2 |
+                                  (two ? DT_CZ_FLAG_TWO : 0));
+    assert_int_equal(dt__cz_sign_decode_add_d(f, fb, N, end, 4, two, dense, dec), DT_OK);
+    /* the signed blocks: as a plan without dense blocks decodes them */
+    uint8_t *r = aligned_alloc(8, dt__cz_sign_bytes(N, 4, two));
+    assert_int_equal(dt__cz_sign_encode(x, N, end, 4, two, r, rres, 0), DT_OK);
+    assert_int_equal(dt__cz_sign_decode_add(r, dt__cz_sign_bytes(N, 4, two), N, end, 4, two, ref),
+                     DT_OK);
+    for (int b = 0, lo = 0; b < 4; lo = (int)end[b++])
+      for (int i = lo; i < (int)end[b]; i++) {
+        float w = dense[b] ? x[i] : ref[i], wr = dense[b] ? 0.0f : rres[i];
+        if (memcmp(&dec[i], &w, 4) && !(dense[b] && dec[i] == w && x[i] == 0))
+          fail_msg("two %d value %d: decoded %a, want %a", two, i, dec[i], w);
+        if (resid[i] != wr) fail_msg("two %d value %d: residual %g, want %g", two, i, resid[i], wr);
+      }
+    free(r);
+    /* receivers with another plan */
+    const uint8_t none[] = {0, 0, 0, 0}, other[] = {1, 0, 0, 1}, fewer[] = {0, 0, 0, 1};
+    dense_corrupt(f, fb, N, end, 4, two, NULL, "with a dense section");
+    dense_corrupt(f, fb, N, end, 4, two, none, "with a dense section");
+    dense_corrupt(f, fb, N, end, 4, two, other, "17 dense values; this rank's plan has 13");
+    dense_corrupt(f, fb, N, end, 4, two, fewer, "17 dense values; this rank's plan has 10");
+    expect_sign_corrupt(f, fb, N, NULL, 0, 0, "layout plan");
+    /* cut inside the dense values; cut inside their count */
+    dense_corrupt(f, fb - 8, N, end, 4, two, dense, "truncated");
+    size_t at = (DT_CZ_HDR_LEN + 4 * 4 * (two ? 2 : 1) + 3 + 3) & ~(size_t)3;
+    dense_corrupt(f, at + 2, N, end, 4, two, dense, "truncated");
+    uint8_t *g = aligned_alloc(8, fb);
+    /* a dense value not finite in a frame not flagged so */
+    memcpy(g, f, fb);
+    float nan = NAN;
+    memcpy(g + at + 4 + 4 * 16, &nan, 4);
+    dense_corrupt(g, fb, N, end, 4, two, dense, "dense value 16");
+    /* a count that lies */
+    memcpy(g, f, fb);
+    uint32_t c = 18;
+    memcpy(g + at, &c, 4);
+    dense_corrupt(g, fb, N, end, 4, two, dense, "18 dense values");
+    /* a frame without its flag, for a plan with dense blocks */
+    memcpy(g, f, fb);
+    ((dt_cz_hdr *)g)->flags &= (uint8_t)~DT_CZ_FLAG_DENSE;
+    dense_corrupt(g, fb, N, end, 4, two, dense, "without a dense section");
+    /* a plan frame without dense blocks, for a receiver with them */
+    memcpy(g, f, fb);
+    assert_int_equal(dt__cz_sign_encode(x, N, end, 4, two, g, NULL, 0), DT_OK);
+    dense_corrupt(g, fb, N, end, 4, two, dense, "without a dense section");
+    free(g);
+    free(f);
+  }
+  /* Inf in the input: flagged, every value decodes to NaN */
+  float y[N];
+  memcpy(y, x, sizeof y);
+  y[4] = INFINITY;
+  size_t fb = dt__cz_sign_bytes_d(N, 4, 1, 17);
+  uint8_t *f = aligned_alloc(8, fb);
+  float dec[N] = {0};
+  assert_int_equal(dt__cz_sign_encode_d(y, N, end, 4, 1, dense, f, NULL, 0), DT_OK);
+  assert_int_equal(dt__cz_sign_decode_add_d(f, fb, N, end, 4, 1, dense, dec), DT_OK);
+  for (int i = 0; i < N; i++) assert_true(isnan(dec[i]));
+  free(f);
+  /* dense blocks need a plan */
+  uint8_t buf[256];
+  assert_int_equal(dt__cz_sign_encode_d(x, N, NULL, 0, 0, dense, buf, NULL, 0), DT_EINVAL);
+}
+
 /* Mean over many independent draws approaches x (int8, qsgd). */
 static void unbiased(int codec, int levels) {
   enum { N = 64, DRAWS = 4000 };
@@ -822,6 +924,7 @@ int main(void) {
       cmocka_unit_test(test_huge_finite),
       cmocka_unit_test(test_state),             cmocka_unit_test(test_int8_blocks),
       cmocka_unit_test(test_sign_plan),
+      cmocka_unit_test(test_sign_dense),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

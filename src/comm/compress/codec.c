@@ -141,6 +141,8 @@ void dt__cz_put_hdr(void *frame, int codec, int levels, int flags, size_t n, siz
   memcpy(frame, &h, sizeof h);
 }
 
+static size_t sign_dense_at(size_t n, size_t nb, int two);
+
 int dt__cz_check_hdr(int codec, const void *frame, size_t bytes, size_t n, dt_cz_hdr *h) {
   if (!frame || bytes < DT_CZ_HDR_LEN)
     return dt__seterr(DT_ECORRUPT, "compressed frame: %zu bytes, shorter than its %d-byte header",
@@ -159,7 +161,7 @@ int dt__cz_check_hdr(int codec, const void *frame, size_t bytes, size_t n, dt_cz
    * carry two scales per block */
   unsigned known = DT_CZ_FLAG_NONFINITE | DT_CZ_FLAG_NOTE;
   int plan = codec == DT_CODEC_SIGN && (h->flags & DT_CZ_FLAG_BLOCKS);
-  if (plan) known |= DT_CZ_FLAG_BLOCKS | DT_CZ_FLAG_TWO;
+  if (plan) known |= DT_CZ_FLAG_BLOCKS | DT_CZ_FLAG_TWO | DT_CZ_FLAG_DENSE;
   if ((h->flags & ~known) || h->reserved)
     return dt__seterr(DT_ECORRUPT, "compressed frame: unknown flags 0x%02x / reserved 0x%x",
                       h->flags, h->reserved);
@@ -181,7 +183,10 @@ int dt__cz_check_hdr(int codec, const void *frame, size_t bytes, size_t n, dt_cz
     return dt__seterr(DT_ECORRUPT, "compressed frame: negative scale %g", (double)h->scale);
   if (!isfinite(h->scale)) /* no encoder writes one: Inf/NaN rides in the flag */
     return dt__seterr(DT_ECORRUPT, "compressed frame: scale %g not finite", (double)h->scale);
-  size_t need = plan ? dt__cz_sign_bytes(n, h->k, (h->flags & DT_CZ_FLAG_TWO) != 0)
+  /* a dense section's size is in the frame: its count is checked by
+   * dt__cz_sign_decode_add_d, here only that the count fits */
+  size_t need = plan ? sign_dense_at(n, h->k, (h->flags & DT_CZ_FLAG_TWO) != 0) +
+                           ((h->flags & DT_CZ_FLAG_DENSE) ? 4 : 0)
                      : dt_cz_frame_bytes(codec, n, h->k);
   if (bytes < need)
     return dt__seterr(DT_ECORRUPT, "compressed frame: %zu bytes, its header needs %zu (truncated)",
@@ -524,8 +529,17 @@ static void sign_unpack_add(const uint8_t *restrict bits, float *restrict out, s
  * (DT_CZ_FLAG_TWO: the mean of the block's values >= 0 and the mean |x|
  * of the others, as 1-bit SGD reconstructs each column from the means of
  * its two groups; one scale, the mean |x|, is EF-SGD's scaled sign). */
-size_t dt__cz_sign_bytes(size_t n, size_t nb, int two) {
-  return (DT_CZ_HDR_LEN + 4 * nb * (two ? 2 : 1) + (n + 7) / 8 + 7) & ~(size_t)7;
+size_t dt__cz_sign_bytes(size_t n, size_t nb, int two) { return dt__cz_sign_bytes_d(n, nb, two, 0); }
+
+/* Where a frame's dense section starts (DT_CZ_FLAG_DENSE): after the
+ * scales and the bits, on a 4-byte boundary; it holds its value count
+ * (u32) and then the dense blocks' values in f32, in block order. */
+static size_t sign_dense_at(size_t n, size_t nb, int two) {
+  return (DT_CZ_HDR_LEN + 4 * nb * (two ? 2 : 1) + (n + 7) / 8 + 3) & ~(size_t)3;
+}
+
+size_t dt__cz_sign_bytes_d(size_t n, size_t nb, int two, size_t nd) {
+  return (sign_dense_at(n, nb, two) + (nd ? 4 + 4 * nd : 0) + 7) & ~(size_t)7;
 }
 
 static inline size_t blk_end(const uint32_t *end, size_t b, size_t n) {
@@ -583,7 +597,21 @@ static size_t twosum(const float *restrict x, size_t n, double *pos, double *neg
 
 int dt__cz_sign_encode(const float *x, size_t n, const uint32_t *end, size_t nb, int two,
                        void *frame, float *resid, int flags) {
-  if (!x || !frame || n == 0 || n > UINT32_MAX || (end && (nb < 1 || nb > n)) || (two && !end))
+  return dt__cz_sign_encode_d(x, n, end, nb, two, NULL, frame, resid, flags);
+}
+
+/* The values of a plan's dense blocks (dense[b] != 0); 0 without. */
+static size_t dense_count(const uint32_t *end, size_t nb, const uint8_t *dense) {
+  size_t nd = 0;
+  for (size_t b = 0; dense && b < nb; b++)
+    if (dense[b]) nd += end[b] - (b ? end[b - 1] : 0);
+  return nd;
+}
+
+int dt__cz_sign_encode_d(const float *x, size_t n, const uint32_t *end, size_t nb, int two,
+                         const uint8_t *dense, void *frame, float *resid, int flags) {
+  if (!x || !frame || n == 0 || n > UINT32_MAX || (end && (nb < 1 || nb > n)) || (two && !end) ||
+      (dense && !end))
     return dt__seterr(DT_EINVAL, "sign encode: bad arguments (n = %zu, %zu blocks)", n, nb);
   if (end) {
     for (size_t b = 0; b < nb; b++)
@@ -593,11 +621,13 @@ int dt__cz_sign_encode(const float *x, size_t n, const uint32_t *end, size_t nb,
   } else {
     nb = (n + DT_CZ_SIGN_BLOCK - 1) / DT_CZ_SIGN_BLOCK;
   }
-  flags &= ~(DT_CZ_FLAG_BLOCKS | DT_CZ_FLAG_TWO);
+  size_t nd = end ? dense_count(end, nb, dense) : 0;
+  flags &= ~(DT_CZ_FLAG_BLOCKS | DT_CZ_FLAG_TWO | DT_CZ_FLAG_DENSE);
   if (!(flags & DT_CZ_FLAG_NONFINITE) && nonfinite(x, n)) flags |= DT_CZ_FLAG_NONFINITE;
   dt__cz_put_hdr(frame, DT_CODEC_SIGN, 0,
-                 flags | (end ? DT_CZ_FLAG_BLOCKS : 0) | (two ? DT_CZ_FLAG_TWO : 0), n,
-                 end ? nb : n, 1.0f);
+                 flags | (end ? DT_CZ_FLAG_BLOCKS : 0) | (two ? DT_CZ_FLAG_TWO : 0) |
+                     (nd ? DT_CZ_FLAG_DENSE : 0),
+                 n, end ? nb : n, 1.0f);
   uint8_t *p = (uint8_t *)frame + DT_CZ_HDR_LEN;
   float *scales = (float *)p;
   uint8_t *bits = p + 4 * nb * (two ? 2 : 1);
@@ -616,7 +646,7 @@ int dt__cz_sign_encode(const float *x, size_t n, const uint32_t *end, size_t nb,
    * bits of the whole span, then each block's residual (resid may be x) */
   for (size_t b = 0, lo = 0; b < nb; lo = end[b++]) {
     size_t m = end[b] - lo;
-    if (bad) {
+    if (bad || (dense && dense[b])) { /* a dense block's scales: 0, unused */
       memset(&scales[two ? 2 * b : b], 0, (two ? 2 : 1) * sizeof(float));
     } else if (two) {
       double ps, ns;
@@ -630,8 +660,24 @@ int dt__cz_sign_encode(const float *x, size_t n, const uint32_t *end, size_t nb,
     }
   }
   sign_pack(x, bits, NULL, n, 0.0f);
+  if (nd) {
+    /* the dense blocks' values, exact: their residual is 0 */
+    uint8_t *d = (uint8_t *)frame + sign_dense_at(n, nb, two);
+    uint32_t c = (uint32_t)nd;
+    memcpy(d, &c, 4);
+    d += 4;
+    for (size_t b = 0, lo = 0; b < nb; lo = end[b++])
+      if (dense[b]) {
+        memcpy(d, x + lo, (end[b] - lo) * sizeof *x);
+        d += (end[b] - lo) * sizeof *x;
+      }
+  }
   if (resid)
     for (size_t b = 0, lo = 0; b < nb; lo = end[b++]) {
+      if (dense && dense[b]) {
+        memset(resid + lo, 0, (end[b] - lo) * sizeof *resid);
+        continue;
+      }
       float sp = scales[two ? 2 * b : b], sn = -scales[two ? 2 * b + 1 : b];
       for (size_t i = lo; i < end[b]; i++) resid[i] = x[i] - (x[i] >= 0 ? sp : sn);
     }
@@ -640,9 +686,15 @@ int dt__cz_sign_encode(const float *x, size_t n, const uint32_t *end, size_t nb,
 
 int dt__cz_sign_decode_add(const void *frame, size_t bytes, size_t n, const uint32_t *end,
                            size_t nb, int two, float *out) {
+  return dt__cz_sign_decode_add_d(frame, bytes, n, end, nb, two, NULL, out);
+}
+
+int dt__cz_sign_decode_add_d(const void *frame, size_t bytes, size_t n, const uint32_t *end,
+                             size_t nb, int two, const uint8_t *dense, float *out) {
   dt_cz_hdr h;
   DT_CHECK(dt__cz_check_hdr(DT_CODEC_SIGN, frame, bytes, n, &h));
   int fplan = (h.flags & DT_CZ_FLAG_BLOCKS) != 0, ftwo = (h.flags & DT_CZ_FLAG_TWO) != 0;
+  size_t nd = end ? dense_count(end, nb, dense) : 0;
   if (!end) {
     if (fplan)
       return dt__seterr(DT_ECORRUPT, "compressed frame: sign blocks cut by a layout plan (%u "
@@ -654,6 +706,32 @@ int dt__cz_sign_decode_add(const void *frame, size_t bytes, size_t n, const uint
                       "rank's plan has %zu blocks, %s", fplan ? "a plan's blocks" : "blocks of 256",
                       ftwo ? "two" : "one", ftwo ? "s a block" : " a block", nb,
                       two ? "two scales a block" : "one scale a block");
+  }
+  /* the dense section: present exactly when this rank's plan has dense
+   * blocks, with their value count; the values finite unless the frame
+   * is flagged non-finite */
+  int fdense = (h.flags & DT_CZ_FLAG_DENSE) != 0;
+  const uint8_t *dv = (const uint8_t *)frame + sign_dense_at(n, nb, two) + 4;
+  if (fdense != (nd > 0))
+    return dt__seterr(DT_ECORRUPT, "compressed frame: sign frame %s a dense section; this rank's "
+                      "plan has %zu dense values", fdense ? "with" : "without", nd);
+  if (nd) {
+    uint32_t c;
+    memcpy(&c, dv - 4, 4);
+    if (c != nd)
+      return dt__seterr(DT_ECORRUPT, "compressed frame: %u dense values; this rank's plan has %zu",
+                        c, nd);
+    if (bytes < dt__cz_sign_bytes_d(n, nb, two, nd))
+      return dt__seterr(DT_ECORRUPT, "compressed frame: %zu bytes, its %zu dense values need %zu "
+                        "(truncated)", bytes, nd, dt__cz_sign_bytes_d(n, nb, two, nd));
+    if (!(h.flags & DT_CZ_FLAG_NONFINITE))
+      for (size_t i = 0; i < nd; i++) {
+        float v;
+        memcpy(&v, dv + 4 * i, 4);
+        if (!isfinite(v))
+          return dt__seterr(DT_ECORRUPT, "compressed frame: dense value %zu is %g in a frame not "
+                            "flagged non-finite", i, (double)v);
+      }
   }
   const uint8_t *p = (const uint8_t *)frame + DT_CZ_HDR_LEN;
   size_t ns = nb * (two ? 2 : 1);
@@ -671,6 +749,14 @@ int dt__cz_sign_decode_add(const void *frame, size_t bytes, size_t n, const uint
   const uint8_t *bits = p + 4 * ns;
   for (size_t b = 0, lo = 0; b < nb; lo = blk_end(end, b++, n)) {
     size_t hi = blk_end(end, b, n);
+    if (dense && dense[b]) {
+      for (size_t i = lo; i < hi; i++, dv += 4) {
+        float v;
+        memcpy(&v, dv, 4);
+        out[i] += v;
+      }
+      continue;
+    }
     float sp, sn;
     memcpy(&sp, p + 4 * (two ? 2 * b : b), 4);
     memcpy(&sn, p + 4 * (two ? 2 * b + 1 : b), 4);

@@ -73,8 +73,13 @@ typedef struct dt_compress_cfg {
    * summed decoded velocities, so its momentum buffer is their sum plus
    * the weight decay it adds, as in dense SGD; 0 off */
   float opt_momentum;
+  /* sign with a block plan: every weight matrix, and every stretch of
+   * parameters between matrices (biases, other layers), of at most this
+   * many values is sent dense (f32) inside the sign frame
+   * (DTRAIN_CZ_SIGN_DENSE); 0 none, -1: that knob's */
+  int64_t sign_dense;
 } dt_compress_cfg;
-#define DT_COMPRESS_CFG_INIT {DT_CODEC_NONE, 1, 0.01, 15, 2, 0, 0, 0, 0, 0.0f, 0.0f, 42, -1, -1, 0.0f}
+#define DT_COMPRESS_CFG_INIT {DT_CODEC_NONE, 1, 0.01, 15, 2, 0, 0, 0, 0, 0.0f, 0.0f, 42, -1, -1, 0.0f, -1}
 
 /* Linear codecs are reduced by allreduce, the others by allgather. */
 int dt_codec_is_linear(int codec);
@@ -162,6 +167,22 @@ int dt__cz_sign_encode(const float *x, size_t n, const uint32_t *end, size_t nb,
                        void *frame, float *resid, int flags);
 int dt__cz_sign_decode_add(const void *frame, size_t bytes, size_t n, const uint32_t *end,
                            size_t nb, int two, float *out);
+/* The same with dense blocks (DTRAIN_CZ_SIGN_DENSE): dense[b] != 0 (dense
+ * NULL: none) sends block b's values as they are, in f32, and its
+ * residual is 0. Such a frame has the flag DT_CZ_FLAG_DENSE and, after
+ * the bits on a 4-byte boundary, the dense values' count (u32) and the
+ * values in block order; a dense block's scales are 0 and its bits
+ * unused. The receiver's plan (end and dense) must give the same count:
+ * a frame with a dense section the plan lacks, without one it has, or
+ * with another count is DT_ECORRUPT, as is a non-finite dense value in a
+ * frame not flagged DT_CZ_FLAG_NONFINITE. _bytes_d: nd = the dense
+ * values (0: no section; the size of dt__cz_sign_bytes). */
+#define DT_CZ_FLAG_DENSE 16 /* sign frame: dense blocks' values follow the bits */
+size_t dt__cz_sign_bytes_d(size_t n, size_t nb, int two, size_t nd);
+int dt__cz_sign_encode_d(const float *x, size_t n, const uint32_t *end, size_t nb, int two,
+                         const uint8_t *dense, void *frame, float *resid, int flags);
+int dt__cz_sign_decode_add_d(const void *frame, size_t bytes, size_t n, const uint32_t *end,
+                             size_t nb, int two, const uint8_t *dense, float *out);
 
 /* ---- PowerSGD pieces (exposed for tests) ---------------------------------- */
 /* Orthonormalises the r columns of p (m x r, row-major) in place: modified

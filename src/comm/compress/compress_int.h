@@ -59,6 +59,10 @@ struct dt_compress {
   int splan, stwo;
   uint32_t *plan;        /* one span's block ends */
   size_t plan_cap;
+  /* DTRAIN_CZ_SIGN_DENSE: sdense[j] != 0 sends segment j dense (NULL:
+   * none is); pdense the span's blocks' flags, pnd their values */
+  uint8_t *sdense, *pdense;
+  size_t pnd;
   int64_t step;
   int epoch;
   dt_compress_stats st;

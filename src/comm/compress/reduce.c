@@ -55,6 +55,9 @@ static int check_cfg(const dt_compress_cfg *c) {
     return dt__seterr(DT_EINVAL, "compress: sign block rule %d / two scales %d: must be 0..3 / "
                       "0..1 (-1: DTRAIN_CZ_SIGN_BLOCKS / DTRAIN_CZ_SIGN_TWO)", c->sign_blocks,
                       c->sign_two);
+  if (c->sign_dense < -1)
+    return dt__seterr(DT_EINVAL, "compress: sign dense threshold %lld: must be >= 0 (-1: "
+                      "DTRAIN_CZ_SIGN_DENSE)", (long long)c->sign_dense);
   if (c->warmup_epochs < 0 || c->start_step < 0)
     return dt__seterr(DT_EINVAL, "dist.compress_warmup_epochs / dist.compress_start_step must "
                       "be >= 0");
@@ -75,22 +78,46 @@ static int sign_segments(dt_compress *z, const dt_cz_matrix *mats, int nmats) {
   z->splan = 1;
   z->stwo = (z->cfg.sign_two >= 0 ? z->cfg.sign_two : dt_param(DT_PARAM_CZ_SIGN_TWO)) != 0;
   z->sblk = rule == 1 ? DT_CZ_SIGN_BLOCK : 0;
-  size_t cap = 1;
+  int64_t thr = z->cfg.sign_dense >= 0 ? z->cfg.sign_dense : dt_param(DT_PARAM_CZ_SIGN_DENSE);
+  size_t dmax = thr > 0 ? (size_t)thr : 0;
+  size_t cap = 2;
   for (int i = 0; i < nmats; i++) cap += (rule == 3 ? 1 : (size_t)mats[i].rows) + 1;
   z->sseg = malloc(cap * sizeof *z->sseg);
-  if (!z->sseg) return 1;
-  size_t ns = 0;
-  z->sseg[ns++] = 0;
+  z->sdense = dmax ? calloc(cap, 1) : NULL;
+  if (!z->sseg || (dmax && !z->sdense)) return 1;
+  /* push: a segment starting at `at` (a later start at the same place
+   * replaces it: an empty stretch before a matrix) */
+  size_t ns = 0, prev = 0;
+#define PUSH(at, d)                                                                              \
+  do {                                                                                           \
+    size_t at_ = (at);                                                                           \
+    if (ns && at_ == z->sseg[ns - 1]) {                                                          \
+      if (z->sdense) z->sdense[ns - 1] = (d);                                                    \
+    } else if ((!ns || at_ > z->sseg[ns - 1]) && (at_ < z->nparams || !ns)) {                    \
+      if (z->sdense) z->sdense[ns] = (d);                                                        \
+      z->sseg[ns++] = at_;                                                                       \
+    }                                                                                            \
+  } while (0)
   for (int i = 0; i < nmats; i++) {
     const dt_cz_matrix *m = &mats[i];
     size_t rows = rule == 3 ? 1 : (size_t)m->rows, len = (size_t)m->rows * (size_t)m->cols;
-    for (size_t r = 0; r < rows; r++) {
-      size_t at = m->off + r * (len / rows);
-      if (at > z->sseg[ns - 1] && at < z->nparams) z->sseg[ns++] = at;
+    if (m->off > prev || i == 0) PUSH(prev, m->off - prev <= dmax); /* the stretch before it */
+    if (len <= dmax) {
+      PUSH(m->off, 1); /* a small matrix: one dense segment */
+    } else {
+      for (size_t r = 0; r < rows; r++) PUSH(m->off + r * (len / rows), 0);
     }
-    if (m->off + len > z->sseg[ns - 1] && m->off + len < z->nparams) z->sseg[ns++] = m->off + len;
+    prev = m->off + len;
   }
+  PUSH(prev, z->nparams - prev <= dmax); /* the stretch after the last matrix */
+#undef PUSH
   z->nsseg = ns;
+  int any = 0;
+  for (size_t j = 0; z->sdense && j < ns; j++) any |= z->sdense[j];
+  if (!any) {
+    free(z->sdense);
+    z->sdense = NULL;
+  }
   return 0;
 }
 
@@ -101,13 +128,16 @@ static int sign_segments(dt_compress *z, const dt_cz_matrix *mats, int nmats) {
 static size_t sign_plan(dt_compress *z, size_t off, size_t n) {
   if (z->plan_cap < n) {
     uint32_t *p = realloc(z->plan, n * sizeof *p);
-    if (!p) {
+    uint8_t *d = z->sdense ? realloc(z->pdense, n) : NULL;
+    if (p) z->plan = p;
+    if (d) z->pdense = d;
+    if (!p || (z->sdense && !d)) {
       dt__seterr(DT_ENOMEM, "compress: out of memory for a sign plan of %zu values", n);
       return 0;
     }
-    z->plan = p;
     z->plan_cap = n;
   }
+  z->pnd = 0;
   size_t lo = 0, hi = z->nsseg; /* the last segment starting at or before off */
   while (hi - lo > 1) {
     size_t mid = (lo + hi) / 2;
@@ -118,12 +148,15 @@ static size_t sign_plan(dt_compress *z, size_t off, size_t n) {
   for (size_t j = lo; pos < stop; j++) {
     size_t e = j + 1 < z->nsseg ? z->sseg[j + 1] : z->nparams;
     e = e < stop ? e : stop;
-    size_t len = e - pos, pieces = z->sblk ? (len + z->sblk - 1) / z->sblk : 1;
+    int dense = z->sdense && z->sdense[j];
+    size_t len = e - pos, pieces = z->sblk && !dense ? (len + z->sblk - 1) / z->sblk : 1;
     size_t at = pos - off;
     for (size_t i = 0; i < pieces; i++) {
       at += len / pieces + (i < len % pieces);
+      if (z->sdense) z->pdense[nb] = (uint8_t)dense;
       z->plan[nb++] = (uint32_t)at;
     }
+    if (dense) z->pnd += len;
     pos = e;
   }
   return nb;
@@ -134,7 +167,7 @@ static size_t sign_plan(dt_compress *z, size_t off, size_t n) {
 static size_t span_frame_bytes(dt_compress *z, size_t off, size_t n, size_t k) {
   if (z->cfg.codec == DT_CODEC_SIGN && z->splan) {
     size_t nb = sign_plan(z, off, n);
-    return nb ? dt__cz_sign_bytes(n, nb, z->stwo) : 0;
+    return nb ? dt__cz_sign_bytes_d(n, nb, z->stwo, z->pnd) : 0;
   }
   return dt_cz_frame_bytes(z->cfg.codec, n, k);
 }
@@ -144,7 +177,7 @@ static int span_decode_add(dt_compress *z, const void *frame, size_t fb, size_t 
   if (z->cfg.codec == DT_CODEC_SIGN && z->splan) {
     size_t nb = sign_plan(z, off, n);
     if (!nb) return DT_ENOMEM;
-    return dt__cz_sign_decode_add(frame, fb, n, z->plan, nb, z->stwo, g);
+    return dt__cz_sign_decode_add_d(frame, fb, n, z->plan, nb, z->stwo, z->pdense, g);
   }
   return dt_cz_decode_add(z->cfg.codec, frame, fb, n, g);
 }
@@ -225,6 +258,8 @@ void dt_compress_destroy(dt_compress *z) {
   free(z->pend);
   free(z->sbuf);
   free(z->sseg);
+  free(z->sdense);
+  free(z->pdense);
   free(z->plan);
   free(z);
 }
@@ -342,7 +377,8 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
   dt_cz_rng rng = {z->cfg.seed, (uint64_t)z->step, ((uint64_t)z->rank << 32) | (uint32_t)off};
   float *resid = z->resid ? z->resid + off : NULL;
   if (codec == DT_CODEC_SIGN && z->splan) /* z->plan: span_frame_bytes made it */
-    DT_CHECK(dt__cz_sign_encode(w, n, z->plan, sign_plan(z, off, n), z->stwo, mine, resid, 0));
+    DT_CHECK(dt__cz_sign_encode_d(w, n, z->plan, sign_plan(z, off, n), z->stwo, z->pdense, mine,
+                                  resid, 0));
   else
     DT_CHECK(dt_cz_encode(codec, w, n, k, z->cfg.qsgd_levels, rng, mine, resid));
   if (z->note_out) mine[offsetof(dt_cz_hdr, flags)] |= DT_CZ_FLAG_NOTE;
