@@ -258,6 +258,20 @@ static void matrix(const char *tp, const int *ns, int nn) {
   run_one(tp, ns[nn - 1], &cfg, a);
   cfg.start_step = 2;
   run_one(tp, ns[nn - 1], &cfg, a);
+  /* sign with small tensors dense (DTRAIN_CZ_SIGN_DENSE): the 10x20
+   * matrix, the 100 values before it and the 300 after it ride f32 in
+   * the frames; the bookkeeping holds, with worker momentum too, fused
+   * and the same bits run to run */
+  cfg = (dt_compress_cfg)DT_COMPRESS_CFG_INIT;
+  cfg.codec = DT_CODEC_SIGN;
+  run_one(tp, ns[nn - 1], &cfg, b);
+  cfg.sign_dense = 300;
+  run_one(tp, ns[nn - 1], &cfg, a);
+  if (!memcmp(a, b, NP * sizeof *a))
+    fail_msg("%s n=%d sign: dense small tensors gave the all-sign bits", tp, ns[nn - 1]);
+  cfg.momentum = 0.9f;
+  cfg.start_step = 2;
+  run_one(tp, ns[nn - 1], &cfg, a);
   /* powersgd with a warm rank (dist.powersgd_warm_rank): rank 4 for two
    * steps, then rank 2 from Q's first columns; the 10x20 matrix rides
    * dense at rank 4 and is compressed at rank 2. The bookkeeping holds
@@ -564,6 +578,69 @@ static void test_sign_plan_rule(void **st) {
       }
 }
 
+/* sign with small tensors dense (cfg.sign_dense = 300): values of any
+ * magnitude in the 10x20 matrix and the stretches around it (2000..2600)
+ * come through exactly as the sum of the ranks' values with a zero
+ * residual, over spans cut mid-row, fused and not, on 1-3 ranks; the
+ * 40x50 matrix (2000 values, above the threshold) goes as signs. A
+ * threshold of 200 leaves the 300 after it signed; 0 none. */
+typedef struct { dt_compress_cfg cfg; int fuse, lo, hi, ok; char why[160]; } dense_job;
+static float dense_val(size_t i, int r) { return (float)((i * 2654435761u + (size_t)r * 977) % 1000) / 7.0f - 60.0f; }
+static int dense_body(dt_comm *c, void *arg, char *fail, size_t cap) {
+  dense_job *j = arg;
+  int r = dt_comm_rank(c), n = dt_comm_size(c);
+  static const size_t cut[][2] = {{0, 2150}, {2150, 450}};
+  dt_compress *z;
+  int rc = dt_compress_create(&z, &j->cfg, NP, MATS, 2, r, n);
+  if (rc < 0) {
+    snprintf(fail, cap, "create: %s", dt_errmsg());
+    return rc;
+  }
+  if (j->fuse) (void)dt_compress_fuse(z, 2);
+  float *g = malloc(NP * sizeof *g);
+  for (size_t i = 0; i < NP; i++) g[i] = dense_val(i, r);
+  dt_compress_begin_step(z, 0, 0);
+  for (int b = 0; b < 2 && rc == DT_OK; b++) {
+    rc = dt_compress_reduce(z, c, g, cut[b][0], cut[b][1], 1.0f);
+    if (rc < 0) snprintf(fail, cap, "reduce: %s", dt_errmsg());
+  }
+  const float *res = dt_compress_residual(z);
+  /* exact where dense: [lo, hi); elsewhere signs (some value inexact) */
+  int ok = 1, inexact = 0;
+  for (size_t i = 0; i < NP && rc == DT_OK; i++) {
+    float want = 0;
+    for (int q = 0; q < n; q++) want += dense_val(i, q);
+    int exact = g[i] == want && res[i] == 0;
+    if (i >= (size_t)j->lo && i < (size_t)j->hi && !exact && ok) {
+      ok = 0;
+      if (r == 0)
+        snprintf(j->why, sizeof j->why, "value %zu: sum %g (want %g), residual %g", i,
+                 (double)g[i], (double)want, (double)res[i]);
+    }
+    if (i < (size_t)j->lo || i >= (size_t)j->hi) inexact |= !exact;
+  }
+  if (ok && !inexact && r == 0) snprintf(j->why, sizeof j->why, "the signed values came exactly");
+  if (r == 0) j->ok = ok && inexact;
+  free(g);
+  dt_compress_destroy(z);
+  return rc;
+}
+
+static void test_sign_dense_reduce(void **st) {
+  (void)st;
+  static const int thr[][3] = {{300, 2000, 2600}, {200, 2000, 2300}, {0, 0, 0}};
+  for (int t = 0; t < 3; t++)
+    for (int n = 1; n <= 3; n++)
+      for (int fuse = 0; fuse < 2; fuse++) {
+        dense_job j = {DT_COMPRESS_CFG_INIT, fuse, thr[t][1], thr[t][2], 0, ""};
+        j.cfg.codec = DT_CODEC_SIGN;
+        j.cfg.sign_dense = thr[t][0];
+        if (run_ranks("inproc", n, 60, dense_body, &j, NULL, NULL))
+          fail_msg("threshold %d n %d fuse %d: a rank failed (above)", thr[t][0], n, fuse);
+        if (!j.ok) fail_msg("threshold %d n %d fuse %d: %s", thr[t][0], n, fuse, j.why);
+      }
+}
+
 /* Huge finite gradients through every compressed reduction: the sum
  * stays finite (a sum of two ranks' |g| <= 1e19 cannot overflow), with
  * error feedback on. PowerSGD's warm-started Q carries the gradient's
@@ -625,6 +702,7 @@ int main(void) {
       cmocka_unit_test(test_int8_ring_malformed),
       cmocka_unit_test(test_huge),
       cmocka_unit_test(test_sign_plan_rule),
+      cmocka_unit_test(test_sign_dense_reduce),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
