@@ -2,7 +2,8 @@
  * fuzz_comm_compress.c — libFuzzer target for compressed gradient frames
  * (dt_cz_decode_add, src/comm/compress/codec.c) and the int8 ring's
  * frames (dt__cz_i8b_decode_add): the first byte picks the codec (0xff:
- * the int8 ring), the next two the bucket size; the rest is the frame as it would
+ * the int8 ring; 0xfe: sign over a block plan with dense blocks,
+ * dt__cz_sign_decode_add_d), the next two the bucket size; the rest is the frame as it would
  * arrive from a peer. A frame is either rejected (DT_ECORRUPT with a
  * message, the output untouched) or accepted and decoded without touching
  * memory outside the bucket (ASan); an accepted frame's header must hold
@@ -27,6 +28,38 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   float *out = calloc(n, sizeof *out);
   if (!f || !out) abort();
   memcpy(f, data, size);
+  if (data[-3] == 0xfe) {
+    /* sign over a block plan with dense blocks (DTRAIN_CZ_SIGN_DENSE):
+     * blocks of 37 values, block b dense when bit b % 8 of the size's low
+     * byte is set, two scales when its high byte is odd */
+    size_t nb = (n + 36) / 37, nd = 0;
+    int two = data[-2] & 1;
+    uint32_t *end = malloc(nb * sizeof *end);
+    uint8_t *dense = malloc(nb);
+    if (!end || !dense) abort();
+    for (size_t b = 0; b < nb; b++) {
+      end[b] = (uint32_t)(b + 1 == nb ? n : 37 * (b + 1));
+      dense[b] = (data[-1] >> (b % 8)) & 1;
+      if (dense[b]) nd += end[b] - (b ? end[b - 1] : 0);
+    }
+    int rc = dt__cz_sign_decode_add_d(f, size, n, end, nb, two, dense, out);
+    if (rc < 0) {
+      if (rc != DT_ECORRUPT || !dt_errmsg()[0]) abort();
+      for (size_t i = 0; i < n; i++)
+        if (out[i] != 0) abort();
+    } else {
+      dt_cz_hdr h;
+      memcpy(&h, f, sizeof h);
+      if (h.magic != DT_CZ_MAGIC || h.n != n || h.k != nb || h.codec != DT_CODEC_SIGN) abort();
+      if (!(h.flags & DT_CZ_FLAG_BLOCKS) || ((h.flags & DT_CZ_FLAG_DENSE) != 0) != (nd > 0)) abort();
+      if (dt__cz_sign_bytes_d(n, nb, two, nd) > size) abort();
+    }
+    free(end);
+    free(dense);
+    free(f);
+    free(out);
+    return 0;
+  }
   if (data[-3] == 0xff) {
     int fl = 0;
     int rc = dt__cz_i8b_decode_add(f, size, n - 1, out, &fl); /* n - 1: chunks may be empty */
