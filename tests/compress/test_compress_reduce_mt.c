@@ -181,6 +181,7 @@ static void test_signum_fused(void **st) {
   for (int n = 1; n <= 3; n++) {
     dt_compress_cfg cfg = DT_COMPRESS_CFG_INIT;
     cfg.codec = DT_CODEC_SIGN;
+    cfg.sign_dense = 0; /* signs throughout (the default sends this small model dense) */
     cfg.momentum = cfg.opt_momentum = 0.9f;
     cfg.start_step = 1;
     run_one_f("inproc", n, &cfg, a, 0);
@@ -193,6 +194,7 @@ static void test_signum_fused(void **st) {
   cfg.momentum = cfg.opt_momentum = 0.9f;
   assert_int_equal(dt_compress_create(&z, &cfg, NP, MATS, 2, 0, 1), DT_EINVAL);
   cfg.codec = DT_CODEC_SIGN;
+  cfg.sign_dense = 0; /* signs throughout (the default sends this small model dense) */
   cfg.momentum = 0.8f;
   assert_int_equal(dt_compress_create(&z, &cfg, NP, MATS, 2, 0, 1), DT_EINVAL);
   assert_null(z);
@@ -206,6 +208,7 @@ static void matrix(const char *tp, const int *ns, int nn) {
     for (int codec = 0; codec < DT_CODEC_COUNT; codec++) {
       dt_compress_cfg cfg = DT_COMPRESS_CFG_INIT;
       cfg.codec = codec;
+      cfg.sign_dense = 0; /* sign: signs throughout */
       cfg.ratio = 0.05;
       cfg.qsgd_levels = 15;
       cfg.rank = 2;
@@ -233,6 +236,7 @@ static void matrix(const char *tp, const int *ns, int nn) {
   /* without error feedback, and with DGC momentum correction: it runs, ranks agree */
   dt_compress_cfg cfg = DT_COMPRESS_CFG_INIT;
   cfg.codec = DT_CODEC_SIGN;
+  cfg.sign_dense = 0; /* signs throughout (the default sends this small model dense) */
   cfg.error_feedback = 0;
   run_one(tp, ns[nn - 1], &cfg, a);
   cfg.codec = DT_CODEC_TOPK;
@@ -243,6 +247,7 @@ static void matrix(const char *tp, const int *ns, int nn) {
   /* worker momentum before sign (dist-EF-SGDM): the bookkeeping holds for velocities */
   cfg = (dt_compress_cfg)DT_COMPRESS_CFG_INIT;
   cfg.codec = DT_CODEC_SIGN;
+  cfg.sign_dense = 0; /* signs throughout (the default sends this small model dense) */
   cfg.momentum = 0.9f;
   run_one(tp, ns[nn - 1], &cfg, a);
   /* the same with two dense steps first: they keep the velocity too (dense
@@ -264,6 +269,7 @@ static void matrix(const char *tp, const int *ns, int nn) {
    * and the same bits run to run */
   cfg = (dt_compress_cfg)DT_COMPRESS_CFG_INIT;
   cfg.codec = DT_CODEC_SIGN;
+  cfg.sign_dense = 0; /* signs throughout (the default sends this small model dense) */
   run_one(tp, ns[nn - 1], &cfg, b);
   cfg.sign_dense = 300;
   run_one(tp, ns[nn - 1], &cfg, a);
@@ -570,6 +576,7 @@ static void test_sign_plan_rule(void **st) {
         j.cfg.codec = DT_CODEC_SIGN;
         j.cfg.sign_blocks = rule;
         j.cfg.sign_two = two;
+        j.cfg.sign_dense = 0; /* every block signed (the default sends this small model dense) */
         if (run_ranks("inproc", 2, 60, plan_body, &j, NULL, NULL))
           fail_msg("rule %d two %d fuse %d: a rank failed (above)", rule, two, fuse);
         if (j.exact != (rule == 1))
