@@ -4,7 +4,8 @@
 # back on this machine:
 #   1. samples/s of one process (plain training, the whole batch at once)
 #      and of PyTorch Pipe (checkpoint=never)
-#      vs 2 stages, 1f1b, m = 8 (target >= 1.7x), in paired rounds;
+#      vs 2 stages, 1f1b, m = 8 (target >= 1.7x), in paired rounds, and
+#      two plain processes at once (what two cores give two processes);
 #   2. the measured bubble (mean share of a stage's step time spent waiting
 #      for its neighbours) next to (p-1)/(m+p-1), m = 2, 4, 8, 16;
 #   3. PyTorch 1.13 Pipe (2 stages on CPU, same model and m; target: dtrain
@@ -46,27 +47,24 @@ BASE=(--set train.epochs=1 --set "data.limit_train=$((256 * STEPS))" --set data.
 # cpu NAME -> every rank's CPU seconds per 1000 samples of run NAME
 cpu() { /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.3f' % (1000 * sum(w['cpu_seconds'] for w in d['per_worker']) / d['train_samples']))" "$OUT/$1/summary.json" 2>/dev/null || echo 0; }
 
-# run NAME ARGS... -> prints samples/s, bubble and peak RSS (MiB, max over ranks)
+# run NAME ARGS... -> prints samples/s, bubble and peak RSS (MiB, max over
+# the ranks' own peak_rss_bytes in summary.json). No polling of /proc while
+# it runs: a loop of pgrep and awk every 0.2 s took CPU from the 2-stage
+# runs (both cores busy) and not from the 1-process one (a core free): with
+# it the quiet speed-ups were 1.62-1.68x, without it 1.73x (2026-11-28,
+# bench/RESULTS.md).
 run() {
   local name=$1
   shift
-  "$DT" train "$CFG" "${BASE[@]}" "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1 &
-  local pid=$! hwm=0
-  while kill -0 "$pid" 2>/dev/null; do
-    for p in $pid $(pgrep -P "$pid"); do
-      local v
-      v=$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null)
-      [ -n "$v" ] && [ "$v" -gt "$hwm" ] && hwm=$v
-    done
-    sleep 0.2
-  done
-  wait "$pid" || { echo "FAILED: $name: $(tail -2 "$OUT/$name.log")" >&2; echo "0 0 0"; return; }
-  /usr/bin/python3 - "$OUT/$name/summary.json" "$hwm" <<'PY'
+  "$DT" train "$CFG" "${BASE[@]}" "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1 ||
+    { echo "FAILED: $name: $(tail -2 "$OUT/$name.log")" >&2; echo "0 0 0"; return; }
+  /usr/bin/python3 - "$OUT/$name/summary.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 per = d.get("per_worker") or []
 b = [w["comm_seconds"] / w["train_seconds"] for w in per if w.get("train_seconds")]
-print(f'{d["samples_per_second"]:.1f} {sum(b) / len(b) if b else 0:.3f} {int(sys.argv[2]) / 1024:.0f}')
+rss = max([d.get("peak_rss_bytes", 0)] + [w.get("peak_rss_bytes", 0) for w in per])
+print(f'{d["samples_per_second"]:.1f} {sum(b) / len(b) if b else 0:.3f} {rss / 1048576:.0f}')
 PY
 }
 
@@ -96,21 +94,30 @@ for i in $(seq "$REPS"); do
   t=$(tpn)
   o="0 0 0"
   [ -n "$od" ] && o=$(DTRAIN_PIPE_OFFLOAD=$((1 - od)) run "p2o$i" "${P2[@]}")
-  echo "$(run "one$i" --set dist.micro_batches=1) $(run "p2$i" "${P2[@]}") $(DTRAIN_PIPE_WPACK=0 run "p2p$i" "${P2[@]}") $(DTRAIN_PIPE_WGRAD=0 run "p2w$i" "${P2[@]}") $(DTRAIN_PIPE_WARMUP=0 run "p2u$i" "${P2[@]}") ${t:-0} $(DTRAIN_PIPE_TAIL=1 run "p2t$i" "${P2[@]}") $o"
+  # the machine's own ceiling for two processes: two plain one-process
+  # runs at once, their samples/s summed
+  run "twoa$i" --set dist.micro_batches=1 >"$OUT/twoa$i.txt" &
+  run "twob$i" --set dist.micro_batches=1 >"$OUT/twob$i.txt"
+  wait
+  two=$(cat "$OUT/twoa$i.txt" "$OUT/twob$i.txt" | awk '{s += $1} END {printf "%.1f", s}')
+  echo "$(run "one$i" --set dist.micro_batches=1) $(run "p2$i" "${P2[@]}") $(DTRAIN_PIPE_WPACK=0 run "p2p$i" "${P2[@]}") $(DTRAIN_PIPE_WGRAD=0 run "p2w$i" "${P2[@]}") $(DTRAIN_PIPE_WARMUP=0 run "p2u$i" "${P2[@]}") ${t:-0} $(DTRAIN_PIPE_TAIL=1 run "p2t$i" "${P2[@]}") $o $two"
 done > "$OUT/speed.txt"
 # columns: 1 process (sps bubble rss), 2 stages (sps bubble rss), no wpack (...), no wgrad (...),
-# no extra warm-up (...), Pipe (sps), helper thread (sps bubble rss), offload flipped (...)
+# no extra warm-up (...), Pipe (sps), helper thread (sps bubble rss), offload flipped (...),
+# two plain processes at once (summed sps)
 awk -v od="${od:-}" '
   function med(v, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
                                   return v[int((n + 1) / 2)] }
   { n++; o[n] = $1; p[n] = $4; b[n] = $5; r[n] = $6; q[n] = $7; w[n] = $10; x[n] = $4 / $1; y[n] = $4 / $7; z[n] = $4 / $10
     u[n] = $13; ub[n] = $14; v[n] = $4 / $13; tp[n] = $16; tr[n] = $16 > 0 ? $4 / $16 : 0
     hs[n] = $17; hb[n] = $18; hr[n] = $17 > 0 ? $4 / $17 : 0
-    os[n] = $20; ob[n] = $21; orr[n] = $20 > 0 ? $4 / $20 : 0 }
+    os[n] = $20; ob[n] = $21; orr[n] = $20 > 0 ? $4 / $20 : 0
+    tw[n] = $23; twr[n] = $23 / $1; twp[n] = $4 / $23 }
   END {
     printf "1 process:              %.1f samples/s (median)\n", med(o, n)
     printf "2 stages 1f1b m=8:      %.1f samples/s  bubble %.3f  peak RSS %d MiB per rank (medians)\n", med(p, n), med(b, n), med(r, n)
     printf "speed-up: %.2fx (median of %d paired rounds; ratio of the medians %.2fx; target >= 1.7x)\n", med(x, n), n, med(p, n) / med(o, n)
+    printf "two plain processes at once (the machine'"'"'s ceiling for two): %.1f samples/s, %.2fx one process; 2 stages reach %.2fx of it (medians of the rounds)\n", med(tw, n), med(twr, n), med(twp, n)
     printf "same, forward weights packed per micro-batch (DTRAIN_PIPE_WPACK=0): %.1f samples/s; packed once per step: %.2fx of it\n", med(q, n), med(y, n)
     printf "same, weight gradients per micro-batch (DTRAIN_PIPE_WGRAD=0): %.1f samples/s; deferred: %.2fx of it\n", med(w, n), med(z, n)
     printf "same, without the extra warm-up forward (DTRAIN_PIPE_WARMUP=0): %.1f samples/s, bubble %.3f; with it: %.2fx of it\n", med(u, n), med(ub, n), med(v, n)
