@@ -409,13 +409,16 @@ show() { # LABEL BASE NAME ARGS...
 }
 show "1 process (params+grads+momentum)" "$base1" m1 --set dist.micro_batches=1
 show "2 stages 1f1b m=16" "$base2" m2 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=1f1b
+# 1f1b within PipeDream's bound (at most P - s micro-batches on stage s,
+# nothing step-sized): no deferred weight-gradient stash, no extra warm-up
+DTRAIN_PIPE_WGRAD=0 DTRAIN_PIPE_WARMUP=0 show "2 stages 1f1b m=16 bounded" "$base2" m2b --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=1f1b
 show "2 stages gpipe m=16" "$base2" m3 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=gpipe
 show "2 stages gpipe m=16 recompute" "$base2" m4 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=gpipe --set train.recompute=true
 show "2 stages 1f1b m=16 recompute" "$base2" m5 --workers 2 --set dist.pipeline_stages=2 --set dist.micro_batches=16 --set dist.schedule=1f1b --set train.recompute=true
 show "ddp 2 workers" "$base2" m6 --workers 2
 show "ZeRO-1 2 workers" "$base2" m7 --workers 2 --set dist.zero=1
 echo "activation memory per stage as allocated (rank 0's start line):"
-for n in m2 m3 m4 m5; do grep -h "activation memory" "$OUT/$n.log"; done
+for n in m2 m2b m3 m4 m5; do grep -h "activation memory" "$OUT/$n.log"; done
 fi
 
 if [ "$ONLY" = wgrad ]; then
