@@ -271,11 +271,15 @@ int dt__psc_request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, i
   return DT_OK;
 }
 
-int dt_ps_client_start(dt_ps_client *c) {
+dt_ps_msg dt__psc_hello(const dt_ps_client *c) {
   uint64_t digest = 0;
   for (int i = 0; i < 8; i++) digest |= (uint64_t)c->map->sha[i] << (8 * i);
-  dt_ps_msg h = {.type = DT_PS_HELLO, .sender = c->me, .key = c->map->nkeys,
-                 .count = c->map->nparams, .aux = digest, .clock = c->R};
+  return (dt_ps_msg){.type = DT_PS_HELLO, .sender = c->me, .key = c->map->nkeys,
+                     .count = c->map->nparams, .aux = digest, .clock = c->R};
+}
+
+int dt_ps_client_start(dt_ps_client *c) {
+  dt_ps_msg h = dt__psc_hello(c);
   uint8_t out[DT_PS_HDR_BYTES], in[DT_PS_HDR_BYTES];
   dt_ps_msg_encode(&h, out);
   for (int s = 0; s < c->map->nservers; s++) {
@@ -311,14 +315,14 @@ int dt_ps_client_start(dt_ps_client *c) {
     dt_ps_msg w;
     rc = dt_ps_msg_parse(in, sizeof in, c->map, c->o.nworkers, -1, s, &w);
     if (rc < 0) return dt__preerr(rc, "ps worker %d", c->me);
-    if (w.type != DT_PS_WELCOME || w.aux != digest || w.key != c->map->nkeys ||
+    if (w.type != DT_PS_WELCOME || w.aux != h.aux || w.key != c->map->nkeys ||
         w.count != c->map->nparams || w.clock != c->R)
       return dt__seterr(DT_EMISMATCH, "ps worker %d: server %d (rank %d) holds another key-range "
                         "map (%d keys over %llu parameters, digest %016llx; this worker: %d keys "
                         "over %llu, digest %016llx; replicas %lld there, %d here)", c->me, s, peer,
                         w.key, (unsigned long long)w.count, (unsigned long long)w.aux,
                         c->map->nkeys, (unsigned long long)c->map->nparams,
-                        (unsigned long long)digest, (long long)w.clock, c->R);
+                        (unsigned long long)h.aux, (long long)w.clock, c->R);
   }
   for (int k = 0; k < c->nk; k++) {
     dt_ps_msg m = {.type = DT_PS_PULL, .sender = c->me, .key = k, .clock = 0};

@@ -92,6 +92,9 @@ static inline int dt__psc_srv_rank(const dt_ps_client *c, int s) {
 
 /* client.c: sends request m for key k (see there). */
 int dt__psc_request(dt_ps_client *c, const dt_ps_msg *m, const float *payload, int expect);
+/* client.c: this worker's HELLO (its key map's size and digest), the
+ * message a server answers with WELCOME: at start and in a probe. */
+dt_ps_msg dt__psc_hello(const dt_ps_client *c);
 
 /* client_wait.c */
 void dt__psc_local_reply(void *ud, const dt_ps_msg *m, const float *payload);

@@ -353,10 +353,7 @@ int dt__psc_wait_all(dt_ps_client *c) {
 
 int dt_ps_client_probe(dt_ps_client *c) {
   if (c->local) return DT_OK;
-  uint64_t digest = 0;
-  for (int i = 0; i < 8; i++) digest |= (uint64_t)c->map->sha[i] << (8 * i);
-  dt_ps_msg h = {.type = DT_PS_HELLO, .sender = c->me, .key = c->map->nkeys,
-                 .count = c->map->nparams, .aux = digest, .clock = c->R};
+  dt_ps_msg h = dt__psc_hello(c);
   uint8_t out[DT_PS_HDR_BYTES], in[DT_PS_HDR_BYTES];
   dt_ps_msg_encode(&h, out);
   for (int s = 0; s < c->map->nservers; s++) {
