@@ -20,76 +20,12 @@
 #include "obs/obs.h"
 #include "parallel/ddp.h"
 #include "parallel/pipe.h"
+#include "parallel/pipe_int.h"
 #include "tensor/tensor.h"
-
-#define TAG_ACT 0x100000
-#define TAG_GRAD 0x200000
-#define TAG_OX 0x300000  /* offload: stage 0's first linear layer's input rows of micro-batch j */
-#define TAG_ODY 0x400000 /* ... and its output gradient rows */
-#define TAG_ODW 0x500000 /* ... and back, the step's weight gradient of that layer */
-#define MAX_SLOTS 65536
-
-struct dt_pipe {
-  dt_pipe_cfg c;
-  dt_obs *obs;               /* the waits below as spans and histograms (docs/observability.md) */
-  dt_obs_metric *m_send, *m_recv;
-  int K, S;                  /* stage models, slots */
-  dt_model **inst;           /* K models of this stage */
-  int *inst_mb;              /* micro-batch whose activations model k holds (-1: none) */
-  size_t in_dim, out_dim;
-  float **in;                /* S input slots (stages after the first) */
-  float **aout, **gout;      /* S send slots: activations, gradients (+2) */
-  float *gin;                /* received gradients (+2) */
-  float *bufsave;            /* recompute: the stage's running statistics */
-  dt_comm_req *areq, *greq;  /* S pending sends each */
-  int *apend, *gpend;
-  const float **xin;         /* per micro-batch of the step: its input */
-  dt_ddp *ddp;               /* deterministic mode: the fixed-point sums */
-  int nshards_left;          /* deterministic mode: micro-shards still to go back */
-  dt__wstash *wst;           /* deferred weight gradients (NULL: per micro-batch) */
-  dt__wpack *wpk;            /* forward weights packed once per step (NULL: per product) */
-  int wcap, wrows, wflushed; /* stash rows, rows stashed since the last flush, flushes this step */
-  int G;                     /* gpipe recompute: micro-batches recomputed and backward at once */
-  float *xg;                 /* G > 1, stages after the first: a group's inputs, contiguous */
-  double compute_s, wait_s;
-  /* parts of compute_s and wait_s (dt_pipe_phases): forwards, weight
-   * packing, deferred weight gradients; receives, send completions */
-  double fwd_s, pack_s, wgrad_s, recv_s, send_s;
-  dt_grad_ready_fn ready;    /* the stage's gradient spans, once final each step */
-  void *ready_ud;
-  /* a helper thread on stages before the last (DTRAIN_PIPE_TAIL), for
-   * work the stage's thread need not wait for at once, run while the next
-   * stage has nothing to do: part 1 of the step's last weight-gradient
-   * flush (dt__model_wgrad_flush_part) while the stage's thread makes part
-   * 0; the step's weight packing, layer by layer, forward forms first,
-   * while the step's first forwards run (each waits for its layer's form,
-   * the first backward for the whole job) */
-  int tail_on, tail_quit;
-  pthread_t tail;
-  pthread_mutex_t tail_mu;
-  pthread_cond_t tail_cv;
-  uint64_t tail_gen, tail_done; /* jobs posted, jobs finished */
-  int tail_kind, tail_rows, tail_acc;
-  uint64_t pack_gen;            /* the packing job the first backward waits for (0: none) */
-  /* DTRAIN_PIPE_OFFLOAD (2 stages): stage 0's first linear layer's weight
-   * gradient made by the last stage, which idles while stage 0 finishes
-   * its step (dt_pipe_create says where it applies). Stage 0 (off = 1)
-   * sends each micro-batch's stashed rows of that layer after its
-   * backward and receives the step's product into its gradient in place
-   * of making it; the last stage (off = 2) receives the rows into ox /
-   * ody (irecvs posted at the step's start) and makes the product in the
-   * middle of its own flush, after its layers from ocut up. */
-  int off, olayer, oC, oOC, ocut;
-  float *ox, *ody, *odw;
-  dt_comm_req *oreq;            /* 2 per micro-batch (rows), then 1 (the product) */
-  int *opend;
-  int oleak;                    /* receives left pending by an error: buffers not freed */
-};
 
 enum { JOB_WGRAD = 1, JOB_PACK = 2 };
 
 int dt__pipe_tail_delay_us = 0;
-int dt__pipe_offload_at = -1;
 
 static void *tail_main(void *arg) {
   dt_pipe *p = arg;
@@ -155,93 +91,8 @@ void dt_pipe_destroy(dt_pipe *p) {
   free(p->areq), free(p->greq), free(p->apend), free(p->gpend), free((void *)p->xin);
   dt__wstash_destroy(p->wst);
   dt__wpack_destroy(p->wpk);
-  if (!p->oleak) {
-    /* receives still pending after an error may yet write here */
-    dt_free(p->ox), dt_free(p->ody), dt_free(p->odw);
-    free(p->oreq), free(p->opend);
-  }
+  dt__pipe_offload_free(p);
   free(p);
-}
-
-/* DTRAIN_PIPE_OFFLOAD: with 2 stages the deep MLP's best cut at layer
- * granularity gives stage 0 0.53 of the GEMM work, and the last stage
- * idles at the step's end while stage 0 makes its last backward, its
- * deferred weight gradients and its optimizer step. Moving stage 0's first
- * linear layer's weight gradient (784 x 2048 there: 1.6M of stage 0's
- * 28.4M multiply-adds per sample, which makes both stages 26.8M) onto the
- * last stage balances them below layer granularity: ~11 KB of rows per
- * sample go over, the product (6.4 MB) comes back, made by the same call
- * (dt__wgrad_product), so the same bits. Both stages decide alike from the
- * same configuration (a mismatch would leave one waiting). Only where:
- *  - 2 stages: the move balances the 2-stage cut (it was measured there);
- *    with more the last stage is not stage 0's pair, and the partition
- *    would have to know of it;
- *  - stage 0 stashes its weight gradients for one product per step
- *    (deferred weight gradients on, m > 1, not deterministic mode, which
- *    makes its own per-micro-shard fixed-point sums, not recomputation,
- *    whose stash holds groups flushed during the step);
- *  - not with DTRAIN_PIPE_TAIL (the other answer to the same imbalance:
- *    the helper thread splits the very flush this shortens);
- *  - stage 0 has a linear layer. */
-static int offload_setup(dt_pipe *p) {
-  const dt_pipe_cfg *c = &p->c;
-  if (!dt_param(DT_PARAM_PIPE_OFFLOAD) || c->nstages != 2 || c->det || c->micro < 2 ||
-      !c->wgrad || c->recompute || c->tail || !c->whole)
-    return DT_OK;
-  /* stage 0's layers: [0, l1) on stage 0, [0, l0) seen from stage 1 */
-  const int end = c->stage == 0 ? c->l1 : c->l0;
-  int f = -1;
-  for (int i = 0; i < end && f < 0; i++) {
-    const dt_layer_info *l = dt_model_layer(c->whole, i);
-    if (l->kind == DT_L_LINEAR && l->nparams) f = i;
-  }
-  if (f < 0) return DT_OK;
-  const dt_layer_info *l = dt_model_layer(c->whole, f);
-  p->olayer = f; /* stage 0's models start at layer 0: the same index */
-  p->oC = l->in_c * l->in_h * l->in_w;
-  p->oOC = l->out_c;
-  const size_t rows = (size_t)c->micro * c->max_batch;
-  if (!(p->oreq = calloc(2 * (size_t)c->micro + 1, sizeof *p->oreq)) ||
-      !(p->opend = calloc(2 * (size_t)c->micro + 1, sizeof *p->opend)))
-    goto nomem;
-  if (c->stage == 0) {
-    if (!p->wst || !dt__model_wgrad_dst(p->inst[0], f)) return DT_OK; /* cannot happen: see above */
-    p->off = 1;
-    return DT_OK;
-  }
-  if (!(p->ox = dt_alloc(rows * p->oC * sizeof(float))) ||
-      !(p->ody = dt_alloc(rows * p->oOC * sizeof(float))) ||
-      !(p->odw = dt_alloc((size_t)p->oC * p->oOC * sizeof(float))))
-    goto nomem;
-  /* the product goes after the layers (last first) that make about half of
-   * the stage's own flush: the last micro-batch's rows arrive a backward
-   * of stage 0 after this stage's flush starts, and stage 0 needs the
-   * product only after its own other products */
-  double tot = 0, acc = 0;
-  const int n = dt_model_nlayers(p->inst[0]);
-  for (int i = 0; i < n; i++) {
-    const float *x, *dy;
-    dt__wstash_rows(p->wst, i, &x, &dy);
-    const dt_layer_info *li = dt_model_layer(p->inst[0], i);
-    if (x) tot += (double)li->out_c * li->in_c * li->in_h * li->in_w;
-  }
-  p->ocut = 0;
-  for (int i = n - 1; i >= 0; i--) {
-    const float *x, *dy;
-    dt__wstash_rows(p->wst, i, &x, &dy);
-    const dt_layer_info *li = dt_model_layer(p->inst[0], i);
-    if (x) acc += (double)li->out_c * li->in_c * li->in_h * li->in_w;
-    if (acc >= tot / 2) {
-      p->ocut = i;
-      break;
-    }
-  }
-  if (dt__pipe_offload_at >= 0) p->ocut = dt__pipe_offload_at;
-  p->off = 2;
-  return DT_OK;
-nomem:
-  return dt__seterr(DT_ENOMEM, "pipeline stage %d: out of memory for the offloaded weight gradient",
-                    c->stage);
 }
 
 int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
@@ -350,7 +201,7 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
       p->tail_on = 1;
     }
   }
-  DT_CHECK_GOTO(offload_setup(p), rc, fail);
+  DT_CHECK_GOTO(dt__pipe_offload_setup(p), rc, fail);
   *out = p;
   return DT_OK;
 nomem:
@@ -402,7 +253,7 @@ void dt_pipe_phases(const dt_pipe *p, dt_pipe_phase *ph) {
 }
 
 /* A communication failure, naming both ends. */
-static int comm_err(dt_pipe *p, int rc, const char *what, int j, int peer) {
+int dt__stage_comm_err(dt_pipe *p, int rc, const char *what, int j, int peer) {
   dt_comm *c = p->c.comm;
   const char *m = dt_comm_errmsg(c);
   return dt__seterr(rc, "pipeline stage %d (rank %d): %s micro-batch %d %s stage %d (rank %d): %s",
@@ -411,7 +262,7 @@ static int comm_err(dt_pipe *p, int rc, const char *what, int j, int peer) {
                     m && *m ? m : dt_errmsg());
 }
 
-static int wait_send(dt_pipe *p, dt_comm_req *req, int *pend, int peer, int j) {
+int dt__stage_wait_send(dt_pipe *p, dt_comm_req *req, int *pend, int peer, int j) {
   if (!*pend) return DT_OK;
   *pend = 0;
   int64_t t0 = dt_now_ns();
@@ -419,17 +270,17 @@ static int wait_send(dt_pipe *p, dt_comm_req *req, int *pend, int peer, int j) {
   double w = dt_obs_lap(p->obs, p->m_send, "send", 0, t0, j);
   p->wait_s += w;
   p->send_s += w;
-  return rc < 0 ? comm_err(p, rc, "sending", j, peer) : DT_OK;
+  return rc < 0 ? dt__stage_comm_err(p, rc, "sending", j, peer) : DT_OK;
 }
 
-static int recv_msg(dt_pipe *p, int peer, int tag, void *buf, size_t bytes, int j,
-                    const char *what) {
+int dt__stage_recv_msg(dt_pipe *p, int peer, int tag, void *buf, size_t bytes, int j,
+                       const char *what) {
   int64_t t0 = dt_now_ns();
   int rc = dt_comm_recv(p->c.comm, peer, tag, buf, bytes);
   double w = dt_obs_lap(p->obs, p->m_recv, "recv", 0, t0, j);
   p->wait_s += w;
   p->recv_s += w;
-  return rc < 0 ? comm_err(p, rc, what, j, peer) : DT_OK;
+  return rc < 0 ? dt__stage_comm_err(p, rc, what, j, peer) : DT_OK;
 }
 
 /* Seconds since t0 less what went into waits for sends and into weight
@@ -443,8 +294,9 @@ static double lap(const dt_pipe *p, double t0, double send0, double wg0) {
 static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t step) {
   const int s = p->c.stage, P = p->c.nstages, slot = j % p->S, n = mb[j].n;
   if (s > 0) {
-    DT_CHECK(recv_msg(p, s - 1, TAG_ACT + j, p->in[slot], (size_t)n * p->in_dim * sizeof(float),
-                      j, "receiving activations of"));
+    DT_CHECK(dt__stage_recv_msg(p, s - 1, TAG_ACT + j, p->in[slot],
+                                (size_t)n * p->in_dim * sizeof(float), j,
+                                "receiving activations of"));
     p->xin[j] = p->in[slot];
   } else {
     p->xin[j] = mb[j].x;
@@ -456,7 +308,7 @@ static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t 
   if (p->c.det) {
     /* micro-shard by micro-shard, running statistics untouched (the
      * backward's repeat is the forward that counts) */
-    if (s < P - 1) DT_CHECK(wait_send(p, &p->areq[slot], &p->apend[slot], s + 1, j));
+    if (s < P - 1) DT_CHECK(dt__stage_wait_send(p, &p->areq[slot], &p->apend[slot], s + 1, j));
     const int u = mb[j].shard;
     for (int q0 = 0; q0 < n; q0 += u) {
       int nq = n - q0 < u ? n - q0 : u;
@@ -474,14 +326,14 @@ static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t 
     p->inst_mb[k] = j;
   }
   if (s < P - 1) {
-    DT_CHECK(wait_send(p, &p->areq[slot], &p->apend[slot], s + 1, j));
+    DT_CHECK(dt__stage_wait_send(p, &p->areq[slot], &p->apend[slot], s + 1, j));
     size_t bytes = (size_t)n * p->out_dim * sizeof(float);
     if (!p->c.det) memcpy(p->aout[slot], dt_model_logits(p->inst[k]), bytes);
     double t = lap(p, t0, sent0, wg0);
     p->compute_s += t;
     p->fwd_s += t;
     int rc = dt_comm_isend(p->c.comm, s + 1, TAG_ACT + j, p->aout[slot], bytes, &p->areq[slot]);
-    if (rc < 0) return comm_err(p, rc, "sending activations of", j, s + 1);
+    if (rc < 0) return dt__stage_comm_err(p, rc, "sending activations of", j, s + 1);
     p->apend[slot] = 1;
   } else {
     double t = lap(p, t0, sent0, wg0);
@@ -593,133 +445,6 @@ static void wflush_tail(dt_pipe *p) {
   p->wrows = 0;
 }
 
-/* Offload, stage 0: micro-batch j's stashed rows [row0, row0 + n) of the
- * offloaded layer to the last stage (its inputs, then its output
- * gradients), while the next backward or forward runs. */
-static int offload_send(dt_pipe *p, int j, int row0, int n) {
-  const float *x, *dy;
-  dt__wstash_rows(p->wst, p->olayer, &x, &dy);
-  const int peer = p->c.nstages - 1;
-  int rc = dt_comm_isend(p->c.comm, peer, TAG_OX + j, x + (size_t)row0 * p->oC,
-                         (size_t)n * p->oC * sizeof(float), &p->oreq[2 * j]);
-  if (rc < 0) return comm_err(p, rc, "sending the first layer's inputs of", j, peer);
-  p->opend[2 * j] = 1;
-  rc = dt_comm_isend(p->c.comm, peer, TAG_ODY + j, dy + (size_t)row0 * p->oOC,
-                     (size_t)n * p->oOC * sizeof(float), &p->oreq[2 * j + 1]);
-  if (rc < 0) return comm_err(p, rc, "sending the first layer's output gradients of", j, peer);
-  p->opend[2 * j + 1] = 1;
-  return DT_OK;
-}
-
-/* Offload, the last stage: receives for the step's rows, micro-batch j's
- * at the rows stage 0 stashed them in (backwards go in micro-batch order). */
-static int offload_post(dt_pipe *p, const dt_pipe_mb *mb, int m) {
-  size_t r = 0;
-  for (int j = 0; j < m; j++) {
-    const size_t n = (size_t)mb[j].n;
-    int rc = dt_comm_irecv(p->c.comm, 0, TAG_OX + j, p->ox + r * p->oC, n * p->oC * sizeof(float),
-                           &p->oreq[2 * j]);
-    if (rc >= 0) {
-      p->opend[2 * j] = 1;
-      rc = dt_comm_irecv(p->c.comm, 0, TAG_ODY + j, p->ody + r * p->oOC,
-                         n * p->oOC * sizeof(float), &p->oreq[2 * j + 1]);
-    }
-    if (rc < 0) {
-      p->oleak = 1;
-      return comm_err(p, rc, "posting receives of stage 0's first-layer rows of", j, 0);
-    }
-    p->opend[2 * j + 1] = 1;
-    r += n;
-  }
-  return DT_OK;
-}
-
-/* Offload: the pending row messages moved on (tested), without waiting.
- * A message that did not fit in the transport's ring when it was sent
- * goes on only when its sender drives the transport, and a received one
- * leaves the ring only when its receiver does: both stages are in their
- * weight-gradient products at the step's end (the last micro-batches'
- * rows, about 1 MiB, waited there for stage 0's next call otherwise,
- * 50 ms later), so both call this between their layers' products. */
-static void offload_progress(dt_pipe *p) {
-  for (int i = 0; p->off && i < 2 * p->c.micro; i++) {
-    if (!p->opend[i]) continue;
-    bool done = false;
-    if (dt_comm_test(p->c.comm, &p->oreq[i], &done) < 0) return; /* the wait reports it */
-    if (done) p->opend[i] = 0;
-  }
-}
-
-/* Offload, the last stage: waits for the step's rows, makes the product
- * and sends it to stage 0. */
-static int offload_product(dt_pipe *p, int m, int rows) {
-  int64_t t0 = dt_now_ns();
-  int rc = DT_OK;
-  for (int i = 0; i < 2 * m && rc >= 0; i++)
-    if (p->opend[i]) rc = dt_comm_waitall(p->c.comm, &p->oreq[i], 1);
-  double w = dt_obs_lap(p->obs, p->m_recv, "recv", 0, t0, -1);
-  p->wait_s += w;
-  p->recv_s += w;
-  for (int i = 0; i < 2 * m; i++) p->opend[i] = 0;
-  if (rc < 0) return comm_err(p, rc, "receiving stage 0's first-layer rows of", m - 1, 0);
-  double t1 = dt_now();
-  dt__wgrad_product(p->inst[0], p->oOC, p->oC, rows, p->ody, p->ox, p->odw);
-  double t = dt_now() - t1;
-  p->compute_s += t;
-  p->wgrad_s += t;
-  const int q = 2 * p->c.micro;
-  rc = dt_comm_isend(p->c.comm, 0, TAG_ODW, p->odw, (size_t)p->oC * p->oOC * sizeof(float),
-                     &p->oreq[q]);
-  if (rc < 0) return comm_err(p, rc, "sending stage 0's first-layer weight gradient after", m - 1, 0);
-  p->opend[q] = 1;
-  return DT_OK;
-}
-
-/* The step's weight gradients not yet made (all of them, in one product
- * per layer over the step's rows), last layer first, each reported to
- * p->ready (if set) right after: dt__model_wgrad_flush_ready's order and
- * products, with the offload's part: stage 0 receives its first linear
- * layer's product from the last stage instead of making it, the last
- * stage makes that product after its layers from ocut up. With reports
- * (hybrid replicas) a report may start a reduction on ddp's thread over
- * the same transport, which one thread at a time may drive: the offload's
- * messages come first then (the last stage makes the product before its
- * own; stage 0 reports its layers once the product is in). */
-static int offload_flush(dt_pipe *p, int m) {
-  dt_model *md = p->inst[0];
-  const int rows = p->wrows, n = dt_model_nlayers(md);
-  const int cut = p->ready ? n : p->ocut, defer = p->ready && p->off == 1;
-  int made = p->off != 2;
-  for (int i = n - 1; i >= 0; i--) {
-    offload_progress(p);
-    if (!made && i < cut) {
-      DT_CHECK(offload_product(p, m, rows));
-      made = 1;
-    }
-    const dt_layer_info *l = dt_model_layer(md, i);
-    if (p->off == 1 && i == p->olayer) {
-      DT_CHECK(recv_msg(p, p->c.nstages - 1, TAG_ODW, dt__model_wgrad_dst(md, i),
-                        (size_t)p->oC * p->oOC * sizeof(float), m - 1,
-                        "receiving the first layer's weight gradient after"));
-    } else {
-      double t0 = dt_now();
-      dt__model_wgrad_layer(md, p->wst, i, rows, p->wflushed > 0);
-      double t = dt_now() - t0;
-      p->compute_s += t;
-      p->wgrad_s += t;
-    }
-    if (p->ready && !defer && l->nparams) p->ready(p->ready_ud, l->param_off, l->nparams);
-  }
-  if (!made) DT_CHECK(offload_product(p, m, rows));
-  for (int i = n - 1; defer && i >= 0; i--) {
-    const dt_layer_info *l = dt_model_layer(md, i);
-    if (l->nparams) p->ready(p->ready_ud, l->param_off, l->nparams);
-  }
-  p->wflushed++;
-  p->wrows = 0;
-  return DT_OK;
-}
-
 /* Backward of micro-batch j; first: the step's first backward (overwrites). */
 static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global, uint64_t seed,
                uint64_t step, float *loss, int *correct) {
@@ -727,12 +452,13 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
   int k = p->K == 1 ? 0 : j % p->K;
   dt_model *m = p->inst[k];
   if (s < P - 1 && (p->c.det || p->inst_mb[k] == j))
-    DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin, ((size_t)n * p->out_dim + 2) * sizeof(float),
-                      j, "receiving gradients of"));
+    DT_CHECK(dt__stage_recv_msg(p, s + 1, TAG_GRAD + j, p->gin,
+                                ((size_t)n * p->out_dim + 2) * sizeof(float), j,
+                                "receiving gradients of"));
   pack_wait(p);
   double t0 = dt_now(), sent0 = p->send_s, wg0 = p->wgrad_s;
   if (p->c.det) {
-    DT_CHECK(wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
+    DT_CHECK(dt__stage_wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
     DT_CHECK(det_backward(p, mb, j, seed, step, loss, correct));
     if (s > 0) {
       size_t nd = (size_t)n * p->in_dim;
@@ -741,7 +467,7 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
       p->compute_s += lap(p, t0, sent0, wg0);
       int rc = dt_comm_isend(p->c.comm, s - 1, TAG_GRAD + j, p->gout[slot],
                              (nd + 2) * sizeof(float), &p->greq[slot]);
-      if (rc < 0) return comm_err(p, rc, "sending gradients of", j, s - 1);
+      if (rc < 0) return dt__stage_comm_err(p, rc, "sending gradients of", j, s - 1);
       p->gpend[slot] = 1;
     } else {
       p->compute_s += lap(p, t0, sent0, wg0);
@@ -761,8 +487,9 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
      * were on their way */
     if (s < P - 1) {
       p->compute_s += lap(p, t0, sent0, wg0);
-      DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin,
-                        ((size_t)n * p->out_dim + 2) * sizeof(float), j, "receiving gradients of"));
+      DT_CHECK(dt__stage_recv_msg(p, s + 1, TAG_GRAD + j, p->gin,
+                                  ((size_t)n * p->out_dim + 2) * sizeof(float), j,
+                                  "receiving gradients of"));
       t0 = dt_now(), sent0 = p->send_s, wg0 = p->wgrad_s;
     }
   }
@@ -783,7 +510,7 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
     correct[j] = (int)p->gin[(size_t)n * p->out_dim + 1];
   }
   if (s > 0) {
-    DT_CHECK(wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
+    DT_CHECK(dt__stage_wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
     size_t nd = (size_t)n * p->in_dim;
     float *g = p->gout[slot];
     memcpy(g, dx, nd * sizeof(float));
@@ -792,12 +519,12 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
     p->compute_s += lap(p, t0, sent0, wg0);
     int rc = dt_comm_isend(p->c.comm, s - 1, TAG_GRAD + j, g, (nd + 2) * sizeof(float),
                            &p->greq[slot]);
-    if (rc < 0) return comm_err(p, rc, "sending gradients of", j, s - 1);
+    if (rc < 0) return dt__stage_comm_err(p, rc, "sending gradients of", j, s - 1);
     p->gpend[slot] = 1;
   } else {
     p->compute_s += lap(p, t0, sent0, wg0);
   }
-  if (p->off == 1) DT_CHECK(offload_send(p, j, row0, n));
+  if (p->off == 1) DT_CHECK(dt__pipe_offload_send(p, j, row0, n));
   p->inst_mb[k] = -1;
   /* a full group (recompute's bounded stash; without recompute the whole
    * step's rows, after the last backward): its weight gradients now, while
@@ -845,8 +572,8 @@ static int bwd_group(dt_pipe *p, const dt_pipe_mb *mb, int j0, int g, int first,
     size_t off = 0;
     for (int j = j0; j < j0 + g; j++) {
       size_t nd = (size_t)mb[j].n * p->out_dim;
-      DT_CHECK(recv_msg(p, s + 1, TAG_GRAD + j, p->gin + off, (nd + 2) * sizeof(float), j,
-                        "receiving gradients of"));
+      DT_CHECK(dt__stage_recv_msg(p, s + 1, TAG_GRAD + j, p->gin + off, (nd + 2) * sizeof(float),
+                                  j, "receiving gradients of"));
       loss[j] = p->gin[off + nd];
       correct[j] = (int)p->gin[off + nd + 1];
       off += nd;
@@ -869,7 +596,7 @@ static int bwd_group(dt_pipe *p, const dt_pipe_mb *mb, int j0, int g, int first,
   if (s > 0) {
     for (int j = j0; j < j0 + g; j++) {
       const int slot = j % p->S;
-      DT_CHECK(wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
+      DT_CHECK(dt__stage_wait_send(p, &p->greq[slot], &p->gpend[slot], s - 1, j));
       size_t nd = (size_t)mb[j].n * p->in_dim;
       float *gb = p->gout[slot];
       memcpy(gb, dx, nd * sizeof(float));
@@ -878,7 +605,7 @@ static int bwd_group(dt_pipe *p, const dt_pipe_mb *mb, int j0, int g, int first,
       gb[nd + 1] = (float)correct[j];
       int rc = dt_comm_isend(p->c.comm, s - 1, TAG_GRAD + j, gb, (nd + 2) * sizeof(float),
                              &p->greq[slot]);
-      if (rc < 0) return comm_err(p, rc, "sending gradients of", j, s - 1);
+      if (rc < 0) return dt__stage_comm_err(p, rc, "sending gradients of", j, s - 1);
       p->gpend[slot] = 1;
     }
   }
@@ -888,25 +615,11 @@ static int bwd_group(dt_pipe *p, const dt_pipe_mb *mb, int j0, int g, int first,
 /* Every send of the step delivered (or the first error). */
 static int drain(dt_pipe *p, int rc) {
   for (int i = 0; i < p->S; i++) {
-    int r1 = wait_send(p, &p->areq[i], &p->apend[i], p->c.stage + 1, -1);
-    int r2 = wait_send(p, &p->greq[i], &p->gpend[i], p->c.stage - 1, -1);
+    int r1 = dt__stage_wait_send(p, &p->areq[i], &p->apend[i], p->c.stage + 1, -1);
+    int r2 = dt__stage_wait_send(p, &p->greq[i], &p->gpend[i], p->c.stage - 1, -1);
     if (rc == DT_OK) rc = r1 < 0 ? r1 : r2;
   }
-  if (p->off == 1) {
-    /* the offloaded rows (delivered: the product came back after them) */
-    for (int i = 0; i < 2 * p->c.micro; i++) {
-      int r = wait_send(p, &p->oreq[i], &p->opend[i], p->c.nstages - 1, i / 2);
-      if (rc == DT_OK) rc = r;
-    }
-  } else if (p->off == 2) {
-    int r = wait_send(p, &p->oreq[2 * p->c.micro], &p->opend[2 * p->c.micro], 0, -1);
-    if (rc == DT_OK) rc = r;
-    /* receives of rows still pending after an error: their buffers stay
-     * (never freed) rather than be written after free */
-    for (int i = 0; i < 2 * p->c.micro; i++)
-      if (p->opend[i]) p->oleak = 1;
-  }
-  return rc;
+  return p->off ? dt__pipe_offload_drain(p, rc) : rc;
 }
 
 int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t seed,
@@ -948,7 +661,7 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
     p->pack_s += t;
   }
   p->wrows = p->wflushed = 0;
-  if (p->off == 2) rc = offload_post(p, mb, m);
+  if (p->off == 2) rc = dt__pipe_offload_post(p, mb, m);
   if (rc != DT_OK) return p->c.comm ? drain(p, rc) : rc;
   if (p->c.schedule == DT_PIPE_GPIPE) {
     for (int j = 0; j < m && rc == DT_OK; j++) rc = fwd(p, mb, j, seed, step);
@@ -976,7 +689,7 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
      * deferred weight gradients, or with none left, only the reports) */
     if (p->c.comm) rc = drain(p, rc);
     if (rc == DT_OK && p->off) {
-      rc = offload_flush(p, m);
+      rc = dt__pipe_offload_flush(p, m);
     } else if (rc == DT_OK) {
       int rows = p->wst ? p->wrows : 0;
       double t0 = dt_now();
@@ -992,7 +705,7 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
   /* the stage's weight gradients over the micro-batches not yet flushed
    * (without recompute: every one, in one product per layer, after the
    * last backward's gradients went to the previous stage) */
-  if (rc == DT_OK && p->off) rc = offload_flush(p, m);
+  if (rc == DT_OK && p->off) rc = dt__pipe_offload_flush(p, m);
   else if (rc == DT_OK && p->wst && p->wrows) wflush_tail(p);
   return p->c.comm ? drain(p, rc) : rc;
 }
