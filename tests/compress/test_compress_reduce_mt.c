@@ -515,6 +515,26 @@ static void test_bad_cfg(void **st) {
   assert_null(z);
 }
 
+/* One step of g (NP values in MATS's layout) through a compressor made
+ * from cfg on this rank, in the two spans cut[] (one collective when
+ * fuse); *zp: the compressor (NULL if it could not be made), for the
+ * caller to read and destroy; fail: what failed. */
+static int reduce_two(dt_comm *c, const dt_compress_cfg *cfg, int fuse, const size_t cut[][2],
+                      float *g, dt_compress **zp, char *fail, size_t cap) {
+  int rc = dt_compress_create(zp, cfg, NP, MATS, 2, dt_comm_rank(c), dt_comm_size(c));
+  if (rc < 0) { /* *zp is NULL then */
+    snprintf(fail, cap, "create: %s", dt_errmsg());
+    return rc;
+  }
+  if (fuse) (void)dt_compress_fuse(*zp, 2);
+  dt_compress_begin_step(*zp, 0, 0);
+  for (int b = 0; b < 2 && rc == DT_OK; b++) {
+    rc = dt_compress_reduce(*zp, c, g, cut[b][0], cut[b][1], 1.0f);
+    if (rc < 0) snprintf(fail, cap, "reduce: %s", dt_errmsg());
+  }
+  return rc;
+}
+
 /* sign's block plan (cfg.sign_blocks): a gradient whose magnitude is
  * constant inside each block the rule makes — each row of MATS' matrices
  * (rows of 50 and 20), the 100 values between them, and the 300 after the
@@ -535,19 +555,13 @@ static int plan_body(dt_comm *c, void *arg, char *fail, size_t cap) {
   plan_job *j = arg;
   int r = dt_comm_rank(c), n = dt_comm_size(c);
   static const size_t cut[][2] = {{0, 1025}, {1025, 1575}};
-  dt_compress *z;
-  int rc = dt_compress_create(&z, &j->cfg, NP, MATS, 2, r, n);
-  if (rc < 0) {
-    snprintf(fail, cap, "create: %s", dt_errmsg());
-    return rc;
-  }
-  if (j->fuse) (void)dt_compress_fuse(z, 2);
   float *g = malloc(NP * sizeof *g);
   for (size_t i = 0; i < NP; i++) g[i] = (i * 7 % 5 < 2 ? -1.0f : 1.0f) * plan_mag(i);
-  dt_compress_begin_step(z, 0, 0);
-  for (int b = 0; b < 2 && rc == DT_OK; b++) {
-    rc = dt_compress_reduce(z, c, g, cut[b][0], cut[b][1], 1.0f);
-    if (rc < 0) snprintf(fail, cap, "reduce: %s", dt_errmsg());
+  dt_compress *z;
+  int rc = reduce_two(c, &j->cfg, j->fuse, cut, g, &z, fail, cap);
+  if (!z) {
+    free(g);
+    return rc;
   }
   const float *res = dt_compress_residual(z);
   int exact = 1; /* every rank checks; rank 0 reports (no shared writes) */
@@ -597,19 +611,13 @@ static int dense_body(dt_comm *c, void *arg, char *fail, size_t cap) {
   dense_job *j = arg;
   int r = dt_comm_rank(c), n = dt_comm_size(c);
   static const size_t cut[][2] = {{0, 2150}, {2150, 450}};
-  dt_compress *z;
-  int rc = dt_compress_create(&z, &j->cfg, NP, MATS, 2, r, n);
-  if (rc < 0) {
-    snprintf(fail, cap, "create: %s", dt_errmsg());
-    return rc;
-  }
-  if (j->fuse) (void)dt_compress_fuse(z, 2);
   float *g = malloc(NP * sizeof *g);
   for (size_t i = 0; i < NP; i++) g[i] = dense_val(i, r);
-  dt_compress_begin_step(z, 0, 0);
-  for (int b = 0; b < 2 && rc == DT_OK; b++) {
-    rc = dt_compress_reduce(z, c, g, cut[b][0], cut[b][1], 1.0f);
-    if (rc < 0) snprintf(fail, cap, "reduce: %s", dt_errmsg());
+  dt_compress *z;
+  int rc = reduce_two(c, &j->cfg, j->fuse, cut, g, &z, fail, cap);
+  if (!z) {
+    free(g);
+    return rc;
   }
   const float *res = dt_compress_residual(z);
   /* exact where dense: [lo, hi); elsewhere signs (some value inexact) */

@@ -15,6 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A rejected frame: DT_ECORRUPT with a message, the output untouched. */
+static void check_rejected(int rc, const float *out, size_t n) {
+  if (rc != DT_ECORRUPT || !dt_errmsg()[0]) abort();
+  for (size_t i = 0; i < n; i++)
+    if (out[i] != 0) abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 3) return 0;
   static const int codecs[] = {DT_CODEC_FP16, DT_CODEC_BF16, DT_CODEC_INT8,
@@ -44,9 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     int rc = dt__cz_sign_decode_add_d(f, size, n, end, nb, two, dense, out);
     if (rc < 0) {
-      if (rc != DT_ECORRUPT || !dt_errmsg()[0]) abort();
-      for (size_t i = 0; i < n; i++)
-        if (out[i] != 0) abort();
+      check_rejected(rc, out, n);
     } else {
       dt_cz_hdr h;
       memcpy(&h, f, sizeof h);
@@ -64,9 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int fl = 0;
     int rc = dt__cz_i8b_decode_add(f, size, n - 1, out, &fl); /* n - 1: chunks may be empty */
     if (rc < 0) {
-      if (rc != DT_ECORRUPT || !dt_errmsg()[0]) abort();
-      for (size_t i = 0; i < n; i++)
-        if (out[i] != 0) abort();
+      check_rejected(rc, out, n);
     } else {
       dt_cz_hdr h;
       memcpy(&h, f, sizeof h);
@@ -79,9 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   int rc = dt_cz_decode_add(codec, f, size, n, out);
   if (rc < 0) {
-    if (rc != DT_ECORRUPT || !dt_errmsg()[0]) abort();
-    for (size_t i = 0; i < n; i++)
-      if (out[i] != 0) abort(); /* untouched on rejection */
+    check_rejected(rc, out, n);
   } else {
     dt_cz_hdr h;
     memcpy(&h, f, sizeof h);
