@@ -451,9 +451,9 @@ static void test_die(dt_ps_server *s, skey *k, int w, int64_t c, uint32_t flags)
 
 static int reply(dt_ps_server *s, skey *k, int w) {
   const uint32_t rflags = k->wflags[w];
-  int rc_ = reply_send(s, k, w);
-  if (rc_ == DT_OK) test_die(s, k, w, k->version, rflags);
-  return rc_;
+  int rc = reply_send(s, k, w);
+  if (rc == DT_OK) test_die(s, k, w, k->version, rflags);
+  return rc;
 }
 
 size_t dt_ps_key_state_floats(const dt_ps_opts *o, const dt_ps_key *K) {

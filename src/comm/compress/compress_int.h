@@ -59,6 +59,7 @@ struct dt_compress {
   int splan, stwo;
   uint32_t *plan;        /* one span's block ends */
   size_t plan_cap;
+  size_t plan_off, plan_n, plan_nb; /* the span z->plan is for (plan_nb 0: none) */
   /* DTRAIN_CZ_SIGN_DENSE: sdense[j] != 0 sends segment j dense (NULL:
    * none is); pdense the span's blocks' flags, pnd their values */
   uint8_t *sdense, *pdense;

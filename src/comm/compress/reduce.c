@@ -126,6 +126,10 @@ static int sign_segments(dt_compress *z, const dt_cz_matrix *mats, int nmats) {
  * clipped to the span and, with a cut, split into near-equal pieces.
  * Returns the block count; 0 when out of memory (error set). */
 static size_t sign_plan(dt_compress *z, size_t off, size_t n) {
+  /* the last span's plan again (its frame's size, its encode and every
+   * peer's decode ask for the same span in turn) */
+  if (z->plan_nb && z->plan_off == off && z->plan_n == n) return z->plan_nb;
+  z->plan_nb = 0;
   if (z->plan_cap < n) {
     uint32_t *p = realloc(z->plan, n * sizeof *p);
     uint8_t *d = z->sdense ? realloc(z->pdense, n) : NULL;
@@ -159,6 +163,7 @@ static size_t sign_plan(dt_compress *z, size_t off, size_t n) {
     if (dense) z->pnd += len;
     pos = e;
   }
+  z->plan_off = off, z->plan_n = n, z->plan_nb = nb;
   return nb;
 }
 
@@ -376,11 +381,12 @@ static int reduce_framed(dt_compress *z, dt_comm *c, float *g, float *w, size_t 
   memset(mine, 0, fb); /* padding too: every byte on the wire is defined */
   dt_cz_rng rng = {z->cfg.seed, (uint64_t)z->step, ((uint64_t)z->rank << 32) | (uint32_t)off};
   float *resid = z->resid ? z->resid + off : NULL;
-  if (codec == DT_CODEC_SIGN && z->splan) /* z->plan: span_frame_bytes made it */
-    DT_CHECK(dt__cz_sign_encode_d(w, n, z->plan, sign_plan(z, off, n), z->stwo, z->pdense, mine,
-                                  resid, 0));
-  else
+  if (codec == DT_CODEC_SIGN && z->splan) {
+    size_t nb = sign_plan(z, off, n); /* the plan span_frame_bytes made (before z->plan is read) */
+    DT_CHECK(dt__cz_sign_encode_d(w, n, z->plan, nb, z->stwo, z->pdense, mine, resid, 0));
+  } else {
     DT_CHECK(dt_cz_encode(codec, w, n, k, z->cfg.qsgd_levels, rng, mine, resid));
+  }
   if (z->note_out) mine[offsetof(dt_cz_hdr, flags)] |= DT_CZ_FLAG_NOTE;
   if (z->mom && z->resid && codec == DT_CODEC_TOPK) {
     /* DGC momentum factor masking: what was sent leaves the velocity too */
