@@ -50,9 +50,9 @@ cpu() { /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); pr
 # run NAME ARGS... -> prints samples/s, bubble and peak RSS (MiB, max over
 # the ranks' own peak_rss_bytes in summary.json). No polling of /proc while
 # it runs: a loop of pgrep and awk every 0.2 s took CPU from the 2-stage
-# runs (both cores busy) and not from the 1-process one (a core free): with
-# it the quiet speed-ups were 1.62-1.68x, without it 1.73x (2026-11-28,
-# bench/RESULTS.md).
+# runs (both cores busy), not from the 1-process one (a core free): 2
+# stages ran 1.031x as fast without it (median of 5 alternating pairs, 5 of
+# 5 faster, 2026-11-28, bench/RESULTS.md).
 run() {
   local name=$1
   shift
