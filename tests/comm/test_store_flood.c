@@ -10,13 +10,13 @@
  * and the real client failed with "auth: no answer from server"). The
  * server's cap on unauthenticated connections is lowered to 16, so both
  * the cap and EMFILE shed strangers; every closed one is logged with its
- * address. 128, not 64: with 64 the descriptors could run out before 16
- * strangers were pending, so no stranger met the cap (1 run in 12 under
- * ASan); with 128 the cap closed 36-122 per run in 10 and EMFILE still
- * closed 778-864; but on 2026-11-28 (CI dry run, release) 128 too gave a
- * run with none over the cap (7-102 in 8 runs after it): 256 leaves the
- * cap room, and EMFILE still closes most of the 1,000. Every child is
- * reaped, or
+ * address. The descriptor limit went 64 -> 128 -> 256 while the cap was
+ * checked only when a connection arrived: whether it fired then depended
+ * on arrivals after the first strangers had waited a second (1 run in 12
+ * with none under ASan at 64; one CI dry run at 128). The server now
+ * trims strangers to the cap on every pass of its loop, so the ~250 it
+ * accepts before EMFILE are cut back to 16 a second later (290-440 over
+ * the cap in 5 runs, 550-690 out of descriptors). Every child is reaped, or
  * killed by pid after its deadline; the log file is removed.
  */
 #define _GNU_SOURCE
