@@ -61,7 +61,7 @@ void dt_log_set_json(int on);
  * names (tests/core/test_param_docs.sh keeps them in step). */
 #define DT_PARAM_TABLE(X)                                                                                   \
   X(ALGO, STR, 0, NULL, 0, 0, "force one collective algorithm: auto ring rhd tree hier direct (default: chosen by size and topology)") \
-  X(AUTH_PENDING_MAX, INT, 256, NULL, 1, 1 << 20, "connections a store or tcp listener keeps waiting to authenticate; beyond it the oldest that has had a second is closed (the store checks on every pass of its loop, the tcp listener when another arrives)") \
+  X(AUTH_PENDING_MAX, INT, 256, NULL, 1, 1 << 20, "connections a store or tcp listener keeps waiting to authenticate; beyond it the oldest that have had a second are closed, checked on every pass of the listener's loop") \
   X(AUTH_TIMEOUT_MS, INT, 5000, NULL, 1, 3600000, "a connection that has not authenticated within this is closed, ms (store and tcp listeners)") \
   X(BIND_ADDR, STR, 0, NULL, 0, 0, "IPv4 address this node's workers listen on in a multi-node job (default: this machine's address towards the rendezvous)") \
   X(CHUNK_BYTES, INT, 2 << 20, NULL, 0, INT64_MAX, "chunk size of pipelined ring algorithms, bytes (at least 4096 is used)") \

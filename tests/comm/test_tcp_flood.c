@@ -8,11 +8,16 @@
  * the barrier through the rest of the flood). The job must complete, and
  * rank 0 must not spin: its CPU time stays small (EMFILE used to leave the
  * level-triggered listener readable, so every epoll_wait returned at once).
- * Every child is reaped, or killed by pid after its deadline; the store
+ * Rank 0's cap on connections in their handshake is lowered to 16, below
+ * what the descriptors hold, so strangers that have had a second are also
+ * closed for the cap (its log, in a temporary file, must say so at least
+ * once: the cap is checked on every pass of the transport's loop, not only
+ * when a connection arrives). Every child is reaped, or killed by pid after its deadline; the store
  * directory is removed.
  */
 #define _GNU_SOURCE
 #include "comm/comm.h"
+#include "core/core.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -60,10 +65,12 @@ static int reap(pid_t pid, double secs) {
   }
 }
 
-static void rank_main(const char *dir, int r) {
+static void rank_main(const char *dir, int r, const char *log) {
   if (r == 0) {
-    int lf = open("/dev/null", O_WRONLY | O_CLOEXEC); /* a thousand log lines */
+    int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* a thousand log lines */
     if (lf >= 0) dup2(lf, 2), close(lf);
+    setenv("DTRAIN_AUTH_PENDING_MAX", "16", 1);
+    dt__param_reload();
     struct rlimit rl;
     getrlimit(RLIMIT_NOFILE, &rl);
     rl.rlim_cur = 64;
@@ -116,12 +123,16 @@ static void idle_flood(void **state) {
   memset(B, 0, sizeof *B);
   char dir[] = "/tmp/dt_tcp_flood_XXXXXX";
   assert_non_null(mkdtemp(dir));
+  char log[] = "/tmp/dt_tcp_flood_log_XXXXXX";
+  int lfd = mkstemp(log);
+  assert_true(lfd >= 0);
+  close(lfd);
   int fp[2];
   assert_int_equal(pipe2(fp, O_CLOEXEC), 0);
   double t0 = dt_now();
   pid_t r0 = fork();
   assert_true(r0 >= 0);
-  if (r0 == 0) rank_main(dir, 0);
+  if (r0 == 0) rank_main(dir, 0, log);
   /* Rank 0's listening port, from the address record it publishes. */
   dt_store *st = NULL;
   assert_int_equal(dt_store_open_file(&st, dir), DT_OK);
@@ -144,7 +155,7 @@ static void idle_flood(void **state) {
     usleep(300000);
     r1 = fork();
     assert_true(r1 >= 0);
-    if (r1 == 0) rank_main(dir, 1);
+    if (r1 == 0) rank_main(dir, 1, log);
   }
   int s1 = r1 > 0 ? reap(r1, 90) : -1;
   int s0 = reap(r0, 30);
@@ -156,16 +167,25 @@ static void idle_flood(void **state) {
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd)) { /* best effort */ }
+  FILE *f = fopen(log, "r");
+  int capped = 0;
+  char line[512];
+  while (f && fgets(line, sizeof line, f))
+    capped += strstr(line, "more than 16 connections in their handshake") != NULL;
+  if (f) fclose(f);
+  unlink(log);
 
-  printf("tcp flood: %d idle connections against rank 0; rank 0 %s, rank 1 %s; rank 0 CPU %.3f s over %.1f s\n",
+  printf("tcp flood: %d idle connections against rank 0; rank 0 %s, rank 1 %s; rank 0 CPU %.3f s over %.1f s; "
+         "%d closed for the cap of 16\n",
          atomic_load(&B->flood_done), B->rc[0] ? dt_strerror(B->rc[0]) : "ok",
-         B->rc[1] ? dt_strerror(B->rc[1]) : "ok", B->cpu0, wall);
+         B->rc[1] ? dt_strerror(B->rc[1]) : "ok", B->cpu0, wall, capped);
   if (port <= 0) fail_msg("rank 0 did not publish a tcp address: %s", dt_strerror(rc));
   if (s0 != 0 || s1 != 0) fail_msg("a rank did not exit cleanly (status %d / %d)", s0, s1);
   for (int r = 0; r < 2; r++)
     if (B->rc[r]) fail_msg("rank %d: %s: %s", r, dt_strerror(B->rc[r]), B->msg[r]);
   assert_int_equal(atomic_load(&B->flood_done), NIDLE);
   if (B->cpu0 > 1.0 || B->cpu0 > 0.25 * wall) fail_msg("rank 0 used %.2f s of CPU in %.1f s: it spins", B->cpu0, wall);
+  if (capped < 1) fail_msg("no connection was closed for the cap of 16 (DTRAIN_AUTH_PENDING_MAX)");
 }
 
 int main(void) {

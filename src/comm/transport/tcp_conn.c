@@ -335,15 +335,12 @@ void dt__tcp_pend_event(struct dt_tp_ctx *x, struct pend *p) {
 }
 
 /* The oldest accepted connection still in its handshake (NULL if none). */
-static struct pend *oldest_stranger(struct dt_tp_ctx *x, int *count) {
+static struct pend *oldest_stranger(struct dt_tp_ctx *x) {
   struct pend *o = NULL;
-  int n = 0;
   for (struct pend *p = x->pend; p; p = p->next) {
     if (p->st < P_ACC_WAIT_HELLO) continue;
-    n++;
     if (!o || p->since < o->since) o = p;
   }
-  if (count) *count = n;
   return o;
 }
 
@@ -351,7 +348,7 @@ static struct pend *oldest_stranger(struct dt_tp_ctx *x, int *count) {
  * (a real peer answers within a round trip). */
 static int evict_idle(void *arg) {
   struct dt_tp_ctx *x = arg;
-  struct pend *o = oldest_stranger(x, NULL);
+  struct pend *o = oldest_stranger(x);
   double idle = o ? dt_now() - o->since : 0;
   if (!o || idle < 1.0) return 0;
   char why[96];
@@ -387,17 +384,6 @@ void dt__tcp_accept_all(struct dt_tp_ctx *x) {
     epoll_ctl(x->efd, EPOLL_CTL_ADD, fd, &ev);
     p->next = x->pend;
     x->pend = p;
-    int strangers;
-    struct pend *o = oldest_stranger(x, &strangers);
-    /* Over the cap (never below the world size: every peer may be in its
-     * handshake at once), the oldest goes once it has had a second. */
-    int floor = x->size * x->nconn; /* every lane of every peer may be in its handshake at once */
-    if (strangers > (x->pending_max > floor ? x->pending_max : floor) && dt_now() - o->since >= 1.0) {
-      char why[96];
-      snprintf(why, sizeof why, "more than %d connections in their handshake (DTRAIN_AUTH_PENDING_MAX); oldest first",
-               x->pending_max);
-      pend_reject(x, o, why);
-    }
   }
 }
 
@@ -419,6 +405,23 @@ void dt__tcp_pend_expire(struct dt_tp_ctx *x) {
       snprintf(why, sizeof why, "handshake not finished within %.1f s (DTRAIN_AUTH_TIMEOUT_MS)", x->auth_timeout);
       pend_reject(x, p, why);
     }
+  }
+  /* The cap (never below the world size x lanes: every lane of every peer
+   * may be in its handshake at once) as a standing bound, checked on every
+   * pass like the deadlines, not only when a connection arrives: beyond
+   * it, the oldest that have had a second go. Accepted connections are
+   * put at the list's head, so it runs newest first and the strangers
+   * past the first `cap` of it are the oldest ones. */
+  const int floor = x->size * x->nconn;
+  const int cap = x->pending_max > floor ? x->pending_max : floor;
+  int i = 0;
+  for (struct pend *p = x->pend, *nx; p; p = nx) {
+    nx = p->next;
+    if (p->st < P_ACC_WAIT_HELLO || i++ < cap || now - p->since < 1.0) continue;
+    char why[96];
+    snprintf(why, sizeof why, "more than %d connections in their handshake (DTRAIN_AUTH_PENDING_MAX); oldest first",
+             x->pending_max);
+    pend_reject(x, p, why);
   }
 }
 
