@@ -8,10 +8,11 @@
  * WAIT for a missing key is parked until the key is set or the request's
  * own timeout passes (then it is answered DT_ETIMEDOUT). Strangers cannot
  * block it: a connection that has not authenticated within
- * DTRAIN_AUTH_TIMEOUT_MS is closed, at most DTRAIN_AUTH_PENDING_MAX may wait
- * longer than a second (the oldest is closed first), and running out of file descriptors closes
- * an idle stranger or the new connection instead of spinning
- * (accept_guard.c); each such close is logged with the peer's address.
+ * DTRAIN_AUTH_TIMEOUT_MS is closed, at most DTRAIN_AUTH_PENDING_MAX may
+ * wait longer than a second (the oldest is closed first), and running out
+ * of file descriptors closes an idle stranger or the new connection
+ * instead of spinning (accept_guard.c); each such close is logged with
+ * the peer's address.
  * The table is a flat
  * array searched linearly: a rendezvous holds a few keys per rank. Not here:
  * persistence, replication.
