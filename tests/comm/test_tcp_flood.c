@@ -12,8 +12,8 @@
  * what the descriptors hold, so strangers that have had a second are also
  * closed for the cap (its log, in a temporary file, must say so at least
  * once: the cap is checked on every pass of the transport's loop, not only
- * when a connection arrives). Every child is reaped, or killed by pid after its deadline; the store
- * directory is removed.
+ * when a connection arrives). Every child is reaped, or killed by pid
+ * after its deadline; the store directory and the log are removed.
  */
 #define _GNU_SOURCE
 #include "comm/comm.h"
