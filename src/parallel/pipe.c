@@ -120,6 +120,13 @@ int dt_pipe_create(dt_pipe **out, const dt_pipe_cfg *cfg) {
   p->G = cfg->recompute && !cfg->det && cfg->schedule == DT_PIPE_GPIPE && !cfg->nbufs && cfg->wgrad
              ? group
              : 1;
+  /* gpipe with recompute: the last stage's forwards wait for its
+   * backwards, which repeat them anyway (one model; every micro-batch's
+   * input is kept in its slot); the repeat then counts the batch
+   * statistics. Its forwards no longer compete with stage 0's for the
+   * memory bandwidth while stage 0 makes the step's first forwards. */
+  p->lazy = cfg->recompute && !cfg->det && cfg->schedule == DT_PIPE_GPIPE &&
+            cfg->stage == cfg->nstages - 1;
   p->obs = dt_comm_obs(cfg->comm);
   p->m_send = dt_obs_histogram(p->obs, "dtrain_pipeline_send_wait_seconds",
                                "Time a stage waited for a send to a neighbour stage to finish", NULL, 0);
@@ -321,7 +328,7 @@ static int fwd(dt_pipe *p, const dt_pipe_mb *mb, int j, uint64_t seed, uint64_t 
                (size_t)nq * p->out_dim * sizeof(float));
     }
     p->inst_mb[0] = -1;
-  } else {
+  } else if (!p->lazy) {
     DT_CHECK(dt_model_forward(p->inst[k], p->xin[j], n, &ctx));
     p->inst_mb[k] = j;
   }
@@ -478,10 +485,10 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
     /* recompute: the forward again, from the kept input, without counting
      * its batch statistics twice */
     float *bufs = dt_model_bufs(m);
-    if (p->c.nbufs) memcpy(p->bufsave, bufs, p->c.nbufs * sizeof(float));
+    if (p->c.nbufs && !p->lazy) memcpy(p->bufsave, bufs, p->c.nbufs * sizeof(float));
     dt_step_ctx ctx = {1, seed, step, mb[j].sample0};
     DT_CHECK(dt_model_forward(m, p->xin[j], n, &ctx));
-    if (p->c.nbufs) memcpy(bufs, p->bufsave, p->c.nbufs * sizeof(float));
+    if (p->c.nbufs && !p->lazy) memcpy(bufs, p->bufsave, p->c.nbufs * sizeof(float));
     p->inst_mb[k] = j;
     /* the repeat needs only the kept input: it ran while the gradients
      * were on their way */
@@ -663,7 +670,20 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
   p->wrows = p->wflushed = 0;
   if (p->off == 2) rc = dt__pipe_offload_post(p, mb, m);
   if (rc != DT_OK) return p->c.comm ? drain(p, rc) : rc;
-  if (p->c.schedule == DT_PIPE_GPIPE) {
+  if (p->c.schedule == DT_PIPE_GPIPE && p->lazy) {
+    /* the last stage, its forwards lazy: each group (or micro-batch) goes
+     * forward and backward as soon as its activations are in, while stage
+     * 0 still makes the step's forwards; stage 0 finds the gradients of
+     * its backward waiting (no fill at the start of its backward) */
+    for (int j0 = 0; j0 < m && rc == DT_OK; j0 += p->G) {
+      const int g = m - j0 < p->G ? m - j0 : p->G;
+      for (int j = j0; j < j0 + g && rc == DT_OK; j++) rc = fwd(p, mb, j, seed, step);
+      if (rc == DT_OK && p->G > 1)
+        rc = bwd_group(p, mb, j0, g, j0 == 0, n_global, seed, step, loss, correct);
+      else if (rc == DT_OK)
+        rc = bwd(p, mb, j0, j0 == 0, n_global, seed, step, loss, correct);
+    }
+  } else if (p->c.schedule == DT_PIPE_GPIPE) {
     for (int j = 0; j < m && rc == DT_OK; j++) rc = fwd(p, mb, j, seed, step);
     if (p->G > 1)
       for (int j = 0; j < m && rc == DT_OK; j += p->G)

@@ -76,6 +76,7 @@ struct dt_pipe {
   dt_comm_req *oreq;            /* 2 per micro-batch (rows), then 1 (the product) */
   int *opend;
   int oleak;                    /* receives left pending by an error: buffers not freed */
+  int lazy;                     /* gpipe recompute, the last stage: forwards only in backward */
 };
 
 /* pipe.c: a communication failure naming both ends; a pending send's
