@@ -527,14 +527,15 @@ static void conv_relu_pool_chunked(dt_model *m, int i, const float *x, int B) {
   }
 }
 
-int dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx) {
+/* The forward of layers [0, stop); the model's output is the last one's. */
+static int forward_layers(dt_model *m, const float *x, int B, const dt_step_ctx *ctx, int stop) {
   if (!m) return dt__seterr(DT_EINVAL, "model forward: model is NULL");
   if (!x) return dt__seterr(DT_EINVAL, "model forward: input x is NULL");
   if (B < 1 || B > m->max_batch)
     return dt__seterr(DT_EINVAL, "model forward: batch %d outside [1, %d]", B, m->max_batch);
   int train = ctx ? ctx->train : 0;
   const float *cur = x;
-  for (int i = 0; i < m->n; i++) {
+  for (int i = 0; i < stop; i++) {
     layer *l = &m->L[i];
     const dt__layer_spec *s = &l->s;
     const dt_layer_info *in = &s->info;
@@ -605,6 +606,37 @@ int dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx)
   m->B = B;
   m->train = train;
   m->logits = cur;
+  return DT_OK;
+}
+
+int dt_model_forward(dt_model *m, const float *x, int B, const dt_step_ctx *ctx) {
+  return forward_layers(m, x, B, ctx, m ? m->n : 0);
+}
+
+int dt__model_tail_skip(const dt_model *m) {
+  const int n = m->n;
+  if (n >= 1 && m->L[n - 1].s.info.kind == DT_L_LINEAR) return 1;
+  if (n >= 2 && m->L[n - 1].s.info.kind == DT_L_RELU && !m->L[n - 1].fused &&
+      m->L[n - 2].s.info.kind == DT_L_LINEAR)
+    return 2;
+  return 0;
+}
+
+int dt__model_forward_kept(dt_model *m, const float *x, int B, const dt_step_ctx *ctx,
+                           float **out) {
+  const int k = dt__model_tail_skip(m), n = m->n;
+  DT_CHECK(forward_layers(m, x, B, ctx, n - k));
+  /* the skipped layers' inputs and outputs where their forward would put
+   * them (the linear's output is the relu's too when the relu is in place) */
+  const float *cur = m->logits;
+  for (int i = n - k; i < n; i++) {
+    layer *l = &m->L[i];
+    l->in = cur;
+    if (l->s.info.kind == DT_L_RELU && l->inplace) l->out = (float *)cur;
+    cur = l->out;
+  }
+  m->logits = cur;
+  *out = (float *)cur;
   return DT_OK;
 }
 

@@ -229,5 +229,15 @@ int dt__model_wants_dinp(const dt_model *m, int layer);
 size_t dt__model_act_bytes(const dt_model *m);
 /* The input gradient of the last backward (need_dx), or NULL. */
 const float *dt__model_dx(const dt_model *m);
+/* Recomputation with the output kept (a pipeline stage keeps what it sent
+ * to the next): the backward of a last linear layer needs only its input,
+ * and of a last relu after a linear layer only its output, so those
+ * trailing layers (1 or 2 of them, _tail_skip; 0: none) need no repeat.
+ * _forward_kept runs the forward of the others and points *out at the
+ * buffer the caller must fill with the kept output (B rows) before the
+ * backward: the skipped layers' output, which is also the model's. */
+int dt__model_tail_skip(const dt_model *m);
+int dt__model_forward_kept(dt_model *m, const float *x, int B, const dt_step_ctx *ctx,
+                           float **out);
 
 #endif /* DT_NN_H */
