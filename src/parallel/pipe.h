@@ -17,7 +17,10 @@
  * them. With recompute only one set of activations exists: each stage keeps
  * its micro-batches' inputs and repeats the forward before the backward
  * (dropout masks are counter-based, batch-norm running statistics are
- * restored after the repeat).
+ * restored after the repeat), except for a trailing linear layer (and a
+ * relu after it) on stages before the last, whose backward needs only the
+ * output still in the stage's send slot; gpipe's last stage runs each
+ * forward only with its backward, as soon as the activations are in.
  *
  * It does not choose the partition (partition.h), reduce gradients over
  * replicas or step the optimizer (the pipeline strategy does).
