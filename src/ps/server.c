@@ -517,10 +517,12 @@ int dt__pss_try_replies(dt_ps_server *s, skey *k) {
 }
 
 /* A key whose copy never came (its holders died first): a push to it is
- * dropped, a read of it ends the job naming the range. */
+ * dropped, a read of it ends the job naming the range. A push that asks
+ * for the parameters back (DT_PS_F_PULL, every bsp push) is a read: its
+ * worker waits for the answer, and would wait until its deadline. */
 static int key_lost(dt_ps_server *s, int w, const dt_ps_msg *m) {
   const dt_ps_key *K = &s->map->keys[m->key];
-  if (m->type == DT_PS_PUSH) return DT_OK;
+  if (m->type == DT_PS_PUSH && !(m->flags & DT_PS_F_PULL)) return DT_OK;
   return dt__seterr(DT_EPEERLOST, "ps server %d: worker %d read key %d (server %d's range), "
                     "but every server holding that range died before this one had its copy",
                     s->index, w, m->key, K->server);
