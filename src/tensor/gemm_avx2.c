@@ -32,6 +32,7 @@
  */
 #include "tensor/gemm_int.h"
 
+#include <math.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -454,7 +455,7 @@ AVX2 void dt__gemm_avx2_dot(int M, int N, int X, float alpha, const dt__gemm_op 
         for (int j = 0; j < nb; j++) {
           float *p = C + (size_t)(m0 + i) * ldc + n0 + j;
           float r = alpha * t[i * DN + j];
-          *p = beta == 0.0f ? r : r + beta * *p;
+          *p = beta == 0.0f ? r : fmaf(beta, *p, r); /* the tiles' fma(beta, c, r), not left to contraction */
         }
     }
   }
