@@ -455,7 +455,8 @@ AVX2 void dt__gemm_avx2_dot(int M, int N, int X, float alpha, const dt__gemm_op 
         for (int j = 0; j < nb; j++) {
           float *p = C + (size_t)(m0 + i) * ldc + n0 + j;
           float r = alpha * t[i * DN + j];
-          *p = beta == 0.0f ? r : fmaf(beta, *p, r); /* the tiles' fma(beta, c, r), not left to contraction */
+          /* the tiles' fma(beta, c, r), not left to the compiler's contraction */
+          *p = beta == 0.0f ? r : fmaf(beta, *p, r);
         }
     }
   }

@@ -282,7 +282,8 @@ AVX512 static void kernel_edge(int kc, const float *ap, const float *bp, size_t 
     for (int j = 0; j < nr; j++) {
       float r = alpha * t[i * NR + j];
       float *p = c + (size_t)i * ldc + j;
-      *p = beta == 0.0f ? r : fmaf(beta, *p, r); /* the tiles' fma(beta, c, r), not left to contraction */
+      /* the tiles' fma(beta, c, r), not left to the compiler's contraction */
+      *p = beta == 0.0f ? r : fmaf(beta, *p, r);
     }
 }
 
@@ -422,7 +423,8 @@ AVX512 void dt__gemm_avx512_dot(int M, int N, int X, float alpha, const dt__gemm
         for (int j = 0; j < nb; j++) {
           float *p = C + (size_t)(m0 + i) * ldc + n0 + j;
           float r = alpha * t[i * DN + j];
-          *p = beta == 0.0f ? r : fmaf(beta, *p, r); /* the tiles' fma(beta, c, r), not left to contraction */
+          /* the tiles' fma(beta, c, r), not left to the compiler's contraction */
+          *p = beta == 0.0f ? r : fmaf(beta, *p, r);
         }
     }
   }
