@@ -460,14 +460,13 @@ static void wflush_tail(dt_pipe *p) {
  * (dt__model_forward_kept: on the deep MLP's stage 0 its last linear
  * layer, 4.2M of its 10M multiply-adds per sample). */
 static int repeat_forward(dt_pipe *p, dt_model *m, const float *x, int n, const dt_step_ctx *ctx,
-                          int j0, int g) {
+                          const dt_pipe_mb *mb, int j0, int g) {
   if (p->c.stage == p->c.nstages - 1 || !dt__model_tail_skip(m))
     return dt_model_forward(m, x, n, ctx);
   float *out;
   DT_CHECK(dt__model_forward_kept(m, x, n, ctx, &out));
   for (int j = j0; j < j0 + g; j++) {
-    const dt_pipe_mb *b = &p->cur_mb[j];
-    size_t nd = (size_t)b->n * p->out_dim;
+    size_t nd = (size_t)mb[j].n * p->out_dim;
     memcpy(out, p->aout[j % p->S], nd * sizeof(float));
     out += nd;
   }
@@ -509,7 +508,7 @@ static int bwd(dt_pipe *p, const dt_pipe_mb *mb, int j, int first, int n_global,
     float *bufs = dt_model_bufs(m);
     if (p->c.nbufs && !p->lazy) memcpy(p->bufsave, bufs, p->c.nbufs * sizeof(float));
     dt_step_ctx ctx = {1, seed, step, mb[j].sample0};
-    DT_CHECK(repeat_forward(p, m, p->xin[j], n, &ctx, j, 1));
+    DT_CHECK(repeat_forward(p, m, p->xin[j], n, &ctx, mb, j, 1));
     if (p->c.nbufs && !p->lazy) memcpy(bufs, p->bufsave, p->c.nbufs * sizeof(float));
     p->inst_mb[k] = j;
     /* the repeat needs only the kept input: it ran while the gradients
@@ -591,7 +590,7 @@ static int bwd_group(dt_pipe *p, const dt_pipe_mb *mb, int j0, int g, int first,
     x = p->xg;
   }
   dt_step_ctx ctx = {1, seed, step, mb[j0].sample0};
-  DT_CHECK(repeat_forward(p, m, x, rows, &ctx, j0, g));
+  DT_CHECK(repeat_forward(p, m, x, rows, &ctx, mb, j0, g));
   /* the repeated forward needs only the kept inputs: it ran while the
    * group's gradients were on their way */
   if (s < P - 1) {
@@ -690,11 +689,10 @@ int dt_pipe_step(dt_pipe *p, const dt_pipe_mb *mb, int m, int n_global, uint64_t
     p->pack_s += t;
   }
   p->wrows = p->wflushed = 0;
-  p->cur_mb = mb;
   if (p->off == 2) rc = dt__pipe_offload_post(p, mb, m);
   if (rc != DT_OK) return p->c.comm ? drain(p, rc) : rc;
-  if (p->c.schedule == DT_PIPE_GPIPE && p->lazy) {
-    /* the last stage, its forwards lazy: each group (or micro-batch) goes
+  if (p->lazy) {
+    /* gpipe's last stage, its forwards lazy: each group (or micro-batch) goes
      * forward and backward as soon as its activations are in, while stage
      * 0 still makes the step's forwards; stage 0 finds the gradients of
      * its backward waiting (no fill at the start of its backward) */

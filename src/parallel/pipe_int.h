@@ -36,7 +36,6 @@ struct dt_pipe {
   dt_comm_req *areq, *greq;  /* S pending sends each */
   int *apend, *gpend;
   const float **xin;         /* per micro-batch of the step: its input */
-  const dt_pipe_mb *cur_mb;  /* the step's micro-batches */
   dt_ddp *ddp;               /* deterministic mode: the fixed-point sums */
   int nshards_left;          /* deterministic mode: micro-shards still to go back */
   dt__wstash *wst;           /* deferred weight gradients (NULL: per micro-batch) */
